@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine (Python 3.11 + pip):
+#   make dev    build .venv, then run the main job
+#   make test   build .venv, then run ruff and the fast test suite
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: dev test test-long chaos bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/raftmq log demo --data ./raftmq-data/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+test-long: $(STAMP)
+	$(BIN)/pytest -q -m long
+
+chaos: $(STAMP)
+	$(BIN)/pytest -q -m chaos
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/log_bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) raftmq-data .pytest_cache .hypothesis

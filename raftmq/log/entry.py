@@ -1,0 +1,264 @@
+"""The entry: the one unit the log stores, Raft replicates and clients exchange.
+
+An entry is a fixed 74-byte header followed by an opaque payload. The byte layout is
+specified in ``docs/format.md``; this module is its only implementation. The payload is
+never decoded here: the hot paths (append, replicate, fetch) touch headers only, and the
+CRC is checked over whole entries with one hardware CRC32C call.
+
+The header fields a leader assigns (Raft index and term, base offset) sit *after* the CRC,
+so they are protected by it: a flipped bit in a term is caught like a flipped bit in a
+value. The leader therefore recomputes the CRC when it stamps a producer's batch
+(:func:`stamp`); at ~25 GB/s that costs microseconds per batch.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+
+from crc32c import crc32c
+
+from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+
+MAGIC = 1
+"""Format version in every header; a reader refuses versions it does not know."""
+
+_HEADER_FULL = struct.Struct(">II BBH qqq i qq q hi i")
+"""length, crc | magic, type, attributes | index, term, base_offset | record_count |
+first_timestamp, max_timestamp | producer_id, producer_epoch, base_sequence |
+payload_length: all big-endian, see docs/format.md."""
+HEADER_SIZE = _HEADER_FULL.size  # 74
+assert HEADER_SIZE == 74
+
+_LEN_CRC = struct.Struct(">II")
+_STAMP = struct.Struct(">qqq")
+_STAMP_AT = 12  # byte position of index, term, base_offset
+_CRC_FROM = 8  # the CRC covers every byte from here to the end of the entry
+_LENGTH_BIAS = HEADER_SIZE - 4  # length counts the bytes after the length field itself
+
+NO_PRODUCER_ID = -1
+NO_SEQUENCE = -1
+
+
+class EntryType(IntEnum):
+    """What an entry carries. Only DATA entries take message offsets."""
+
+    DATA = 0
+    NOOP = 1  # a new leader's first entry of its term
+    CONFIG = 2  # a Raft membership configuration
+    TXN_MARKER = 3  # reserved: transaction commit/abort markers
+    METADATA = 4  # a controller command (opaque to the log)
+
+
+# attributes bits
+CODEC_MASK = (
+    0x07  # 0 none; the codec ids follow Kafka's numbering (1 gzip, 2 snappy, 3 lz4, 4 zstd)
+)
+TIMESTAMP_LOG_APPEND = 0x08  # timestamps were set by the broker, not the producer
+_KNOWN_ATTRIBUTES = CODEC_MASK | TIMESTAMP_LOG_APPEND
+
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+"""Hard cap of the format. ``max.message.bytes`` is configured below it, and a scan treats a
+larger declared length as corruption instead of reading gigabytes on a flipped bit."""
+MAX_PAYLOAD = MAX_ENTRY_BYTES - HEADER_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """A decoded header plus where its entry sits in the buffer it was parsed from."""
+
+    position: int
+    size: int  # whole entry: header + payload
+    crc: int
+    type: EntryType
+    attributes: int
+    index: int
+    term: int
+    base_offset: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    payload_length: int
+
+    @property
+    def next_offset(self) -> int:
+        """The first message offset after this entry (control entries take none)."""
+        return self.base_offset + self.record_count
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def end(self) -> int:
+        return self.position + self.size
+
+
+def encode(
+    payload: bytes,
+    *,
+    type: EntryType = EntryType.DATA,
+    index: int = 0,
+    term: int = 0,
+    base_offset: int = 0,
+    record_count: int = 0,
+    first_timestamp: int = 0,
+    max_timestamp: int = 0,
+    attributes: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+) -> bytes:
+    """Build one entry with a valid CRC. Producers call it with index/term/offset zero."""
+    if type != EntryType.DATA and record_count != 0:
+        raise InvalidEntryError(f"a {type.name} entry carries no records, got {record_count}")
+    if type == EntryType.DATA and record_count <= 0:
+        raise InvalidEntryError("a DATA entry must hold at least one record")
+    if len(payload) > MAX_PAYLOAD:
+        raise InvalidEntryError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    header = bytearray(HEADER_SIZE)
+    _HEADER_FULL.pack_into(
+        header,
+        0,
+        _LENGTH_BIAS + len(payload),
+        0,
+        MAGIC,
+        int(type),
+        attributes,
+        index,
+        term,
+        base_offset,
+        record_count,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(payload),
+    )
+    crc = crc32c(payload, crc32c(memoryview(header)[_CRC_FROM:]))
+    struct.pack_into(">I", header, 4, crc)
+    return bytes(header) + payload
+
+
+def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> EntryHeader:
+    """Decode the header at ``position`` without touching the payload or checking the CRC.
+
+    Raises InvalidEntryError if the header is cut short or internally inconsistent; a
+    caller scanning a file treats that as a torn or corrupt tail.
+    """
+    available = len(buf) - position
+    if available < HEADER_SIZE:
+        raise InvalidEntryError(
+            f"truncated entry header at byte {position}: {available} of {HEADER_SIZE} bytes"
+        )
+    (
+        length,
+        crc,
+        magic,
+        etype,
+        attributes,
+        index,
+        term,
+        base_offset,
+        record_count,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        payload_length,
+    ) = _HEADER_FULL.unpack_from(buf, position)
+    if length > MAX_ENTRY_BYTES - 4:
+        raise InvalidEntryError(f"entry at byte {position} declares {length} bytes, over the cap")
+    if magic != MAGIC:
+        raise InvalidEntryError(f"unknown entry format version {magic} at byte {position}")
+    if length != _LENGTH_BIAS + payload_length:
+        raise InvalidEntryError(
+            f"entry at byte {position} declares length {length} but payload {payload_length}"
+        )
+    try:
+        entry_type = EntryType(etype)
+    except ValueError:
+        raise InvalidEntryError(f"unknown entry type {etype} at byte {position}") from None
+    if attributes & ~_KNOWN_ATTRIBUTES:
+        raise InvalidEntryError(f"unknown attribute bits {attributes:#x} at byte {position}")
+    if record_count < 0 or (entry_type == EntryType.DATA) != (record_count > 0):
+        raise InvalidEntryError(
+            f"{entry_type.name} entry at byte {position} has record count {record_count}"
+        )
+    return EntryHeader(
+        position,
+        HEADER_SIZE + payload_length,
+        crc,
+        entry_type,
+        attributes,
+        index,
+        term,
+        base_offset,
+        record_count,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        payload_length,
+    )
+
+
+def entry_size_at(buf: bytes | bytearray | memoryview, position: int) -> int:
+    """Size of the entry at ``position`` from its length field alone (cheap framing)."""
+    (length,) = struct.unpack_from(">I", buf, position)
+    return length + 4
+
+
+def crc_ok(buf: bytes | bytearray | memoryview, header: EntryHeader) -> bool:
+    view = memoryview(buf)[header.position + _CRC_FROM : header.end]
+    return crc32c(view) == header.crc
+
+
+def iter_headers(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True, base: int = 0
+) -> Iterator[EntryHeader]:
+    """Walk the whole entries in ``buf``; raise on anything that is not a clean entry.
+
+    ``base`` is added to positions in error messages so they name file positions.
+    """
+    position = 0
+    end = len(buf)
+    while position < end:
+        header = parse_header(buf, position)
+        if header.end > end:
+            raise InvalidEntryError(
+                f"entry at byte {base + position} needs {header.size} bytes, "
+                f"only {end - position} present"
+            )
+        if verify and not crc_ok(buf, header):
+            raise CorruptEntryError(
+                f"CRC mismatch in entry at byte {base + position} (index {header.index})",
+                position=base + position,
+            )
+        yield header
+        position = header.end
+
+
+def stamp(
+    entry: bytes | bytearray | memoryview, *, index: int, term: int, base_offset: int
+) -> bytes:
+    """Assign a leader's index, term and base offset to a verified entry; recompute its CRC.
+
+    The caller has already checked the incoming CRC (through :func:`iter_headers`).
+    """
+    out = bytearray(entry)
+    _STAMP.pack_into(out, _STAMP_AT, index, term, base_offset)
+    _LEN_CRC.pack_into(out, 0, len(out) - 4, crc32c(memoryview(out)[_CRC_FROM:]))
+    return bytes(out)
+
+
+def payload_of(buf: bytes | bytearray | memoryview, header: EntryHeader) -> memoryview:
+    return memoryview(buf)[header.position + HEADER_SIZE : header.end]

@@ -1,0 +1,905 @@
+"""The segmented write-ahead log of one partition (or of the controller): Raft's log and the
+partition's data in one place, so every entry is stored once.
+
+Invariants (asserted where cheap):
+- entries are contiguous in Raft index from ``start_index`` to ``last_index`` and their
+  base offsets follow each other (a DATA entry takes ``record_count`` offsets, a control
+  entry none); terms never decrease;
+- segments are sorted by first index and partition the log; only the last one is written;
+- ``durable_index`` never exceeds ``last_index`` and only grows by fsync;
+- the log start (index, offset, and the term before it) is in a checkpoint written before
+  any segment below it is deleted, so a crash between the two is finished on open.
+
+Thread-safety: one lock guards all state; the fsync of a group commit runs outside it, so
+appends continue while the disk works and one fsync serves every waiter that arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftmq.log import entry
+from raftmq.log.atomic_file import fsync_dir, read_atomic, write_atomic
+from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.entry import EntryHeader, EntryType
+from raftmq.log.errors import (
+    CorruptEntryError,
+    EntryTooLargeError,
+    InvalidEntryError,
+    LogClosedError,
+    NotContiguousError,
+    OutOfRangeError,
+)
+from raftmq.log.index import SegmentIndex
+from raftmq.log.segment import LOG_SUFFIX, Segment, parse_segment_name
+
+START_CHECKPOINT = "log-start.checkpoint"
+TERMS_CHECKPOINT = "terms.checkpoint"
+_START = struct.Struct(">qqq")  # start index, start offset, term of the entry before start
+_TERM = struct.Struct(">qq")  # first index of a term, term
+READ_SLACK = 64 * 1024  # extra bytes read past max_bytes to find the next header cheaply
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the log found and repaired; printed by ``raftmq log`` and logged by brokers."""
+
+    segments: int = 0
+    truncated_bytes: int = 0
+    truncated_entries: int = 0
+    truncation_reason: str | None = None
+    rebuilt_indexes: list[str] = field(default_factory=list)
+    removed_files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.truncated_bytes or self.rebuilt_indexes or self.removed_files)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_index: int
+    last_index: int
+    base_offset: int
+    next_offset: int
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole entries as stored. ``next_offset``/``next_index`` say where the next read starts."""
+
+    data: bytes
+    entries: int
+    first_index: int
+    next_index: int
+    next_offset: int
+
+
+class Log:
+    """A partition's log in a directory; see docs/format.md for the files it keeps."""
+
+    def __init__(self, directory: Path, config: LogConfig, clock_ms: Callable[[], int]) -> None:
+        # Use Log.open(); the constructor only sets fields.
+        self.directory = directory
+        self.config = config
+        self._clock_ms = clock_ms
+        self._lock = threading.RLock()
+        self._flush_done = threading.Condition(self._lock)
+        self._flushing = False
+        self._closed = False
+        self._segments: list[Segment] = []
+        self._first_indexes: list[int] = []  # parallel to _segments, for bisect
+        self._base_offsets: list[int] = []
+        self._open_cache: OrderedDict[int, Segment] = OrderedDict()  # closed segments in memory
+        self._terms: list[tuple[int, int]] = []  # (first index of term, term), ascending
+        self.start_index = 1
+        self.start_offset = 0
+        self._prev_term = 0
+        self.next_index = 1
+        self.next_offset = 0
+        self.durable_index = 0
+        self._last_flush_ms = clock_ms()
+        self._active_born_ms = 0
+        self.recovery = RecoveryReport()
+
+    # --- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> Log:
+        """Open (creating if needed) the log in ``directory`` and recover its tail."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        log = cls(path, config or LogConfig(), clock_ms)
+        log._recover()
+        return log
+
+    def _recover(self) -> None:
+        report = self.recovery
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink()
+            report.removed_files.append(tmp.name)
+        found: list[tuple[int, int]] = []
+        for path in self.directory.iterdir():
+            if path.suffix != LOG_SUFFIX:
+                continue
+            parsed = parse_segment_name(path.stem)
+            if parsed is None:
+                report.notes.append(f"ignored unknown file {path.name}")
+                continue
+            found.append(parsed)
+        found.sort(key=lambda pair: pair[1])
+
+        start = read_atomic(self.directory / START_CHECKPOINT)
+        if start is not None and len(start) == _START.size:
+            self.start_index, self.start_offset, self._prev_term = _START.unpack(start)
+        elif found:
+            self.start_offset, self.start_index = found[0]
+            report.notes.append("log-start checkpoint missing: starting at the first segment")
+        else:
+            self._write_start()
+
+        # A crash during prefix truncation can leave segments wholly below the start.
+        while len(found) > 1 and found[1][1] <= self.start_index:
+            self._remove_orphan(found.pop(0))
+        for base_offset, first_index in found:
+            seg = Segment(self.directory, base_offset, first_index, 0)
+            seg.size = seg.path.stat().st_size
+            self._push_segment(seg)
+        report.segments = len(self._segments)
+
+        self._load_terms()
+        if not self._segments:
+            self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
+            self.next_index, self.next_offset = self.start_index, self.start_offset
+        else:
+            self._check_closed_indexes()
+            self._recover_active()
+        if (
+            self.next_index <= self.start_index
+            and self._segments[-1].first_index < self.start_index
+        ):
+            # Every entry is below the start (a snapshot was installed past the end): restart.
+            for seg in reversed(self._segments):
+                seg.remove_files()
+                report.removed_files.append(seg.name + LOG_SUFFIX)
+            self._segments.clear()
+            self._first_indexes.clear()
+            self._base_offsets.clear()
+            self._terms.clear()
+            self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
+            self.next_index, self.next_offset = self.start_index, self.start_offset
+        self.durable_index = self.next_index - 1
+        self._drop_terms_below_start()
+        self._write_terms()
+
+    def _remove_orphan(self, pair: tuple[int, int]) -> None:
+        seg = Segment(self.directory, pair[0], pair[1], 0)
+        seg.remove_files()
+        self.recovery.removed_files.append(seg.name + LOG_SUFFIX)
+
+    def _push_segment(self, seg: Segment) -> None:
+        if self._segments:
+            assert seg.first_index > self._segments[-1].first_index
+            assert seg.base_offset >= self._segments[-1].base_offset
+        self._segments.append(seg)
+        self._first_indexes.append(seg.first_index)
+        self._base_offsets.append(seg.base_offset)
+
+    def _check_closed_indexes(self) -> None:
+        for seg in self._segments[:-1]:
+            if not (seg.index_path.exists() and seg.time_index_path.exists()):
+                self._rebuild_index(seg)
+
+    def _rebuild_index(self, seg: Segment) -> None:
+        """Rebuild a closed segment's index from its entries (headers only; reads verify CRCs)."""
+        idx = SegmentIndex(seg.base_offset, seg.first_index)
+        interval = self.config.index_interval_bytes
+
+        def observe(position: int, h: EntryHeader) -> str | None:
+            idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval)
+            return None
+
+        result = seg.scan(verify=False, on_entry=observe)
+        if result.error is not None:
+            seg.corrupt_at = result.valid_end
+            self.recovery.notes.append(
+                f"segment {seg.name}: {result.error}; reads past byte {result.valid_end} fail"
+            )
+        if result.last is not None:
+            idx.seal(result.last.base_offset)
+        idx.write(seg.index_path, seg.time_index_path)
+        seg.index = idx
+        self.recovery.rebuilt_indexes.append(seg.name)
+
+    def _recover_active(self) -> None:
+        """Scan the last segment with CRCs, rebuild its index, cut a torn or corrupt tail."""
+        seg = self._segments[-1]
+        seg.open(writable=True)
+        idx = SegmentIndex(seg.base_offset, seg.first_index)
+        interval = self.config.index_interval_bytes
+        self._terms = [t for t in self._terms if t[0] < seg.first_index]
+        expect = [seg.first_index, seg.base_offset, self._terms[-1][1] if self._terms else 0]
+        born = [0]
+
+        def observe(position: int, h: EntryHeader) -> str | None:
+            index, offset, term = expect
+            if h.index != index or h.base_offset != offset:
+                return (
+                    f"entry at byte {position} has index {h.index} offset {h.base_offset}, "
+                    f"expected index {index} offset {offset}"
+                )
+            if h.term < term:
+                return f"entry at byte {position} has term {h.term} below {term}"
+            if not self._terms or h.term != self._terms[-1][1]:
+                self._terms.append((h.index, h.term))
+            if position == 0:
+                born[0] = h.max_timestamp
+            idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval)
+            expect[:] = [h.index + 1, h.next_offset, h.term]
+            return None
+
+        result = seg.scan(verify=True, on_entry=observe)
+        if result.error is not None:
+            dropped = seg.size - result.valid_end
+            self.recovery.truncated_bytes = dropped
+            self.recovery.truncated_entries = self._count_frames(seg, result.valid_end)
+            self.recovery.truncation_reason = f"segment {seg.name}: {result.error}"
+            seg.truncate(result.valid_end)
+        seg.verified_upto = seg.size
+        seg.index = idx
+        seg.remove_index_files()
+        self.next_index, self.next_offset = expect[0], expect[1]
+        # Age rolls count from the first entry's time when it is plausible; a producer's old
+        # timestamps must not make every append after a restart roll a segment.
+        now = self._clock_ms()
+        self._active_born_ms = born[0] if result.entries and 0 < born[0] <= now else now
+
+    @staticmethod
+    def _count_frames(seg: Segment, position: int) -> int:
+        """How many entries a dropped tail held, counted by their length fields (at least 1)."""
+        count = 0
+        while position + 4 <= seg.size and count < 1_000_000:
+            size = entry.entry_size_at(seg.pread(4, position), 0)
+            count += 1
+            if size < entry.HEADER_SIZE:
+                break
+            position += size
+        return max(count, 1)
+
+    # --- terms --------------------------------------------------------------------------
+
+    def _load_terms(self) -> None:
+        raw = read_atomic(self.directory / TERMS_CHECKPOINT)
+        if raw is not None and len(raw) % _TERM.size == 0:
+            self._terms = [(i, t) for i, t in _TERM.iter_unpack(raw)]
+            return
+        self._terms = []
+        if len(self._segments) > 1:
+            self.recovery.notes.append("terms checkpoint missing: rebuilt from closed segments")
+            for seg in self._segments[:-1]:
+
+                def observe(_: int, h: EntryHeader) -> str | None:
+                    if not self._terms or h.term != self._terms[-1][1]:
+                        self._terms.append((h.index, h.term))
+                    return None
+
+                seg.scan(verify=False, on_entry=observe)
+                seg.close_fd()
+
+    def _write_terms(self) -> None:
+        write_atomic(
+            self.directory / TERMS_CHECKPOINT, b"".join(_TERM.pack(i, t) for i, t in self._terms)
+        )
+
+    def _drop_terms_below_start(self) -> None:
+        keep = bisect_right(self._terms, (self.start_index, 1 << 62)) - 1
+        if keep > 0:
+            del self._terms[:keep]
+
+    def term_at(self, index: int) -> int:
+        """Term of the entry at ``index``; ``start_index - 1`` answers the term before the start."""
+        with self._lock:
+            if index == self.start_index - 1:
+                return self._prev_term
+            if not self.start_index <= index < self.next_index:
+                raise OutOfRangeError(
+                    f"no term for index {index}: the log holds indexes "
+                    f"{self.start_index - 1} to {self.next_index - 1}",
+                    start=self.start_index - 1,
+                    end=self.next_index - 1,
+                )
+            pos = bisect_right(self._terms, (index, 1 << 62)) - 1
+            assert pos >= 0, f"no term boundary at or below index {index}"
+            return self._terms[pos][1]
+
+    @property
+    def last_index(self) -> int:
+        return self.next_index - 1
+
+    @property
+    def last_term(self) -> int:
+        return self.term_at(self.next_index - 1)
+
+    # --- append -------------------------------------------------------------------------
+
+    def append(self, buf: bytes | bytearray | memoryview) -> AppendInfo:
+        """Validate and append one or more whole entries with one write.
+
+        Everything is checked before a byte is written: framing, size, CRC, contiguity of
+        Raft index and offsets, and that terms do not decrease. Under the EVERY_BATCH policy
+        the call returns once the entries are durable.
+        """
+        data = bytes(buf) if not isinstance(buf, bytes) else buf
+        with self._lock:
+            self._check_open()
+            headers = self._validate(data)
+            seg = self._segments[-1]
+            now = self._clock_ms()
+            if seg.size and (
+                seg.size + len(data) > self.config.segment_bytes
+                or now - self._active_born_ms >= self.config.segment_ms
+            ):
+                seg = self._roll()
+            if seg.size == 0:
+                self._active_born_ms = now
+            assert seg.size + len(data) < (1 << 32), "segment would overflow u32 positions"
+            base = seg.size
+            seg.write(data)
+            assert seg.index is not None
+            interval = self.config.index_interval_bytes
+            for h in headers:
+                seg.index.observe(
+                    base + h.position, h.index, h.base_offset, h.max_timestamp, interval
+                )
+                if not self._terms or h.term != self._terms[-1][1]:
+                    self._terms.append((h.index, h.term))
+            seg.verified_upto = seg.size
+            first = headers[0]
+            self.next_index = headers[-1].index + 1
+            self.next_offset = headers[-1].next_offset
+            info = AppendInfo(
+                first.index, headers[-1].index, first.base_offset, self.next_offset, len(headers)
+            )
+        if self.config.flush_policy is FlushPolicy.EVERY_BATCH:
+            self.flush()
+        return info
+
+    def _validate(self, data: bytes) -> list[EntryHeader]:
+        if not data:
+            raise InvalidEntryError("nothing to append: the buffer holds no entry")
+        index, offset = self.next_index, self.next_offset
+        term = self._terms[-1][1] if self._terms else self._prev_term
+        limit = self.config.max_message_bytes
+        headers = []
+        position = 0
+        view = memoryview(data)
+        while position < len(data):
+            h = entry.parse_header(view, position)
+            if h.size > limit:
+                raise EntryTooLargeError(
+                    f"entry at byte {position} is {h.size} bytes; max.message.bytes is {limit}"
+                )
+            if h.end > len(data):
+                raise InvalidEntryError(
+                    f"entry at byte {position} needs {h.size} bytes, {len(data) - position} given"
+                )
+            if not entry.crc_ok(view, h):
+                raise CorruptEntryError(
+                    f"CRC mismatch in entry at byte {position} of the append (index {h.index})",
+                    position=position,
+                )
+            if h.index != index:
+                raise NotContiguousError(
+                    f"entry at byte {position} has index {h.index}; the log expects {index}"
+                )
+            if h.base_offset != offset:
+                raise NotContiguousError(
+                    f"entry at byte {position} has base offset {h.base_offset}; "
+                    f"the log expects {offset}"
+                )
+            if h.term < term:
+                raise InvalidEntryError(
+                    f"entry at byte {position} has term {h.term}, below the log's term {term}"
+                )
+            headers.append(h)
+            index, offset, term = h.index + 1, h.next_offset, h.term
+            position = h.end
+        return headers
+
+    def _roll(self) -> Segment:
+        """Close the active segment (fsync, seal and write its index) and start a new one."""
+        self._wait_no_flush()  # a group commit may be fsyncing the fd we are about to close
+        old = self._segments[-1]
+        assert old.fd is not None and old.index is not None
+        os.fsync(old.fd)
+        self.durable_index = self.next_index - 1
+        last = self._last_header(old)
+        old.index.seal(last.base_offset)
+        old.index.write(old.index_path, old.time_index_path)
+        self._write_terms()
+        old.close_fd()
+        self._cache_touch(old)
+        seg = Segment.create(self.directory, self.next_offset, self.next_index)
+        self._push_segment(seg)
+        return seg
+
+    def _last_header(self, seg: Segment) -> EntryHeader:
+        assert seg.index is not None and seg.size > 0
+        found: list[EntryHeader] = []
+        start = seg.index.positions[-1] if seg.index.positions else 0
+
+        def keep(_: int, h: EntryHeader) -> str | None:
+            found[:] = [h]
+            return None
+
+        seg.scan(verify=False, on_entry=keep, start=start)
+        return found[0]
+
+    # --- durability ---------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make every entry appended before this call durable, sharing fsyncs between callers.
+
+        A caller that finds a flush in progress waits for it and, if that flush did not
+        cover its entries, joins the next one: N concurrent callers cost about 2 fsyncs.
+        """
+        with self._lock:
+            target = self.next_index - 1
+            while self.durable_index < target:
+                if self._flushing:
+                    self._flush_done.wait()
+                    continue
+                self._check_open()
+                self._flushing = True
+                fd = self._segments[-1].fd
+                covered = self.next_index - 1
+                assert fd is not None
+                self._lock.release()
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    self._lock.acquire()
+                    self._flushing = False
+                    self._flush_done.notify_all()
+                self.durable_index = max(self.durable_index, min(covered, self.next_index - 1))
+                self._last_flush_ms = self._clock_ms()
+
+    def flush_if_due(self) -> bool:
+        """For the INTERVAL policy: flush when ``flush_interval_ms`` passed since the last one."""
+        with self._lock:
+            due = (
+                self.durable_index < self.next_index - 1
+                and self._clock_ms() - self._last_flush_ms >= self.config.flush_interval_ms
+            )
+        if due:
+            self.flush()
+        return due
+
+    def _wait_no_flush(self) -> None:
+        while self._flushing:
+            self._flush_done.wait()
+
+    # --- reads --------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, upper_offset: int | None = None) -> ReadResult:
+        """Whole entries from the one holding message ``offset``, up to ``max_bytes`` (always at
+        least one entry), none holding offsets at or above ``upper_offset`` (the high watermark).
+
+        The range starts at the DATA entry holding ``offset``; control entries between data
+        entries are included as stored (clients skip them by type). Reading at the end
+        returns no data; below the start or past the end raises OutOfRangeError.
+        """
+        with self._lock:
+            self._check_open()
+            self._check_max_bytes(max_bytes)
+            if not self.start_offset <= offset <= self.next_offset:
+                raise OutOfRangeError(
+                    f"offset {offset} is out of range: the log holds offsets "
+                    f"{self.start_offset} to {self.next_offset - 1} (next is {self.next_offset})",
+                    start=self.start_offset,
+                    end=self.next_offset,
+                )
+            upper = (
+                self.next_offset if upper_offset is None else min(upper_offset, self.next_offset)
+            )
+            if offset >= upper:
+                return ReadResult(b"", 0, self.next_index, self.next_index, offset)
+            pos = bisect_right(self._base_offsets, offset) - 1
+            return self._collect(
+                pos,
+                lambda seg: self._index_of(seg).position_for_offset(offset),
+                lambda h: h.next_offset <= offset or h.index < self.start_index,
+                lambda h: h.next_offset > upper or (h.record_count == 0 and h.base_offset >= upper),
+                max_bytes,
+            )
+
+    def read_entries(self, lo: int, max_bytes: int, hi: int | None = None) -> bytes:
+        """Concatenated whole entries with Raft index in [lo, hi), at most ``max_bytes`` but
+        always at least one; the Raft replication path."""
+        return self.read_by_index(lo, max_bytes, hi).data
+
+    def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> ReadResult:
+        with self._lock:
+            self._check_open()
+            self._check_max_bytes(max_bytes)
+            if not self.start_index <= lo <= self.next_index:
+                raise OutOfRangeError(
+                    f"index {lo} is out of range: the log holds indexes "
+                    f"{self.start_index} to {self.next_index - 1}",
+                    start=self.start_index,
+                    end=self.next_index,
+                )
+            upper = self.next_index if hi is None else min(hi, self.next_index)
+            if lo >= upper:
+                return ReadResult(b"", 0, lo, lo, self.next_offset)
+            pos = bisect_right(self._first_indexes, lo) - 1
+            return self._collect(
+                pos,
+                lambda seg: self._index_of(seg).position_for_index(lo),
+                lambda h: h.index < lo,
+                lambda h: h.index >= upper,
+                max_bytes,
+            )
+
+    def _collect(
+        self,
+        pos: int,
+        start_position: Callable[[Segment], int],
+        skip: Callable[[EntryHeader], bool],
+        stop: Callable[[EntryHeader], bool],
+        max_bytes: int,
+    ) -> ReadResult:
+        pieces: list[bytes] = []
+        total = entries = 0
+        first_index = next_index = -1
+        next_offset = -1
+        position = None
+        while pos < len(self._segments):
+            seg = self._segments[pos]
+            position = start_position(seg) if position is None else 0
+            done = False
+            while position < seg.size:
+                if seg.corrupt_at is not None and position >= seg.corrupt_at:
+                    raise CorruptEntryError(
+                        f"segment {seg.name} is corrupt at byte {seg.corrupt_at}; "
+                        "run 'raftmq log verify' on this folder",
+                        position=seg.corrupt_at,
+                        segment=seg.name,
+                    )
+                want = min(seg.size - position, max_bytes - total + READ_SLACK)
+                chunk = seg.pread(want, position)
+                view = memoryview(chunk)
+                p = 0
+                begin = None
+                while p < len(chunk):
+                    try:
+                        h = entry.parse_header(view, p)
+                    except InvalidEntryError as exc:
+                        if len(chunk) - p < entry.HEADER_SIZE and position + len(chunk) < seg.size:
+                            break  # the header continues past the chunk
+                        raise self._corrupt(seg, position + p, str(exc)) from None
+                    if p + h.size > len(chunk):
+                        if begin is None and not pieces and position + p + h.size <= seg.size:
+                            # The first entry is larger than what we read: read it whole.
+                            chunk = seg.pread(h.size, position + p)
+                            view = memoryview(chunk)
+                            position += p
+                            p = 0
+                            continue
+                        break
+                    if skip(h):
+                        p = h.end
+                        continue
+                    if stop(h) or (entries and total + h.size > max_bytes):
+                        done = True
+                        break
+                    if position + p >= seg.verified_upto and not entry.crc_ok(view, h):
+                        raise self._corrupt(seg, position + p, "CRC mismatch")
+                    if begin is None:
+                        begin = p
+                    if first_index < 0:
+                        first_index = h.index
+                    entries += 1
+                    total += h.size
+                    next_index, next_offset = h.index + 1, h.next_offset
+                    p = h.end
+                if begin is not None:
+                    pieces.append(chunk[begin:p] if (begin, p) != (0, len(chunk)) else chunk)
+                if begin is None and p == 0:
+                    raise self._corrupt(seg, position, "no whole entry where one must start")
+                position += p
+                if done or total >= max_bytes:
+                    done = True
+                    break
+            if done:
+                break
+            pos += 1
+        if not entries:
+            return ReadResult(b"", 0, self.next_index, self.next_index, self.next_offset)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return ReadResult(data, entries, first_index, next_index, next_offset)
+
+    def _corrupt(self, seg: Segment, position: int, why: str) -> CorruptEntryError:
+        return CorruptEntryError(
+            f"corrupt entry in segment {seg.name} at byte {position}: {why}; "
+            "it is not served. Run 'raftmq log verify' on this folder",
+            position=position,
+            segment=seg.name,
+        )
+
+    def _check_max_bytes(self, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+
+    def _index_of(self, seg: Segment) -> SegmentIndex:
+        if seg is not self._segments[-1]:
+            self._cache_touch(seg)
+            if seg.index is None and not seg.load_index():
+                self._rebuild_index(seg)
+        assert seg.index is not None
+        return seg.index
+
+    def _cache_touch(self, seg: Segment) -> None:
+        self._open_cache[seg.first_index] = seg
+        self._open_cache.move_to_end(seg.first_index)
+        while len(self._open_cache) > self.config.max_open_segments:
+            _, old = self._open_cache.popitem(last=False)
+            if old is not self._segments[-1]:
+                old.release()
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """Base offset of the first DATA entry whose max timestamp is >= ``timestamp``, or None
+        when no entry is that recent. Batch granularity: the entry may hold earlier records."""
+        with self._lock:
+            self._check_open()
+            found: list[int] = []
+
+            def match(_: int, h: EntryHeader) -> str | None:
+                if h.type == EntryType.DATA and h.max_timestamp >= timestamp:
+                    found.append(h.base_offset)
+                    return "found"
+                return None
+
+            for seg in self._segments:
+                if seg.size == 0:
+                    continue
+                position = self._index_of(seg).position_for_timestamp(timestamp)
+                if position is None:
+                    continue
+                seg.scan(verify=False, on_entry=match, start=position)
+                if found:
+                    return max(found[0], self.start_offset)
+            return None
+
+    # --- truncation and retention -------------------------------------------------------
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove every entry with Raft index >= ``index`` (Raft conflict resolution).
+
+        Later segments go first, newest first, each unlink made durable before the next, so a
+        crash leaves a contiguous prefix; the cut inside a segment is one ftruncate + fsync.
+        """
+        with self._lock:
+            self._check_open()
+            self._wait_no_flush()
+            if index >= self.next_index:
+                return
+            if index < self.start_index:
+                raise OutOfRangeError(
+                    f"cannot truncate to index {index}: below the log start {self.start_index}",
+                    start=self.start_index,
+                    end=self.next_index,
+                )
+            while len(self._segments) > 1 and self._segments[-1].first_index >= index:
+                seg = self._segments.pop()
+                self._first_indexes.pop()
+                self._base_offsets.pop()
+                self._open_cache.pop(seg.first_index, None)
+                seg.remove_files()
+            seg = self._segments[-1]
+            self._open_cache.pop(seg.first_index, None)
+            cut = self._position_of_index(seg, index)
+            seg.truncate(cut)
+            seg.remove_index_files()
+            del self._terms[bisect_right(self._terms, (index - 1, 1 << 62)) :]
+            self._recover_active()
+            assert self.next_index == max(index, self.start_index), (self.next_index, index)
+            self.durable_index = min(self.durable_index, self.next_index - 1)
+            self._write_terms()
+
+    def _position_of_index(self, seg: Segment, index: int) -> int:
+        if index <= seg.first_index:
+            return 0
+        idx = self._index_of(seg) if seg.index is None else seg.index
+        start = idx.position_for_index(index)
+        found: list[int] = []
+
+        def at(position: int, h: EntryHeader) -> str | None:
+            if h.index >= index:
+                found.append(position)
+                return "found"
+            return None
+
+        result = seg.scan(verify=False, on_entry=at, start=start)
+        return found[0] if found else result.valid_end
+
+    def truncate_prefix(
+        self, index: int, *, offset: int | None = None, prev_term: int | None = None
+    ) -> None:
+        """Forget entries below ``index`` (retention, snapshots). Within the log the start
+        moves and whole segments below it are deleted; past the end the log restarts empty at
+        ``index``/``offset`` with ``prev_term`` as the term before it (snapshot install)."""
+        with self._lock:
+            self._check_open()
+            self._wait_no_flush()
+            if index <= self.start_index:
+                return
+            if index <= self.next_index:
+                start_offset = self._offset_at_index(index)
+                term_before = self.term_at(index - 1)
+                self._set_start(index, start_offset, term_before)
+                while len(self._segments) > 1 and self._segments[1].first_index <= index:
+                    self._drop_oldest()
+                self._drop_terms_below_start()
+                self._write_terms()
+                return
+            if offset is None or prev_term is None:
+                raise ValueError(
+                    f"truncating past the end (index {index} > {self.next_index}) needs the "
+                    "offset and term of the snapshot"
+                )
+            if offset < self.next_offset:
+                raise ValueError(
+                    f"offset {offset} is below the log's next offset {self.next_offset}"
+                )
+            self._set_start(index, offset, prev_term)
+            for seg in reversed(self._segments):
+                seg.remove_files()
+            self._segments.clear()
+            self._first_indexes.clear()
+            self._base_offsets.clear()
+            self._open_cache.clear()
+            self._terms.clear()
+            self._push_segment(Segment.create(self.directory, offset, index))
+            self.next_index, self.next_offset = index, offset
+            self.durable_index = index - 1
+            self._active_born_ms = self._clock_ms()
+            self._write_terms()
+
+    def _offset_at_index(self, index: int) -> int:
+        if index == self.next_index:
+            return self.next_offset
+        result = self.read_by_index(index, 1)
+        return entry.parse_header(result.data).base_offset
+
+    def _set_start(self, index: int, offset: int, prev_term: int) -> None:
+        self.start_index, self.start_offset, self._prev_term = index, offset, prev_term
+        self._write_start()
+
+    def _write_start(self) -> None:
+        write_atomic(
+            self.directory / START_CHECKPOINT,
+            _START.pack(self.start_index, self.start_offset, self._prev_term),
+        )
+
+    def _drop_oldest(self) -> None:
+        seg = self._segments.pop(0)
+        self._first_indexes.pop(0)
+        self._base_offsets.pop(0)
+        self._open_cache.pop(seg.first_index, None)
+        seg.remove_files()
+
+    def apply_retention(self, *, max_index: int | None = None) -> int:
+        """Delete whole closed segments older than ``retention.ms`` or beyond
+        ``retention.bytes``; never the active one, never one holding index >= ``max_index``
+        (Raft passes what is committed and applied). Returns how many were deleted."""
+        with self._lock:
+            self._check_open()
+            now = self._clock_ms()
+            deleted = 0
+            total = sum(s.size for s in self._segments)
+            while len(self._segments) > 1:
+                oldest, nxt = self._segments[0], self._segments[1]
+                if max_index is not None and nxt.first_index - 1 >= max_index:
+                    break
+                by_size = (
+                    self.config.retention_bytes >= 0
+                    and total - oldest.size >= self.config.retention_bytes
+                )
+                by_time = (
+                    self.config.retention_ms >= 0
+                    and self._index_of(oldest).max_timestamp < now - self.config.retention_ms
+                )
+                if not (by_size or by_time):
+                    break
+                self._set_start(nxt.first_index, nxt.base_offset, self.term_at(nxt.first_index - 1))
+                total -= oldest.size
+                self._drop_oldest()
+                deleted += 1
+            if deleted:
+                self._drop_terms_below_start()
+                self._write_terms()
+            return deleted
+
+    # --- introspection and closing ------------------------------------------------------
+
+    def segments(self) -> list[tuple[str, int, int, int]]:
+        """(name, first index, base offset, size) of each segment, oldest first."""
+        with self._lock:
+            return [(s.name, s.first_index, s.base_offset, s.size) for s in self._segments]
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    def iter_headers(self, *, verify: bool = True) -> Iterator[tuple[str, int, EntryHeader]]:
+        """Every entry's header, segment by segment; raises on the first bad one."""
+        with self._lock:
+            segs = list(self._segments)
+        for seg in segs:
+            found: list[tuple[int, EntryHeader]] = []
+
+            def keep(
+                position: int, h: EntryHeader, acc: list[tuple[int, EntryHeader]] = found
+            ) -> str | None:
+                acc.append((position, h))
+                return None
+
+            with self._lock:
+                result = seg.scan(verify=verify, on_entry=keep)
+                if seg is not self._segments[-1]:
+                    seg.close_fd()
+            for position, h in found:
+                yield seg.name, position, h
+            if result.error is not None:
+                raise self._corrupt(seg, result.valid_end, result.error)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.flush()
+            self._wait_no_flush()
+            self._write_terms()
+            for seg in self._segments:
+                seg.close_fd()
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"the log in {self.directory} is closed")
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort for leaked handles
+        if not getattr(self, "_closed", True):
+            for seg in getattr(self, "_segments", []):
+                seg.close_fd()
+
+
+__all__ = ["AppendInfo", "Log", "ReadResult", "RecoveryReport", "fsync_dir"]

@@ -1,0 +1,218 @@
+"""One segment: an append-only file of whole entries, named by its base offset and first
+Raft index, with its sparse indexes beside it.
+
+Two numbers are in the name because control entries take no message offsets: two segments
+can share a base offset, never a first Raft index. Kafka names by offset alone; we keep its
+zero-padded style so ``ls`` sorts segments in log order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftmq.log import entry
+from raftmq.log.atomic_file import fsync_dir
+from raftmq.log.entry import HEADER_SIZE, EntryHeader
+from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+from raftmq.log.index import SegmentIndex
+
+SCAN_CHUNK = 4 * 1024 * 1024
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+
+def segment_name(base_offset: int, first_index: int) -> str:
+    return f"{base_offset:020d}-{first_index:020d}"
+
+
+def parse_segment_name(stem: str) -> tuple[int, int] | None:
+    parts = stem.split("-")
+    if len(parts) != 2 or not all(len(p) == 20 and p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """How far a scan got: ``valid_end`` is the byte after the last good entry."""
+
+    valid_end: int
+    entries: int
+    last: EntryHeader | None
+    error: str | None  # why the scan stopped early, None when it reached the end
+
+
+class Segment:
+    __slots__ = (
+        "base_offset",
+        "corrupt_at",
+        "directory",
+        "fd",
+        "first_index",
+        "index",
+        "size",
+        "verified_upto",
+        "writable",
+    )
+
+    def __init__(self, directory: Path, base_offset: int, first_index: int, size: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.first_index = first_index
+        self.size = size
+        self.fd: int | None = None
+        self.writable = False
+        self.index: SegmentIndex | None = None
+        # Bytes below this position were CRC-checked by this process (appended here, or
+        # scanned); reads verify only beyond it, so a hot log is not checksummed twice.
+        self.verified_upto = 0
+        self.corrupt_at: int | None = None
+
+    @property
+    def name(self) -> str:
+        return segment_name(self.base_offset, self.first_index)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / (self.name + LOG_SUFFIX)
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / (self.name + INDEX_SUFFIX)
+
+    @property
+    def time_index_path(self) -> Path:
+        return self.directory / (self.name + TIME_INDEX_SUFFIX)
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, first_index: int) -> Segment:
+        seg = cls(directory, base_offset, first_index, 0)
+        fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.fsync(fd)
+        fsync_dir(directory)
+        seg.fd, seg.writable = fd, True
+        seg.index = SegmentIndex(base_offset, first_index)
+        return seg
+
+    def open(self, *, writable: bool) -> int:
+        if self.fd is not None and (self.writable or not writable):
+            return self.fd
+        self.close_fd()
+        self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        self.writable = writable
+        return self.fd
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def pread(self, length: int, position: int) -> bytes:
+        fd = self.open(writable=False)
+        data = os.pread(fd, length, position)
+        if len(data) != length:
+            raise CorruptEntryError(
+                f"segment {self.name} is shorter than expected: wanted {length} bytes at "
+                f"{position}, got {len(data)}",
+                position=position,
+                segment=self.name,
+            )
+        return data
+
+    def write(self, buf: bytes | memoryview) -> None:
+        """Append ``buf`` with one positioned write (retried only if the kernel writes short)."""
+        assert self.fd is not None and self.writable, "append to a segment not opened for write"
+        view = memoryview(buf)
+        position = self.size
+        while view:
+            n = os.pwrite(self.fd, view, position)
+            position += n
+            view = view[n:]
+        self.size = position
+
+    def truncate(self, position: int) -> None:
+        fd = self.open(writable=True)
+        os.ftruncate(fd, position)
+        os.fsync(fd)
+        self.size = position
+        self.verified_upto = min(self.verified_upto, position)
+
+    def remove_files(self) -> None:
+        self.close_fd()
+        for path in (self.path, self.index_path, self.time_index_path):
+            path.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+
+    def remove_index_files(self) -> None:
+        for path in (self.index_path, self.time_index_path):
+            path.unlink(missing_ok=True)
+
+    def scan(
+        self,
+        *,
+        verify: bool,
+        on_entry: Callable[[int, EntryHeader], str | None],
+        start: int = 0,
+    ) -> ScanResult:
+        """Walk the entries from ``start`` in bounded chunks, stopping at the first entry that
+        is torn, fails its CRC, or that ``on_entry`` refuses (it returns a reason)."""
+        fd = self.open(writable=self.writable)
+        size = os.fstat(fd).st_size
+        position, count, last = start, 0, None
+        want = SCAN_CHUNK
+        while position < size:
+            chunk = os.pread(fd, min(want, size - position), position)
+            want = SCAN_CHUNK
+            view = memoryview(chunk)
+            p = 0
+            while p < len(chunk):
+                if len(chunk) - p < HEADER_SIZE and position + p + HEADER_SIZE <= size:
+                    break  # header straddles the chunk: re-read from here
+                try:
+                    header = entry.parse_header(view, p)
+                except InvalidEntryError as exc:
+                    return ScanResult(position + p, count, last, str(exc))
+                if p + header.size > len(chunk):
+                    if position + p + header.size > size:
+                        return ScanResult(
+                            position + p,
+                            count,
+                            last,
+                            f"torn entry at byte {position + p}: needs {header.size} bytes, "
+                            f"{size - position - p} present",
+                        )
+                    want = max(SCAN_CHUNK, header.size)
+                    break
+                if verify and not entry.crc_ok(view, header):
+                    return ScanResult(
+                        position + p, count, last, f"CRC mismatch at byte {position + p}"
+                    )
+                reason = on_entry(position + p, header)
+                if reason is not None:
+                    return ScanResult(position + p, count, last, reason)
+                count += 1
+                last = header
+                p += header.size
+            if p == 0 and want == SCAN_CHUNK:
+                break  # nothing parseable and nothing to wait for (cannot happen; guards a loop)
+            position += p
+        return ScanResult(position, count, last, None)
+
+    def load_index(self) -> bool:
+        """Load the index files; False when they must be rebuilt."""
+        idx = SegmentIndex.load(
+            self.index_path, self.time_index_path, self.base_offset, self.first_index, self.size
+        )
+        if idx is None:
+            return False
+        self.index = idx
+        return True
+
+    def release(self) -> None:
+        """Drop what a closed segment holds in memory; it reloads lazily."""
+        self.close_fd()
+        self.index = None
