@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + pip):
 #   make dev    build .venv, then run the main job
 #   make test   build .venv, then run ruff and the fast test suite
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed

@@ -1,0 +1,21 @@
+"""The ``raftmq`` command: one entry point, a group per layer (log now; broker, dev, topic,
+chaos as they land)."""
+
+from __future__ import annotations
+
+import typer
+
+from raftmq.cli import log_cmd
+
+app = typer.Typer(
+    name="raftmq",
+    help="raftmq: a durable, replicated log service (Kafka's model, Raft per partition).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(log_cmd.app, name="log")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,204 @@
+"""Read-only inspection of a partition folder, for people and for ``raftmq log``.
+
+Opening a :class:`~raftmq.log.log.Log` repairs (it cuts torn tails); an operator looking at a
+folder, maybe one a broker is using, must change nothing. So this module reads the files
+itself, with the same entry and index codecs, and reports instead of repairing.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftmq.log.atomic_file import read_atomic
+from raftmq.log.entry import EntryHeader
+from raftmq.log.log import START_CHECKPOINT, TERMS_CHECKPOINT
+from raftmq.log.segment import LOG_SUFFIX, Segment, parse_segment_name
+
+_OFFSET_SLOT = struct.Struct(">III")
+_TIME_SLOT = struct.Struct(">qI")
+
+
+@dataclass(slots=True)
+class SegmentReport:
+    name: str
+    base_offset: int
+    first_index: int
+    size: int
+    entries: int = 0
+    records: int = 0
+    last_index: int = -1
+    next_offset: int = -1
+    first_term: int = -1
+    last_term: int = -1
+    max_timestamp: int = -1
+    index_slots: int | None = None  # None: no index files (the active segment has none)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FolderReport:
+    directory: Path
+    start_index: int | None
+    start_offset: int | None
+    prev_term: int | None
+    segments: list[SegmentReport]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(s.problems for s in self.segments)
+
+
+def segment_files(directory: Path) -> list[Segment]:
+    """The folder's segments in log order, each with its size (no file is opened)."""
+    found = []
+    for path in directory.glob("*" + LOG_SUFFIX):
+        parsed = parse_segment_name(path.stem)
+        if parsed is not None:
+            seg = Segment(directory, parsed[0], parsed[1], path.stat().st_size)
+            found.append(seg)
+    found.sort(key=lambda s: s.first_index)
+    return found
+
+
+def read_start(directory: Path) -> tuple[int, int, int] | None:
+    raw = read_atomic(directory / START_CHECKPOINT)
+    if raw is None or len(raw) != 24:
+        return None
+    start_index, start_offset, prev_term = struct.unpack(">qqq", raw)
+    return start_index, start_offset, prev_term
+
+
+def iter_entries(directory: Path, *, verify: bool = True) -> Iterator[tuple[str, int, EntryHeader]]:
+    """(segment, position, header) of every entry, oldest first; stops at the first bad one."""
+    found: list[tuple[int, EntryHeader]] = []
+
+    def keep(position: int, h: EntryHeader) -> None:
+        found.append((position, h))
+
+    for seg in segment_files(directory):
+        found.clear()
+        try:
+            result = seg.scan(verify=verify, on_entry=keep)
+        finally:
+            seg.close_fd()
+        for position, h in found:
+            yield seg.name, position, h
+        if result.error is not None:
+            return
+
+
+def verify_folder(directory: Path) -> FolderReport:
+    """Check every CRC, the continuity of indexes, offsets and terms, and every index file."""
+    problems: list[str] = []
+    start = read_start(directory)
+    if start is None:
+        problems.append(f"{START_CHECKPOINT} is missing or damaged")
+    if read_atomic(directory / TERMS_CHECKPOINT) is None:
+        problems.append(f"{TERMS_CHECKPOINT} is missing or damaged")
+    segments = segment_files(directory)
+    reports = []
+    expect: tuple[int, int, int] | None = None  # next index, next offset, last term
+    for i, seg in enumerate(segments):
+        report = _verify_segment(seg, expect, closed=i < len(segments) - 1)
+        reports.append(report)
+        if report.entries:
+            expect = (report.last_index + 1, report.next_offset, report.last_term)
+        elif expect is None:
+            expect = (seg.first_index, seg.base_offset, 0)
+    if not segments:
+        problems.append("no segment files")
+    return FolderReport(
+        directory,
+        start[0] if start else None,
+        start[1] if start else None,
+        start[2] if start else None,
+        reports,
+        problems,
+    )
+
+
+def _verify_segment(
+    seg: Segment, expect: tuple[int, int, int] | None, *, closed: bool
+) -> SegmentReport:
+    report = SegmentReport(seg.name, seg.base_offset, seg.first_index, seg.size)
+    if expect is not None and (seg.first_index, seg.base_offset) != expect[:2]:
+        report.problems.append(
+            f"starts at index {seg.first_index} offset {seg.base_offset}, but the previous "
+            f"segment ends before index {expect[0]} offset {expect[1]}"
+        )
+    positions = array("q")
+    state = [seg.first_index, seg.base_offset, expect[2] if expect else 0]
+
+    def check(position: int, h: EntryHeader) -> str | None:
+        if h.index != state[0] or h.base_offset != state[1]:
+            return (
+                f"entry at byte {position} has index {h.index} offset {h.base_offset}, "
+                f"expected index {state[0]} offset {state[1]}"
+            )
+        if h.term < state[2]:
+            return f"entry at byte {position} has term {h.term}, below {state[2]}"
+        if report.entries == 0:
+            report.first_term = h.term
+        positions.append(position)
+        report.entries += 1
+        report.records += h.record_count
+        report.max_timestamp = max(report.max_timestamp, h.max_timestamp)
+        state[:] = [h.index + 1, h.next_offset, h.term]
+        return None
+
+    try:
+        result = seg.scan(verify=True, on_entry=check)
+    finally:
+        seg.close_fd()
+    report.last_index, report.next_offset, report.last_term = state
+    report.last_index -= 1
+    if result.error is not None:
+        report.problems.append(f"{result.error} (segment {seg.name}, byte {result.valid_end})")
+    if closed:
+        _verify_index_files(seg, report, positions)
+    return report
+
+
+def _verify_index_files(seg: Segment, report: SegmentReport, positions: array) -> None:
+    raw = read_atomic(seg.index_path)
+    traw = read_atomic(seg.time_index_path)
+    if raw is None or traw is None:
+        report.problems.append("index files missing or damaged (the log rebuilds them on open)")
+        return
+    report.index_slots = len(raw) // _OFFSET_SLOT.size
+    for n, (_ro, _ri, p) in enumerate(_OFFSET_SLOT.iter_unpack(raw)):
+        k = bisect_left(positions, p)
+        if k == len(positions) or positions[k] != p:
+            report.problems.append(f"index slot {n} points at byte {p}, not an entry boundary")
+            return
+    stamps = [ts for ts, _ in _TIME_SLOT.iter_unpack(traw)]
+    if stamps != sorted(set(stamps)):
+        report.problems.append("time index timestamps are not strictly increasing")
+    elif stamps and stamps[-1] != report.max_timestamp:
+        report.problems.append(
+            f"time index ends at {stamps[-1]}, the segment's max timestamp is "
+            f"{report.max_timestamp}"
+        )
+
+
+def describe(h: EntryHeader) -> dict[str, int | str]:
+    return {
+        "index": h.index,
+        "term": h.term,
+        "type": h.type.name,
+        "offset": h.base_offset,
+        "records": h.record_count,
+        "bytes": h.size,
+        "max_timestamp": h.max_timestamp,
+        "producer": h.producer_id,
+        "crc": f"{h.crc:08x}",
+    }
+
+
+__all__ = ["FolderReport", "SegmentReport", "describe", "iter_entries", "verify_folder"]
