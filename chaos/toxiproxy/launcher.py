@@ -47,6 +47,7 @@ class RunningToxiproxy:
     process: subprocess.Popen[bytes]
     implementation: str  # "python" or "go"
     log_path: Path
+    keep_log: bool = False  # the log file is deleted on stop unless set
     _log_file: IO[bytes] | None = field(repr=False, default=None)
 
     @property
@@ -73,6 +74,9 @@ class RunningToxiproxy:
         if self._log_file is not None:
             with contextlib.suppress(OSError):
                 self._log_file.close()
+        if not self.keep_log:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
         return self.process.returncode
 
     def __enter__(self) -> RunningToxiproxy:
@@ -151,7 +155,9 @@ def _spawn(
     process = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
     )
-    running = RunningToxiproxy(host, port, process, implementation, Path(log_name), log_file)
+    running = RunningToxiproxy(
+        host, port, process, implementation, Path(log_name), _log_file=log_file
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -159,8 +165,9 @@ def _spawn(
         if _api_answers(running.api_url):
             return running
         time.sleep(0.05)
+    tail = running.log_tail()
     running.stop()
     raise LaunchError(
         f"{implementation} toxiproxy on {host}:{port} did not start "
-        f"(exit code {process.returncode}):\n{running.log_tail()}"
+        f"(exit code {process.returncode}):\n{tail}"
     )

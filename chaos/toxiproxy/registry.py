@@ -131,6 +131,7 @@ class Registry:
         """Create a toxic from a lower-cased request body, in the Go check order."""
         async with self._lock:
             proxy = self.get(proxy_name)
+            toxicity = _parse_toxicity(body.get("toxicity"), default=1.0)
             stream = body.get("stream")
             stream = "downstream" if stream in (None, "") else stream
             if not isinstance(stream, str) or stream.lower() not in STREAMS:
@@ -147,7 +148,6 @@ class Registry:
                 raise ApiError(400, "bad request body: name must be a string")
             if any(t.name == name for t in proxy.toxics()):
                 raise ApiError(409, "toxic already exists")
-            toxicity = _parse_toxicity(body.get("toxicity"), default=1.0)
             attributes = parse_attributes(kind, body.get("attributes"))
             toxic = Toxic(kind, name, stream, toxicity, attributes)
             proxy.add_toxic(toxic)

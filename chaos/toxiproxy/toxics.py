@@ -172,10 +172,11 @@ class BandwidthKind(ToxicKind):
                 await host.wait_until(None)
                 continue
             piece = remaining[: rate * 100]
-            start = host.now()
-            deadline = start + len(piece) / (rate * 1000.0) + state.credit
+            deadline = host.now() + len(piece) / (rate * 1000.0) + state.credit
             version = state.toxic.version
-            await host.wait_until(deadline)
+            # Wake-ups from unrelated chain changes must not release data early.
+            while state.live and state.toxic.version == version and host.now() < deadline:
+                await host.wait_until(deadline)
             if state.toxic.version != version or not state.live:
                 continue  # recompute with the new rate, or flush below
             # Sleeping too long is credited back on the next piece, so timer

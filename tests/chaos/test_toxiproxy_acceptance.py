@@ -170,9 +170,7 @@ def test_4_latency(client: Toxiproxy, echo: Upstream) -> None:
         with connect(p1.listen) as fresh:
             assert 300 <= rtt_ms(fresh) <= 450
 
-        p1.add_toxic(
-            type="latency", name="lat_up", stream="upstream", attributes={"latency": 200}
-        )
+        p1.add_toxic(type="latency", name="lat_up", stream="upstream", attributes={"latency": 200})
         assert 500 <= rtt_ms(c) <= 700
 
 
@@ -180,9 +178,7 @@ def test_5_deleting_a_toxic_restores_traffic(client: Toxiproxy, echo: Upstream) 
     p1 = client.create(upstream=echo.address, name="p1")
     with connect(p1.listen) as c:
         p1.add_toxic(type="latency", attributes={"latency": 300})
-        p1.add_toxic(
-            type="latency", name="lat_up", stream="upstream", attributes={"latency": 200}
-        )
+        p1.add_toxic(type="latency", name="lat_up", stream="upstream", attributes={"latency": 200})
         assert rtt_ms(c) >= 500
 
         # Sent while both toxics hold it; deleting them must release it intact.
