@@ -1,0 +1,845 @@
+"""The Raft state machine of one member of one partition: pure, deterministic, no I/O.
+
+Inputs are :meth:`RaftCore.step` (a message from a peer), :meth:`RaftCore.tick` (time),
+and the local requests (propose, transfer, read index, membership). Outputs accumulate
+until the driver takes them as a :class:`~raftmq.raft.ready.Ready`; see that module for
+the persistence order. Every rule here names the property it protects.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from raftmq.log import entry
+from raftmq.log.entry import EntryType
+from raftmq.log.errors import InvalidEntryError
+from raftmq.raft.config import Config
+from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
+from raftmq.raft.hardstate import HardState
+from raftmq.raft.log_view import CompactedError, Ent, RaftLog, join, split
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import CAMPAIGN_TRANSFER, Message, MsgType, SnapshotMeta
+from raftmq.raft.progress import Inflights, Progress, ProgressState
+from raftmq.raft.ready import ReadState, Ready, Role, SoftState
+from raftmq.raft.storage import Storage
+
+NONE = 0
+
+_SEND_NOW = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP, MsgType.TIMEOUT_NOW})
+"""Leader messages that promise nothing about this node's durable state."""
+
+_PROPOSABLE = frozenset({EntryType.DATA, EntryType.TXN_MARKER, EntryType.METADATA})
+
+
+@dataclass(slots=True)
+class _ReadRequest:
+    src: int
+    index: int
+    acks: set[int] = field(default_factory=set)
+
+
+class RaftCore:
+    def __init__(
+        self,
+        cfg: Config,
+        storage: Storage,
+        *,
+        hard_state: HardState,
+        membership: Membership,
+        applied: int | None = None,
+    ) -> None:
+        """Restart from durable state.
+
+        ``membership`` is the configuration as of ``storage.start_index - 1`` (the
+        bootstrap configuration, or the one saved with the last snapshot); CONFIG entries
+        in the log are replayed on top of it. ``applied`` defaults to the snapshot point:
+        the application is rebuilt by re-applying the log.
+        """
+        self.id = cfg.id
+        self.cfg = cfg
+        self._rng = random.Random(cfg.seed * 1_000_003 + cfg.id)
+        start = storage.start_index
+        self.log = RaftLog(
+            storage,
+            committed=hard_state.commit,
+            applied=start - 1 if applied is None else applied,
+        )
+        self.term = hard_state.term
+        self.vote = hard_state.vote
+        self.lead = NONE
+        self.role = Role.FOLLOWER
+        self._history: list[tuple[int, Membership]] = [(start - 1, membership)]
+        self._replay_configs(storage)
+        self.progress: dict[int, Progress] = {}
+        self._votes: dict[int, bool] = {}
+        self._msgs: list[Message] = []
+        self._read_states: list[ReadState] = []
+        self._reads: OrderedDict[bytes, _ReadRequest] = OrderedDict()
+        self._reads_waiting: list[tuple[int, bytes]] = []
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_timeout = cfg.election_tick
+        self.lead_transferee = NONE
+        self.pending_conf_index = 0
+        self._prev_soft = SoftState(NONE, Role.FOLLOWER)
+        self._prev_hard = hard_state
+        self._ready_out = False
+        self._snapshot_handed = False
+        self._snapshot_data = b""
+        self.become_follower(self.term, NONE)
+
+    def _replay_configs(self, storage: Storage) -> None:
+        lo, last = storage.start_index, storage.last_index
+        while lo <= last:
+            ents = split(storage.read_entries(lo, 1 << 20, last + 1))
+            for e in ents:
+                if e.type == EntryType.CONFIG:
+                    m = Membership.decode(e.data[entry.HEADER_SIZE :])
+                    if e.index <= self.log.committed:
+                        self._history.append((e.index, m))
+                    else:
+                        self.log.configs[e.index] = m
+            lo = ents[-1].index + 1
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def commit(self) -> int:
+        return self.log.committed
+
+    @property
+    def applied(self) -> int:
+        return self.log.applied
+
+    @property
+    def membership(self) -> Membership:
+        """The configuration in force here: the latest in the log, committed or not.
+
+        Using a configuration as soon as it is appended (thesis §4.1) means the members of
+        a new configuration never need a removed node to learn that it was committed.
+        """
+        configs = self.log.configs
+        return configs[max(configs)] if configs else self._history[-1][1]
+
+    def promotable(self) -> bool:
+        """Only voters campaign, so learners and removed nodes never disrupt a term.
+
+        A node whose removal is appended but not committed still counts: the committed
+        configuration may need it to elect the leader that commits its removal.
+        """
+        return self.id in self.membership.voters or self.id in self._history[-1][1].voters
+
+    def membership_at(self, index: int) -> Membership:
+        """The committed configuration in force at ``index`` (for a snapshot's metadata)."""
+        found = self._history[0][1]
+        for i, m in self._history:
+            if i > index:
+                break
+            found = m
+        return found
+
+    # ------------------------------------------------------------------ sending
+    def _send(self, m: Message) -> None:
+        assert m.dst != self.id
+        if m.type not in (MsgType.PRE_VOTE, MsgType.PRE_VOTE_RESP):
+            # Pre-vote messages speak of a future term; everything else is of ours.
+            assert m.term == self.term or m.type == MsgType.APP_RESP, m
+        self._msgs.append(m)
+
+    # ------------------------------------------------------------------ roles
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            assert term > self.term, "terms only grow"
+            self.term = term
+            self.vote = NONE  # a vote is of one term; never reset within it
+        self.lead = NONE
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_timeout = self.cfg.election_tick + self._rng.randrange(
+            self.cfg.election_tick
+        )
+        self.lead_transferee = NONE
+        self._votes = {}
+        self._reads.clear()
+        self._reads_waiting.clear()
+        self.progress = {}
+        last = self.log.last_index
+        for node in self.membership.members | {self.id}:
+            self.progress[node] = self._new_progress(node, last + 1)
+        self.pending_conf_index = 0
+
+    def _new_progress(self, node: int, next_index: int) -> Progress:
+        inflights = Inflights(self.cfg.max_inflight_msgs, self.cfg.max_inflight_bytes)
+        return Progress(next_index, inflights, is_learner=node in self.membership.learners)
+
+    def become_follower(self, term: int, lead: int) -> None:
+        self._reset(term)
+        self.lead = lead
+        self.role = Role.FOLLOWER
+
+    def _become_pre_candidate(self) -> None:
+        assert self.role != Role.LEADER
+        # Pre-vote changes neither term nor vote: a partitioned node that keeps failing
+        # pre-votes cannot inflate the cluster's term when it rejoins.
+        self._votes = {}
+        self.lead = NONE
+        self.role = Role.PRE_CANDIDATE
+
+    def _become_candidate(self) -> None:
+        assert self.role != Role.LEADER
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+
+    def _become_leader(self) -> None:
+        assert self.role == Role.CANDIDATE and self.vote == self.id
+        assert self.log.pending_snapshot is None
+        self._reset(self.term)
+        self.lead = self.id
+        self.role = Role.LEADER
+        me = self.progress[self.id]
+        me.become_replicate()
+        me.match = self.log.unstable_offset - 1  # only what is durable here counts
+        me.next = self.log.last_index + 1
+        # No config change until every entry of earlier terms is committed (which the
+        # no-op below forces): this closes the single-server-change bug of two leaders
+        # in successive terms each committing a change from the same base.
+        self.pending_conf_index = self.log.last_index
+        # Entries of earlier terms commit only indirectly, through one of ours (§5.4.2).
+        self._append_entries([self._control(EntryType.NOOP, b"")])
+
+    # ------------------------------------------------------------------ time
+    def tick(self) -> None:
+        if self.role == Role.LEADER:
+            self._tick_heartbeat()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.promotable() and self.election_elapsed >= self.randomized_timeout:
+            self.election_elapsed = 0
+            self.campaign()
+
+    def _tick_heartbeat(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.cfg.election_tick:
+            self.election_elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                # A leader cut off from a majority steps down, so clients stop trusting
+                # it and a read index is never served by a deposed leader for long.
+                self.become_follower(self.term, NONE)
+                return
+            for node, pr in self.progress.items():
+                pr.recent_active = node == self.id
+            if self.lead_transferee != NONE:
+                self.lead_transferee = NONE  # the transfer did not finish: resume
+        if self.heartbeat_elapsed >= self.cfg.heartbeat_tick:
+            self.heartbeat_elapsed = 0
+            self._bcast_heartbeat(self._last_read_ctx())
+
+    def _quorum_active(self) -> bool:
+        active = sum(
+            1
+            for node in self.membership.voters
+            if node == self.id or (node in self.progress and self.progress[node].recent_active)
+        )
+        return active >= self.membership.quorum()
+
+    # ------------------------------------------------------------------ elections
+    def campaign(self, *, transfer: bool = False) -> None:
+        """Start an election now (what an election timeout does)."""
+        if self.role == Role.LEADER or not self.promotable():
+            return
+        if self.log.pending_snapshot is not None:
+            return  # not even our own log is known durable yet
+        if not self.cfg.pre_vote or transfer:
+            self._campaign_real(transfer=transfer)
+            return
+        self._become_pre_candidate()
+        if self._poll(self.id, True) == "won":
+            self._campaign_real(transfer=False)
+            return
+        self._request_votes(MsgType.PRE_VOTE, self.term + 1, b"")
+
+    def _campaign_real(self, *, transfer: bool) -> None:
+        """The election proper, with a bumped term (after a won pre-vote, or forced)."""
+        self._become_candidate()
+        if self._poll(self.id, True) == "won":
+            self._become_leader()
+            return
+        self._request_votes(MsgType.VOTE, self.term, CAMPAIGN_TRANSFER if transfer else b"")
+
+    def _request_votes(self, vote_type: MsgType, term: int, ctx: bytes) -> None:
+        for node in sorted(self.membership.voters):
+            if node != self.id:
+                self._send(
+                    Message(
+                        vote_type,
+                        self.id,
+                        node,
+                        term,
+                        log_term=self.log.last_term,
+                        index=self.log.last_index,
+                        context=ctx,
+                    )
+                )
+
+    def _poll(self, node: int, granted: bool) -> str:
+        if node in self.membership.voters:  # learners' answers never count
+            self._votes.setdefault(node, granted)
+        yes = sum(1 for v in self._votes.values() if v)
+        no = len(self._votes) - yes
+        q = self.membership.quorum()
+        if yes >= q:
+            return "won"
+        if no > len(self.membership.voters) - q:
+            return "lost"
+        return "pending"
+
+    # ------------------------------------------------------------------ step
+    def step(self, m: Message) -> None:
+        assert m.dst == self.id, m
+        if m.term > self.term:
+            if m.type in (MsgType.VOTE, MsgType.PRE_VOTE):
+                in_lease = (
+                    self.cfg.check_quorum
+                    and self.lead != NONE
+                    and self.election_elapsed < self.cfg.election_tick
+                )
+                if in_lease and m.context != CAMPAIGN_TRANSFER:
+                    # Leader stickiness: we heard from a live leader within the minimum
+                    # election timeout, so this candidate cannot be needed.
+                    return
+            if m.type == MsgType.PRE_VOTE:
+                pass  # never change our term for a pre-vote
+            elif m.type == MsgType.PRE_VOTE_RESP and not m.reject:
+                pass  # the future term we asked about; adopted when we win
+            elif m.type in (MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP):
+                self.become_follower(m.term, m.src)
+            else:
+                self.become_follower(m.term, NONE)
+        elif m.term < self.term:
+            if m.type in (MsgType.APP, MsgType.HEARTBEAT):
+                # Tell a stale leader about our term so it steps down; without this a
+                # leader partitioned away and back, with check-quorum, could linger.
+                self._send(Message(MsgType.APP_RESP, self.id, m.src, self.term))
+            elif m.type == MsgType.PRE_VOTE:
+                self._send(Message(MsgType.PRE_VOTE_RESP, self.id, m.src, self.term, reject=True))
+            return
+
+        if m.type in (MsgType.VOTE, MsgType.PRE_VOTE):
+            self._handle_vote_request(m)
+        elif self.role == Role.LEADER:
+            self._step_leader(m)
+        elif self.role in (Role.CANDIDATE, Role.PRE_CANDIDATE):
+            self._step_candidate(m)
+        else:
+            self._step_follower(m)
+        self._activate_committed_configs()
+
+    def _handle_vote_request(self, m: Message) -> None:
+        resp_type = MsgType.VOTE_RESP if m.type == MsgType.VOTE else MsgType.PRE_VOTE_RESP
+        can_vote = (
+            self.vote == m.src
+            or (self.vote == NONE and self.lead == NONE)
+            or (m.type == MsgType.PRE_VOTE and m.term > self.term)
+        )
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # The grant carries the candidate's term: a pre-vote grant is about a term we
+            # are not in, and the candidate must not drop it as stale.
+            self._msgs.append(Message(resp_type, self.id, m.src, m.term))
+            if m.type == MsgType.VOTE:
+                self.election_elapsed = 0
+                assert self.vote in (NONE, m.src), "one vote per term"
+                self.vote = m.src  # sent only after the Ready that persists it
+        else:
+            self._msgs.append(Message(resp_type, self.id, m.src, self.term, reject=True))
+
+    def _step_candidate(self, m: Message) -> None:
+        my_resp = MsgType.PRE_VOTE_RESP if self.role == Role.PRE_CANDIDATE else MsgType.VOTE_RESP
+        if m.type in (MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP):
+            self.become_follower(m.term, m.src)  # a leader of our term exists
+            self._step_follower(m)
+        elif m.type == my_resp:
+            if self.role == Role.PRE_CANDIDATE and m.term != self.term + 1 and not m.reject:
+                return
+            result = self._poll(m.src, not m.reject)
+            if result == "won":
+                if self.role == Role.PRE_CANDIDATE:
+                    self._campaign_real(transfer=False)
+                else:
+                    self._become_leader()
+            elif result == "lost":
+                self.become_follower(self.term, NONE)
+        elif m.type == MsgType.TIMEOUT_NOW:
+            pass  # already campaigning
+
+    def _step_follower(self, m: Message) -> None:
+        t = m.type
+        if t == MsgType.APP:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_append(m)
+        elif t == MsgType.HEARTBEAT:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self.log.commit_to(min(m.commit, self.log.last_index))
+            self._msgs.append(
+                Message(MsgType.HEARTBEAT_RESP, self.id, m.src, self.term, context=m.context)
+            )
+        elif t == MsgType.SNAP:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_snapshot(m)
+        elif t == MsgType.TIMEOUT_NOW:
+            # The leader picked us and our log is complete: skip pre-vote and lease.
+            self.campaign(transfer=True)
+        elif t == MsgType.READ_INDEX_RESP:
+            self._read_states.append(ReadState(m.index, m.context))
+
+    def _handle_append(self, m: Message) -> None:
+        if m.index < self.log.committed:
+            # Everything up to our commit already matches; say so rather than reject.
+            self._msgs.append(
+                Message(MsgType.APP_RESP, self.id, m.src, self.term, index=self.log.committed)
+            )
+            return
+        try:
+            ents = split(m.entries, verify=True)
+        except InvalidEntryError:
+            return  # corrupted in transit: the leader will retry
+        assert all(e.index == m.index + 1 + i for i, e in enumerate(ents)), "contiguous"
+        last_new = self.log.maybe_append(m.index, m.log_term, m.commit, ents)
+        if last_new is not None:
+            self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
+            return
+        hint_index, hint_term = self.log.find_conflict_by_term(
+            min(m.index, self.log.last_index), m.log_term
+        )
+        self._msgs.append(
+            Message(
+                MsgType.APP_RESP,
+                self.id,
+                m.src,
+                self.term,
+                index=m.index,
+                reject=True,
+                reject_hint=hint_index,
+                log_term=hint_term,
+            )
+        )
+
+    def _handle_snapshot(self, m: Message) -> None:
+        snap = m.snapshot
+        assert snap is not None
+        if snap.index <= self.log.committed:
+            pass
+        elif self.log.match_term(snap.index, snap.term):
+            self.log.commit_to(snap.index)  # we hold its prefix: just fast-forward
+        else:
+            self.log.restore(snap)
+            self._history = [(snap.index, snap.membership)]
+            self._snapshot_data = m.data
+            self._snapshot_handed = False
+            self._msgs.append(
+                Message(MsgType.APP_RESP, self.id, m.src, self.term, index=snap.index)
+            )
+            return
+        self._msgs.append(
+            Message(MsgType.APP_RESP, self.id, m.src, self.term, index=self.log.committed)
+        )
+
+    # ------------------------------------------------------------------ leader
+    def _step_leader(self, m: Message) -> None:
+        pr = self.progress.get(m.src)
+        t = m.type
+        if t == MsgType.READ_INDEX:
+            self._handle_read_index(m.src, m.context)
+            return
+        if pr is None:
+            return
+        if t == MsgType.APP_RESP:
+            pr.recent_active = True
+            self._handle_append_resp(m, pr)
+        elif t == MsgType.HEARTBEAT_RESP:
+            pr.recent_active = True
+            pr.probe_sent = False
+            if pr.state == ProgressState.REPLICATE and pr.inflights.full():
+                pr.inflights.free_first_one()
+            if pr.match < self.log.last_index:
+                self._send_append(m.src)
+            if m.context:
+                self._ack_read(m.src, m.context)
+
+    def _handle_append_resp(self, m: Message, pr: Progress) -> None:
+        if m.reject:
+            probe = m.reject_hint
+            if m.log_term > 0:
+                probe, _ = self.log.find_conflict_by_term(m.reject_hint, m.log_term)
+            if pr.maybe_decrease_to(m.index, probe):
+                if pr.state == ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.src)
+            return
+        was_paused = pr.is_paused()
+        if not (
+            pr.maybe_update(m.index) or (pr.match == m.index and pr.state == ProgressState.PROBE)
+        ):
+            return
+        if pr.state == ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state == ProgressState.SNAPSHOT and pr.match + 1 >= self.log.first_index:
+            pr.become_probe()
+            pr.become_replicate()
+        elif pr.state == ProgressState.REPLICATE:
+            pr.inflights.free_le(m.index)
+        if self._maybe_commit():
+            self._bcast_append()
+        elif was_paused or pr.next <= self.log.last_index:
+            self._send_append(m.src, send_if_empty=False)
+        if m.src == self.lead_transferee and pr.match == self.log.last_index:
+            self._send(Message(MsgType.TIMEOUT_NOW, self.id, m.src, self.term))
+
+    def _maybe_commit(self) -> bool:
+        matches = sorted((self.progress[n].match for n in self.membership.voters), reverse=True)
+        quorum_match = matches[self.membership.quorum() - 1]
+        # maybe_commit refuses an index of an older term: counting replicas of an old
+        # entry can commit it after it was already superseded (Figure 8).
+        committed = self.log.maybe_commit(quorum_match, self.term)
+        if committed:
+            self._activate_committed_configs()
+            self._release_waiting_reads()
+        return committed
+
+    def _send_append(self, to: int, *, send_if_empty: bool = True) -> None:
+        """Send to ``to`` as much as its state and window allow (pipelined in REPLICATE)."""
+        pr = self.progress[to]
+        sent = False
+        while not pr.is_paused():
+            prev = pr.next - 1
+            try:
+                prev_term = self.log.term(prev)
+                ents = self.log.entries(pr.next, self.cfg.max_append_bytes)
+            except CompactedError:
+                self._send_snapshot(to, pr)
+                return
+            if not ents and (sent or not send_if_empty):
+                return
+            data = join(ents)
+            self._send(
+                Message(
+                    MsgType.APP,
+                    self.id,
+                    to,
+                    self.term,
+                    log_term=prev_term,
+                    index=prev,
+                    entries=data,
+                    commit=self.log.committed,
+                )
+            )
+            sent = True
+            if ents:
+                pr.sent_entries(ents[-1].index, len(data))
+            elif pr.state == ProgressState.PROBE:
+                pr.probe_sent = True
+            if pr.state != ProgressState.REPLICATE or not ents:
+                return
+
+    def _send_snapshot(self, to: int, pr: Progress) -> None:
+        if not pr.recent_active:
+            return  # do not start a big transfer to a peer that may be down
+        snap = self.snapshot_meta()
+        pr.become_snapshot(snap.index)
+        self._send(Message(MsgType.SNAP, self.id, to, self.term, snapshot=snap))
+
+    def snapshot_meta(self) -> SnapshotMeta:
+        """Metadata of the snapshot point: the entry just before the log's start."""
+        storage = self.log.storage
+        index = storage.start_index - 1
+        if storage.last_index >= storage.start_index:
+            offset = entry.parse_header(storage.read_entries(storage.start_index, 1)).base_offset
+        else:
+            offset = storage.next_offset
+        return SnapshotMeta(index, storage.term_at(index), offset, self.membership_at(index))
+
+    def _bcast_append(self) -> None:
+        for node in sorted(self.progress):
+            if node != self.id:
+                self._send_append(node)
+
+    def _bcast_heartbeat(self, ctx: bytes = b"") -> None:
+        for node in sorted(self.progress):
+            if node == self.id:
+                continue
+            pr = self.progress[node]
+            # Never tell a follower to commit past what it is known to hold.
+            commit = min(pr.match, self.log.committed)
+            self._send(
+                Message(MsgType.HEARTBEAT, self.id, node, self.term, commit=commit, context=ctx)
+            )
+
+    # ------------------------------------------------------------------ proposals
+    def _control(self, etype: EntryType, payload: bytes) -> Ent:
+        return Ent(0, 0, etype, 0, entry.encode(payload, type=etype))
+
+    def _append_entries(self, ents: list[Ent]) -> int:
+        assert self.role == Role.LEADER
+        index = self.log.last_index
+        offset = self.log.next_offset
+        stamped = []
+        for e in ents:
+            index += 1
+            rc = _record_count(e)
+            data = entry.stamp(e.data, index=index, term=self.term, base_offset=offset)
+            offset += rc
+            stamped.append(Ent(index, self.term, e.type, offset, data))
+        self.log.append(stamped)
+        self._bcast_append()
+        return index
+
+    def propose(self, buf: bytes) -> int:
+        """Append client entries (encoded, unstamped); returns the last index assigned.
+
+        The index is not a promise: the entry is committed only if a later Ready's
+        committed entries contain it (with this term).
+        """
+        if self.role != Role.LEADER:
+            raise NotLeaderError(self.lead)
+        if self.lead_transferee != NONE:
+            raise ProposalDroppedError("leadership transfer in progress")
+        ents = split(buf, verify=True)
+        if not ents:
+            raise InvalidEntryError("empty proposal")
+        for e in ents:
+            if e.type not in _PROPOSABLE:
+                raise InvalidEntryError(f"{e.type.name} entries are made by Raft itself")
+            if e.index or e.term:
+                raise InvalidEntryError("proposals carry index and term 0")
+        return self._append_entries(ents)
+
+    def propose_membership(self, new: Membership) -> int:
+        """Propose a single-server change; it takes effect on each node once appended."""
+        if self.role != Role.LEADER:
+            raise NotLeaderError(self.lead)
+        if self.pending_conf_index > self.log.committed or self.log.configs:
+            # One change at a time, and not before this term's no-op commits: otherwise
+            # two leaders could each commit a change from the same base (thesis §4.1 bug).
+            raise ProposalDroppedError("a configuration change is still uncommitted")
+        old = self.membership
+        if not new.is_single_step_from(old):
+            raise ProposalDroppedError("change one voter at a time")
+        if not new.voters:
+            raise ProposalDroppedError("a cluster needs a voter")
+        for node in new.voters & old.learners:
+            # A learner is promoted only once it holds everything committed, so that
+            # adding it to the quorum cannot stall commits while it catches up.
+            if self.progress[node].match < self.log.committed:
+                raise ProposalDroppedError(f"learner {node} has not caught up")
+        index = self._append_entries([self._control(EntryType.CONFIG, new.encode())])
+        self.pending_conf_index = index
+        last = self.log.last_index
+        for node in new.members:
+            if node not in self.progress:
+                pr = self._new_progress(node, last)
+                pr.recent_active = True  # give a new member one election timeout
+                self.progress[node] = pr
+                self._send_append(node)
+            self.progress[node].is_learner = node in new.learners
+        for node in [n for n in self.progress if n not in new.members and n != self.id]:
+            del self.progress[node]
+        # A smaller quorum may already hold more entries.
+        if self._maybe_commit():
+            self._bcast_append()
+        return index
+
+    def _activate_committed_configs(self) -> None:
+        configs = self.log.configs
+        while configs:
+            index = min(configs)
+            if index > self.log.committed:
+                break
+            m = configs.pop(index)
+            self._history.append((index, m))
+            if self.role == Role.LEADER and self.id not in m.voters:
+                # A removed leader manages the new configuration until it commits, then
+                # steps down; the new members hold the entry and elect among themselves.
+                self.become_follower(self.term, NONE)
+
+    # ------------------------------------------------------------------ transfer
+    def transfer_leadership(self, to: int) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeaderError(self.lead)
+        if to == self.id or to not in self.membership.voters:
+            raise ProposalDroppedError(f"cannot transfer leadership to {to}")
+        self.lead_transferee = to
+        self.election_elapsed = 0  # the transfer must finish within an election timeout
+        pr = self.progress[to]
+        if pr.match == self.log.last_index:
+            self._send(Message(MsgType.TIMEOUT_NOW, self.id, to, self.term))
+        else:
+            self._send_append(to)
+
+    # ------------------------------------------------------------------ read index
+    def read_index(self, ctx: bytes) -> None:
+        """Ask for a linearizable read point; it arrives as a ReadState in a later Ready.
+
+        ``ctx`` must be unique among outstanding requests. If leadership changes the
+        request is silently dropped; the caller retries on timeout.
+        """
+        assert ctx, "read contexts must be non-empty"
+        if self.role == Role.LEADER:
+            self._handle_read_index(self.id, ctx)
+        elif self.lead != NONE:
+            self._msgs.append(
+                Message(MsgType.READ_INDEX, self.id, self.lead, self.term, context=ctx)
+            )
+        else:
+            raise NotLeaderError(NONE)
+
+    def _committed_in_term(self) -> bool:
+        return self.log.term(self.log.committed) == self.term
+
+    def _handle_read_index(self, src: int, ctx: bytes) -> None:
+        if not self._committed_in_term():
+            # Our commit index may lag the true one until our no-op commits.
+            self._reads_waiting.append((src, ctx))
+            return
+        if len(self.membership.voters) == 1:
+            self._respond_read(src, ctx, self.log.committed)
+            return
+        self._reads[ctx] = _ReadRequest(src, self.log.committed, {self.id})
+        # Leadership is confirmed by a quorum answering a heartbeat sent after the request.
+        self._bcast_heartbeat(ctx)
+
+    def _release_waiting_reads(self) -> None:
+        if self._reads_waiting and self._committed_in_term():
+            waiting, self._reads_waiting = self._reads_waiting, []
+            for src, ctx in waiting:
+                self._handle_read_index(src, ctx)
+
+    def _last_read_ctx(self) -> bytes:
+        return next(reversed(self._reads)) if self._reads else b""
+
+    def _ack_read(self, node: int, ctx: bytes) -> None:
+        req = self._reads.get(ctx)
+        if req is None or node not in self.membership.voters:
+            return
+        req.acks.add(node)
+        if len(req.acks) < self.membership.quorum():
+            return
+        # An ack of a later heartbeat also confirms every earlier request.
+        while self._reads:
+            c, r = self._reads.popitem(last=False)
+            self._respond_read(r.src, c, r.index)
+            if c == ctx:
+                break
+
+    def _respond_read(self, src: int, ctx: bytes, index: int) -> None:
+        if src == self.id:
+            self._read_states.append(ReadState(index, ctx))
+        else:
+            self._msgs.append(
+                Message(MsgType.READ_INDEX_RESP, self.id, src, self.term, index=index, context=ctx)
+            )
+
+    # ------------------------------------------------------------------ reports
+    def report_unreachable(self, to: int) -> None:
+        """The transport failed to deliver to ``to``: stop optimistic streaming."""
+        pr = self.progress.get(to)
+        if self.role == Role.LEADER and pr is not None and pr.state == ProgressState.REPLICATE:
+            pr.become_probe()
+
+    def report_snapshot(self, to: int, *, ok: bool) -> None:
+        """The transport finished (or gave up) streaming a snapshot to ``to``."""
+        pr = self.progress.get(to)
+        if self.role != Role.LEADER or pr is None or pr.state != ProgressState.SNAPSHOT:
+            return
+        if not ok:
+            pr.pending_snapshot = 0
+        pr.become_probe()
+        pr.probe_sent = True  # wait for the follower's ack (or a heartbeat) to resume
+
+    # ------------------------------------------------------------------ ready
+    def _soft(self) -> SoftState:
+        return SoftState(self.lead, self.role)
+
+    def _hard(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def has_ready(self) -> bool:
+        if self._ready_out:
+            return False
+        return bool(
+            self._msgs
+            or self._read_states
+            or self.log.unstable
+            or (self.log.pending_snapshot is not None and not self._snapshot_handed)
+            or self.log.committed > self.log.applied
+            or self._hard() != self._prev_hard
+            or self._soft() != self._prev_soft
+        )
+
+    def ready(self) -> Ready:
+        assert not self._ready_out, "advance the previous Ready first"
+        rd = Ready()
+        soft = self._soft()
+        if soft != self._prev_soft:
+            rd.soft_state = soft
+            self._prev_soft = soft
+        hard = self._hard()
+        if hard != self._prev_hard:
+            rd.hard_state = hard
+        log = self.log
+        snap = log.pending_snapshot
+        if snap is not None and not self._snapshot_handed:
+            rd.snapshot = snap
+            rd.snapshot_data = self._snapshot_data
+            rd.applied_to = snap.index
+            self._snapshot_handed = True
+        if log.unstable:
+            rd.entries = join(log.unstable)
+            rd.first_index = log.unstable_offset
+            rd.last_index = log.unstable[-1].index
+            rd.last_term = log.unstable[-1].term
+        if snap is None and log.committed > log.applied:
+            ents = log.entries(log.applied + 1, self.cfg.max_apply_bytes, log.committed + 1)
+            rd.committed_entries = join(ents)
+            rd.applied_to = ents[-1].index
+        # Leader messages may overtake the write unless this Ready changes term or vote.
+        now_ok = hard.term == self._prev_hard.term and hard.vote == self._prev_hard.vote
+        for m in self._msgs:
+            (rd.send_now if now_ok and m.type in _SEND_NOW else rd.messages).append(m)
+        self._msgs = []
+        rd.read_states, self._read_states = self._read_states, []
+        self._ready_out = True
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        """Everything in ``rd`` is durable, sent and applied."""
+        assert self._ready_out
+        self._ready_out = False
+        if rd.hard_state is not None:
+            self._prev_hard = rd.hard_state
+        if rd.snapshot is not None and self.log.pending_snapshot == rd.snapshot:
+            self.log.pending_snapshot = None
+            self._snapshot_data = b""
+            self.log.applied = max(self.log.applied, rd.snapshot.index)
+        if rd.entries:
+            self.log.stable_to(rd.last_index, rd.last_term)
+        if rd.committed_entries:
+            assert rd.applied_to > self.log.applied
+            self.log.applied = rd.applied_to
+        if self.role == Role.LEADER:
+            # The local "append acknowledged": our own copy now counts toward commit.
+            me = self.progress[self.id]
+            me.maybe_update(self.log.unstable_offset - 1)
+            if self._maybe_commit():
+                self._bcast_append()
+
+
+def _record_count(e: Ent) -> int:
+    return entry.parse_header(e.data).record_count

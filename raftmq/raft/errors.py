@@ -1,0 +1,19 @@
+"""Errors the core raises to its driver for requests it cannot take."""
+
+from __future__ import annotations
+
+
+class RaftError(Exception):
+    pass
+
+
+class NotLeaderError(RaftError):
+    """Only the leader takes proposals; ``leader`` (0 if unknown) is where to go instead."""
+
+    def __init__(self, leader: int) -> None:
+        super().__init__(f"not the leader; leader is {leader or 'unknown'}")
+        self.leader = leader
+
+
+class ProposalDroppedError(RaftError):
+    """The leader refuses for now (e.g. leadership transfer or a config change in flight)."""

@@ -1,0 +1,628 @@
+"""Deterministic simulator for the Raft core: one seed, one exact history.
+
+The simulator plays every part the real driver and network would: it takes Ready
+batches, writes them to :class:`MemoryStorage`, decides *when* the fsync completes (a
+crash before that loses the write), sends messages through a network that drops,
+duplicates, delays, reorders and partitions, crashes and restarts nodes, and pauses
+them. After every event it checks Raft's safety properties; at the end it heals
+everything and checks liveness. Replay a failure with ``python -m tests.raft.sim --seed N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import random
+import sys
+from dataclasses import dataclass, field
+
+from raftmq.log import entry
+from raftmq.raft import (
+    Config,
+    HardState,
+    Membership,
+    MemoryStorage,
+    Message,
+    MsgType,
+    NotLeaderError,
+    ProposalDroppedError,
+    RaftCore,
+    Ready,
+    Role,
+    SnapshotMeta,
+    write_to_storage,
+)
+from raftmq.raft.log_view import split
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+def chain(prev: bytes, data: bytes) -> bytes:
+    """Digest of an applied history: the simulated application's whole state."""
+    return hashlib.blake2b(prev + data, digest_size=16).digest()
+
+
+@dataclass
+class DurableSnap:
+    meta: SnapshotMeta
+    state: bytes  # chain digest of everything applied up to meta.index
+
+
+@dataclass
+class Node:
+    id: int
+    storage: MemoryStorage
+    cfg: Config
+    base: Membership
+    durable_hs: HardState = field(default_factory=HardState)
+    snap: DurableSnap | None = None
+    core: RaftCore | None = None
+    pending: Ready | None = None
+    durable_at: int = 0
+    paused_until: int = 0
+    app_index: int = 0
+    app_state: bytes = b""
+
+    @property
+    def up(self) -> bool:
+        return self.core is not None
+
+
+@dataclass
+class Params:
+    nodes: int = 3
+    ticks: int = 300
+    drop: float = 0.05
+    dup: float = 0.02
+    max_delay: int = 2
+    crash: float = 0.01
+    partition: float = 0.01
+    pause: float = 0.01
+    propose: float = 0.5
+    transfer: float = 0.005
+    read: float = 0.05
+    compact: float = 0.02
+    membership: bool = False
+    fsync_delay: int = 2
+    heal_ticks: int = 250
+    cold_restarts: int = 0
+
+    @staticmethod
+    def random(rng: random.Random) -> Params:
+        return Params(
+            nodes=rng.choice([1, 3, 3, 5, 5]),
+            ticks=rng.randint(100, 300),
+            drop=rng.choice([0.0, 0.02, 0.1, 0.3]),
+            dup=rng.choice([0.0, 0.02, 0.1]),
+            max_delay=rng.choice([0, 1, 3, 8]),
+            crash=rng.choice([0.0, 0.005, 0.02]),
+            partition=rng.choice([0.0, 0.01, 0.03]),
+            pause=rng.choice([0.0, 0.01]),
+            propose=rng.choice([0.2, 0.6, 1.0]),
+            transfer=rng.choice([0.0, 0.01]),
+            read=rng.choice([0.0, 0.05]),
+            compact=rng.choice([0.0, 0.01, 0.05]),
+            membership=rng.random() < 0.3,
+            fsync_delay=rng.choice([0, 1, 3]),
+            cold_restarts=rng.choice([0, 0, 0, 1, 2]),
+        )
+
+
+class Sim:
+    def __init__(self, seed: int, params: Params | None = None, *, trace: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.p = params or Params.random(random.Random(seed ^ 0x5EED))
+        self.trace = trace
+        self.time = 0
+        self.events = 0
+        ids = list(range(1, self.p.nodes + 1))
+        self.spare_ids = [self.p.nodes + 1, self.p.nodes + 2]
+        self.base = Membership(frozenset(ids))
+        self.nodes: dict[int, Node] = {}
+        for i in ids:
+            self._create(i, self.base)
+        self.net: list[tuple[int, Message]] = []
+        self.group: dict[int, int] = {}
+        self.lossy = True
+        # checker state
+        self.leaders: dict[int, int] = {}
+        self.committed: dict[int, bytes] = {}
+        self.commit_hi = 0
+        self.commit_term: dict[int, int] = {}
+        self.applied: dict[int, bytes] = {}
+        self.chain_at: dict[int, bytes] = {0: b""}
+        self.proposed = 0
+        self.reads: dict[bytes, int] = {}
+        self.read_seq = 0
+        self.config_changes = 0
+
+    # ------------------------------------------------------------------ plumbing
+    def _create(self, i: int, base: Membership) -> None:
+        cfg = Config(
+            id=i,
+            election_tick=10,
+            heartbeat_tick=1,
+            max_append_bytes=400,
+            max_inflight_msgs=8,
+            max_inflight_bytes=3000,
+            max_apply_bytes=1000,
+            seed=self.seed,
+        )
+        node = Node(i, MemoryStorage(), cfg, base)
+        self.nodes[i] = node
+        self._start(node)
+
+    def _start(self, node: Node) -> None:
+        st = node.storage
+        base = node.base
+        applied = st.start_index - 1
+        if node.snap is not None:
+            assert node.snap.meta.index == st.start_index - 1, "snapshot and log disagree"
+            base = node.snap.meta.membership
+            node.app_state = node.snap.state
+        else:
+            assert st.start_index == 1
+            node.app_state = b""
+        node.app_index = applied
+        node.core = RaftCore(node.cfg, st, hard_state=node.durable_hs, membership=base)
+        node.pending = None
+
+    def fail(self, what: str) -> None:
+        raise SafetyViolation(
+            f"seed {self.seed} time {self.time} event {self.events}: {what}\n"
+            f"replay: python -m tests.raft.sim --seed {self.seed} --trace\nparams: {self.p}"
+        )
+
+    def log(self, what: str) -> None:
+        if self.trace:
+            print(f"[t={self.time} e={self.events}] {what}")
+
+    def send(self, src: Node, m: Message, *, after_persist: bool) -> None:
+        if after_persist:
+            self._check_promise(src, m)
+        if m.type == MsgType.SNAP:
+            snap = src.snap
+            assert snap is not None and m.snapshot is not None
+            if snap.meta.index != m.snapshot.index:
+                self.fail(f"snapshot meta {m.snapshot} does not match stored {snap.meta}")
+            m.data = snap.state
+        delay = self.rng.randint(0, self.p.max_delay)
+        self.net.append((self.time + delay, m))
+
+    def _check_promise(self, node: Node, m: Message) -> None:
+        """Messages sent after persistence promise durable state: verify the promise."""
+        if m.type == MsgType.VOTE_RESP and not m.reject:
+            hs = node.durable_hs
+            if hs.term != m.term or hs.vote != m.dst:
+                self.fail(f"node {node.id} granted a vote {m} not durable in {hs}")
+        if m.type == MsgType.APP_RESP and not m.reject and m.index:
+            st = node.storage
+            dur = st._durable
+            last = dur.start_index + len(dur.entries) - 1
+            if m.index > last:
+                self.fail(f"node {node.id} acked {m.index} but durable log ends at {last}")
+
+    # ------------------------------------------------------------------ node work
+    def process(self, node: Node) -> bool:
+        """Advance one node's Ready pipeline by one stage; False if nothing to do."""
+        core = node.core
+        if core is None or node.paused_until > self.time:
+            return False
+        if node.pending is not None:
+            if self.time < node.durable_at:
+                return False
+            self._finish(node)
+            return True
+        if not core.has_ready():
+            return False
+        rd = core.ready()
+        for m in rd.send_now:
+            self.send(node, m, after_persist=False)
+        write_to_storage(node.storage, rd)
+        node.pending = rd
+        node.durable_at = self.time + self.rng.randint(0, self.p.fsync_delay)
+        if not rd.must_sync():
+            self._finish(node)
+        return True
+
+    def _finish(self, node: Node) -> None:
+        rd = node.pending
+        core = node.core
+        assert rd is not None and core is not None
+        node.storage.sync()
+        if rd.hard_state is not None:
+            node.durable_hs = rd.hard_state
+        if rd.snapshot is not None:
+            meta = rd.snapshot
+            want = self.chain_at.get(meta.index)
+            if want is not None and want != rd.snapshot_data:
+                self.fail(f"node {node.id} installs a snapshot at {meta.index} that differs")
+            node.snap = DurableSnap(meta, rd.snapshot_data)
+            node.app_index, node.app_state = meta.index, rd.snapshot_data
+            self.log(f"node {node.id} installed snapshot at {meta.index}")
+        for m in rd.messages:
+            self.send(node, m, after_persist=True)
+        for e in split(rd.committed_entries):
+            self._apply(node, e.index, e.data)
+        for rs in rd.read_states:
+            floor = self.reads.pop(rs.context, None)
+            if floor is not None and rs.index < floor:
+                self.fail(f"read index {rs.index} below commit {floor} seen before the read")
+        node.pending = None
+        core.advance(rd)
+
+    def _apply(self, node: Node, index: int, data: bytes) -> None:
+        if index != node.app_index + 1:
+            self.fail(f"node {node.id} applies {index} after {node.app_index}")
+        seen = self.applied.setdefault(index, data)
+        if seen != data:
+            self.fail(f"state machine safety: node {node.id} applied different entry at {index}")
+        node.app_index = index
+        node.app_state = chain(node.app_state, data)
+        want = self.chain_at.setdefault(index, node.app_state)
+        if want != node.app_state:
+            self.fail(f"node {node.id} state diverged at {index}")
+
+    def deliver(self) -> bool:
+        due = [k for k, (t, _) in enumerate(self.net) if t <= self.time]
+        if not due:
+            return False
+        k = self.rng.choice(due)
+        _, m = self.net.pop(k)
+        dst = self.nodes.get(m.dst)
+        src = self.nodes.get(m.src)
+        lost = (
+            dst is None
+            or not dst.up
+            or dst.paused_until > self.time
+            or self.group.get(m.src, 0) != self.group.get(m.dst, 0)
+            or (self.lossy and self.rng.random() < self.p.drop)
+        )
+        if m.type == MsgType.SNAP and src is not None and src.core is not None:
+            src.core.report_snapshot(m.dst, ok=not lost)
+        if lost:
+            return True
+        if self.lossy and self.rng.random() < self.p.dup:
+            self.net.append((self.time + self.rng.randint(0, self.p.max_delay), m))
+        assert dst is not None and dst.core is not None
+        dst.core.step(m)
+        return True
+
+    # ------------------------------------------------------------------ chaos
+    def crash(self, node: Node) -> None:
+        self.log(f"crash {node.id}")
+        node.storage.crash()
+        node.core = None
+        node.pending = None
+
+    def restart(self, node: Node) -> None:
+        self.log(f"restart {node.id}")
+        self._start(node)
+
+    def leader(self) -> Node | None:
+        best = None
+        for n in self.nodes.values():
+            c = n.core
+            if c is None or c.role != Role.LEADER or n.paused_until > self.time:
+                continue
+            if best is None or c.term > best.core.term:  # type: ignore[union-attr]
+                best = n
+        return best
+
+    def propose(self) -> None:
+        ld = self.leader()
+        if ld is None or ld.core is None:
+            return
+        self.proposed += 1
+        batch = b"".join(
+            entry.encode(
+                f"seed{self.seed}-p{self.proposed}-{k}".encode() * self.rng.randint(1, 6),
+                record_count=self.rng.randint(1, 5),
+            )
+            for k in range(self.rng.randint(1, 3))
+        )
+        with contextlib.suppress(NotLeaderError, ProposalDroppedError):
+            ld.core.propose(batch)
+
+    def compact(self, node: Node) -> None:
+        core = node.core
+        if core is None or node.pending is not None or node.app_index < node.storage.start_index:
+            return
+        st = node.storage
+        index = self.rng.randint(st.start_index, node.app_index)
+        if index > st.last_index:
+            return
+        meta = SnapshotMeta(
+            index, st.term_at(index), st.offset_at(index + 1), core.membership_at(index)
+        )
+        st.truncate_prefix(index + 1)
+        st.sync()
+        node.snap = DurableSnap(meta, self.chain_at[index])
+        self.log(f"node {node.id} compacted to {index}")
+
+    def change_membership(self) -> None:
+        ld = self.leader()
+        if ld is None or ld.core is None:
+            return
+        m = ld.core.membership
+        choice = self.rng.random()
+        if choice < 0.4 and self.spare_ids and not m.learners:
+            new_id = self.spare_ids.pop(0)
+            target = Membership(m.voters, m.learners | {new_id})
+            self.nodes_to_create = new_id
+        elif choice < 0.7 and m.learners:
+            learner = min(m.learners)
+            pr = ld.core.progress.get(learner)
+            if pr is None or pr.match + 5 < ld.core.log.last_index:
+                return  # promote only a learner that caught up
+            target = Membership(m.voters | {learner}, m.learners - {learner})
+        elif len(m.voters) > 1:
+            victim = self.rng.choice(sorted(m.voters | m.learners))
+            target = Membership(m.voters - {victim}, m.learners - {victim})
+        else:
+            return
+        try:
+            ld.core.propose_membership(target)
+        except (NotLeaderError, ProposalDroppedError):
+            return
+        self.config_changes += 1
+        self.log(f"leader {ld.id} proposes {target}")
+        for new in target.members - set(self.nodes):
+            self._create(new, Membership(frozenset()))
+            self.group[new] = self.group.get(ld.id, 0)
+
+    def chaos(self) -> None:
+        p, rng = self.p, self.rng
+        ids = sorted(self.nodes)
+        if rng.random() < p.crash:
+            self.crash(self.nodes[rng.choice(ids)])
+        for n in self.nodes.values():
+            if not n.up and rng.random() < 0.1:
+                self.restart(n)
+        if rng.random() < p.partition:
+            self.group = {i: rng.randint(0, 1) for i in ids}
+            self.log(f"partition {self.group}")
+        elif self.group and rng.random() < 0.05:
+            self.group = {}
+            self.log("heal")
+        if rng.random() < p.pause:
+            n = self.nodes[rng.choice(ids)]
+            n.paused_until = self.time + rng.randint(1, 30)
+        if rng.random() < p.propose:
+            self.propose()
+        if rng.random() < p.transfer:
+            ld = self.leader()
+            if ld is not None and ld.core is not None:
+                to = rng.choice(sorted(ld.core.membership.voters))
+                with contextlib.suppress(NotLeaderError, ProposalDroppedError):
+                    ld.core.transfer_leadership(to)
+        if rng.random() < p.read:
+            self.read()
+        if rng.random() < p.compact:
+            self.compact(self.nodes[rng.choice(ids)])
+        if p.membership and rng.random() < 0.02:
+            self.change_membership()
+
+    def read(self) -> None:
+        ups = [n for n in self.nodes.values() if n.core is not None]
+        if not ups:
+            return
+        n = self.rng.choice(ups)
+        self.read_seq += 1
+        ctx = f"r{self.read_seq}".encode()
+        try:
+            n.core.read_index(ctx)  # type: ignore[union-attr]
+        except NotLeaderError:
+            return
+        self.reads[ctx] = self.commit_hi
+
+    # ------------------------------------------------------------------ checks
+    def view(self, node: Node) -> tuple[int, list[int], list[bytes]]:
+        """The node's whole in-memory log: (first index, terms, entries), without parsing."""
+        core = node.core
+        assert core is not None
+        lg = core.log
+        st = node.storage._s
+        if lg.pending_snapshot is not None:
+            first = lg.pending_snapshot.index + 1
+            terms: list[int] = []
+            datas: list[bytes] = []
+        else:
+            first = st.start_index
+            keep = lg.unstable_offset - st.start_index
+            terms, datas = st.terms[:keep], st.entries[:keep]
+        terms = terms + [e.term for e in lg.unstable]
+        datas = datas + [e.data for e in lg.unstable]
+        return first, terms, datas
+
+    def check(self, full: bool) -> None:
+        self.events += 1
+        ups = [n for n in self.nodes.values() if n.core is not None]
+        for n in ups:
+            c = n.core
+            assert c is not None
+            if c.role == Role.LEADER:
+                prev = self.leaders.setdefault(c.term, n.id)
+                if prev != n.id:
+                    self.fail(f"two leaders in term {c.term}: {prev} and {n.id}")
+            # Record newly committed entries; two nodes must agree on them.
+            if c.commit > self.commit_hi or full:
+                first, _, datas = self.view(n)
+                for index in range(
+                    max(first, self.commit_hi + 1 if not full else first), c.commit + 1
+                ):
+                    data = datas[index - first]
+                    seen = self.committed.setdefault(index, data)
+                    self.commit_term.setdefault(index, c.term)
+                    if seen != data:
+                        self.fail(f"node {n.id} committed a different entry at {index}")
+                self.commit_hi = max(self.commit_hi, c.commit)
+        if not full:
+            return
+        views = {n.id: self.view(n) for n in ups}
+        # Log matching: equal (index, term) means equal entries and equal prefixes.
+        items = sorted(views.items())
+        for a in range(len(items)):
+            for b in range(a + 1, len(items)):
+                (ia, (fa, ta, la)), (ib, (fb, tb, lb)) = items[a], items[b]
+                lo = max(fa, fb)
+                hi = min(fa + len(la), fb + len(lb)) - 1
+                top = 0
+                for i in range(hi, lo - 1, -1):
+                    if ta[i - fa] == tb[i - fb]:
+                        top = i
+                        break
+                if top and la[lo - fa : top - fa + 1] != lb[lo - fb : top - fb + 1]:
+                    self.fail(f"log matching broken between {ia} and {ib} below {top}")
+        # Leader completeness: a leader holds every committed entry (not compacted away).
+        for n in ups:
+            c = n.core
+            assert c is not None
+            if c.role != Role.LEADER:
+                continue
+            first, _, ents = views[n.id]
+            for index, data in self.committed.items():
+                if self.commit_term[index] >= c.term:
+                    continue  # a stale leader need not know what later terms committed
+                if index >= first and (index >= first + len(ents) or ents[index - first] != data):
+                    self.fail(f"leader {n.id} of term {c.term} lacks committed entry {index}")
+        # Durability: with a static configuration a quorum holds each committed entry on disk.
+        if not self.p.membership and self.committed:
+            top = max(self.committed)
+            holders = 0
+            for n in self.nodes.values():
+                d = n.storage._durable
+                last = d.start_index + len(d.entries) - 1
+                if d.start_index - 1 >= top or (
+                    d.start_index <= top <= last
+                    and d.entries[top - d.start_index] == self.committed[top]
+                ):
+                    holders += 1
+            if holders < self.base.quorum():
+                self.fail(f"committed entry {top} durable on only {holders} nodes")
+
+    # ------------------------------------------------------------------ run
+    def run_tick(self, chaos: bool) -> None:
+        self.time += 1
+        if chaos:
+            self.chaos()
+        for n in list(self.nodes.values()):
+            if n.core is not None and n.paused_until <= self.time:
+                n.core.tick()
+        # Within a tick: deliver due messages and process nodes in random order.
+        for _ in range(2000):
+            ids = sorted(self.nodes)
+            self.rng.shuffle(ids)
+            progressed = False
+            if self.rng.random() < 0.5:
+                progressed = self.deliver()
+            if not progressed:
+                for i in ids:
+                    if self.process(self.nodes[i]):
+                        progressed = True
+                        break
+            if not progressed:
+                progressed = self.deliver()
+            if not progressed:
+                break
+            self.check(full=False)
+        self.check(full=True)
+
+    def heal(self) -> None:
+        self.group = {}
+        self.lossy = False
+        self.p.max_delay = min(self.p.max_delay, 1)
+        for n in self.nodes.values():
+            n.paused_until = 0
+            if not n.up:
+                self.restart(n)
+
+    def cold_restart(self) -> None:
+        """Crash every node at once (power loss), then bring them all back."""
+        self.log("cold restart of every node")
+        for n in self.nodes.values():
+            if n.up:
+                self.crash(n)
+        self.net.clear()
+        for n in self.nodes.values():
+            self.restart(n)
+
+    def members(self) -> list[Node]:
+        ld = self.leader()
+        m = ld.core.membership if ld is not None and ld.core is not None else self.base
+        return [self.nodes[i] for i in sorted(m.members) if i in self.nodes]
+
+    def run(self) -> Sim:
+        chaos_ticks = self.p.ticks
+        rounds = self.p.cold_restarts + 1
+        for r in range(rounds):
+            for _ in range(chaos_ticks // rounds):
+                self.run_tick(chaos=True)
+            if r + 1 < rounds:
+                self.cold_restart()
+        self.heal()
+        self._liveness()
+        return self
+
+    def _liveness(self) -> None:
+        deadline = self.time + self.p.heal_ticks
+        marker = None
+        while self.time < deadline:
+            self.run_tick(chaos=False)
+            ld = self.leader()
+            if ld is None or ld.core is None:
+                continue
+            if marker is None:
+                try:
+                    marker = ld.core.propose(
+                        entry.encode(f"seed{self.seed}-final".encode(), record_count=1)
+                    )
+                except (NotLeaderError, ProposalDroppedError):
+                    continue
+                marker_term = ld.core.term
+                continue
+            if self.leaders.get(marker_term) != ld.id or ld.core.term != marker_term:
+                marker = None  # leadership moved: propose again
+                continue
+            if all(n.app_index >= marker for n in self.members()):
+                if self.applied_term(marker) == marker_term:
+                    return
+                marker = None
+        self.fail(
+            f"liveness: no proposal committed on all members within {self.p.heal_ticks} "
+            f"ticks after healing; leader={self.leader() and self.leader().id}"  # type: ignore[union-attr]
+        )
+
+    def applied_term(self, index: int) -> int:
+        return _term(self.applied[index])
+
+
+def _term(data: bytes) -> int:
+    return entry.parse_header(data).term
+
+
+def run_seed(seed: int, params: Params | None = None, *, trace: bool = False) -> Sim:
+    return Sim(seed, params, trace=trace).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--count", type=int, default=1, help="run seeds seed..seed+count-1")
+    ap.add_argument("--trace", action="store_true")
+    args = ap.parse_args(argv)
+    for s in range(args.seed, args.seed + args.count):
+        sim = run_seed(s, trace=args.trace)
+        print(
+            f"seed {s}: ok, {sim.time} ticks, commit {sim.commit_hi}, "
+            f"leaders {len(sim.leaders)}, params {sim.p}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
