@@ -290,7 +290,8 @@ class Pipe:
         transport = self.writer.transport
         if not transport.is_closing():
             transport.close()
-            asyncio.get_running_loop().call_later(CLOSE_FLUSH_GRACE, transport.abort)
+            if transport.get_write_buffer_size() > 0:
+                asyncio.get_running_loop().call_later(CLOSE_FLUSH_GRACE, transport.abort)
         self.conn.pipe_finished(self)
 
 
