@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import requests
@@ -20,6 +22,8 @@ from chaos.toxiproxy.server import ToxiproxyServer
 from tests.chaos.helpers import Upstream, connect, pattern, recv_exactly, rtt_ms, wait_closed
 
 pytestmark = pytest.mark.timeout(30)
+
+T = TypeVar("T")
 
 
 class InProcess:
@@ -33,14 +37,14 @@ class InProcess:
         self.call(self.server.start("127.0.0.1", 0))
         self.api = f"http://127.0.0.1:{self.server.port}"
 
-    def call(self, coro: object) -> object:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(5)  # type: ignore[arg-type]
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(5)
 
     def connections(self, name: str) -> int:
         async def count() -> int:
             return self.server.registry.get(name).connection_count
 
-        return self.call(count())  # type: ignore[return-value]
+        return self.call(count())
 
     def create(self, name: str, upstream: str) -> str:
         body = {"name": name, "upstream": upstream, "listen": "127.0.0.1:0"}
@@ -66,10 +70,10 @@ def inproc() -> Iterator[InProcess]:
     server.close()
 
 
-def _eventually(predicate: object, within: float = 2.0) -> bool:
+def _eventually(predicate: Callable[[], bool], within: float = 2.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(0.01)
     return False
@@ -221,12 +225,12 @@ def test_reset_closes_connections_held_by_timeout(inproc: InProcess, echo: Upstr
 def test_slow_close_upstream_delays_server_side_close(inproc: InProcess) -> None:
     closed_at: list[float] = []
 
-    def handler(conn: object) -> None:
-        while conn.recv(100):  # type: ignore[attr-defined]
+    def handler(conn: socket.socket) -> None:
+        while conn.recv(100):
             pass
         closed_at.append(time.monotonic())
 
-    upstream = Upstream(handler)  # type: ignore[arg-type]
+    upstream = Upstream(handler)
     try:
         listen = inproc.create("p", upstream.address)
         inproc.toxic("p", type="slow_close", stream="upstream", attributes={"delay": 400})

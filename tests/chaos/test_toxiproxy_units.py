@@ -52,10 +52,10 @@ def test_chunk_queue_is_bounded_and_ends_with_none() -> None:
         blocked = asyncio.create_task(queue.put(Chunk(b"c", 0.0)))
         await asyncio.sleep(0.01)
         assert not blocked.done()  # full: the reader is pushed back
-        assert (await queue.get()).data == b"a"  # type: ignore[union-attr]
+        assert await queue.get() == Chunk(b"a", 0.0)
         await asyncio.wait_for(blocked, 1)
         queue.finish()
-        assert [(await queue.get()).data for _ in range(2)] == [b"b", b"c"]  # type: ignore[union-attr]
+        assert [await queue.get() for _ in range(2)] == [Chunk(b"b", 0.0), Chunk(b"c", 0.0)]
         assert await queue.get() is None
 
         by_bytes = ChunkQueue(max_chunks=100, max_bytes=10)
