@@ -109,7 +109,9 @@ class HttpServer:
                 head_start = await asyncio.wait_for(reader.read(1), wait)
                 if not head_start:
                     return
-                request = await asyncio.wait_for(_read_request(head_start, reader), READ_TIMEOUT)
+                request = await asyncio.wait_for(
+                    _read_request(head_start, reader, writer), READ_TIMEOUT
+                )
             except BadRequest as exc:
                 await _write(writer, _plain(400, f"400 Bad Request: {exc}"), "HTTP/1.1", close=True)
                 return
@@ -144,7 +146,9 @@ def _wants_keep_alive(request: Request) -> bool:
     return "close" not in tokens
 
 
-async def _read_request(first_byte: bytes, reader: asyncio.StreamReader) -> Request:
+async def _read_request(
+    first_byte: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> Request:
     try:
         rest = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError as exc:
@@ -165,6 +169,9 @@ async def _read_request(first_byte: bytes, reader: asyncio.StreamReader) -> Requ
         if not sep:
             raise BadRequest("malformed header")
         headers[name.strip().lower()] = value.strip()
+    if headers.get("expect", "").lower() == "100-continue":
+        # curl waits (1 s) for this before sending a body of more than 1 KiB.
+        writer.write(f"{version} 100 Continue\r\n\r\n".encode("latin-1"))
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = await _read_chunked(reader)
     else:

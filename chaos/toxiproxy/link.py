@@ -171,7 +171,9 @@ class Pipe:
 
     def _roll(self, state: ToxicState) -> None:
         state.active = self.rng.random() < state.toxic.toxicity
-        if state.active:
+        # A pipe that already closed its destination must not start timers
+        # (a timeout toxic would otherwise close the still-open other half).
+        if state.active and not self.finished:
             state.toxic.kind.on_activate(self, state)
 
     def attach(self, toxic: Toxic) -> None:

@@ -295,14 +295,14 @@ class SlicerKind(ToxicKind):
             len(item.data), attrs["average_size"], attrs["size_variation"], host.rng
         )
         start = 0
-        for index, end in enumerate(ends):
+        for end in ends:
             if not state.live:
                 await emit(Chunk(item.data[start:], item.stamp))
                 return
             await emit(Chunk(item.data[start:end], item.stamp))
             start = end
             delay = state.toxic.attributes["delay"]
-            if delay > 0 and index < len(ends) - 1:
+            if delay > 0:
                 deadline = host.now() + delay / 1_000_000.0
                 while state.live and host.now() < deadline:
                     await host.wait_until(deadline)

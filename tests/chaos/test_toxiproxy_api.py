@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import requests
 
@@ -186,3 +188,21 @@ def test_http_plumbing(api: str) -> None:
     )
     assert chunked.status_code == 201
     assert requests.get(f"{api}/metrics", timeout=5).status_code == 404
+
+
+def test_expect_100_continue(api: str) -> None:
+    host, port = api.removeprefix("http://").split(":")
+    body = b'{"name": "big", "upstream": "127.0.0.1:1", "pad": "' + b"x" * 2000 + b'"}'
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = (
+            f"POST /proxies HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(body)
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 201 Created\r\n")
+    assert b'"name": "big"' in response
