@@ -571,42 +571,38 @@ class Log:
     ) -> ReadResult:
         pieces: list[bytes] = []
         total = entries = 0
-        first_index = next_index = -1
-        next_offset = -1
-        position = None
-        while pos < len(self._segments):
+        first_index = next_index = next_offset = -1
+        done = False
+        first_segment = True
+        while pos < len(self._segments) and not done:
             seg = self._segments[pos]
-            position = start_position(seg) if position is None else 0
-            done = False
-            while position < seg.size:
+            position = start_position(seg) if first_segment else 0
+            first_segment = False
+            while position < seg.size and not done:
                 if seg.corrupt_at is not None and position >= seg.corrupt_at:
-                    raise CorruptEntryError(
-                        f"segment {seg.name} is corrupt at byte {seg.corrupt_at}; "
-                        "run 'raftmq log verify' on this folder",
-                        position=seg.corrupt_at,
-                        segment=seg.name,
-                    )
-                want = min(seg.size - position, max_bytes - total + READ_SLACK)
+                    raise self._corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
+                want = min(seg.size - position, max(max_bytes - total, 0) + READ_SLACK)
                 chunk = seg.pread(want, position)
+                head = self._header_at(seg, chunk, 0, position)
+                if head.size > len(chunk):
+                    # The first entry is larger than the read: decide on it from its header,
+                    # then read it whole if it is wanted.
+                    if position + head.size > seg.size:
+                        raise self._corrupt(seg, position, "entry runs past the segment end")
+                    if skip(head):
+                        position += head.size
+                        continue
+                    if stop(head) or (entries and total + head.size > max_bytes):
+                        done = True
+                        break
+                    chunk = seg.pread(head.size, position)
                 view = memoryview(chunk)
                 p = 0
                 begin = None
-                while p < len(chunk):
-                    try:
-                        h = entry.parse_header(view, p)
-                    except InvalidEntryError as exc:
-                        if len(chunk) - p < entry.HEADER_SIZE and position + len(chunk) < seg.size:
-                            break  # the header continues past the chunk
-                        raise self._corrupt(seg, position + p, str(exc)) from None
+                while len(chunk) - p >= entry.HEADER_SIZE:
+                    h = self._header_at(seg, view, p, position)
                     if p + h.size > len(chunk):
-                        if begin is None and not pieces and position + p + h.size <= seg.size:
-                            # The first entry is larger than what we read: read it whole.
-                            chunk = seg.pread(h.size, position + p)
-                            view = memoryview(chunk)
-                            position += p
-                            p = 0
-                            continue
-                        break
+                        break  # continues past this read: the next read starts here
                     if skip(h):
                         p = h.end
                         continue
@@ -624,20 +620,22 @@ class Log:
                     next_index, next_offset = h.index + 1, h.next_offset
                     p = h.end
                 if begin is not None:
-                    pieces.append(chunk[begin:p] if (begin, p) != (0, len(chunk)) else chunk)
-                if begin is None and p == 0:
-                    raise self._corrupt(seg, position, "no whole entry where one must start")
+                    pieces.append(chunk if (begin, p) == (0, len(chunk)) else chunk[begin:p])
+                assert p > 0 or done, "a read must advance or finish"
                 position += p
-                if done or total >= max_bytes:
+                if total >= max_bytes:
                     done = True
-                    break
-            if done:
-                break
             pos += 1
         if not entries:
             return ReadResult(b"", 0, self.next_index, self.next_index, self.next_offset)
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return ReadResult(data, entries, first_index, next_index, next_offset)
+
+    def _header_at(self, seg: Segment, buf: bytes | memoryview, p: int, base: int) -> EntryHeader:
+        try:
+            return entry.parse_header(buf, p)
+        except InvalidEntryError as exc:
+            raise self._corrupt(seg, base + p, str(exc)) from None
 
     def _corrupt(self, seg: Segment, position: int, why: str) -> CorruptEntryError:
         return CorruptEntryError(
@@ -768,10 +766,8 @@ class Log:
                     f"truncating past the end (index {index} > {self.next_index}) needs the "
                     "offset and term of the snapshot"
                 )
-            if offset < self.next_offset:
-                raise ValueError(
-                    f"offset {offset} is below the log's next offset {self.next_offset}"
-                )
+            # No offset check against the old log: a follower whose tail diverged from the
+            # leader's history may hold more records than the snapshot, and all of it goes.
             self._set_start(index, offset, prev_term)
             for seg in reversed(self._segments):
                 seg.remove_files()

@@ -1,0 +1,26 @@
+"""Reads that cross segment boundaries with entries larger than one read chunk."""
+
+from raftmq.log import entry
+from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.log import READ_SLACK, Log
+
+
+def test_read_by_index_continues_into_a_segment_whose_first_entry_is_large(tmp_path):
+    config = LogConfig(segment_bytes=300_000, flush_policy=FlushPolicy.INTERVAL)
+    big = READ_SLACK * 3
+    with Log.open(tmp_path, config) as log:
+        for i in range(1, 8):
+            log.append(entry.encode(b"x" * big, index=i, term=1, base_offset=i - 1, record_count=1))
+        assert len(log.segments()) > 2
+        got = []
+        lo = 1
+        while lo < log.next_index:
+            result = log.read_by_index(lo, 10 * big)
+            assert result.entries >= 1
+            got += [h.index for h in entry.iter_headers(result.data)]
+            lo = result.next_index
+        assert got == list(range(1, 8))
+        whole = log.read_by_index(1, 1 << 30)
+        assert [h.index for h in entry.iter_headers(whole.data)] == list(range(1, 8))
+        by_offset = log.read(0, 1 << 30)
+        assert by_offset.data == whole.data
