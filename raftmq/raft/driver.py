@@ -1,0 +1,443 @@
+"""Runs many Raft groups in one asyncio process: the only place where the pure core meets
+time, disks and the network.
+
+One loop handles every group's Ready in rounds. A round (1) sends what may overtake the
+disk (the leader's appends), (2) writes every group's entries, (3) makes them durable with
+fsyncs that run in a thread pool, one per log file, in parallel - so all groups that became
+ready during the previous round share one round of fsyncs (group commit across groups),
+(4) saves term and vote where they changed, and only then (5) sends votes and append acks,
+applies committed entries and advances the cores.
+
+Idle groups are *quiesced*: when a leader's group is fully replicated and has nothing in
+flight it tells its followers and every member stops ticking it. Any message, proposal, or
+change in a peer's liveness (the transport pings each pair of processes) wakes it again, so
+a quiesced follower never waits on a dead leader. Thousands of idle groups then cost a few
+pings per second per pair of processes instead of thousands of heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.log import Log
+from raftmq.raft import hardstate
+from raftmq.raft.config import Config
+from raftmq.raft.core import RaftCore
+from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
+from raftmq.raft.hardstate import HardState
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
+from raftmq.raft.transport import Outgoing, Transport
+
+log = logging.getLogger(__name__)
+
+HARD_STATE_FILE = "raft-hardstate"
+_URGENT = frozenset(
+    {
+        MsgType.HEARTBEAT,
+        MsgType.HEARTBEAT_RESP,
+        MsgType.VOTE,
+        MsgType.VOTE_RESP,
+        MsgType.PRE_VOTE,
+        MsgType.PRE_VOTE_RESP,
+        MsgType.APP_RESP,
+        MsgType.TIMEOUT_NOW,
+        MsgType.READ_INDEX,
+        MsgType.READ_INDEX_RESP,
+    }
+)
+_LATE_RESPONSES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.APP_RESP})
+QUIESCE_AFTER_TICKS = 3
+"""Idle ticks a leader waits (after followers have the commit) before quiescing."""
+
+ApplyFn = Callable[[bytes, int], None]
+SoftStateFn = Callable[[SoftState], None]
+
+
+class RaftGroup:
+    """One group on this node: its core, its log, and what the driver tracks for it."""
+
+    def __init__(
+        self,
+        name: str,
+        core: RaftCore,
+        log_: Log,
+        directory: Path,
+        *,
+        sync: bool,
+        apply: ApplyFn | None,
+        on_soft_state: SoftStateFn | None,
+    ) -> None:
+        self.name = name
+        self.core = core
+        self.log = log_
+        self.directory = directory
+        self.sync = sync
+        self.apply = apply
+        self.on_soft_state = on_soft_state
+        self.saved_hard = HardState()
+        self.waiters: dict[int, tuple[int, asyncio.Future[int]]] = {}  # index -> (term, fut)
+        self.quiesced = False
+        self.idle_ticks = 0
+        self.last_seen = (0, 0)  # (last index, commit) at the previous tick
+        self.in_round = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.core.role == Role.LEADER
+
+    @property
+    def leader(self) -> int:
+        return self.core.lead
+
+
+class RaftHost:
+    """The driver of every group on one node."""
+
+    def __init__(
+        self,
+        node_id: int,
+        transport: Transport,
+        *,
+        tick_seconds: float = 0.1,
+        election_tick: int = 10,
+        heartbeat_tick: int = 1,
+        fsync_threads: int = 4,
+        max_append_bytes: int = 1 << 20,
+        seed: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.transport = transport
+        self.tick_seconds = tick_seconds
+        self._core_cfg = Config(
+            id=node_id,
+            election_tick=election_tick,
+            heartbeat_tick=heartbeat_tick,
+            max_append_bytes=max_append_bytes,
+            seed=seed,
+        )
+        self.groups: dict[str, RaftGroup] = {}
+        self._dirty: set[RaftGroup] = set()
+        self._wake = asyncio.Event()
+        self._pool = ThreadPoolExecutor(max_workers=fsync_threads, thread_name_prefix="fsync")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.rounds = 0
+        self.fsyncs = 0
+        self.failed: BaseException | None = None
+        transport.set_handler(self)
+
+    # --- groups -------------------------------------------------------------------------
+
+    def open_group(
+        self,
+        name: str,
+        directory: str | Path,
+        membership: Membership,
+        *,
+        log_config: LogConfig | None = None,
+        apply: ApplyFn | None = None,
+        on_soft_state: SoftStateFn | None = None,
+    ) -> RaftGroup:
+        """Open (or create) a group whose log and hard state live in ``directory``.
+
+        The log's flush policy decides when this node acknowledges: EVERY_BATCH fsyncs each
+        round before acks go out (acks=all is durable on a majority); INTERVAL acknowledges
+        after the write and fsyncs on the interval (replicated in memory, as Kafka does).
+        The driver does the fsyncs itself, off the event loop, hence the INTERVAL log.
+        """
+        if name in self.groups:
+            raise ValueError(f"group {name!r} is already open on node {self.node_id}")
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        config = log_config or LogConfig()
+        sync = config.flush_policy is FlushPolicy.EVERY_BATCH
+        log_ = Log.open(path, dataclasses.replace(config, flush_policy=FlushPolicy.INTERVAL))
+        if not log_.recovery.clean:
+            log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
+        hs = hardstate.load(path / HARD_STATE_FILE)
+        # Never trust a commit index beyond the durable log (a torn tail may have been cut).
+        hs = HardState(hs.term, hs.vote, min(hs.commit, log_.last_index))
+        core = RaftCore(self._core_cfg, log_, hard_state=hs, membership=membership)
+        group = RaftGroup(
+            name, core, log_, path, sync=sync, apply=apply, on_soft_state=on_soft_state
+        )
+        group.saved_hard = hs
+        self.groups[name] = group
+        self._mark(group)
+        return group
+
+    def _mark(self, group: RaftGroup) -> None:
+        self._dirty.add(group)
+        self._wake.set()
+
+    def _unquiesce(self, group: RaftGroup) -> None:
+        if group.quiesced:
+            group.quiesced = False
+            group.idle_ticks = 0
+
+    # --- public requests ----------------------------------------------------------------
+
+    def propose(self, name: str, entry_bytes: bytes) -> asyncio.Future[int]:
+        """Propose an encoded entry; the future gives its index once committed and applied
+        here, or fails with NotLeaderError / ProposalDroppedError."""
+        if self.failed is not None:
+            raise ProposalDroppedError(f"node {self.node_id} stopped: {self.failed!r}")
+        group = self.groups[name]
+        self._unquiesce(group)
+        index = group.core.propose(entry_bytes)  # raises NotLeaderError with the leader hint
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        group.waiters[index] = (group.core.term, fut)
+        self._mark(group)
+        return fut
+
+    def campaign(self, name: str) -> None:
+        group = self.groups[name]
+        self._unquiesce(group)
+        group.core.campaign()
+        self._mark(group)
+
+    def transfer_leadership(self, name: str, to: int) -> None:
+        group = self.groups[name]
+        self._unquiesce(group)
+        group.core.transfer_leadership(to)
+        self._mark(group)
+
+    # --- transport handler --------------------------------------------------------------
+
+    def on_messages(self, peer: int, batch: Sequence[tuple[str, Outgoing]]) -> None:
+        for name, m in batch:
+            group = self.groups.get(name)
+            if group is None:
+                continue  # a group this node does not host (yet): Raft treats it as loss
+            if isinstance(m, tuple):
+                self._on_quiesce(group, m)
+                continue
+            if group.quiesced and m.type in _LATE_RESPONSES:
+                # Answers to the heartbeat before the quiesce notice: they wake the group
+                # only if they make work (a follower turned out to be behind), or the two
+                # sides would wake each other forever.
+                group.core.step(m)
+                if group.core.has_ready():
+                    self._unquiesce(group)
+                    self._mark(group)
+                continue
+            self._unquiesce(group)
+            group.core.step(m)
+            self._mark(group)
+
+    def _on_quiesce(self, group: RaftGroup, notice: tuple[int, int, int, int, int]) -> None:
+        src, _, term, commit, last = notice
+        core = group.core
+        if (
+            core.term == term
+            and core.lead == src
+            and core.log.last_index == last
+            and core.log.committed == commit
+        ):
+            group.quiesced = True
+
+    def on_peer_state(self, peer: int, alive: bool) -> None:
+        # A peer died, was cut off, or came back: every group it shares must tick again so
+        # elections and catch-up can happen.
+        for group in self.groups.values():
+            if peer in group.core.membership.members:
+                self._unquiesce(group)
+
+    def on_unreachable(self, peer: int) -> None:
+        for group in self.groups.values():
+            if group.is_leader and peer in group.core.progress:
+                group.core.report_unreachable(peer)
+
+    # --- the loops ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.transport.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.transport.close()
+        for group in self.groups.values():
+            for _, fut in group.waiters.values():
+                if not fut.done():
+                    fut.set_exception(ProposalDroppedError("the node is shutting down"))
+            group.log.close()
+        self._pool.shutdown(wait=True)
+
+    async def _tick_loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stopping:
+            next_at += self.tick_seconds
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            for group in self.groups.values():
+                if group.quiesced or self._maybe_quiesce(group):
+                    continue
+                group.core.tick()
+                if group.core.has_ready():
+                    self._mark(group)
+                if not group.sync:
+                    group.log.flush_if_due()  # INTERVAL logs: cheap check, fsync when due
+
+    def _maybe_quiesce(self, group: RaftGroup) -> bool:
+        """Quiesce an idle, fully replicated leader's group; True when it did.
+
+        Runs before the tick and only when nothing of the group is unsent or in a round, so
+        the notice is the last thing on the wire: a heartbeat sent after it would wake the
+        follower again and leave it waiting for heartbeats that never come.
+        """
+        core = group.core
+        if core.role != Role.LEADER or group.waiters or group.in_round or core.has_ready():
+            group.idle_ticks = 0
+            return False
+        seen = (core.log.last_index, core.log.committed)
+        if seen != group.last_seen or seen[0] != seen[1]:
+            group.last_seen = seen
+            group.idle_ticks = 0
+            return False
+        if any(pr.match != seen[0] for pr in core.progress.values()):
+            group.idle_ticks = 0
+            return False
+        group.idle_ticks += 1
+        if group.idle_ticks <= QUIESCE_AFTER_TICKS:
+            return False
+        group.quiesced = True
+        for peer in core.progress:
+            if peer != self.node_id:
+                notice = (self.node_id, peer, core.term, seen[1], seen[0])
+                self.transport.send(peer, group.name, notice, urgent=True)
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        """A node that cannot read or persist its log must not acknowledge anything more:
+        stop it loudly and fail every waiting proposal."""
+        log.error("node %d: Raft driver stopped: %r", self.node_id, exc)
+        self.failed = exc
+        self._stopping = True
+        for group in self.groups.values():
+            for _, fut in group.waiters.values():
+                if not fut.done():
+                    fut.set_exception(ProposalDroppedError(f"node stopped: {exc!r}"))
+            group.waiters.clear()
+
+    async def _ready_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            round_: list[tuple[RaftGroup, Ready]] = []
+            try:
+                for group in dirty:
+                    if group.core.has_ready():
+                        rd = group.core.ready()
+                        group.in_round = True
+                        self._send(group, rd.send_now)
+                        round_.append((group, rd))
+            except Exception as exc:
+                self._fail(exc)
+                raise
+            if not round_:
+                continue
+            self.rounds += 1
+            try:
+                for group, rd in round_:
+                    write_to_storage(group.log, rd)
+                syncs = [
+                    loop.run_in_executor(self._pool, self._persist, group, rd)
+                    for group, rd in round_
+                    if rd.must_sync()
+                ]
+                if syncs:
+                    await asyncio.gather(*syncs)
+            except Exception as exc:
+                self._fail(exc)
+                raise
+            for group, rd in round_:
+                self._finish(group, rd)
+
+    def _persist(self, group: RaftGroup, rd: Ready) -> None:
+        """Runs in the fsync pool: make this Ready's entries and term/vote durable."""
+        if rd.entries and group.sync:
+            group.log.flush()
+            self.fsyncs += 1
+        hs = rd.hard_state
+        if hs is not None and (hs.term, hs.vote) != (group.saved_hard.term, group.saved_hard.vote):
+            # Term and vote must be durable before any reply that depends on them. The
+            # commit index rides along but is not worth an fsync of its own: after a crash
+            # it is re-learned from the leader.
+            hardstate.save(group.directory / HARD_STATE_FILE, hs)
+            group.saved_hard = hs
+            self.fsyncs += 1
+
+    def _finish(self, group: RaftGroup, rd: Ready) -> None:
+        self._send(group, rd.messages)
+        if rd.soft_state is not None and group.on_soft_state is not None:
+            group.on_soft_state(rd.soft_state)
+        if rd.snapshot is not None:
+            self._install_snapshot(group, rd.snapshot, rd.snapshot_data)
+        if rd.committed_entries and group.apply is not None:
+            group.apply(rd.committed_entries, rd.applied_to)
+        if rd.applied_to:
+            self._resolve(group, rd.applied_to)
+        group.core.advance(rd)
+        group.in_round = False
+        if rd.soft_state is not None and rd.soft_state.role != Role.LEADER:
+            self._fail_unowned(group)
+        self._mark(group)
+
+    def _install_snapshot(self, group: RaftGroup, snap: SnapshotMeta, data: bytes) -> None:
+        log.info(
+            "group %s on node %d: installed snapshot at %d", group.name, self.node_id, snap.index
+        )
+
+    def _resolve(self, group: RaftGroup, applied_to: int) -> None:
+        if not group.waiters:
+            return
+        for index in sorted(i for i in group.waiters if i <= applied_to):
+            term, fut = group.waiters.pop(index)
+            if fut.done():
+                continue
+            try:
+                ours = group.log.term_at(index) == term
+            except Exception:
+                ours = False  # compacted away: cannot prove it was ours
+            if ours:
+                fut.set_result(index)
+            else:
+                fut.set_exception(
+                    ProposalDroppedError(
+                        f"entry {index} of term {term} was replaced after a leader change"
+                    )
+                )
+
+    def _fail_unowned(self, group: RaftGroup) -> None:
+        """Proposals beyond the log end after losing leadership can never commit as ours."""
+        last = group.core.log.last_index
+        for index in [i for i in group.waiters if i > last]:
+            _, fut = group.waiters.pop(index)
+            if not fut.done():
+                fut.set_exception(NotLeaderError(group.core.lead))
+
+    def _send(self, group: RaftGroup, msgs: list[Message]) -> None:
+        for m in msgs:
+            if m.dst == self.node_id:
+                group.core.step(m)
+                continue
+            self.transport.send(m.dst, group.name, m, urgent=m.type in _URGENT)

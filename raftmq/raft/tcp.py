@@ -1,0 +1,278 @@
+"""The network transport: one TCP connection per pair of processes, carrying every group
+they share in both directions.
+
+The lower node id dials (through whatever address it was given, e.g. a toxiproxy listener),
+the higher one accepts. Each side speaks HELLO first, so a connection routed to the wrong
+process is refused. Outgoing messages wait in two bounded queues per peer (urgent first);
+a full queue drops bulk messages and tells the driver, because Raft retransmits and an
+unbounded queue would only turn a slow peer into an out-of-memory broker. A per-pair ping
+detects a dead or partitioned peer within ``dead_after`` seconds, which is what lets the
+driver stop ticking idle groups without risking a stuck follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from raftmq.raft import wire
+from raftmq.raft.messages import Message
+from raftmq.raft.transport import Handler, Outgoing
+
+log = logging.getLogger(__name__)
+
+FRAME_TARGET_BYTES = 256 * 1024
+"""Bulk messages packed per frame: small enough that an urgent message waits at most one."""
+
+
+@dataclass
+class _Peer:
+    node_id: int
+    address: tuple[str, int] | None
+    urgent: deque[tuple[str, Outgoing]] = field(default_factory=deque)
+    bulk: deque[tuple[str, Outgoing, int]] = field(default_factory=deque)
+    bulk_bytes: int = 0
+    writer: asyncio.StreamWriter | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    last_heard: float = 0.0
+    alive: bool = False
+    ping_seq: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class TcpTransport:
+    def __init__(
+        self,
+        node_id: int,
+        listen: tuple[str, int],
+        peers: dict[int, tuple[str, int]],
+        *,
+        cluster: str = "raftmq",
+        max_queue_bytes: int = 32 * 1024 * 1024,
+        ping_interval: float = 0.2,
+        dead_after: float = 1.5,
+    ) -> None:
+        assert node_id not in peers, "a node is not its own peer"
+        self.node_id = node_id
+        self.listen = listen
+        self.cluster = cluster
+        self.max_queue_bytes = max_queue_bytes
+        self.ping_interval = ping_interval
+        self.dead_after = dead_after
+        self._handler: Handler | None = None
+        self._peers = {p: _Peer(p, addr) for p, addr in peers.items()}
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.dropped = 0
+
+    def set_handler(self, handler: Handler) -> None:
+        self._handler = handler
+
+    # --- sending ------------------------------------------------------------------------
+
+    def send(self, peer: int, group: str, message: Outgoing, *, urgent: bool) -> None:
+        p = self._peers.get(peer)
+        if p is None:
+            raise KeyError(f"node {peer} is not a peer of node {self.node_id}")
+        if urgent:
+            # Urgent messages are small and few (one per group per heartbeat at most); the
+            # bound protects against a peer that never reads.
+            if len(p.urgent) >= 100_000:
+                self._drop(p)
+                return
+            p.urgent.append((group, message))
+        else:
+            size = len(message.entries) + len(message.data) if isinstance(message, Message) else 0
+            if p.bulk_bytes + size > self.max_queue_bytes:
+                self._drop(p)
+                return
+            p.bulk.append((group, message, size))
+            p.bulk_bytes += size
+        p.wake.set()
+
+    def _drop(self, p: _Peer) -> None:
+        self.dropped += 1
+        if self._handler is not None:
+            self._handler.on_unreachable(p.node_id)
+
+    def peer_alive(self, peer: int) -> bool:
+        p = self._peers.get(peer)
+        return p is not None and p.alive
+
+    async def _writer_loop(self, p: _Peer) -> None:
+        while not self._closing:
+            await p.wake.wait()
+            p.wake.clear()
+            writer = p.writer
+            if writer is None:
+                # No connection: what is queued is stale by the time one exists.
+                if p.urgent or p.bulk:
+                    p.urgent.clear()
+                    p.bulk.clear()
+                    p.bulk_bytes = 0
+                    self._drop(p)
+                continue
+            try:
+                while p.urgent or p.bulk:
+                    batch: list[tuple[str, Outgoing]] = list(p.urgent)
+                    p.urgent.clear()
+                    budget = FRAME_TARGET_BYTES
+                    while p.bulk and (budget > 0 or not batch):
+                        group, m, size = p.bulk.popleft()
+                        p.bulk_bytes -= size
+                        budget -= size
+                        batch.append((group, m))
+                    writer.write(wire.encode_messages(batch))
+                    await writer.drain()
+            except (ConnectionError, OSError, RuntimeError):
+                self._disconnect(p, writer)
+
+    # --- connections --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1])
+        loop = asyncio.get_running_loop()
+        for p in self._peers.values():
+            p.last_heard = time.monotonic()
+            self._tasks.append(loop.create_task(self._writer_loop(p)))
+            if self.node_id < p.node_id:
+                self._tasks.append(loop.create_task(self._dial_loop(p)))
+        self._tasks.append(loop.create_task(self._ping_loop()))
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _dial_loop(self, p: _Peer) -> None:
+        backoff = 0.05
+        assert p.address is not None
+        while not self._closing:
+            if p.writer is not None:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(p.address[0], p.address[1]), timeout=2.0
+                )
+            except (OSError, TimeoutError):
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            writer.write(wire.hello(self.node_id, self.cluster))
+            await self._serve(p.node_id, reader, writer)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(wire.hello(self.node_id, self.cluster))
+            await self._serve(None, reader, writer)
+        except Exception:  # pragma: no cover - logged, the connection is simply gone
+            log.exception("node %d: inbound connection failed", self.node_id)
+
+    async def _serve(
+        self, expected: int | None, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Read frames until the connection ends; the first must be the peer's HELLO."""
+        buf = bytearray()
+        peer: _Peer | None = None
+        try:
+            while not self._closing:
+                chunk = await reader.read(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+                for body in wire.split_frames(buf):
+                    kind, payload = wire.decode_body(body)
+                    if peer is None:
+                        peer = self._greet(expected, kind, payload, writer)
+                        if peer is None:
+                            return
+                        continue
+                    self._heard(peer)
+                    if kind == wire.KIND_MESSAGES and self._handler is not None:
+                        self._handler.on_messages(peer.node_id, payload)  # type: ignore[arg-type]
+                    elif kind == wire.KIND_PING:
+                        writer.write(wire.ping(wire.KIND_PONG, payload))  # type: ignore[arg-type]
+        except (ConnectionError, OSError, wire.FrameError, asyncio.IncompleteReadError) as exc:
+            log.debug("node %d: connection to %s ended: %s", self.node_id, expected, exc)
+        finally:
+            if peer is not None:
+                self._disconnect(peer, writer)
+            else:
+                writer.close()
+
+    def _greet(
+        self, expected: int | None, kind: int, payload: object, writer: asyncio.StreamWriter
+    ) -> _Peer | None:
+        if kind != wire.KIND_HELLO:
+            log.warning("node %d: connection did not start with HELLO", self.node_id)
+            return None
+        node, cluster = payload  # type: ignore[misc]
+        if cluster != self.cluster or node not in self._peers:
+            log.warning("node %d: refused node %s of cluster %r", self.node_id, node, cluster)
+            return None
+        if expected is not None and node != expected:
+            log.warning("node %d: dialed %d but node %d answered", self.node_id, expected, node)
+            return None
+        p = self._peers[node]
+        if p.writer is not None and p.writer is not writer:
+            p.writer.close()  # a newer connection replaces a half-dead one
+        p.writer = writer
+        self._heard(p)
+        p.wake.set()
+        return p
+
+    def _heard(self, p: _Peer) -> None:
+        p.last_heard = time.monotonic()
+        if not p.alive:
+            p.alive = True
+            if self._handler is not None:
+                self._handler.on_peer_state(p.node_id, True)
+
+    def _disconnect(self, p: _Peer, writer: asyncio.StreamWriter) -> None:
+        if p.writer is writer:
+            p.writer = None
+            p.wake.set()  # the writer loop drops what is queued
+        writer.close()
+
+    async def _ping_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.ping_interval)
+            now = time.monotonic()
+            for p in self._peers.values():
+                if p.writer is not None:
+                    p.ping_seq += 1
+                    try:
+                        p.writer.write(wire.ping(wire.KIND_PING, p.ping_seq))
+                    except (ConnectionError, RuntimeError):
+                        self._disconnect(p, p.writer)
+                if p.alive and now - p.last_heard > self.dead_after:
+                    p.alive = False
+                    if p.writer is not None:
+                        self._disconnect(p, p.writer)  # silent: force a fresh connection
+                    if self._handler is not None:
+                        self._handler.on_peer_state(p.node_id, False)
+
+    async def close(self) -> None:
+        self._closing = True
+        for p in self._peers.values():
+            p.wake.set()
+            if p.writer is not None:
+                p.writer.close()
+                p.writer = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()

@@ -1,0 +1,115 @@
+"""How Raft messages travel between processes: the interface the driver speaks, and an
+in-memory implementation for tests of the driver.
+
+The driver never waits on a send: Raft tolerates lost messages, so a transport with a full
+queue or no connection drops and says so (``on_unreachable``), and the core falls back to
+probing. ``urgent`` messages (heartbeats, votes, responses) go ahead of bulk appends so a
+slow bulk transfer never delays a heartbeat into an election.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from raftmq.raft.messages import Message
+
+QuiesceNotice = tuple[int, int, int, int, int]
+"""(src, dst, term, commit, last_index): a leader's word that a group went idle."""
+Outgoing = Message | QuiesceNotice
+
+
+class Handler(Protocol):
+    def on_messages(self, peer: int, batch: Sequence[tuple[str, Outgoing]]) -> None: ...
+
+    def on_peer_state(self, peer: int, alive: bool) -> None: ...
+
+    def on_unreachable(self, peer: int) -> None: ...
+
+
+class Transport(Protocol):
+    node_id: int
+
+    def set_handler(self, handler: Handler) -> None: ...
+
+    def send(self, peer: int, group: str, message: Outgoing, *, urgent: bool) -> None: ...
+
+    def peer_alive(self, peer: int) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryNetwork:
+    """Transports of several drivers in one event loop, delivering on the next loop turn.
+
+    ``cut(a, b)`` drops traffic both ways, as a partition would.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, MemoryTransport] = {}
+        self.cuts: set[frozenset[int]] = set()
+
+    def transport(self, node_id: int) -> MemoryTransport:
+        t = MemoryTransport(node_id, self)
+        self.nodes[node_id] = t
+        return t
+
+    def cut(self, a: int, b: int) -> None:
+        self.cuts.add(frozenset((a, b)))
+        for x, y in ((a, b), (b, a)):
+            node = self.nodes.get(x)
+            if node is not None and node.handler is not None:
+                node.handler.on_peer_state(y, False)
+
+    def heal(self) -> None:
+        cuts, self.cuts = self.cuts, set()
+        for pair in cuts:
+            a, b = tuple(pair)
+            for x, y in ((a, b), (b, a)):
+                node = self.nodes.get(x)
+                if node is not None and node.handler is not None:
+                    node.handler.on_peer_state(y, True)
+
+    def connected(self, a: int, b: int) -> bool:
+        return frozenset((a, b)) not in self.cuts and b in self.nodes and a in self.nodes
+
+
+class MemoryTransport:
+    def __init__(self, node_id: int, network: MemoryNetwork) -> None:
+        self.node_id = node_id
+        self.network = network
+        self.handler: Handler | None = None
+        self._pending: dict[int, list[tuple[str, Outgoing]]] = {}
+        self._scheduled = False
+
+    def set_handler(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def send(self, peer: int, group: str, message: Outgoing, *, urgent: bool) -> None:
+        self._pending.setdefault(peer, []).append((group, message))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._deliver)
+
+    def _deliver(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        for peer, batch in pending.items():
+            dst = self.network.nodes.get(peer)
+            if dst is None or dst.handler is None or not self.network.connected(self.node_id, peer):
+                if self.handler is not None:
+                    self.handler.on_unreachable(peer)
+                continue
+            dst.handler.on_messages(self.node_id, batch)
+
+    def peer_alive(self, peer: int) -> bool:
+        return self.network.connected(self.node_id, peer)
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.network.nodes.pop(self.node_id, None)

@@ -1,0 +1,209 @@
+"""Bytes on the wire between two raftmq processes: frames that carry Raft messages of many
+groups at once, so one write and one read serve every group a pair of processes shares.
+
+Frame: ``u32 length | u32 crc32c(body) | body``. Body kinds: HELLO (who is speaking),
+PING/PONG (liveness of the pair, which lets the driver quiesce idle groups), MESSAGES (a
+batch of ``(group, Message)``). Entries travel as stored, so a follower appends the
+leader's exact bytes. The CRC is redundant with TCP and with each entry's CRC on purpose: a
+framing bug must surface as a dropped connection, never as a wrong message.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+from crc32c import crc32c
+
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Refuse larger frames: a corrupt length must not make a reader allocate gigabytes."""
+
+KIND_HELLO = 1
+KIND_PING = 2
+KIND_PONG = 3
+KIND_MESSAGES = 4
+
+QUIESCE = 100
+"""Driver-level message type (not the core's): the leader says a group is idle."""
+
+_FRAME = struct.Struct(">II")
+_HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
+_PING = struct.Struct(">Bq")  # kind, sequence
+_COUNT = struct.Struct(">BI")  # kind, message count
+_MSG = struct.Struct(">HBBqqqqqqqIHBI")
+# group length, type, reject, src, dst, term, log_term, index, commit, reject_hint,
+# entries length, context length, has snapshot, data length
+_SNAP = struct.Struct(">qqqH")  # index, term, next_offset, membership length
+
+
+class FrameError(Exception):
+    """Bytes that are not a valid frame; the connection that sent them is closed."""
+
+
+def frame(body: bytes) -> bytes:
+    return _FRAME.pack(len(body), crc32c(body)) + body
+
+
+def hello(node_id: int, cluster: str) -> bytes:
+    return frame(_HELLO.pack(KIND_HELLO, node_id) + cluster.encode())
+
+
+def ping(kind: int, seq: int) -> bytes:
+    return frame(_PING.pack(kind, seq))
+
+
+def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, int, int]]]) -> bytes:
+    """One MESSAGES frame. A tuple instead of a Message is a driver QUIESCE notice:
+    ``(src, dst, term, commit, last_index)``."""
+    parts: list[bytes] = []
+    count = 0
+    for group, m in batch:
+        g = group.encode()
+        count += 1
+        if isinstance(m, tuple):
+            src, dst, term, commit, last = m
+            parts.append(
+                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0)
+            )
+            parts.append(g)
+            continue
+        snap = m.snapshot
+        parts.append(
+            _MSG.pack(
+                len(g),
+                int(m.type),
+                1 if m.reject else 0,
+                m.src,
+                m.dst,
+                m.term,
+                m.log_term,
+                m.index,
+                m.commit,
+                m.reject_hint,
+                len(m.entries),
+                len(m.context),
+                1 if snap is not None else 0,
+                len(m.data),
+            )
+        )
+        parts.append(g)
+        if m.entries:
+            parts.append(m.entries)
+        if m.context:
+            parts.append(m.context)
+        if snap is not None:
+            mem = snap.membership.encode()
+            parts.append(_SNAP.pack(snap.index, snap.term, snap.next_offset, len(mem)))
+            parts.append(mem)
+        if m.data:
+            parts.append(m.data)
+    return frame(_COUNT.pack(KIND_MESSAGES, count) + b"".join(parts))
+
+
+def decode_body(body: bytes) -> tuple[int, object]:
+    """(kind, payload): HELLO -> (node id, cluster); PING/PONG -> seq; MESSAGES -> list of
+    (group, Message | quiesce tuple)."""
+    if not body:
+        raise FrameError("empty frame")
+    kind = body[0]
+    try:
+        if kind == KIND_HELLO:
+            _, node = _HELLO.unpack_from(body)
+            return kind, (node, body[_HELLO.size :].decode())
+        if kind in (KIND_PING, KIND_PONG):
+            _, seq = _PING.unpack_from(body)
+            return kind, seq
+        if kind == KIND_MESSAGES:
+            return kind, _decode_messages(body)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise FrameError(f"malformed frame of kind {kind}: {exc}") from None
+    raise FrameError(f"unknown frame kind {kind}")
+
+
+def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, int, int, int]]]:
+    _, count = _COUNT.unpack_from(body)
+    pos = _COUNT.size
+    out: list[tuple[str, Message | tuple[int, int, int, int, int]]] = []
+    view = memoryview(body)
+    for _ in range(count):
+        (
+            glen,
+            mtype,
+            reject,
+            src,
+            dst,
+            term,
+            log_term,
+            index,
+            commit,
+            hint,
+            elen,
+            clen,
+            has_snap,
+            dlen,
+        ) = _MSG.unpack_from(body, pos)
+        pos += _MSG.size
+        group = bytes(view[pos : pos + glen]).decode()
+        pos += glen
+        if mtype == QUIESCE:
+            out.append((group, (src, dst, term, commit, index)))
+            continue
+        entries = bytes(view[pos : pos + elen])
+        pos += elen
+        context = bytes(view[pos : pos + clen])
+        pos += clen
+        snap = None
+        if has_snap:
+            si, st, so, mlen = _SNAP.unpack_from(body, pos)
+            pos += _SNAP.size
+            snap = SnapshotMeta(si, st, so, Membership.decode(view[pos : pos + mlen]))
+            pos += mlen
+        data = bytes(view[pos : pos + dlen])
+        pos += dlen
+        if pos > len(body):
+            raise FrameError("message runs past the end of its frame")
+        out.append(
+            (
+                group,
+                Message(
+                    MsgType(mtype),
+                    src,
+                    dst,
+                    term,
+                    log_term=log_term,
+                    index=index,
+                    entries=entries,
+                    commit=commit,
+                    reject=bool(reject),
+                    reject_hint=hint,
+                    context=context,
+                    snapshot=snap,
+                    data=data,
+                ),
+            )
+        )
+    if pos != len(body):
+        raise FrameError(f"{len(body) - pos} trailing bytes after {count} messages")
+    return out
+
+
+def split_frames(buf: bytearray) -> list[bytes]:
+    """Remove and return every whole frame body at the front of ``buf`` (CRC-checked)."""
+    bodies = []
+    pos = 0
+    while len(buf) - pos >= _FRAME.size:
+        length, crc = _FRAME.unpack_from(buf, pos)
+        if length > MAX_FRAME_BYTES:
+            raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+        if len(buf) - pos - _FRAME.size < length:
+            break
+        body = bytes(buf[pos + _FRAME.size : pos + _FRAME.size + length])
+        if crc32c(body) != crc:
+            raise FrameError("frame CRC mismatch")
+        bodies.append(body)
+        pos += _FRAME.size + length
+    del buf[:pos]
+    return bodies
