@@ -188,6 +188,7 @@ class RaftLog:
 
     def find_conflict_by_term(self, index: int, term: int) -> tuple[int, int]:
         """Largest index <= ``index`` whose term is <= ``term``: skips a whole term per RTT."""
+        index = min(index, self.last_index)  # a follower's hint may lie past our end
         while index > 0:
             try:
                 t = self.term(index)

@@ -1,0 +1,523 @@
+"""One test per Raft rule, each built so that a naive implementation fails it."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.log import entry
+from raftmq.log.entry import EntryType
+from raftmq.raft import (
+    HardState,
+    Membership,
+    MemoryStorage,
+    Message,
+    MsgType,
+    NotLeaderError,
+    ProposalDroppedError,
+    Role,
+)
+from raftmq.raft.log_view import split
+from raftmq.raft.messages import CAMPAIGN_TRANSFER
+from raftmq.raft.progress import ProgressState
+from tests.raft.harness import Net, cluster, data_entry, flush, make, preload, restart, stamped
+
+
+def app(
+    src: int, dst: int, term: int, prev: int, prev_term: int, ents: list[bytes], commit: int = 0
+):
+    return Message(
+        MsgType.APP,
+        src,
+        dst,
+        term,
+        log_term=prev_term,
+        index=prev,
+        entries=b"".join(ents),
+        commit=commit,
+    )
+
+
+def terms_of(p) -> list[int]:
+    lg = p.core.log
+    return [e.term for e in lg.entries(lg.first_index, 1 << 30)]
+
+
+# --------------------------------------------------------------------- log matching
+def test_delayed_append_never_truncates_matching_entries():
+    f = make(2, {1, 2, 3})
+    preload(f.storage, [])
+    f.core.step(app(1, 2, 1, 0, 0, [stamped(i, 1) for i in range(1, 6)]))
+    flush(f)
+    # A duplicate of an older, shorter AppendEntries arrives late.
+    f.core.step(app(1, 2, 1, 1, 1, [stamped(2, 1)]))
+    msgs = flush(f)
+    assert f.core.log.last_index == 5, "a matching stale append cut the log"
+    assert msgs[-1].type == MsgType.APP_RESP and not msgs[-1].reject and msgs[-1].index == 2
+
+
+def test_conflicting_append_truncates_from_the_conflict_only():
+    st = MemoryStorage()
+    preload(st, [1, 1, 1, 2, 2])
+    f = make(2, {1, 2, 3}, storage=st, hs=HardState(2, 0, 3))
+    f.core.step(app(1, 2, 3, 3, 1, [stamped(4, 3)], commit=3))
+    flush(f)
+    assert terms_of(f) == [1, 1, 1, 3]
+    assert f.storage.last_index == 4 and f.storage.term_at(4) == 3
+
+
+def test_follower_commit_limited_to_entries_this_message_proved():
+    st = MemoryStorage()
+    preload(st, [1, 1, 1, 1])  # stale tail beyond what the leader sends
+    f = make(2, {1, 2, 3}, storage=st, hs=HardState(1, 0, 0))
+    f.core.step(app(1, 2, 2, 1, 1, [], commit=4))
+    flush(f)
+    assert f.core.commit == 1, "committed entries this append did not vouch for"
+
+
+def test_append_rejection_hints_skip_a_whole_term():
+    # Follower holds a long tail of term 2 the new leader never had.
+    st = MemoryStorage()
+    preload(st, [1, 1] + [2] * 20)
+    f = make(2, {1, 2, 3}, storage=st, hs=HardState(2, 0, 2))
+    f.core.step(app(1, 2, 3, 22, 3, []))
+    resp = flush(f)[-1]
+    assert resp.reject and resp.index == 22
+    assert resp.log_term == 2 and resp.reject_hint == 22
+    # The leader, whose log has term 1 up to 10, jumps straight to index 10.
+    lst = MemoryStorage()
+    preload(lst, [1] * 10 + [3])
+    ld = make(1, {1, 2, 3}, storage=lst, hs=HardState(3, 1, 0))
+    ld.core.step(Message(MsgType.APP, 1, 1, 0)) if False else None
+    idx, term = ld.core.log.find_conflict_by_term(resp.reject_hint, resp.log_term)
+    assert (idx, term) == (10, 1)
+
+
+# --------------------------------------------------------------------- elections
+def test_restarted_node_does_not_vote_twice_in_a_term():
+    p = make(1, {1, 2, 3}, pre_vote=False, check_quorum=False)
+    p.core.step(Message(MsgType.VOTE, 2, 1, 5))
+    out = flush(p)
+    assert out[-1].type == MsgType.VOTE_RESP and not out[-1].reject
+    p = restart(p, 1, {1, 2, 3}, pre_vote=False, check_quorum=False)
+    p.core.step(Message(MsgType.VOTE, 3, 1, 5))
+    out = flush(p)
+    assert out[-1].type == MsgType.VOTE_RESP and out[-1].reject, "voted twice in term 5"
+
+
+def test_vote_is_sent_only_after_it_is_persisted():
+    p = make(1, {1, 2, 3}, pre_vote=False)
+    p.core.step(Message(MsgType.VOTE, 2, 1, 5))
+    rd = p.core.ready()
+    assert rd.hard_state == HardState(5, 2, 0)
+    assert not rd.send_now and rd.messages[0].type == MsgType.VOTE_RESP
+
+
+def test_candidate_requests_go_out_after_persisting_term_and_vote():
+    p = make(1, {1, 2, 3}, pre_vote=False)
+    p.core.campaign()
+    rd = p.core.ready()
+    assert rd.hard_state is not None and rd.hard_state.vote == 1 and rd.hard_state.term == 1
+    assert not rd.send_now and {m.type for m in rd.messages} == {MsgType.VOTE}
+
+
+def test_election_restriction_refuses_less_complete_log():
+    st = MemoryStorage()
+    preload(st, [1, 2])
+    p = make(1, {1, 2, 3}, storage=st, hs=HardState(2, 0, 0), pre_vote=False)
+    p.core.step(Message(MsgType.VOTE, 2, 1, 3, log_term=1, index=5))
+    assert flush(p)[-1].reject
+    p.core.step(Message(MsgType.VOTE, 3, 1, 3, log_term=2, index=2))
+    assert not flush(p)[-1].reject
+
+
+def test_pre_vote_does_not_bump_terms():
+    net = cluster(3)
+    net.elect(1)
+    term = net.peers[1].core.term
+    # Node 3 is cut off and keeps timing out.
+    net.drop = lambda m: m.src == 3 or m.dst == 3
+    net.tick(100)
+    assert net.peers[3].core.term == term, "a partitioned pre-candidate raised its term"
+    net.drop = lambda m: False
+    net.tick(5)
+    assert net.peers[1].core.role == Role.LEADER and net.peers[1].core.term == term
+
+
+def test_without_pre_vote_a_rejoining_node_would_disrupt():
+    """Counter-check that the previous test can fail: with pre-vote off, terms inflate."""
+    net = cluster(3, pre_vote=False, check_quorum=False)
+    net.elect(1)
+    term = net.peers[1].core.term
+    net.drop = lambda m: m.src == 3 or m.dst == 3
+    net.tick(100)
+    assert net.peers[3].core.term > term
+
+
+def test_pre_vote_grant_carries_the_future_term_and_keeps_ours():
+    p = make(1, {1, 2, 3})
+    p.core.step(Message(MsgType.PRE_VOTE, 2, 1, 4, log_term=0, index=0))
+    out = flush(p)
+    assert out[-1].type == MsgType.PRE_VOTE_RESP and not out[-1].reject and out[-1].term == 4
+    assert p.core.term == 0 and p.core.vote == 0
+
+
+def test_check_quorum_leader_steps_down_when_cut_off():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.src == 1 or m.dst == 1
+    net.tick(2 * 10 + 1, only={1})
+    assert net.peers[1].core.role == Role.FOLLOWER
+
+
+def test_leader_stickiness_ignores_votes_while_leader_is_alive():
+    net = cluster(3)
+    net.elect(1)
+    f = net.peers[2]
+    term = f.core.term
+    f.core.step(Message(MsgType.VOTE, 3, 2, term + 1, log_term=9, index=99))
+    assert f.core.term == term and not [m for m in flush(f) if m.type == MsgType.VOTE_RESP]
+    f.core.step(Message(MsgType.PRE_VOTE, 3, 2, term + 1, log_term=9, index=99))
+    assert not [m for m in flush(f) if m.type == MsgType.PRE_VOTE_RESP]
+    # A transfer campaign overrides the lease.
+    f.core.step(
+        Message(MsgType.VOTE, 3, 2, term + 1, log_term=9, index=99, context=CAMPAIGN_TRANSFER)
+    )
+    assert f.core.term == term + 1
+
+
+def test_stale_leader_steps_down_on_newer_term_reply():
+    net = cluster(3)
+    net.elect(1)
+    old = net.peers[1].core.term
+    net.drop = lambda m: m.src == 1 or m.dst == 1
+    net.tick(30, only={2, 3})  # their lease on leader 1 expires; one of them wins
+    assert any(net.peers[i].core.role == Role.LEADER for i in (2, 3))
+    assert net.peers[1].core.role == Role.LEADER  # it has not ticked: it does not know
+    net.drop = lambda m: False
+    net.peers[1].core.propose(data_entry())
+    net.pump()
+    assert net.peers[1].core.role == Role.FOLLOWER and net.peers[1].core.term > old
+
+
+# --------------------------------------------------------------------- commit rules
+def test_new_leader_does_not_commit_old_term_entries_by_counting():
+    """Figure 8: an entry of term 2 replicated to a majority is not committed by a term-4
+    leader until an entry of term 4 is."""
+    st = MemoryStorage()
+    preload(st, [1, 2])
+    ld = make(1, {1, 2, 3}, storage=st, hs=HardState(3, 1, 1), pre_vote=False)
+    ld.core.campaign()  # term 4
+    flush(ld)
+    ld.core.step(Message(MsgType.VOTE_RESP, 2, 1, 4))
+    flush(ld)
+    assert ld.core.role == Role.LEADER
+    # Follower 2 acknowledges index 2 (the old-term entry) but not the no-op at 3.
+    ld.core.step(Message(MsgType.APP_RESP, 2, 1, 4, index=2))
+    flush(ld)
+    assert ld.core.commit == 1, "committed an old-term entry by counting replicas"
+    ld.core.step(Message(MsgType.APP_RESP, 2, 1, 4, index=3))
+    flush(ld)
+    assert ld.core.commit == 3
+
+
+def test_leader_counts_its_own_entry_only_once_durable():
+    p = make(1, {1})
+    p.core.campaign()
+    rd = p.core.ready()
+    assert p.core.commit == 0
+    assert rd.entries and not rd.committed_entries
+    p.storage.append(rd.entries)
+    p.storage.sync()
+    p.core.advance(rd)
+    assert p.core.commit == 1  # the local append was acknowledged by advance
+
+
+def test_leader_messages_may_overtake_the_write_but_acks_may_not():
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1]
+    ld.core.propose(data_entry())
+    rd = ld.core.ready()
+    assert rd.entries and [m.type for m in rd.send_now] == [MsgType.APP, MsgType.APP]
+    assert not rd.messages
+    ld.core.advance(rd)
+    f = net.peers[2]
+    for m in rd.send_now:
+        if m.dst == 2:
+            f.core.step(m)
+    rd2 = f.core.ready()
+    assert rd2.entries and not rd2.send_now and rd2.messages[0].type == MsgType.APP_RESP
+
+
+def test_heartbeat_never_commits_past_known_match():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3
+    for _ in range(3):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    net.drop = lambda m: False
+    ld = net.peers[1].core
+    ld.tick()
+    rd = ld.ready()
+    beats = [m for m in rd.send_now if m.type == MsgType.HEARTBEAT and m.dst == 3]
+    assert beats and beats[0].commit <= ld.progress[3].match < ld.commit
+    ld.advance(rd)
+
+
+# --------------------------------------------------------------------- proposals
+def test_proposals_are_stamped_with_index_term_and_offsets():
+    p = make(1, {1})
+    p.core.campaign()
+    flush(p)
+    p.core.propose(data_entry(b"a", 3) + data_entry(b"b", 2))
+    flush(p)
+    hs = [entry.parse_header(d) for d in p.applied]
+    assert [(h.index, h.term, h.type) for h in hs] == [
+        (1, 1, EntryType.NOOP),
+        (2, 1, EntryType.DATA),
+        (3, 1, EntryType.DATA),
+    ]
+    assert [(h.base_offset, h.record_count) for h in hs] == [(0, 0), (0, 3), (3, 2)]
+    for d in p.applied:
+        list(entry.iter_headers(d))  # CRCs were recomputed
+    assert p.storage.next_offset == 5
+
+
+def test_followers_refuse_proposals_and_name_the_leader():
+    net = cluster(3)
+    net.elect(1)
+    with pytest.raises(NotLeaderError) as e:
+        net.peers[2].core.propose(data_entry())
+    assert e.value.leader == 1
+
+
+def test_stamped_proposal_is_refused():
+    p = make(1, {1})
+    p.core.campaign()
+    flush(p)
+    with pytest.raises(Exception, match="index and term 0"):
+        p.core.propose(stamped(9, 9))
+
+
+# --------------------------------------------------------------------- flow control
+def test_appends_are_bounded_in_bytes_and_pipelined_within_the_window():
+    net = cluster(2, max_append_bytes=500, max_inflight_msgs=3, max_inflight_bytes=2000)
+    net.elect(1)
+    ld = net.peers[1].core
+    for _ in range(30):
+        ld.propose(data_entry(b"p" * 150))
+    rd = ld.ready()
+    apps = [m for m in rd.send_now if m.type == MsgType.APP]
+    assert len(apps) == 3, "window of 3 in-flight appends"
+    assert all(len(m.entries) <= 500 for m in apps)
+    assert all(len(split(m.entries)) >= 1 for m in apps)
+    assert ld.progress[2].state == ProgressState.REPLICATE
+    # The heartbeat still goes out while the window is full.
+    ld.advance(rd)
+    ld.tick()
+    rd = ld.ready()
+    assert [m.type for m in rd.send_now] == [MsgType.HEARTBEAT]
+    ld.advance(rd)
+    net.pump()
+    assert net.peers[2].core.log.last_index == ld.log.last_index
+
+
+def test_lost_appends_recover_through_probe():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.type == MsgType.APP and m.dst == 3
+    for _ in range(5):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    net.drop = lambda m: False
+    net.tick(3)
+    assert net.peers[3].core.log.last_index == net.peers[1].core.log.last_index
+
+
+# --------------------------------------------------------------------- transfer
+def test_leadership_transfer():
+    net = cluster(3)
+    net.elect(1)
+    t = net.peers[1].core.term
+    net.peers[1].core.transfer_leadership(2)
+    with pytest.raises(ProposalDroppedError):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    assert net.peers[2].core.role == Role.LEADER and net.peers[2].core.term == t + 1
+    assert net.peers[1].core.role == Role.FOLLOWER
+
+
+def test_transfer_to_lagging_follower_waits_for_catch_up():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3
+    net.peers[1].core.propose(data_entry())
+    net.pump()
+    net.drop = lambda m: False
+    net.peers[1].core.transfer_leadership(3)
+    net.pump()
+    assert net.peers[3].core.role == Role.LEADER
+    assert net.peers[3].core.log.last_index >= 2
+
+
+# --------------------------------------------------------------------- read index
+def test_read_index_needs_a_quorum_heartbeat_round():
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1]
+    net.drop = lambda m: m.type == MsgType.HEARTBEAT_RESP
+    ld.core.read_index(b"r1")
+    net.pump()
+    assert not any(rd.read_states for rd in ld.readies), "served a read without a quorum"
+    net.drop = lambda m: False
+    net.tick(1)
+    states = [s for rd in ld.readies for s in rd.read_states]
+    assert [(s.index, s.context) for s in states] == [(ld.core.commit, b"r1")]
+
+
+def test_read_index_waits_for_the_leaders_first_commit():
+    net = cluster(3)
+    net.drop = lambda m: m.type == MsgType.APP_RESP
+    net.elect(1)
+    ld = net.peers[1]
+    assert ld.core.commit == 0
+    ld.core.read_index(b"r")
+    net.tick(1)
+    assert not any(rd.read_states for rd in ld.readies)
+    net.drop = lambda m: False
+    net.tick(1)
+    states = [s for rd in ld.readies for s in rd.read_states]
+    assert states and states[0].index >= 1
+
+
+def test_read_index_from_a_follower():
+    net = cluster(3)
+    net.elect(1)
+    net.peers[1].core.propose(data_entry())
+    net.pump()
+    f = net.peers[2]
+    f.core.read_index(b"fr")
+    net.pump()
+    net.tick(1)
+    states = [s for rd in f.readies for s in rd.read_states]
+    assert states and states[0].index == net.peers[1].core.commit and states[0].context == b"fr"
+
+
+# --------------------------------------------------------------------- snapshots
+def test_lagging_follower_receives_a_snapshot():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3 or m.src == 3
+    for _ in range(10):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    ld = net.peers[1]
+    ld.storage.truncate_prefix(8)  # the application snapshotted through index 7
+    ld.storage.sync()
+    net.drop = lambda m: False
+    net.tick(2)
+    f = net.peers[3]
+    snaps = [rd.snapshot for rd in f.readies if rd.snapshot is not None]
+    assert snaps and snaps[0].index == 7 and snaps[0].membership.voters == {1, 2, 3}
+    assert snaps[0].next_offset == ld.storage.offset_at(8)
+    # report_snapshot is the transport's job; in this harness the message arrived.
+    ld.core.report_snapshot(3, ok=True)
+    net.tick(3)
+    assert f.storage.start_index == 8 and f.core.log.last_index == ld.core.log.last_index
+    assert f.core.applied == ld.core.applied
+
+
+def test_snapshot_matching_our_log_only_fast_forwards_commit():
+    net = cluster(3)
+    net.elect(1)
+    for _ in range(3):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    f = net.peers[2]
+    snap = net.peers[1].core.snapshot_meta()
+    f.core.step(Message(MsgType.SNAP, 1, 2, f.core.term, snapshot=snap))
+    assert f.core.log.pending_snapshot is None
+
+
+# --------------------------------------------------------------------- membership
+def test_learner_never_campaigns_and_its_vote_does_not_count():
+    p = make(3, {1, 2}, learners={3})
+    for _ in range(100):
+        p.core.tick()
+    assert p.core.role == Role.FOLLOWER and p.core.term == 0
+    c = make(1, {1, 2}, learners={3}, pre_vote=False)
+    c.core.campaign()
+    flush(c)
+    c.core.step(Message(MsgType.VOTE_RESP, 3, 1, 1))
+    flush(c)
+    assert c.core.role == Role.CANDIDATE, "a learner's vote elected a leader"
+    c.core.step(Message(MsgType.VOTE_RESP, 2, 1, 1))
+    flush(c)
+    assert c.core.role == Role.LEADER
+
+
+def test_add_learner_catch_up_promote_then_remove():
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1].core
+    for _ in range(5):
+        ld.propose(data_entry())
+    net.pump()
+    net.peers[4] = make(4, set())  # a new node knows nothing yet
+    ld.propose_membership(Membership(frozenset({1, 2, 3}), frozenset({4})))
+    net.pump()
+    assert net.peers[4].core.log.last_index == ld.log.last_index
+    assert ld.progress[4].is_learner
+    ld.propose_membership(Membership(frozenset({1, 2, 3, 4})))
+    with pytest.raises(ProposalDroppedError):
+        ld.propose_membership(Membership(frozenset({1, 2, 3})))  # one at a time
+    net.pump()
+    assert ld.membership.voters == {1, 2, 3, 4} and net.peers[4].core.promotable()
+    with pytest.raises(ProposalDroppedError):
+        ld.propose_membership(Membership(frozenset({1, 2})))  # two voters at once
+    ld.propose_membership(Membership(frozenset({2, 3, 4})))  # the leader removes itself
+    net.pump()
+    assert ld.role == Role.FOLLOWER and not ld.promotable()
+    net.tick(40, only={2, 3, 4})
+    leaders = [i for i in (2, 3, 4) if net.peers[i].core.role == Role.LEADER]
+    assert len(leaders) == 1
+    net.peers[leaders[0]].core.propose(data_entry(b"after"))
+    net.pump()
+    assert all(net.peers[i].applied[-1].endswith(b"after") for i in (2, 3, 4))
+
+
+def test_unknown_membership_payload_round_trips():
+    m = Membership(frozenset({3, 1, 7}), frozenset({9}))
+    assert Membership.decode(m.encode()) == m
+
+
+# --------------------------------------------------------------------- restart
+def test_restart_replays_committed_config_and_keeps_log():
+    net = cluster(3)
+    net.elect(1)
+    for _ in range(4):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    before = terms_of(net.peers[2])
+    p = restart(net.peers[2], 2, {1, 2, 3})
+    assert terms_of(p) == before and p.core.commit == net.peers[1].core.commit
+    assert p.core.term == net.peers[1].core.term
+
+
+def test_unsynced_writes_are_lost_on_crash():
+    st = MemoryStorage()
+    st.append(stamped(1, 1))
+    st.sync()
+    st.append(stamped(2, 1))
+    st.truncate_suffix(1)
+    st.crash()
+    assert st.last_index == 1
+    st.append(stamped(2, 1))
+    st.crash()
+    assert st.last_index == 1
+
+
+def test_net_helper_is_fifo():
+    net = Net({})
+    net.pump()
