@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test test-long chaos bench lint clean
+.PHONY: dev test test-long chaos bench lint clean proto
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 dev: $(STAMP)
-	$(BIN)/raftmq log demo --data ./raftmq-data/demo
+	$(BIN)/raftmq dev
+
+proto: $(STAMP)
+	$(BIN)/python -m raftmq.api.codegen
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import struct
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,9 @@ from raftmq.raft.transport import Outgoing, Transport
 log = logging.getLogger(__name__)
 
 HARD_STATE_FILE = "raft-hardstate"
+COMMIT_HINT_FILE = "raft-commit"
+COMMIT_HINT_SECONDS = 1.0
+"""How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
     {
         MsgType.HEARTBEAT,
@@ -60,6 +64,17 @@ QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 
 ApplyFn = Callable[[bytes, int], None]
+_COMMIT_HINT = struct.Struct(">qq")  # the commit index twice: a torn write cannot match
+
+
+def _read_commit_hint(path: Path) -> int:
+    try:
+        a, b = _COMMIT_HINT.unpack(path.read_bytes())
+    except (OSError, struct.error):
+        return 0
+    return a if a == b and a >= 0 else 0
+
+
 SoftStateFn = Callable[[SoftState], None]
 
 
@@ -85,7 +100,10 @@ class RaftGroup:
         self.apply = apply
         self.on_soft_state = on_soft_state
         self.saved_hard = HardState()
-        self.waiters: dict[int, tuple[int, asyncio.Future[int]]] = {}  # index -> (term, fut)
+        # index -> (term, future, resolve once durable locally instead of once committed)
+        self.waiters: dict[int, tuple[int, asyncio.Future[int], bool]] = {}
+        self.hinted_commit = 0
+        self.hint_due = 0.0
         self.quiesced = False
         self.idle_ticks = 0
         self.last_seen = (0, 0)  # (last index, commit) at the previous tick
@@ -147,6 +165,7 @@ class RaftHost:
         log_config: LogConfig | None = None,
         apply: ApplyFn | None = None,
         on_soft_state: SoftStateFn | None = None,
+        replay: bool = True,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
 
@@ -154,6 +173,11 @@ class RaftHost:
         round before acks go out (acks=all is durable on a majority); INTERVAL acknowledges
         after the write and fsyncs on the interval (replicated in memory, as Kafka does).
         The driver does the fsyncs itself, off the event loop, hence the INTERVAL log.
+
+        ``replay=False`` is for groups whose state *is* the log (partitions): on restart they
+        resume applying at the last known commit point instead of re-reading the whole log
+        through ``apply``. That point comes from a small unsynced file written about once a
+        second; it may be stale (then a little is re-applied) but never ahead of the commit.
         """
         if name in self.groups:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
@@ -165,13 +189,21 @@ class RaftHost:
         if not log_.recovery.clean:
             log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
         hs = hardstate.load(path / HARD_STATE_FILE)
-        # Never trust a commit index beyond the durable log (a torn tail may have been cut).
-        hs = HardState(hs.term, hs.vote, min(hs.commit, log_.last_index))
-        core = RaftCore(self._core_cfg, log_, hard_state=hs, membership=membership)
+        commit = hs.commit
+        if not replay:
+            commit = max(commit, _read_commit_hint(path / COMMIT_HINT_FILE))
+        # Never trust a commit index beyond the durable log (a torn tail may have been cut):
+        # entries at or below a once-known commit that are still present are the committed
+        # ones, because a log only ever loses a suffix.
+        commit = max(min(commit, log_.last_index), log_.start_index - 1)
+        hs = HardState(hs.term, hs.vote, commit)
+        applied = None if replay else commit
+        core = RaftCore(self._core_cfg, log_, hard_state=hs, membership=membership, applied=applied)
         group = RaftGroup(
             name, core, log_, path, sync=sync, apply=apply, on_soft_state=on_soft_state
         )
         group.saved_hard = hs
+        group.hinted_commit = commit if not replay else -1
         self.groups[name] = group
         self._mark(group)
         return group
@@ -187,16 +219,19 @@ class RaftHost:
 
     # --- public requests ----------------------------------------------------------------
 
-    def propose(self, name: str, entry_bytes: bytes) -> asyncio.Future[int]:
+    def propose(
+        self, name: str, entry_bytes: bytes, *, durable_locally: bool = False
+    ) -> asyncio.Future[int]:
         """Propose an encoded entry; the future gives its index once committed and applied
-        here, or fails with NotLeaderError / ProposalDroppedError."""
+        here (or, with ``durable_locally``, once this leader's own write of it is durable),
+        or fails with NotLeaderError / ProposalDroppedError."""
         if self.failed is not None:
             raise ProposalDroppedError(f"node {self.node_id} stopped: {self.failed!r}")
         group = self.groups[name]
         self._unquiesce(group)
         index = group.core.propose(entry_bytes)  # raises NotLeaderError with the leader hint
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        group.waiters[index] = (group.core.term, fut)
+        group.waiters[index] = (group.core.term, fut, durable_locally)
         self._mark(group)
         return fut
 
@@ -275,9 +310,10 @@ class RaftHost:
                 await task
         await self.transport.close()
         for group in self.groups.values():
-            for _, fut in group.waiters.values():
+            for _, fut, _ in group.waiters.values():
                 if not fut.done():
                     fut.set_exception(ProposalDroppedError("the node is shutting down"))
+            self._write_commit_hint(group)
             group.log.close()
         self._pool.shutdown(wait=True)
 
@@ -294,6 +330,11 @@ class RaftHost:
                     self._mark(group)
                 if not group.sync:
                     group.log.flush_if_due()  # INTERVAL logs: cheap check, fsync when due
+            now = time.monotonic()
+            for group in self.groups.values():
+                if 0 <= group.hinted_commit < group.core.log.committed and now >= group.hint_due:
+                    group.hint_due = now + COMMIT_HINT_SECONDS
+                    self._write_commit_hint(group)
 
     def _maybe_quiesce(self, group: RaftGroup) -> bool:
         """Quiesce an idle, fully replicated leader's group; True when it did.
@@ -331,7 +372,7 @@ class RaftHost:
         self.failed = exc
         self._stopping = True
         for group in self.groups.values():
-            for _, fut in group.waiters.values():
+            for _, fut, _ in group.waiters.values():
                 if not fut.done():
                     fut.set_exception(ProposalDroppedError(f"node stopped: {exc!r}"))
             group.waiters.clear()
@@ -394,6 +435,8 @@ class RaftHost:
             self._install_snapshot(group, rd.snapshot, rd.snapshot_data)
         if rd.committed_entries and group.apply is not None:
             group.apply(rd.committed_entries, rd.applied_to)
+        if rd.entries and group.waiters:
+            self._resolve(group, rd.last_index, local_only=True)
         if rd.applied_to:
             self._resolve(group, rd.applied_to)
         group.core.advance(rd)
@@ -407,11 +450,21 @@ class RaftHost:
             "group %s on node %d: installed snapshot at %d", group.name, self.node_id, snap.index
         )
 
-    def _resolve(self, group: RaftGroup, applied_to: int) -> None:
+    def _write_commit_hint(self, group: RaftGroup) -> None:
+        if group.hinted_commit < 0:
+            return
+        commit = group.core.log.committed
+        (group.directory / COMMIT_HINT_FILE).write_bytes(_COMMIT_HINT.pack(commit, commit))
+        group.hinted_commit = commit
+
+    def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:
         if not group.waiters:
             return
-        for index in sorted(i for i in group.waiters if i <= applied_to):
-            term, fut = group.waiters.pop(index)
+        for index in sorted(i for i in group.waiters if i <= upto):
+            term, fut, local = group.waiters[index]
+            if local_only and not local:
+                continue
+            del group.waiters[index]
             if fut.done():
                 continue
             try:
@@ -431,7 +484,7 @@ class RaftHost:
         """Proposals beyond the log end after losing leadership can never commit as ours."""
         last = group.core.log.last_index
         for index in [i for i in group.waiters if i > last]:
-            _, fut = group.waiters.pop(index)
+            _, fut, _ = group.waiters.pop(index)
             if not fut.done():
                 fut.set_exception(NotLeaderError(group.core.lead))
 

@@ -1,0 +1,134 @@
+"""The static cluster file (TOML) that stands in for the controller until it exists: which
+brokers there are, and which topics with which replica sets.
+
+    cluster = "local"
+    [[brokers]]
+    id = 1
+    host = "127.0.0.1"
+    port = 9091        # client gRPC
+    raft_port = 9191   # broker-to-broker Raft traffic
+    [[topics]]
+    name = "demo"
+    partitions = 3
+    replication = 3    # replicas placed round-robin; or replicas = [[1,2,3], ...]
+
+Kept deliberately small: the controller issue replaces it with replicated metadata.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+class ClusterFileError(ValueError):
+    """The file is unreadable or inconsistent; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSpec:
+    id: int
+    host: str
+    port: int
+    raft_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    replicas: tuple[tuple[int, ...], ...]  # per partition
+
+    @property
+    def partitions(self) -> int:
+        return len(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    name: str
+    brokers: dict[int, BrokerSpec]
+    topics: dict[str, TopicSpec] = field(default_factory=dict)
+
+
+def load(path: str | Path) -> ClusterSpec:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterFileError(f"there is no cluster file at {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterFileError(f"{path} is not valid TOML: {exc}") from None
+    return parse(raw, str(path))
+
+
+def parse(raw: dict, where: str = "cluster file") -> ClusterSpec:
+    brokers: dict[int, BrokerSpec] = {}
+    for i, b in enumerate(raw.get("brokers", [])):
+        try:
+            spec = BrokerSpec(int(b["id"]), str(b["host"]), int(b["port"]), int(b["raft_port"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterFileError(
+                f"{where}: broker #{i + 1} needs integer id, port, raft_port and a host ({exc})"
+            ) from None
+        if spec.id <= 0 or spec.id in brokers:
+            raise ClusterFileError(f"{where}: broker ids must be positive and unique ({spec.id})")
+        brokers[spec.id] = spec
+    if not brokers:
+        raise ClusterFileError(f"{where}: no [[brokers]] listed")
+    ids = sorted(brokers)
+    topics: dict[str, TopicSpec] = {}
+    for t in raw.get("topics", []):
+        name = str(t.get("name", ""))
+        if not TOPIC_NAME.match(name):
+            raise ClusterFileError(
+                f"{where}: topic name {name!r} must be 1-200 characters of A-Z a-z 0-9 . _ -"
+            )
+        if "replicas" in t:
+            replicas = tuple(tuple(int(x) for x in r) for r in t["replicas"])
+        else:
+            count, factor = int(t.get("partitions", 1)), int(t.get("replication", len(ids)))
+            if not 1 <= factor <= len(ids):
+                raise ClusterFileError(
+                    f"{where}: topic {name} asks for {factor} replicas but there are "
+                    f"{len(ids)} brokers"
+                )
+            replicas = tuple(
+                tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(count)
+            )
+        for p, r in enumerate(replicas):
+            unknown = set(r) - set(ids)
+            if not r or unknown or len(set(r)) != len(r):
+                raise ClusterFileError(
+                    f"{where}: topic {name} partition {p} has replicas {list(r)}; they must be "
+                    f"distinct broker ids among {ids}"
+                )
+        if not replicas:
+            raise ClusterFileError(f"{where}: topic {name} needs at least one partition")
+        topics[name] = TopicSpec(name, replicas)
+    return ClusterSpec(str(raw.get("cluster", "raftmq")), brokers, topics)
+
+
+def dump(spec: ClusterSpec) -> str:
+    """TOML text for ``spec`` (used by ``raftmq dev`` to write the local cluster's file)."""
+    lines = [f'cluster = "{spec.name}"', ""]
+    for b in spec.brokers.values():
+        lines += [
+            "[[brokers]]",
+            f"id = {b.id}",
+            f'host = "{b.host}"',
+            f"port = {b.port}",
+            f"raft_port = {b.raft_port}",
+            "",
+        ]
+    for t in spec.topics.values():
+        rows = ", ".join("[" + ", ".join(map(str, r)) + "]" for r in t.replicas)
+        lines += ["[[topics]]", f'name = "{t.name}"', f"replicas = [{rows}]", ""]
+    return "\n".join(lines)

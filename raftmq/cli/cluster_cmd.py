@@ -1,0 +1,347 @@
+"""``raftmq broker``, ``raftmq dev`` and ``raftmq demo``: run one broker, run a local cluster
+of real broker processes, and push data through it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker import cluster_file
+from raftmq.broker.cluster_file import BrokerSpec, ClusterFileError, ClusterSpec, TopicSpec
+from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.log.records import Record, build_batch, iter_records
+
+console = Console(width=None if sys.stdout.isatty() else 120)
+DEFAULT_DATA = Path("./raftmq-data")
+CLUSTER_FILE = "cluster.toml"
+DEMO_TOPIC = "demo"
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    console.print(f"[red]{message}[/]")
+    return typer.Exit(code)
+
+
+def _parse_peers(text: str) -> dict[int, tuple[str, int]]:
+    peers = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            node, address = item.split("=", 1)
+            host, port = address.rsplit(":", 1)
+            peers[int(node)] = (host, int(port))
+        except ValueError:
+            raise _fail(
+                f"--peers item {item!r} is not ID=HOST:PORT (e.g. 2=127.0.0.1:9192)", 2
+            ) from None
+    return peers
+
+
+def broker(
+    id: Annotated[int, typer.Option("--id", help="This broker's id, as in the cluster file.")],
+    cluster: Annotated[
+        Path, typer.Option(help="The cluster file (TOML) listing brokers and topics.")
+    ],
+    data: Annotated[
+        Path, typer.Option(help="Data folder; this broker uses DATA/broker-ID.")
+    ] = DEFAULT_DATA,
+    peers: Annotated[
+        str,
+        typer.Option(
+            help="Override where Raft traffic to other brokers goes, as ID=HOST:PORT,... "
+            "(the chaos harness points these at proxies)."
+        ),
+    ] = "",
+    tick_ms: Annotated[int, typer.Option(min=5, max=1000, help="Raft tick length in ms.")] = 100,
+    election_ticks: Annotated[
+        int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
+    ] = 10,
+) -> None:
+    """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
+    leaderships over and stops cleanly)."""
+    from raftmq.broker.server import Broker, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        spec = cluster_file.load(cluster)
+        node = Broker(
+            id,
+            spec,
+            data,
+            raft_peers=_parse_peers(peers) or None,
+            tick_seconds=tick_ms / 1000,
+            election_tick=election_ticks,
+        )
+    except (ClusterFileError, ValueError) as exc:
+        raise _fail(str(exc), 2) from None
+    asyncio.run(run(node))
+
+
+# --- dev -----------------------------------------------------------------------------
+
+
+def _free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port on 127.0.0.1")
+
+
+def _local_spec(brokers: int, partitions: int) -> ClusterSpec:
+    specs = {
+        i: BrokerSpec(i, "127.0.0.1", _free_port(9090 + i), _free_port(9190 + i))
+        for i in range(1, brokers + 1)
+    }
+    ids = sorted(specs)
+    factor = min(3, brokers)
+    replicas = tuple(
+        tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(partitions)
+    )
+    return ClusterSpec("raftmq-dev", specs, {DEMO_TOPIC: TopicSpec(DEMO_TOPIC, replicas)})
+
+
+def _wait_for_leaders(client: LowLevelClient, spec: ClusterSpec, timeout: float) -> bool:
+    wanted = {(t.name, p) for t in spec.topics.values() for p in range(t.partitions)}
+    deadline = time.monotonic() + timeout
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("waiting for every partition to elect a leader", total=len(wanted))
+        while time.monotonic() < deadline:
+            leaders = client.refresh_leaders(timeout=1.0)
+            progress.update(task, completed=len(wanted & set(leaders)))
+            if wanted <= set(leaders):
+                return True
+            time.sleep(0.1)
+    return False
+
+
+def dev(
+    data: Annotated[
+        Path, typer.Option(help="Data folder of the local cluster (reused on restart).")
+    ] = DEFAULT_DATA,
+    brokers: Annotated[int, typer.Option(min=1, max=9, help="How many broker processes.")] = 3,
+    partitions: Annotated[
+        int, typer.Option(min=1, max=1000, help="Partitions of the demo topic.")
+    ] = 3,
+    demo_records: Annotated[
+        int, typer.Option(min=0, help="Records the startup demo produces and consumes (0: none).")
+    ] = 3000,
+) -> None:
+    """Start a local cluster of real broker processes, wait until every partition has a
+    leader, show it producing and consuming, and stay up until Ctrl-C."""
+    data.mkdir(parents=True, exist_ok=True)
+    path = data / CLUSTER_FILE
+    if path.exists():
+        spec = cluster_file.load(path)
+        if len(spec.brokers) != brokers or spec.topics[DEMO_TOPIC].partitions != partitions:
+            raise _fail(
+                f"{data} holds a cluster of {len(spec.brokers)} brokers and "
+                f"{spec.topics[DEMO_TOPIC].partitions} partitions. Start it with those numbers, "
+                f"remove the folder, or pass another --data.",
+                2,
+            )
+        # Ports may have been taken meanwhile: keep ids and data, move only busy ports.
+        moved = {
+            b.id: BrokerSpec(b.id, b.host, _free_port(b.port), _free_port(b.raft_port))
+            for b in spec.brokers.values()
+        }
+        spec = ClusterSpec(spec.name, moved, spec.topics)
+    else:
+        spec = _local_spec(brokers, partitions)
+    path.write_text(cluster_file.dump(spec))
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for b in spec.brokers.values():
+        logfile = open(data / f"broker-{b.id}.log", "ab")  # noqa: SIM115 - lives with the process
+        procs[b.id] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "raftmq.cli.main",
+                "broker",
+                "--id",
+                str(b.id),
+                "--cluster",
+                str(path),
+                "--data",
+                str(data),
+            ],
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        client = LowLevelClient([b.address for b in spec.brokers.values()])
+        if not _wait_for_leaders(client, spec, timeout=60):
+            raise _fail(
+                f"the cluster did not elect every leader within 60 s; see {data}/broker-*.log"
+            )
+        table = Table(title=f"local raftmq cluster '{spec.name}' ({data})")
+        for col in ("broker", "client address (gRPC)", "raft address", "log"):
+            table.add_column(col)
+        for b in spec.brokers.values():
+            table.add_row(
+                str(b.id), b.address, f"{b.host}:{b.raft_port}", str(data / f"broker-{b.id}.log")
+            )
+        console.print(table)
+        if demo_records:
+            ok = _demo(client, demo_records)
+            if not ok:
+                raise typer.Exit(1)
+        console.print(
+            f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.", highlight=False
+        )
+        while not stop["now"]:
+            for bid, proc in procs.items():
+                if proc.poll() is not None:
+                    console.print(
+                        f"[yellow]broker {bid} exited with {proc.returncode}; see its log[/]"
+                    )
+                    procs = {k: v for k, v in procs.items() if k != bid}
+                    break
+            time.sleep(0.2)
+    finally:
+        console.print("stopping brokers (leadership hand-over, flush, close)...")
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        console.print("stopped.")
+
+
+# --- demo ----------------------------------------------------------------------------
+
+
+def _partition_for(key: bytes, partitions: int) -> int:
+    return zlib.crc32(key) % partitions
+
+
+def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:
+    md = client.metadata([DEMO_TOPIC])
+    partitions = len(md.topics[0].partitions)
+    run_id = uuid.uuid4().hex[:8]
+    pending: dict[int, list[Record]] = {p: [] for p in range(partitions)}
+    written: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    first_offset: dict[int, int] = {}
+    started = time.perf_counter()
+
+    def send(p: int) -> None:
+        if not pending[p]:
+            return
+        resp = client.produce(DEMO_TOPIC, p, build_batch(pending[p]), acks=pb.ACKS_ALL)
+        first_offset.setdefault(p, resp.base_offset)
+        written[p] += [r.value or b"" for r in pending[p]]
+        pending[p] = []
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"producing {records:,} records (acks=all)", total=records)
+        for i in range(records):
+            key = f"user-{i % 97}".encode()
+            p = _partition_for(key, partitions)
+            now = time.time_ns() // 1_000_000
+            pending[p].append(Record(key, f"{run_id}-{i}".encode(), now))
+            if len(pending[p]) >= batch:
+                send(p)
+            progress.advance(task)
+        for p in range(partitions):
+            send(p)
+    produce_s = time.perf_counter() - started
+    started = time.perf_counter()
+    ok = True
+    read: dict[int, list[bytes]] = {}
+    for p in range(partitions):
+        got: list[bytes] = []
+        offset = first_offset.get(p)
+        while offset is not None and len(got) < len(written[p]):
+            resp = client.fetch(DEMO_TOPIC, p, offset, max_wait_ms=1000)
+            values = [r.value or b"" for r in iter_records(resp.entries) if r.offset >= offset]
+            got += values
+            if not resp.entries:
+                break
+            offset = resp.next_offset
+        read[p] = got[: len(written[p])]
+        ok = ok and read[p] == written[p]
+    consume_s = time.perf_counter() - started
+    table = Table(title=f"demo run {run_id}: topic '{DEMO_TOPIC}'")
+    for col in ("partition", "produced", "consumed", "first offset", "in order, identical"):
+        table.add_column(col)
+    for p in range(partitions):
+        same = read[p] == written[p]
+        table.add_row(
+            str(p),
+            f"{len(written[p]):,}",
+            f"{len(read[p]):,}",
+            str(first_offset.get(p, "-")),
+            "[green]yes[/]" if same else "[red]NO[/]",
+        )
+    console.print(table)
+    console.print(
+        f"produced {records:,} records in {produce_s:.2f} s, consumed them in {consume_s:.2f} s"
+    )
+    if ok:
+        console.print("[green]Every record came back exactly as written, in order.[/]")
+    else:
+        console.print("[red]What was read back differs from what was written.[/]")
+    return ok
+
+
+def demo(
+    data: Annotated[
+        Path, typer.Option(help="Data folder of a running 'raftmq dev' cluster.")
+    ] = DEFAULT_DATA,
+    bootstrap: Annotated[
+        str, typer.Option(help="Broker addresses host:port,... instead of --data's cluster file.")
+    ] = "",
+    records: Annotated[int, typer.Option(min=1, max=10_000_000, help="How many records.")] = 3000,
+) -> None:
+    """Produce records to the running cluster with acks=all, consume them back, and check
+    they are exactly what was written, in order. Exits 1 if anything is off."""
+    if bootstrap:
+        addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    else:
+        path = data / CLUSTER_FILE
+        if not path.exists():
+            raise _fail(
+                f"No cluster file at {path}. Start a local cluster first with 'raftmq dev' "
+                "(or 'make dev'), or pass --bootstrap host:port.",
+                2,
+            )
+        addresses = [b.address for b in cluster_file.load(path).brokers.values()]
+    with LowLevelClient(addresses) as client:
+        try:
+            ok = _demo(client, records)
+        except ClientError as exc:
+            raise _fail(f"The cluster refused the demo: {exc} ({exc.code}).") from None
+    if not ok:
+        raise typer.Exit(1)
+
+
+__all__ = ["broker", "demo", "dev"]

@@ -1,0 +1,206 @@
+"""A low-level, synchronous client of the raftmq.v1.Broker API: one gRPC channel per broker,
+partition leaders from Metadata, redirects on NOT_LEADER, bounded retries while a leader is
+being elected. The Producer and Consumer (later) are built on it; tools and tests use it
+directly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 72 << 20),
+    ("grpc.max_send_message_length", 72 << 20),
+]
+RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED"}
+
+
+class ClientError(Exception):
+    """A broker refused a request; ``code`` is the raftmq-error value, ``meta`` the rest."""
+
+    def __init__(self, message: str, code: str, status: grpc.StatusCode | None, meta: dict) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.meta = meta
+
+
+def error_of(exc: grpc.RpcError) -> ClientError:
+    meta = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
+    code = meta.get(
+        "raftmq-error", "UNAVAILABLE" if exc.code() == grpc.StatusCode.UNAVAILABLE else "RPC"
+    )
+    return ClientError(exc.details() or str(exc.code()), code, exc.code(), meta)
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    broker_id: int
+    address: str
+
+
+class LowLevelClient:
+    def __init__(self, bootstrap: list[str], *, retries: int = 60, backoff: float = 0.05) -> None:
+        if not bootstrap:
+            raise ValueError("give at least one broker address host:port")
+        self.bootstrap = list(bootstrap)
+        self.retries = retries
+        self.backoff = backoff
+        self._channels: dict[str, grpc.Channel] = {}
+        self._leaders: dict[tuple[str, int], Leader] = {}
+        self._brokers: dict[int, str] = {}
+
+    def stub(self, address: str) -> pb_grpc.BrokerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            self._channels[address] = channel
+        return pb_grpc.BrokerStub(channel)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __enter__(self) -> LowLevelClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- metadata -----------------------------------------------------------------------
+
+    def metadata(
+        self, topics: list[str] | None = None, timeout: float = 5.0
+    ) -> pb.MetadataResponse:
+        """Metadata from the first broker that answers; leaders are merged from every
+        broker that reports one, since each knows the leaders of what it hosts."""
+        last: Exception | None = None
+        for address in self._addresses():
+            try:
+                return self.stub(address).Metadata(
+                    pb.MetadataRequest(topics=topics or []), timeout=timeout
+                )
+            except grpc.RpcError as exc:
+                last = error_of(exc)
+        raise ClientError(f"no broker answered Metadata ({last})", "UNAVAILABLE", None, {})
+
+    def refresh_leaders(self, timeout: float = 2.0) -> dict[tuple[str, int], Leader]:
+        seen: dict[tuple[str, int], tuple[int, Leader]] = {}
+        for address in self._addresses():
+            try:
+                md = self.stub(address).Metadata(pb.MetadataRequest(), timeout=timeout)
+            except grpc.RpcError:
+                continue
+            for b in md.brokers:
+                self._brokers[b.id] = f"{b.host}:{b.port}"
+            for t in md.topics:
+                for p in t.partitions:
+                    if p.leader_id and p.leader_id in self._brokers:
+                        key = (t.name, p.partition)
+                        if key not in seen or p.leader_term > seen[key][0]:
+                            seen[key] = (
+                                p.leader_term,
+                                Leader(p.leader_id, self._brokers[p.leader_id]),
+                            )
+        self._leaders = {k: v for k, (_, v) in seen.items()}
+        return dict(self._leaders)
+
+    def _addresses(self) -> Iterator[str]:
+        known = list(dict.fromkeys([*self.bootstrap, *self._brokers.values()]))
+        yield from known
+
+    def _leader(self, topic: str, partition: int) -> str:
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            self.refresh_leaders()
+            leader = self._leaders.get((topic, partition))
+        return leader.address if leader else self.bootstrap[0]
+
+    # --- data ---------------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        entries: bytes,
+        *,
+        acks: int = pb.ACKS_ALL,
+        timeout_ms: int = 30_000,
+    ) -> pb.ProduceResponse:
+        """Send to the leader, following NOT_LEADER hints and waiting out elections.
+
+        Retrying after a timeout could duplicate a write (it may have committed), so a
+        DEADLINE_EXCEEDED is raised, not retried; idempotent producers come later.
+        """
+        request = pb.ProduceRequest(
+            topic=topic, partition=partition, entries=entries, acks=acks, timeout_ms=timeout_ms
+        )
+        address = self._leader(topic, partition)
+        for attempt in range(self.retries):
+            try:
+                return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 5)
+            except grpc.RpcError as exc:
+                err = error_of(exc)
+                if err.code not in RETRYABLE and err.code != "UNAVAILABLE":
+                    raise err from None
+                hinted = err.meta.get("raftmq-leader-address")
+                if hinted:
+                    address = hinted
+                    self._leaders[topic, partition] = Leader(
+                        int(err.meta.get("raftmq-leader-id", 0)), hinted
+                    )
+                    continue
+                self._sleep(attempt)
+                self.refresh_leaders()
+                address = self._leader(topic, partition)
+        raise ClientError(
+            f"no leader for {topic}/{partition} accepted the write after {self.retries} tries",
+            "LEADER_NOT_AVAILABLE",
+            None,
+            {},
+        )
+
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+        address: str | None = None,
+    ) -> pb.FetchResponse:
+        """Fetch from ``address`` (any replica), or from the leader when None."""
+        request = pb.FetchRequest(
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            max_bytes=max_bytes,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+        )
+        target = address or self._leader(topic, partition)
+        for attempt in range(self.retries):
+            try:
+                return self.stub(target).Fetch(request, timeout=max_wait_ms / 1000 + 10)
+            except grpc.RpcError as exc:
+                err = error_of(exc)
+                if address is not None or (err.code not in RETRYABLE and err.code != "UNAVAILABLE"):
+                    raise err from None
+                self._sleep(attempt)
+                self.refresh_leaders()
+                target = self._leader(topic, partition)
+        raise ClientError(f"no replica of {topic}/{partition} answered", "UNAVAILABLE", None, {})
+
+    def _sleep(self, attempt: int) -> None:
+        time.sleep(min(1.0, self.backoff * (1.5 ** min(attempt, 10))) * (0.5 + random.random()))

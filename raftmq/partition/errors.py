@@ -1,0 +1,46 @@
+"""What a partition refuses, with the symbolic code the API layer puts in ``raftmq-error``.
+
+Each carries a sentence for a person; the API maps ``code`` to a gRPC status."""
+
+from __future__ import annotations
+
+
+class PartitionError(Exception):
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidBatchError(PartitionError):
+    code = "INVALID_BATCH"
+
+
+class CorruptBatchError(PartitionError):
+    code = "CORRUPT_BATCH"
+
+
+class BatchTooLargeError(PartitionError):
+    code = "BATCH_TOO_LARGE"
+
+
+class ProduceTimeoutError(PartitionError):
+    code = "TIMEOUT"
+
+
+class NotLeaderError(PartitionError):
+    code = "NOT_LEADER"
+
+    def __init__(self, topic: str, partition: int, leader: int, detail: str = "") -> None:
+        who = f"broker {leader}" if leader else "not known yet (an election is under way)"
+        super().__init__(
+            f"this broker is not the leader of {topic}/{partition}; the leader is {who}"
+            + (f" ({detail})" if detail else "")
+        )
+        self.leader = leader
+
+
+class OffsetOutOfRangeError(PartitionError):
+    code = "OFFSET_OUT_OF_RANGE"
+
+    def __init__(self, message: str, start: int, high_watermark: int) -> None:
+        super().__init__(message)
+        self.start = start
+        self.high_watermark = high_watermark
