@@ -67,6 +67,7 @@ class MemoryStorage:
     def __init__(self) -> None:
         self._s = _State()
         self._durable = self._s.copy()
+        self._ops: list[tuple[str, tuple[object, ...]]] = []
         self.syncs = 0
 
     # --- reads -----------------------------------------------------------------
@@ -122,6 +123,7 @@ class MemoryStorage:
 
     # --- writes ----------------------------------------------------------------
     def append(self, buf: bytes) -> int:
+        self._ops.append(("append", (buf,)))
         s = self._s
         for h in entry.iter_headers(buf):
             if h.index != self.last_index + 1:
@@ -138,6 +140,7 @@ class MemoryStorage:
         return self.last_index
 
     def truncate_suffix(self, index: int) -> None:
+        self._ops.append(("truncate_suffix", (index,)))
         s = self._s
         if index < s.start_index:
             raise OutOfRangeError(
@@ -151,6 +154,7 @@ class MemoryStorage:
     def truncate_prefix(
         self, index: int, *, offset: int | None = None, prev_term: int | None = None
     ) -> None:
+        self._ops.append(("truncate_prefix", (index, offset, prev_term)))
         s = self._s
         if index <= s.start_index:
             return
@@ -171,8 +175,29 @@ class MemoryStorage:
     def sync(self) -> None:
         """Make everything written so far survive a crash (an fsync)."""
         self._durable = self._s.copy()
+        self._ops.clear()
         self.syncs += 1
 
-    def crash(self) -> None:
-        """Lose every write since the last sync, as a power cut would."""
+    @property
+    def unsynced_ops(self) -> int:
+        return len(self._ops)
+
+    def crash(self, keep_ops: int = 0) -> None:
+        """Lose the writes since the last sync, as a power cut would.
+
+        ``keep_ops`` of them (in order) happen to have reached the disk anyway: a
+        crash may persist any prefix of unsynced writes, never a later write without
+        an earlier one (the real log must uphold that ordering too, or recover a
+        torn tail by CRC, which is equivalent).
+        """
+        ops = self._ops[:keep_ops]
         self._s = self._durable.copy()
+        for name, args in ops:
+            if name == "append":
+                self.append(*args)  # type: ignore[arg-type]
+            elif name == "truncate_suffix":
+                self.truncate_suffix(*args)  # type: ignore[arg-type]
+            else:
+                index, offset, prev_term = args
+                self.truncate_prefix(index, offset=offset, prev_term=prev_term)  # type: ignore[arg-type]
+        self.sync()

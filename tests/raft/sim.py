@@ -89,6 +89,8 @@ class Params:
     fsync_delay: int = 2
     heal_ticks: int = 250
     cold_restarts: int = 0
+    torn: bool = True
+    """A crash keeps a random prefix of the unsynced writes, not necessarily none."""
 
     @staticmethod
     def random(rng: random.Random) -> Params:
@@ -107,6 +109,7 @@ class Params:
             compact=rng.choice([0.0, 0.01, 0.05]),
             membership=rng.random() < 0.3,
             fsync_delay=rng.choice([0, 1, 3]),
+            torn=rng.random() < 0.7,
             cold_restarts=rng.choice([0, 0, 0, 1, 2]),
         )
 
@@ -157,18 +160,25 @@ class Sim:
         self._start(node)
 
     def _start(self, node: Node) -> None:
+        """What a real driver does on boot: finish a half-done snapshot install, then
+        rebuild the core from the durable log, hard state and snapshot metadata."""
         st = node.storage
         base = node.base
-        applied = st.start_index - 1
+        hs = node.durable_hs
         if node.snap is not None:
-            assert node.snap.meta.index == st.start_index - 1, "snapshot and log disagree"
-            base = node.snap.meta.membership
+            meta = node.snap.meta
+            if st.start_index - 1 != meta.index:
+                # The snapshot was saved but the crash came before the log was cut.
+                write_to_storage(st, Ready(snapshot=meta))
+                st.sync()
+            base = meta.membership
             node.app_state = node.snap.state
+            hs = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
         else:
             assert st.start_index == 1
             node.app_state = b""
-        node.app_index = applied
-        node.core = RaftCore(node.cfg, st, hard_state=node.durable_hs, membership=base)
+        node.app_index = st.start_index - 1
+        node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base)
         node.pending = None
 
     def fail(self, what: str) -> None:
@@ -222,6 +232,13 @@ class Sim:
         rd = core.ready()
         for m in rd.send_now:
             self.send(node, m, after_persist=False)
+        if rd.snapshot is not None:
+            # The application saves the snapshot durably before the log is cut.
+            meta = rd.snapshot
+            want = self.chain_at.get(meta.index)
+            if want is not None and want != rd.snapshot_data:
+                self.fail(f"node {node.id} installs a snapshot at {meta.index} that differs")
+            node.snap = DurableSnap(meta, rd.snapshot_data)
         write_to_storage(node.storage, rd)
         node.pending = rd
         node.durable_at = self.time + self.rng.randint(0, self.p.fsync_delay)
@@ -238,10 +255,6 @@ class Sim:
             node.durable_hs = rd.hard_state
         if rd.snapshot is not None:
             meta = rd.snapshot
-            want = self.chain_at.get(meta.index)
-            if want is not None and want != rd.snapshot_data:
-                self.fail(f"node {node.id} installs a snapshot at {meta.index} that differs")
-            node.snap = DurableSnap(meta, rd.snapshot_data)
             node.app_index, node.app_state = meta.index, rd.snapshot_data
             self.log(f"node {node.id} installed snapshot at {meta.index}")
         for m in rd.messages:
@@ -294,8 +307,9 @@ class Sim:
 
     # ------------------------------------------------------------------ chaos
     def crash(self, node: Node) -> None:
-        self.log(f"crash {node.id}")
-        node.storage.crash()
+        keep = self.rng.randint(0, node.storage.unsynced_ops) if self.p.torn else 0
+        self.log(f"crash {node.id} keeping {keep} of {node.storage.unsynced_ops} unsynced writes")
+        node.storage.crash(keep)
         node.core = None
         node.pending = None
 

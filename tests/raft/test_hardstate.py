@@ -1,0 +1,38 @@
+"""The hard-state file: atomic replacement and refusal to guess on damage."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.raft import hardstate
+from raftmq.raft.hardstate import HardState, HardStateCorruptError
+
+
+def test_missing_file_is_the_zero_state(tmp_path):
+    assert hardstate.load(tmp_path / "hs") == HardState()
+
+
+def test_save_then_load_and_replace(tmp_path):
+    path = tmp_path / "hs"
+    hardstate.save(path, HardState(3, 2, 17))
+    assert hardstate.load(path) == HardState(3, 2, 17)
+    hardstate.save(path, HardState(4, 0, 17))
+    assert hardstate.load(path) == HardState(4, 0, 17)
+    assert not (tmp_path / "hs.tmp").exists()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_damaged_file_is_refused_not_guessed(tmp_path, damage):
+    """Reading a torn vote as 'no vote' could let a node vote twice in one term."""
+    path = tmp_path / "hs"
+    hardstate.save(path, HardState(9, 1, 5))
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[12] ^= 0x01
+    elif damage == "truncate":
+        raw = raw[:20]
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    with pytest.raises(HardStateCorruptError):
+        hardstate.load(path)
