@@ -4,11 +4,8 @@ of real broker processes, and push data through it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -23,13 +20,13 @@ from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker import cluster_file
-from raftmq.broker.cluster_file import BrokerSpec, ClusterFileError, ClusterSpec, TopicSpec
+from raftmq.broker.cluster_file import BrokerSpec, ClusterFileError, ClusterSpec
+from raftmq.broker.local_cluster import CLUSTER_FILE, LocalCluster, free_port, local_spec
 from raftmq.client.lowlevel import ClientError, LowLevelClient
 from raftmq.log.records import Record, build_batch, iter_records
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")
-CLUSTER_FILE = "cluster.toml"
 DEMO_TOPIC = "demo"
 
 
@@ -95,44 +92,6 @@ def broker(
 # --- dev -----------------------------------------------------------------------------
 
 
-def _free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise RuntimeError("no free port on 127.0.0.1")
-
-
-def _local_spec(brokers: int, partitions: int) -> ClusterSpec:
-    specs = {
-        i: BrokerSpec(i, "127.0.0.1", _free_port(9090 + i), _free_port(9190 + i))
-        for i in range(1, brokers + 1)
-    }
-    ids = sorted(specs)
-    factor = min(3, brokers)
-    replicas = tuple(
-        tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(partitions)
-    )
-    return ClusterSpec("raftmq-dev", specs, {DEMO_TOPIC: TopicSpec(DEMO_TOPIC, replicas)})
-
-
-def _wait_for_leaders(client: LowLevelClient, spec: ClusterSpec, timeout: float) -> bool:
-    wanted = {(t.name, p) for t in spec.topics.values() for p in range(t.partitions)}
-    deadline = time.monotonic() + timeout
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("waiting for every partition to elect a leader", total=len(wanted))
-        while time.monotonic() < deadline:
-            leaders = client.refresh_leaders(timeout=1.0)
-            progress.update(task, completed=len(wanted & set(leaders)))
-            if wanted <= set(leaders):
-                return True
-            time.sleep(0.1)
-    return False
-
-
 def dev(
     data: Annotated[
         Path, typer.Option(help="Data folder of the local cluster (reused on restart).")
@@ -147,7 +106,6 @@ def dev(
 ) -> None:
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
-    data.mkdir(parents=True, exist_ok=True)
     path = data / CLUSTER_FILE
     if path.exists():
         spec = cluster_file.load(path)
@@ -160,33 +118,12 @@ def dev(
             )
         # Ports may have been taken meanwhile: keep ids and data, move only busy ports.
         moved = {
-            b.id: BrokerSpec(b.id, b.host, _free_port(b.port), _free_port(b.raft_port))
+            b.id: BrokerSpec(b.id, b.host, free_port(b.port), free_port(b.raft_port))
             for b in spec.brokers.values()
         }
         spec = ClusterSpec(spec.name, moved, spec.topics)
     else:
-        spec = _local_spec(brokers, partitions)
-    path.write_text(cluster_file.dump(spec))
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    for b in spec.brokers.values():
-        logfile = open(data / f"broker-{b.id}.log", "ab")  # noqa: SIM115 - lives with the process
-        procs[b.id] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "raftmq.cli.main",
-                "broker",
-                "--id",
-                str(b.id),
-                "--cluster",
-                str(path),
-                "--data",
-                str(data),
-            ],
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        spec = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=9090)
     stop = {"now": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -194,46 +131,40 @@ def dev(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    cluster = LocalCluster(data, spec)
     try:
-        client = LowLevelClient([b.address for b in spec.brokers.values()])
-        if not _wait_for_leaders(client, spec, timeout=60):
-            raise _fail(
-                f"the cluster did not elect every leader within 60 s; see {data}/broker-*.log"
-            )
+        cluster.start()
+        with Progress(console=console, transient=True) as progress:
+            progress.add_task("waiting for every partition to elect a leader", total=None)
+            try:
+                cluster.wait_for_leaders(timeout=60)
+            except TimeoutError as exc:
+                raise _fail(f"The cluster did not come up: {exc}") from None
         table = Table(title=f"local raftmq cluster '{spec.name}' ({data})")
         for col in ("broker", "client address (gRPC)", "raft address", "log"):
             table.add_column(col)
         for b in spec.brokers.values():
             table.add_row(
-                str(b.id), b.address, f"{b.host}:{b.raft_port}", str(data / f"broker-{b.id}.log")
+                str(b.id), b.address, f"{b.host}:{b.raft_port}", str(cluster.log_path(b.id))
             )
         console.print(table)
         if demo_records:
-            ok = _demo(client, demo_records)
-            if not ok:
-                raise typer.Exit(1)
+            with cluster.client() as client:
+                if not _demo(client, demo_records):
+                    raise typer.Exit(1)
         console.print(
             f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.", highlight=False
         )
+        reported: set[int] = set()
         while not stop["now"]:
-            for bid, proc in procs.items():
-                if proc.poll() is not None:
-                    console.print(
-                        f"[yellow]broker {bid} exited with {proc.returncode}; see its log[/]"
-                    )
-                    procs = {k: v for k, v in procs.items() if k != bid}
-                    break
+            for bid in spec.brokers:
+                if not cluster.alive(bid) and bid not in reported:
+                    reported.add(bid)
+                    console.print(f"[yellow]broker {bid} exited; see {cluster.log_path(bid)}[/]")
             time.sleep(0.2)
     finally:
         console.print("stopping brokers (leadership hand-over, flush, close)...")
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        cluster.close()
         console.print("stopped.")
 
 

@@ -1,0 +1,178 @@
+"""A cluster of real broker processes on this machine, for ``raftmq dev``, integration tests
+and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data, wait for leaders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raftmq.broker import cluster_file
+from raftmq.broker.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
+from raftmq.client.lowlevel import LowLevelClient
+
+CLUSTER_FILE = "cluster.toml"
+
+
+def free_port(preferred: int = 0) -> int:
+    """``preferred`` if it is free on 127.0.0.1, else any free port."""
+    for port in (preferred, 0) if preferred else (0,):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port on 127.0.0.1")
+
+
+def local_spec(
+    brokers: int,
+    topics: dict[str, int],
+    *,
+    replication: int = 3,
+    base_port: int = 0,
+    name: str = "raftmq-dev",
+) -> ClusterSpec:
+    """Brokers on 127.0.0.1 (ports near ``base_port`` when free) and topics with replicas
+    placed round-robin."""
+    specs = {
+        i: BrokerSpec(
+            i,
+            "127.0.0.1",
+            free_port(base_port + i if base_port else 0),
+            free_port(base_port + 100 + i if base_port else 0),
+        )
+        for i in range(1, brokers + 1)
+    }
+    ids = sorted(specs)
+    factor = min(replication, brokers)
+    out = {}
+    for topic, partitions in topics.items():
+        replicas = tuple(
+            tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(partitions)
+        )
+        out[topic] = TopicSpec(topic, replicas)
+    return ClusterSpec(name, specs, out)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        data: Path,
+        spec: ClusterSpec,
+        *,
+        broker_args: list[str] | None = None,
+        peers: dict[int, str] | None = None,
+    ) -> None:
+        """``peers`` optionally overrides each broker's ``--peers`` (chaos routes Raft
+        traffic through proxies)."""
+        self.data = data
+        self.spec = spec
+        self.broker_args = broker_args or []
+        self.peers = peers or {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        data.mkdir(parents=True, exist_ok=True)
+        self.cluster_path = data / CLUSTER_FILE
+        self.cluster_path.write_text(cluster_file.dump(spec))
+
+    @property
+    def addresses(self) -> list[str]:
+        return [b.address for b in self.spec.brokers.values()]
+
+    def log_path(self, broker_id: int) -> Path:
+        return self.data / f"broker-{broker_id}.log"
+
+    def start(self, broker_id: int | None = None) -> None:
+        for bid in [broker_id] if broker_id else list(self.spec.brokers):
+            if bid in self.procs and self.procs[bid].poll() is None:
+                continue
+            cmd = [
+                sys.executable,
+                "-m",
+                "raftmq.cli.main",
+                "broker",
+                "--id",
+                str(bid),
+                "--cluster",
+                str(self.cluster_path),
+                "--data",
+                str(self.data),
+                *self.broker_args,
+            ]
+            if bid in self.peers:
+                cmd += ["--peers", self.peers[bid]]
+            with open(self.log_path(bid), "ab") as logfile:
+                self.procs[bid] = subprocess.Popen(
+                    cmd, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+                )
+
+    def signal(self, broker_id: int, sig: signal.Signals) -> None:
+        proc = self.procs.get(broker_id)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+
+    def kill(self, broker_id: int) -> None:
+        """SIGKILL: no hand-over, no flush. Resumes a paused process first."""
+        proc = self.procs.pop(broker_id, None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def stop(self, broker_id: int | None = None, timeout: float = 15.0) -> None:
+        """SIGTERM (graceful hand-over and flush), then SIGKILL after ``timeout``."""
+        ids = [broker_id] if broker_id else list(self.procs)
+        for bid in ids:
+            self.signal(bid, signal.SIGCONT)
+            self.signal(bid, signal.SIGTERM)
+        for bid in ids:
+            proc = self.procs.pop(bid, None)
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def alive(self, broker_id: int) -> bool:
+        proc = self.procs.get(broker_id)
+        return proc is not None and proc.poll() is None
+
+    def client(self) -> LowLevelClient:
+        return LowLevelClient(self.addresses)
+
+    def wait_for_leaders(self, timeout: float = 30.0, among: set[int] | None = None) -> dict:
+        """Block until every partition reports a leader (optionally one of ``among``)."""
+        wanted = {(t.name, p) for t in self.spec.topics.values() for p in range(t.partitions)}
+        deadline = time.monotonic() + timeout
+        with LowLevelClient(self.addresses, retries=1) as client:
+            while True:
+                leaders = client.refresh_leaders(timeout=1.0)
+                good = {k for k, v in leaders.items() if among is None or v.broker_id in among}
+                if wanted <= good:
+                    return leaders
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"partitions without a leader after {timeout:.0f} s: "
+                        f"{sorted(wanted - good)}; see {self.data}/broker-*.log"
+                    )
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop(timeout=10)
+        for bid in list(self.procs):
+            self.kill(bid)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
