@@ -62,9 +62,13 @@ def test_repeated_cold_restarts_lose_no_committed_entry(seed: int):
     assert sim.commit_hi >= 50
 
 
-@pytest.mark.parametrize("seed", [1, 38])
-def test_checker_catches_a_core_without_the_election_restriction(seed: int, monkeypatch):
-    """The checks have teeth: a core that votes for any log must be caught."""
+def test_checker_catches_a_core_without_the_election_restriction(monkeypatch):
+    """The checks have teeth: a core that votes for any log must be caught quickly."""
     monkeypatch.setattr(log_view.RaftLog, "is_up_to_date", lambda self, i, t: True)
-    with pytest.raises(SafetyViolation, match=f"seed {seed}"):
-        run_seed(seed)
+    for seed in range(60):
+        try:
+            run_seed(seed)
+        except SafetyViolation as e:
+            assert f"seed {seed}" in str(e) and "--seed" in str(e)
+            return
+    pytest.fail("60 seeds of a core without the election restriction went unnoticed")
