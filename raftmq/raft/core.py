@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
-from raftmq.log.errors import InvalidEntryError
+from raftmq.log.errors import CorruptEntryError, InvalidEntryError
 from raftmq.raft.config import Config
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
@@ -409,7 +409,7 @@ class RaftCore:
             return
         try:
             ents = split(m.entries, verify=True)
-        except InvalidEntryError:
+        except (InvalidEntryError, CorruptEntryError):
             return  # corrupted in transit: the leader will retry
         assert all(e.index == m.index + 1 + i for i, e in enumerate(ents)), "contiguous"
         last_new = self.log.maybe_append(m.index, m.log_term, m.commit, ents)

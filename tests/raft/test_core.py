@@ -521,3 +521,46 @@ def test_unsynced_writes_are_lost_on_crash():
 def test_net_helper_is_fifo():
     net = Net({})
     net.pump()
+
+
+def test_node_whose_removal_is_uncommitted_may_still_campaign():
+    """Its removal is in its log but the committed configuration still needs it."""
+    net = cluster(2)
+    net.elect(1)
+    ld = net.peers[1].core
+    net.drop = lambda m: m.dst == 2  # the removal never reaches node 2
+    ld.propose_membership(Membership(frozenset({2})))
+    net.pump()
+    assert ld.membership.voters == {2} and ld.role == Role.LEADER
+    # Node 1 crashes; on restart it still holds the uncommitted removal.
+    p1 = restart(net.peers[1], 1, {1, 2})
+    assert p1.core.membership.voters == {2} and p1.core.promotable()
+    net.peers[1] = p1
+    net.drop = lambda m: False
+    net.tick(60)
+    roles = {i: p.core.role for i, p in net.peers.items()}
+    assert Role.LEADER in roles.values(), roles
+    # Eventually node 2 alone leads, and node 1 is out.
+    net.tick(60)
+    assert net.peers[2].core.role == Role.LEADER and net.peers[2].core.membership.voters == {2}
+
+
+def test_corrupted_append_is_ignored():
+    f = make(2, {1, 2, 3})
+    bad = bytearray(stamped(1, 1))
+    bad[-1] ^= 0xFF
+    f.core.step(app(1, 2, 1, 0, 0, [bytes(bad)]))
+    assert f.core.log.last_index == 0
+    assert not [m for m in flush(f) if m.type == MsgType.APP_RESP]
+
+
+def test_write_to_storage_restarts_a_conflicting_log_at_the_snapshot():
+    from raftmq.raft import Ready, SnapshotMeta, write_to_storage
+
+    st = MemoryStorage()
+    preload(st, [1, 1, 1, 1, 1, 1])
+    meta = SnapshotMeta(4, 2, 40, Membership(frozenset({1})))
+    write_to_storage(st, Ready(snapshot=meta))
+    assert (st.start_index, st.last_index, st.term_at(4), st.next_offset) == (5, 4, 2, 40)
+    st.append(stamped(5, 2, offset=40))
+    assert st.last_index == 5
