@@ -1,0 +1,530 @@
+"""Raft replication benchmark: three real processes on loopback, fsync on every commit.
+
+Why real processes: a Raft group's cost is the network round, the fsync and the Python work
+around them, and three nodes in one interpreter would share a GIL the real deployment does
+not share. Why pysyncobj in the same run: absolute numbers depend on the machine and its
+disk, a ratio against a known Python Raft measured a minute earlier mostly does not.
+
+Phases:
+
+1. throughput of one group, 64 KiB and 1 KiB entries, load generated inside the leader with a
+   bounded number of proposals in flight;
+2. commit latency with one proposal in flight (1 KiB);
+3. the same throughput work on pysyncobj (skipped, with install instructions, if missing);
+4. idle cost: N groups on the same 3 processes, CPU per process once every group has a
+   leader and has quiesced.
+
+Usage: ``python -m benchmarks.raft_bench [--quick] [--json]``; ``--json`` prints every
+figure as one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO = Path(__file__).resolve().parent.parent
+KIB = 1024
+MIB = 1024 * 1024
+NODES = (1, 2, 3)
+TARGET_MB_RATIO = 20.0
+TARGET_IDLE_CPU_PCT = 5.0
+
+Reply = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Durations and sizes of one run; ``--quick`` trades precision for a ~1 minute run."""
+
+    quick: bool
+    warmup: float
+    seconds: float
+    inflight: int
+    latency_count: int
+    latency_max_seconds: float
+    ref_latency_count: int
+    idle_groups: int
+    idle_settle: float
+    idle_measure: float
+
+    @classmethod
+    def make(cls, quick: bool, inflight: int, groups: int | None) -> Plan:
+        if quick:
+            return cls(True, 1.0, 4.0, inflight, 1000, 8.0, 100, groups or 300, 5.0, 5.0)
+        return cls(False, 2.0, 10.0, inflight, 5000, 30.0, 300, groups or 1000, 12.0, 10.0)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+_LIVE: set[subprocess.Popen[str]] = set()
+
+
+def _kill_all() -> None:
+    """Last line of defence (atexit, SIGTERM): no benchmark process outlives the bench."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5)
+        _LIVE.discard(proc)
+
+
+atexit.register(_kill_all)
+
+
+class NodeProc:
+    """One member process and its stdout, read by a thread so every wait has a timeout."""
+
+    def __init__(
+        self,
+        impl: str,
+        node: int,
+        ports: dict[int, int],
+        directory: Path,
+        groups: int,
+        segment_bytes: int,
+    ) -> None:
+        self.node = node
+        self.impl = impl
+        spec = ",".join(f"{n}:{p}" for n, p in ports.items())
+        directory.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = directory.parent / f"{impl}-{node}.stderr"
+        self._stderr: TextIO = open(self.stderr_path, "w")  # noqa: SIM115 - closed in kill()
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.raft_bench_node",
+                "--impl",
+                impl,
+                "--node",
+                str(node),
+                "--ports",
+                spec,
+                "--dir",
+                str(directory),
+                "--groups",
+                str(groups),
+                "--segment-bytes",
+                str(segment_bytes),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=REPO,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        _LIVE.add(self.proc)
+        self.pid = self.proc.pid
+        self._lines: queue.Queue[Reply | None] = queue.Queue()
+        self._next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    self._lines.put(json.loads(line))
+        self._lines.put(None)
+
+    def wait_event(self, event: str, timeout: float, id_: int | None = None) -> Reply:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"{self.impl} node {self.node}: no {event!r} in {timeout}s{self._stderr_tail()}"
+                )
+            try:
+                msg = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg is None:
+                raise RuntimeError(
+                    f"{self.impl} node {self.node} exited "
+                    f"(rc={self.proc.poll()}){self._stderr_tail()}"
+                )
+            if msg.get("event") == event and (id_ is None or msg.get("id") == id_):
+                if "error" in msg:
+                    raise RuntimeError(f"{self.impl} node {self.node}: {msg['error']}")
+                return msg
+
+    def request(self, cmd: str, timeout: float, **kw: Any) -> Reply:
+        self._next_id += 1
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, "id": self._next_id, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return self.wait_event(cmd, timeout, self._next_id)
+
+    def cpu_ticks(self) -> int:
+        """utime + stime of the process (all threads), in clock ticks, from /proc."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
+
+    def _stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            tail = self.stderr_path.read_text()[-2000:]
+            if tail.strip():
+                return f"\n--- stderr of {self.impl} node {self.node} ---\n{tail}"
+        return ""
+
+    def stop(self) -> None:
+        """Ask politely, then kill the whole session; never leaves a process behind."""
+        with contextlib.suppress(Exception):
+            if self.proc.poll() is None:
+                self.request("quit", timeout=10)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=5)
+        _LIVE.discard(self.proc)
+        self._stderr.close()
+
+
+def free_ports(n: int) -> list[int]:
+    """Ports the kernel just handed out on 127.0.0.1 (held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextlib.contextmanager
+def cluster(
+    impl: str, root: Path, *, groups: int = 1, segment_bytes: int = 128 * MIB
+) -> Iterator[dict[int, NodeProc]]:
+    ports = dict(zip(NODES, free_ports(len(NODES)), strict=True))
+    base = root / f"{impl}-{groups}"
+    nodes: dict[int, NodeProc] = {}
+    try:
+        for n in NODES:
+            nodes[n] = NodeProc(impl, n, ports, base / f"n{n}", groups, segment_bytes)
+        for node in nodes.values():
+            node.wait_event("started", timeout=120)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def find_leader(nodes: dict[int, NodeProc], timeout: float = 30) -> NodeProc:
+    """Poll the members until exactly one says it leads the (single) group."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders = [n for n in nodes.values() if n.request("status", timeout=10)["leading"]]
+        if len(leaders) == 1:
+            return leaders[0]
+        time.sleep(0.2)
+    raise TimeoutError(f"no single leader within {timeout}s")
+
+
+def real_disk_tmp() -> Path:
+    """A temp directory on a block device: fsync on tmpfs costs nothing and would flatter
+    both implementations."""
+    mounts: list[tuple[str, str]] = []
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mounts.append((parts[1], parts[2]))
+
+    def fstype(path: Path) -> str:
+        best = ("", "")
+        p = str(path.resolve())
+        for mnt, fs in mounts:
+            if (p == mnt or p.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best[0]):
+                best = (mnt, fs)
+        return best[1]
+
+    candidates = [os.environ.get("TMPDIR"), "/var/tmp", tempfile.gettempdir(), str(REPO)]
+    for c in candidates:
+        if c and Path(c).is_dir() and fstype(Path(c)) not in ("tmpfs", "ramfs", ""):
+            return Path(tempfile.mkdtemp(prefix="raft_bench-", dir=c))
+    raise RuntimeError("no temp directory on a real disk (all candidates are tmpfs)")
+
+
+# --- phases ---------------------------------------------------------------------------------
+
+
+def throughput(impl: str, root: Path, plan: Plan, log: TextIO) -> Reply:
+    out: Reply = {}
+    with cluster(impl, root) as nodes:
+        leader = find_leader(nodes)
+        print(f"  {impl}: leader is node {leader.node}", file=log, flush=True)
+        for label, size in (("64k", 64 * KIB), ("1k", KIB)):
+            r = leader.request(
+                "load",
+                timeout=plan.warmup + plan.seconds + 90,
+                size=size,
+                inflight=plan.inflight,
+                seconds=plan.seconds,
+                warmup=plan.warmup,
+            )
+            out[f"throughput_{label}"] = r
+            print(
+                f"  {impl} {label}: {r['entries_per_s']:.0f} entries/s {r['mb_per_s']:.2f} MB/s",
+                file=log,
+                flush=True,
+            )
+        if impl == "raftmq":
+            count, cap = plan.latency_count, plan.latency_max_seconds
+        else:
+            count, cap = plan.ref_latency_count, plan.latency_max_seconds / 2
+        out["latency_1k"] = leader.request(
+            "latency", timeout=cap + 120, size=KIB, count=count, max_seconds=cap
+        )
+    return out
+
+
+def idle(root: Path, plan: Plan, log: TextIO) -> Reply:
+    """N groups, all quiesced, then CPU per process over a quiet window."""
+    n = plan.idle_groups
+    t0 = time.monotonic()
+    with cluster("raftmq", root, groups=n, segment_bytes=1 * MIB) as nodes:
+        started = time.monotonic() - t0
+        deadline = time.monotonic() + 180
+        while True:
+            sts = [node.request("status", timeout=30) for node in nodes.values()]
+            led = sum(s["leading"] for s in sts)
+            if (
+                led == n
+                and all(s["with_leader"] == n for s in sts)
+                and all(s["quiesced"] == n for s in sts)
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"idle groups did not settle: {sts}")
+            time.sleep(0.5)
+        settled = time.monotonic() - t0
+        leaders_per_node = {s["node"]: s["leading"] for s in sts}
+        print(
+            f"  {n} groups: started in {started:.1f}s, all led and quiesced after "
+            f"{settled:.1f}s, leaders per node {leaders_per_node}",
+            file=log,
+            flush=True,
+        )
+        time.sleep(plan.idle_settle)
+        hz = os.sysconf("SC_CLK_TCK")
+        before = {k: node.cpu_ticks() for k, node in nodes.items()}
+        m0 = time.monotonic()
+        time.sleep(plan.idle_measure)
+        after = {k: node.cpu_ticks() for k, node in nodes.items()}
+        elapsed = time.monotonic() - m0
+        cpu = {k: round((after[k] - before[k]) / hz / elapsed * 100, 2) for k in nodes}
+        end = [node.request("status", timeout=30) for node in nodes.values()]
+        still = {s["node"]: s["quiesced"] for s in end}
+        rounds = {s["node"]: s["rounds"] - b["rounds"] for s, b in zip(end, sts, strict=True)}
+    return {
+        "groups": n,
+        "startup_s": round(started, 1),
+        "settled_s": round(settled, 1),
+        "leaders_per_node": leaders_per_node,
+        "cpu_pct": cpu,
+        "cpu_pct_max": max(cpu.values()),
+        "quiesced_after": still,
+        "rounds_during_settle_and_measure": rounds,
+        "measure_s": round(elapsed, 1),
+    }
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def table(results: Reply, plan: Plan) -> str:
+    rm, ref = results["raftmq"], results.get("pysyncobj")
+    lines = [
+        f"raft_bench ({'QUICK: short windows, ' + str(plan.idle_groups) + ' idle groups' if plan.quick else 'full'}"  # noqa: E501
+        f"; 3 processes on 127.0.0.1, fsync per round, {plan.inflight} in flight, "
+        f"{plan.seconds:.0f}s windows after {plan.warmup:.0f}s warm-up)",
+        "",
+        f"{'throughput':<22}{'raftmq':>22}{'pysyncobj':>22}{'ratio':>10}",
+    ]
+    for label in ("64k", "1k"):
+        a = rm[f"throughput_{label}"]
+        b = ref[f"throughput_{label}"] if ref else None
+        for key, unit, fmt in (
+            ("entries_per_s", "entries/s", "{:.0f}"),
+            ("mb_per_s", "MB/s", "{:.2f}"),
+        ):
+            bv = b[key] if b else None
+            r = ratio(a[key], bv)
+            lines.append(
+                f"{label + ' ' + unit:<22}{fmt.format(a[key]):>22}"
+                f"{(fmt.format(bv) if bv is not None else 'skipped'):>22}"
+                f"{(f'{r:.1f}x' if r is not None else '-'):>10}"
+            )
+        la = a["latency"]
+        lb = b["latency"] if b else None
+        lines.append(
+            f"{label + ' load p50/p99 ms':<22}{la['p50_ms']:>11.1f} /{la['p99_ms']:>8.1f}"
+            + (f"{lb['p50_ms']:>13.1f} /{lb['p99_ms']:>7.1f}" if lb and lb.get("n") else "")
+        )
+        lines.append(
+            f"{label + ' leader CPU %':<22}{a['leader_cpu_pct']:>22.0f}"
+            + (f"{b['leader_cpu_pct']:>22.0f}" if b else "")
+        )
+    lines.append(
+        f"{'raftmq rounds/s, fsyncs/s':<28}"
+        f"64k {rm['throughput_64k']['rounds_per_s']:.0f}/"
+        f"{rm['throughput_64k']['fsyncs_per_s']:.0f}  "
+        f"1k {rm['throughput_1k']['rounds_per_s']:.0f}/"
+        f"{rm['throughput_1k']['fsyncs_per_s']:.0f}"
+    )
+    lines.append("")
+    la = rm["latency_1k"]
+    lb = ref["latency_1k"] if ref else None
+    lines.append(
+        f"{'commit latency 1k, 1 in flight':<34}{'p50':>9}{'p99':>9}{'p999':>9}{'max':>9}{'n':>7}"
+    )
+    for name, lat in (("raftmq", la), ("pysyncobj", lb)):
+        if lat and lat.get("n"):
+            lines.append(
+                f"{name:<34}{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}"
+                f"{lat['p999_ms']:>9.2f}{lat['max_ms']:>9.2f}{lat['n']:>7}"
+            )
+    if lb and lb.get("n"):
+        lines.append(f"{'ratio pysyncobj/raftmq p50':<34}{ratio(lb['p50_ms'], la['p50_ms']):>9}x")
+    idle_r = results.get("idle")
+    if idle_r:
+        lines += [
+            "",
+            f"idle: {idle_r['groups']} groups x 3 processes, all quiesced "
+            f"(settled {idle_r['settled_s']}s after start, leaders per node "
+            f"{idle_r['leaders_per_node']})",
+            "  CPU % of one core over "
+            f"{idle_r['measure_s']}s: "
+            + ", ".join(f"node {k}: {v:.2f}%" for k, v in idle_r["cpu_pct"].items())
+            + f"   (target < {TARGET_IDLE_CPU_PCT:.0f}%: "
+            + ("met" if idle_r["cpu_pct_max"] < TARGET_IDLE_CPU_PCT else "MISSED")
+            + ")",
+        ]
+    ratios = results["ratios"]
+    lines.append("")
+    r64 = ratios.get("mb_per_s_64k")
+    lines.append(
+        f"target raftmq >= {TARGET_MB_RATIO:.0f}x pysyncobj MB/s at 64 KiB: "
+        + (
+            f"{r64:.1f}x -> {'met' if r64 >= TARGET_MB_RATIO else 'MISSED'}"
+            if r64 is not None
+            else "not measured (pysyncobj missing)"
+        )
+    )
+    if ref:
+        lines.append(
+            "note: pysyncobj's journal is an mmap'd file it never fsyncs (msync only "
+            "on close); raftmq fsyncs every round, so the comparison favours pysyncobj."
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short run (~1 minute)")
+    parser.add_argument(
+        "--json", action="store_true", help="print every figure as one JSON object on the last line"
+    )
+    parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument("--groups", type=int, default=None, help="idle groups (300/1000)")
+    parser.add_argument("--skip", default="", help="comma list of: raftmq,pysyncobj,idle")
+    args = parser.parse_args(argv)
+    plan = Plan.make(args.quick, args.inflight, args.groups)
+    skip = set(filter(None, args.skip.split(",")))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    log = sys.stderr if args.json else sys.stdout
+
+    root = real_disk_tmp()
+    print(f"data in {root} ({'quick' if plan.quick else 'full'} run)", file=log, flush=True)
+    results: Reply = {"quick": plan.quick, "plan": plan.__dict__, "ratios": {}}
+    t0 = time.monotonic()
+    try:
+        if "raftmq" not in skip:
+            print("raftmq throughput and latency...", file=log, flush=True)
+            results["raftmq"] = throughput("raftmq", root, plan, log)
+        if "pysyncobj" in skip:
+            pass
+        elif importlib.util.find_spec("pysyncobj") is None:
+            print(
+                "pysyncobj is not installed: its column is skipped. Install it with\n"
+                "  .venv/bin/pip install pysyncobj",
+                file=log,
+                flush=True,
+            )
+            results["pysyncobj_skipped"] = "not installed (.venv/bin/pip install pysyncobj)"
+        else:
+            print("pysyncobj throughput and latency...", file=log, flush=True)
+            results["pysyncobj"] = throughput("pysyncobj", root, plan, log)
+        if "idle" not in skip:
+            print(f"idle groups ({plan.idle_groups})...", file=log, flush=True)
+            results["idle"] = idle(root, plan, log)
+    finally:
+        _kill_all()
+        shutil.rmtree(root, ignore_errors=True)
+    results["elapsed_s"] = round(time.monotonic() - t0, 1)
+    rm, ref = results.get("raftmq"), results.get("pysyncobj")
+    if rm and ref:
+        for label in ("64k", "1k"):
+            for key, short in (("mb_per_s", "mb_per_s"), ("entries_per_s", "entries_per_s")):
+                results["ratios"][f"{short}_{label}"] = ratio(
+                    rm[f"throughput_{label}"][key], ref[f"throughput_{label}"][key]
+                )
+        results["ratios"]["latency_p50_ref_over_raftmq"] = ratio(
+            ref["latency_1k"].get("p50_ms"), rm["latency_1k"].get("p50_ms")
+        )
+        results["targets"] = {
+            "mb_ratio_64k": TARGET_MB_RATIO,
+            "mb_ratio_64k_met": (results["ratios"]["mb_per_s_64k"] or 0) >= TARGET_MB_RATIO,
+        }
+    if results.get("idle"):
+        results.setdefault("targets", {})["idle_cpu_pct_met"] = (
+            results["idle"]["cpu_pct_max"] < TARGET_IDLE_CPU_PCT
+        )
+    if rm:
+        print("", file=log)
+        print(table(results, plan), file=log)
+    print(f"\nwhole run: {results['elapsed_s']}s", file=log)
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
