@@ -1,0 +1,71 @@
+"""The history of a chaos run: every operation the workload attempted and what it saw.
+
+It is the only thing the checker reads, so a run can be re-checked later from its
+``history.jsonl``, and the checker can be tested on handcrafted histories. New workloads
+(idempotent producers, consumer groups, membership changes) add kinds; old kinds keep
+their meaning.
+
+Kinds:
+- ``send``: a producer's write of one record. ``value`` is unique in the run and names its
+  producer, partition and sequence number. ``status``: ``ok`` (acknowledged; ``offset`` is
+  the acknowledged offset), ``fail`` (definitely not written: the broker refused it before
+  or instead of committing it), ``info`` (indeterminate: timeout, connection lost).
+- ``read``: a record a live reader saw while faults ran: ``offset``, ``value``, and
+  ``hw``, the high watermark in the same fetch answer. Readers read each partition in
+  order; ``process`` identifies the reader, whose assignment never changes within a run.
+- ``final``: a record read after healing by a fresh reader of one replica (``replica`` =
+  broker id), from the log start to that replica's high watermark (``hw``).
+- ``digest``: per partition and replica, the SHA-256 (``value``) of the stored entry bytes
+  of offsets below ``offset`` (the smallest high watermark among the replicas): replicas
+  must agree byte for byte up to the commit point.
+- ``recovery``: after healing, ``value`` = seconds until every partition had a leader and
+  accepted a write; ``status`` ``ok`` or ``fail`` (not within the limit).
+- ``fault``: the nemesis started (``status`` ``start``) or ended (``end``) a fault;
+  ``value`` describes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: str
+    process: str
+    partition: int = -1
+    value: str | None = None
+    offset: int | None = None
+    status: str = "ok"
+    start: float = 0.0
+    end: float = 0.0
+    hw: int | None = None
+    replica: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+    @staticmethod
+    def from_json(line: str) -> Op:
+        return Op(**json.loads(line))
+
+
+def write(path: Path, ops: Iterable[Op]) -> None:
+    with open(path, "w") as f:
+        for op in ops:
+            f.write(op.to_json() + "\n")
+
+
+def read(path: Path) -> Iterator[Op]:
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                yield Op.from_json(line)
+
+
+def send_value(producer: str, partition: int, seq: int) -> str:
+    return f"{producer}:{partition}:{seq}"
