@@ -369,15 +369,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2)
 
 
-def table(results: Reply, plan: Plan) -> str:
-    rm, ref = results["raftmq"], results.get("pysyncobj")
-    lines = [
-        f"raft_bench ({'QUICK: short windows, ' + str(plan.idle_groups) + ' idle groups' if plan.quick else 'full'}"  # noqa: E501
-        f"; 3 processes on 127.0.0.1, fsync per round, {plan.inflight} in flight, "
-        f"{plan.seconds:.0f}s windows after {plan.warmup:.0f}s warm-up)",
-        "",
-        f"{'throughput':<22}{'raftmq':>22}{'pysyncobj':>22}{'ratio':>10}",
-    ]
+def _throughput_lines(rm: Reply, ref: Reply | None) -> list[str]:
+    lines = [f"{'throughput':<24}{'raftmq':>20}{'pysyncobj':>20}{'ratio':>10}"]
     for label in ("64k", "1k"):
         a = rm[f"throughput_{label}"]
         b = ref[f"throughput_{label}"] if ref else None
@@ -388,70 +381,103 @@ def table(results: Reply, plan: Plan) -> str:
             bv = b[key] if b else None
             r = ratio(a[key], bv)
             lines.append(
-                f"{label + ' ' + unit:<22}{fmt.format(a[key]):>22}"
-                f"{(fmt.format(bv) if bv is not None else 'skipped'):>22}"
+                f"{label + ' ' + unit:<24}{fmt.format(a[key]):>20}"
+                f"{(fmt.format(bv) if bv is not None else 'skipped'):>20}"
                 f"{(f'{r:.1f}x' if r is not None else '-'):>10}"
             )
-        la = a["latency"]
-        lb = b["latency"] if b else None
+        la, lb = a["latency"], (b["latency"] if b else None)
         lines.append(
-            f"{label + ' load p50/p99 ms':<22}{la['p50_ms']:>11.1f} /{la['p99_ms']:>8.1f}"
-            + (f"{lb['p50_ms']:>13.1f} /{lb['p99_ms']:>7.1f}" if lb and lb.get("n") else "")
+            f"{label + ' p50/p99 under load':<24}{_pair(la):>20}"
+            + (f"{_pair(lb):>20}" if lb is not None else "")
         )
         lines.append(
-            f"{label + ' leader CPU %':<22}{a['leader_cpu_pct']:>22.0f}"
-            + (f"{b['leader_cpu_pct']:>22.0f}" if b else "")
+            f"{label + ' leader CPU %':<24}{a['leader_cpu_pct']:>20.0f}"
+            + (f"{b['leader_cpu_pct']:>20.0f}" if b else "")
         )
+        if b and (b["error_count"] or b["stuck_workers"]):
+            lines.append(
+                f"{label + ' failed proposals':<24}{a['error_count']:>20}"
+                f"{b['error_count']:>20}   (pysyncobj codes {sorted(set(b['errors']))})"
+            )
     lines.append(
-        f"{'raftmq rounds/s, fsyncs/s':<28}"
-        f"64k {rm['throughput_64k']['rounds_per_s']:.0f}/"
-        f"{rm['throughput_64k']['fsyncs_per_s']:.0f}  "
-        f"1k {rm['throughput_1k']['rounds_per_s']:.0f}/"
-        f"{rm['throughput_1k']['fsyncs_per_s']:.0f}"
+        f"{'raftmq rounds/fsyncs/s':<24}"
+        f"{'64k ' + _rf(rm['throughput_64k']):>20}{'1k ' + _rf(rm['throughput_1k']):>20}"
     )
-    lines.append("")
-    la = rm["latency_1k"]
-    lb = ref["latency_1k"] if ref else None
-    lines.append(
-        f"{'commit latency 1k, 1 in flight':<34}{'p50':>9}{'p99':>9}{'p999':>9}{'max':>9}{'n':>7}"
-    )
+    return lines
+
+
+def _pair(lat: Reply) -> str:
+    if not lat.get("n"):
+        return "-"
+    return f"{lat['p50_ms']:.1f} / {lat['p99_ms']:.1f} ms"
+
+
+def _rf(r: Reply) -> str:
+    return f"{r['rounds_per_s']:.0f}/{r['fsyncs_per_s']:.0f}"
+
+
+def _latency_lines(rm: Reply, ref: Reply | None) -> list[str]:
+    la, lb = rm["latency_1k"], (ref["latency_1k"] if ref else None)
+    lines = [
+        f"{'commit latency, 1 KiB, 1 in flight':<36}{'p50':>8}{'p99':>8}{'p999':>8}"
+        f"{'max':>8}{'n':>7}  (ms)"
+    ]
     for name, lat in (("raftmq", la), ("pysyncobj", lb)):
         if lat and lat.get("n"):
             lines.append(
-                f"{name:<34}{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}"
-                f"{lat['p999_ms']:>9.2f}{lat['max_ms']:>9.2f}{lat['n']:>7}"
+                f"{name:<36}{lat['p50_ms']:>8.2f}{lat['p99_ms']:>8.2f}"
+                f"{lat['p999_ms']:>8.2f}{lat['max_ms']:>8.2f}{lat['n']:>7}"
             )
     if lb and lb.get("n"):
-        lines.append(f"{'ratio pysyncobj/raftmq p50':<34}{ratio(lb['p50_ms'], la['p50_ms']):>9}x")
-    idle_r = results.get("idle")
-    if idle_r:
-        lines += [
-            "",
-            f"idle: {idle_r['groups']} groups x 3 processes, all quiesced "
-            f"(settled {idle_r['settled_s']}s after start, leaders per node "
-            f"{idle_r['leaders_per_node']})",
-            "  CPU % of one core over "
-            f"{idle_r['measure_s']}s: "
-            + ", ".join(f"node {k}: {v:.2f}%" for k, v in idle_r["cpu_pct"].items())
-            + f"   (target < {TARGET_IDLE_CPU_PCT:.0f}%: "
-            + ("met" if idle_r["cpu_pct_max"] < TARGET_IDLE_CPU_PCT else "MISSED")
-            + ")",
-        ]
-    ratios = results["ratios"]
-    lines.append("")
-    r64 = ratios.get("mb_per_s_64k")
-    lines.append(
-        f"target raftmq >= {TARGET_MB_RATIO:.0f}x pysyncobj MB/s at 64 KiB: "
-        + (
-            f"{r64:.1f}x -> {'met' if r64 >= TARGET_MB_RATIO else 'MISSED'}"
-            if r64 is not None
-            else "not measured (pysyncobj missing)"
-        )
+        lines.append(f"{'p50 ratio pysyncobj/raftmq':<36}{ratio(lb['p50_ms'], la['p50_ms']):>7}x")
+    return lines
+
+
+def _idle_lines(idle_r: Reply) -> list[str]:
+    ok = idle_r["cpu_pct_max"] < TARGET_IDLE_CPU_PCT
+    return [
+        f"idle: {idle_r['groups']} groups on each of 3 processes; every group led and quiesced "
+        f"{idle_r['settled_s']}s after start (processes up in {idle_r['startup_s']}s), "
+        f"leaders per node {idle_r['leaders_per_node']}",
+        f"  CPU % of one core over {idle_r['measure_s']}s: "
+        + ", ".join(f"node {k}: {v:.2f}%" for k, v in idle_r["cpu_pct"].items())
+        + f"   (target < {TARGET_IDLE_CPU_PCT:.0f}%: {'met' if ok else 'MISSED'})",
+        "  Raft rounds per node during settle+measure: "
+        f"{idle_r['rounds_during_settle_and_measure']}",
+    ]
+
+
+def table(results: Reply, plan: Plan) -> str:
+    """The human summary; every figure is also in the JSON object."""
+    rm, ref = results.get("raftmq"), results.get("pysyncobj")
+    mode = (
+        f"QUICK run: {plan.seconds:.0f}s windows, {plan.idle_groups} idle groups"
+        if plan.quick
+        else f"full run: {plan.seconds:.0f}s windows, {plan.idle_groups} idle groups"
     )
+    lines = [
+        f"raft_bench - {mode}; 3 processes on 127.0.0.1, one group, "
+        f"{plan.inflight} proposals in flight, {plan.warmup:.0f}s warm-up, raftmq fsyncs "
+        "every round",
+        "",
+    ]
+    if rm:
+        lines += [*_throughput_lines(rm, ref), "", *_latency_lines(rm, ref), ""]
+    if results.get("idle"):
+        lines += [*_idle_lines(results["idle"]), ""]
+    r64 = results["ratios"].get("mb_per_s_64k")
+    if r64 is not None:
+        lines.append(
+            f"target raftmq >= {TARGET_MB_RATIO:.0f}x pysyncobj MB/s at 64 KiB: {r64:.1f}x -> "
+            + ("met" if r64 >= TARGET_MB_RATIO else "MISSED")
+        )
+    elif rm:
+        lines.append("target vs pysyncobj: not measured (pysyncobj skipped)")
     if ref:
         lines.append(
-            "note: pysyncobj's journal is an mmap'd file it never fsyncs (msync only "
-            "on close); raftmq fsyncs every round, so the comparison favours pysyncobj."
+            "pysyncobj config: " + results.get("pysyncobj_config", "?") + ". Its journal is an "
+            "mmap'd file it never fsyncs, raftmq fsyncs every round: the comparison favours "
+            "pysyncobj."
         )
     return "\n".join(lines)
 
@@ -465,15 +491,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--groups", type=int, default=None, help="idle groups (300/1000)")
     parser.add_argument("--skip", default="", help="comma list of: raftmq,pysyncobj,idle")
+    parser.add_argument(
+        "--ref-tick",
+        type=float,
+        default=0.05,
+        help="pysyncobj autoTickPeriod (its default 0.05 s bounds its commit latency)",
+    )
+    parser.add_argument(
+        "--ref-append-period",
+        type=float,
+        default=0.1,
+        help="pysyncobj appendEntriesPeriod (its default 0.1 s)",
+    )
     args = parser.parse_args(argv)
     plan = Plan.make(args.quick, args.inflight, args.groups)
     skip = set(filter(None, args.skip.split(",")))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = sys.stderr if args.json else sys.stdout
 
+    # The children read these (see raft_bench_node._pysyncobj_main).
+    os.environ["RAFT_BENCH_REF_TICK"] = str(args.ref_tick)
+    os.environ["RAFT_BENCH_REF_APPEND_PERIOD"] = str(args.ref_append_period)
     root = real_disk_tmp()
     print(f"data in {root} ({'quick' if plan.quick else 'full'} run)", file=log, flush=True)
-    results: Reply = {"quick": plan.quick, "plan": plan.__dict__, "ratios": {}}
+    results: Reply = {
+        "quick": plan.quick,
+        "plan": plan.__dict__,
+        "ratios": {},
+        "pysyncobj_config": (
+            f"autoTickPeriod={args.ref_tick}, appendEntriesPeriod={args.ref_append_period}, "
+            "appendEntriesBatchSizeBytes=1 MiB, journalFile + fullDumpFile"
+        ),
+    }
     t0 = time.monotonic()
     try:
         if "raftmq" not in skip:
@@ -517,9 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         results.setdefault("targets", {})["idle_cpu_pct_met"] = (
             results["idle"]["cpu_pct_max"] < TARGET_IDLE_CPU_PCT
         )
-    if rm:
-        print("", file=log)
-        print(table(results, plan), file=log)
+    print("", file=log)
+    print(table(results, plan), file=log)
     print(f"\nwhole run: {results['elapsed_s']}s", file=log)
     if args.json:
         print(json.dumps(results))

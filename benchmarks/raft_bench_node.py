@@ -184,6 +184,7 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             "leader_cpu_pct": round((cpu1 - cpu0) / elapsed * 100, 1),
             "latency": percentiles(lat),
             "errors": errors[:5],
+            "error_count": len(errors),
             "stuck_workers": len(pending),
         }
 
@@ -354,6 +355,7 @@ def _pysyncobj_main(args: argparse.Namespace) -> None:
             "leader_cpu_pct": round((cpu1 - cpu0) / elapsed * 100, 1),
             "latency": percentiles(lat),
             "errors": errors[:5],
+            "error_count": len(errors),
             "stuck_workers": inflight - drained,
         }
 
