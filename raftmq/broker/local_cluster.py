@@ -68,14 +68,14 @@ class LocalCluster:
         spec: ClusterSpec,
         *,
         broker_args: list[str] | None = None,
-        peers: dict[int, str] | None = None,
+        per_broker_args: dict[int, list[str]] | None = None,
     ) -> None:
-        """``peers`` optionally overrides each broker's ``--peers`` (chaos routes Raft
-        traffic through proxies)."""
+        """``per_broker_args`` adds arguments to one broker's command line (chaos passes
+        ``--peers`` and ``--listen`` to route traffic through proxies)."""
         self.data = data
         self.spec = spec
         self.broker_args = broker_args or []
-        self.peers = peers or {}
+        self.per_broker_args = per_broker_args or {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
@@ -105,8 +105,7 @@ class LocalCluster:
                 str(self.data),
                 *self.broker_args,
             ]
-            if bid in self.peers:
-                cmd += ["--peers", self.peers[bid]]
+            cmd += self.per_broker_args.get(bid, [])
             with open(self.log_path(bid), "ab") as logfile:
                 self.procs[bid] = subprocess.Popen(
                     cmd, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True

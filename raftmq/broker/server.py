@@ -41,7 +41,10 @@ class Broker:
         log_config: LogConfig | None = None,
         tick_seconds: float = 0.1,
         election_tick: int = 10,
+        listen: tuple[str, int] | None = None,
     ) -> None:
+        """``listen`` binds the client service elsewhere than the address the cluster file
+        advertises (clients of a chaos test reach it through a proxy)."""
         if broker_id not in spec.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file (ids: {sorted(spec.brokers)})"
@@ -64,6 +67,7 @@ class Broker:
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.stopping = False
+        self.listen = listen or (me.host, me.port)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -83,13 +87,13 @@ class Broker:
             ]
         )
         pb_grpc.add_BrokerServicer_to_server(BrokerService(self), self._server)
-        self._server.add_insecure_port(f"{me.host}:{me.port}")
+        self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
         log.info(
             "broker %d serving clients on %s:%d, raft on %s:%d, %d replicas",
             self.id,
-            me.host,
-            me.port,
+            self.listen[0],
+            self.listen[1],
             me.host,
             me.raft_port,
             len(self.replicas),

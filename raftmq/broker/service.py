@@ -41,6 +41,7 @@ _STATUS = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
     "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
     "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -35,6 +35,13 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise _fail(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9091)", 2)
+    return host, int(port)
+
+
 def _parse_peers(text: str) -> dict[int, tuple[str, int]]:
     peers = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
@@ -64,6 +71,13 @@ def broker(
             "(the chaos harness points these at proxies)."
         ),
     ] = "",
+    listen: Annotated[
+        str,
+        typer.Option(
+            help="Bind the client gRPC service to HOST:PORT instead of the address the cluster "
+            "file advertises (e.g. behind a proxy)."
+        ),
+    ] = "",
     tick_ms: Annotated[int, typer.Option(min=5, max=1000, help="Raft tick length in ms.")] = 100,
     election_ticks: Annotated[
         int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
@@ -83,6 +97,7 @@ def broker(
             raft_peers=_parse_peers(peers) or None,
             tick_seconds=tick_ms / 1000,
             election_tick=election_ticks,
+            listen=_parse_address(listen) if listen else None,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

@@ -48,12 +48,23 @@ class Leader:
 
 
 class LowLevelClient:
-    def __init__(self, bootstrap: list[str], *, retries: int = 60, backoff: float = 0.05) -> None:
+    def __init__(
+        self,
+        bootstrap: list[str],
+        *,
+        retries: int = 60,
+        backoff: float = 0.05,
+        retry_unavailable: bool = True,
+    ) -> None:
+        """``retry_unavailable=False`` raises when a broker cannot be reached mid-produce
+        instead of retrying: the write may have happened, and a retry could duplicate it.
+        Refusals that prove nothing was written (NOT_LEADER, ...) are always retried."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
         self.retries = retries
         self.backoff = backoff
+        self.retry_unavailable = retry_unavailable
         self._channels: dict[str, grpc.Channel] = {}
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
@@ -150,7 +161,9 @@ class LowLevelClient:
                 return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 5)
             except grpc.RpcError as exc:
                 err = error_of(exc)
-                if err.code not in RETRYABLE and err.code != "UNAVAILABLE":
+                if err.code not in RETRYABLE and (
+                    err.code != "UNAVAILABLE" or not self.retry_unavailable
+                ):
                     raise err from None
                 hinted = err.meta.get("raftmq-leader-address")
                 if hinted:

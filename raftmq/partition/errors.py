@@ -25,6 +25,12 @@ class ProduceTimeoutError(PartitionError):
     code = "TIMEOUT"
 
 
+class OutcomeUnknownError(PartitionError):
+    """The broker stopped before it knew whether the write committed: it may have."""
+
+    code = "OUTCOME_UNKNOWN"
+
+
 class NotLeaderError(PartitionError):
     code = "NOT_LEADER"
 

@@ -26,6 +26,7 @@ from raftmq.partition.errors import (
     InvalidBatchError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    OutcomeUnknownError,
     ProduceTimeoutError,
 )
 from raftmq.raft import errors as raft_errors
@@ -193,7 +194,13 @@ class PartitionReplica:
                     f"the write was not confirmed by a majority within {timeout * 1000:.0f} ms; "
                     "it may or may not have been committed"
                 ) from None
+            except raft_errors.OutcomeUnknownError as exc:
+                raise OutcomeUnknownError(
+                    f"the broker stopped before the write was confirmed ({exc}); it may or may "
+                    "not have been committed"
+                ) from None
             except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
+                # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
                 raise NotLeaderError(self.topic, self.partition, self.leader_id, str(exc)) from None
             return ProduceResult(base, last)
         finally:

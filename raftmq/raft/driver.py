@@ -32,7 +32,7 @@ from raftmq.log.log import Log
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
-from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
+from raftmq.raft.errors import NotLeaderError, OutcomeUnknownError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
@@ -312,7 +312,7 @@ class RaftHost:
         for group in self.groups.values():
             for _, fut, _ in group.waiters.values():
                 if not fut.done():
-                    fut.set_exception(ProposalDroppedError("the node is shutting down"))
+                    fut.set_exception(OutcomeUnknownError("the node is shutting down"))
             self._write_commit_hint(group)
             group.log.close()
         self._pool.shutdown(wait=True)
@@ -374,7 +374,7 @@ class RaftHost:
         for group in self.groups.values():
             for _, fut, _ in group.waiters.values():
                 if not fut.done():
-                    fut.set_exception(ProposalDroppedError(f"node stopped: {exc!r}"))
+                    fut.set_exception(OutcomeUnknownError(f"node stopped: {exc!r}"))
             group.waiters.clear()
 
     async def _ready_loop(self) -> None:

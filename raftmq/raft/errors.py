@@ -17,3 +17,8 @@ class NotLeaderError(RaftError):
 
 class ProposalDroppedError(RaftError):
     """The leader refuses for now (e.g. leadership transfer or a config change in flight)."""
+
+
+class OutcomeUnknownError(RaftError):
+    """This node stopped before it learnt whether a proposal committed: another leader may
+    still commit it, so the caller must treat the write as possibly done."""
