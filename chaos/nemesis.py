@@ -1,0 +1,240 @@
+"""What the harness injects: network faults through toxiproxy and process faults by signal,
+on a schedule drawn from a seed.
+
+The seed fixes the sequence of fault kinds, their parameters and timings; targets named
+by role ("the leader of partition 2") are resolved against the live cluster when the fault
+starts, so a replay injects the same faults at the same moments into whatever the cluster
+looks like then.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chaos.cluster import TOPIC, ChaosCluster
+from raftmq.client.lowlevel import LowLevelClient
+
+CATEGORIES = ("partition", "kill", "pause", "latency", "bandwidth", "reset", "hung")
+
+
+@dataclass
+class Fault:
+    kind: str
+    description: str
+    heal: Callable[[], None]
+    started: float = 0.0
+    ended: float = 0.0
+    targets: list[int] = field(default_factory=list)
+
+
+class Nemesis:
+    def __init__(self, chaos: ChaosCluster, seed: int, categories: list[str]) -> None:
+        unknown = set(categories) - set(CATEGORIES)
+        if unknown:
+            raise ValueError(
+                f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(CATEGORIES)}"
+            )
+        self.chaos = chaos
+        self.rng = random.Random(seed)
+        self.categories = categories
+        self.direct = LowLevelClient([chaos.direct_address(i) for i in chaos.nodes], retries=1)
+        self.killed: set[int] = set()
+        self.paused: set[int] = set()
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def leader_of(self, partition: int) -> int | None:
+        leaders = self.direct.refresh_leaders(timeout=0.5)
+        leader = leaders.get((TOPIC, partition))
+        if leader is None:
+            return None
+        # Leaders are reported with advertised (proxy) addresses; the id is what we need.
+        return leader.broker_id
+
+    def _some_leader(self) -> int:
+        partition = self.rng.randrange(self.chaos.partitions)
+        leader = self.leader_of(partition)
+        return leader if leader is not None else self.rng.choice(self.chaos.nodes)
+
+    def _cut(self, groups: list[set[int]]) -> list[tuple[int, int]]:
+        """Disable every Raft link between nodes of different groups."""
+        cut = []
+        for link in self.chaos.links:
+            ga = next(i for i, g in enumerate(groups) if link.a in g)
+            gb = next(i for i, g in enumerate(groups) if link.b in g)
+            if ga != gb:
+                self.chaos.proxies[link.name].disable()
+                cut.append((link.a, link.b))
+        return cut
+
+    def _enable_links(self, pairs: list[tuple[int, int]]) -> Callable[[], None]:
+        def heal() -> None:
+            for a, b in pairs:
+                self.chaos.link(a, b).enable()
+
+        return heal
+
+    def _toxic_everywhere(
+        self, kind: str, attributes: dict, names: list[str]
+    ) -> Callable[[], None]:
+        added = []
+        for name in names:
+            for stream in ("upstream", "downstream"):
+                toxic = f"{kind}-{stream}"
+                self.chaos.proxies[name].add_toxic(
+                    type=kind, stream=stream, name=toxic, attributes=attributes
+                )
+                added.append((name, toxic))
+
+        def heal() -> None:
+            for name, toxic in added:
+                self.chaos.proxies[name].destroy_toxic(toxic)
+
+        return heal
+
+    # --- faults ------------------------------------------------------------------------
+
+    def next_fault(self) -> Fault:
+        """Draw and start the next fault."""
+        category = self.rng.choice(self.categories)
+        return getattr(self, f"_start_{category}")()
+
+    def _start_partition(self) -> Fault:
+        nodes = self.chaos.nodes
+        shape = self.rng.choice(
+            [
+                "isolate-one",
+                "isolate-leader",
+                "majority-minority",
+                "ring",
+                "client-leader",
+                "one-way",
+            ]
+        )
+        if shape in ("isolate-one", "isolate-leader"):
+            victim = self._some_leader() if shape == "isolate-leader" else self.rng.choice(nodes)
+            pairs = self._cut([{victim}, set(nodes) - {victim}])
+            return Fault(
+                shape,
+                f"{shape}: node {victim} cut off",
+                self._enable_links(pairs),
+                targets=[victim],
+            )
+        if shape == "majority-minority":
+            shuffled = self.rng.sample(nodes, len(nodes))
+            minority = set(shuffled[: (len(nodes) - 1) // 2])
+            pairs = self._cut([minority, set(nodes) - minority])
+            return Fault(shape, f"{shape}: {sorted(minority)} | rest", self._enable_links(pairs))
+        if shape == "ring":
+            # Each node keeps only its neighbours: every majority overlaps, no node sees all.
+            n = len(nodes)
+            keep = {frozenset((nodes[i], nodes[(i + 1) % n])) for i in range(n)}
+            pairs = []
+            for link in self.chaos.links:
+                if frozenset((link.a, link.b)) not in keep or (
+                    n == 3 and (link.a, link.b) == (1, n)
+                ):
+                    self.chaos.proxies[link.name].disable()
+                    pairs.append((link.a, link.b))
+            return Fault(shape, f"ring: links {pairs} cut", self._enable_links(pairs))
+        if shape == "client-leader":
+            victim = self._some_leader()
+            proxy = self.chaos.proxies[f"client-{victim}"]
+            proxy.disable()
+            return Fault(shape, f"clients cut from node {victim}", proxy.enable, targets=[victim])
+        # one-way: a link stops delivering in one direction only (timeout toxic holds data).
+        link = self.rng.choice(self.chaos.links)
+        stream = self.rng.choice(["upstream", "downstream"])
+        proxy = self.chaos.proxies[link.name]
+        proxy.add_toxic(type="timeout", stream=stream, name="one-way", attributes={"timeout": 0})
+        direction = f"{link.a}->{link.b}" if stream == "upstream" else f"{link.b}->{link.a}"
+        return Fault(shape, f"one-way cut {direction}", lambda: proxy.destroy_toxic("one-way"))
+
+    def _start_kill(self) -> Fault:
+        nodes = self.chaos.nodes
+        shape = self.rng.choice(["kill-one", "kill-leader", "kill-majority", "kill-all"])
+        if shape == "kill-one":
+            victims = [self.rng.choice(nodes)]
+        elif shape == "kill-leader":
+            victims = [self._some_leader()]
+        elif shape == "kill-majority":
+            victims = self.rng.sample(nodes, len(nodes) // 2 + 1)
+        else:
+            victims = list(nodes)
+        for v in victims:
+            self.chaos.cluster.kill(v)
+            self.killed.add(v)
+
+        def heal() -> None:
+            for v in victims:
+                self.chaos.cluster.start(v)
+                self.killed.discard(v)
+
+        return Fault(shape, f"SIGKILL {victims}", heal, targets=victims)
+
+    def _start_pause(self) -> Fault:
+        victim = self._some_leader()
+        self.chaos.cluster.signal(victim, signal.SIGSTOP)
+        self.paused.add(victim)
+
+        def heal() -> None:
+            self.chaos.cluster.signal(victim, signal.SIGCONT)
+            self.paused.discard(victim)
+
+        return Fault(
+            "pause-leader", f"SIGSTOP node {victim} (a zombie leader)", heal, targets=[victim]
+        )
+
+    def _start_latency(self) -> Fault:
+        latency = self.rng.choice([20, 50, 100])
+        jitter = latency // 2
+        names = [link.name for link in self.chaos.links]
+        heal = self._toxic_everywhere("latency", {"latency": latency, "jitter": jitter}, names)
+        return Fault("latency", f"latency {latency}±{jitter} ms on every Raft link", heal)
+
+    def _start_bandwidth(self) -> Fault:
+        rate = self.rng.choice([64, 256, 1024])
+        names = [link.name for link in self.chaos.links]
+        heal = self._toxic_everywhere("bandwidth", {"rate": rate}, names)
+        return Fault("bandwidth", f"bandwidth {rate} KB/s on every Raft link", heal)
+
+    def _start_reset(self) -> Fault:
+        link = self.rng.choice(self.chaos.links)
+        proxy = self.chaos.proxies[link.name]
+        proxy.add_toxic(
+            type="reset_peer", stream="upstream", name="reset", attributes={"timeout": 0}
+        )
+        return Fault(
+            "reset", f"connections {link.a}<->{link.b} reset", lambda: proxy.destroy_toxic("reset")
+        )
+
+    def _start_hung(self) -> Fault:
+        link = self.rng.choice(self.chaos.links)
+        heal = self._toxic_everywhere("timeout", {"timeout": 0}, [link.name])
+        return Fault("hung", f"connection {link.a}<->{link.b} hangs (no data, no close)", heal)
+
+    # --- schedule ----------------------------------------------------------------------
+
+    def durations(self) -> tuple[float, float]:
+        """(how long the next fault lasts, the quiet gap after it)."""
+        return self.rng.uniform(2.0, 5.0), self.rng.uniform(1.0, 2.5)
+
+    def heal_everything(self) -> None:
+        self.chaos.heal_network()
+        for v in list(self.paused):
+            self.chaos.cluster.signal(v, signal.SIGCONT)
+        self.paused.clear()
+        for v in list(self.killed):
+            self.chaos.cluster.start(v)
+        self.killed.clear()
+
+    def close(self) -> None:
+        self.direct.close()
+
+
+def now() -> float:
+    return time.monotonic()
