@@ -1,0 +1,933 @@
+"""Checks a chaos run's history against raftmq's promises.
+
+The checker reads only the history (see ``chaos/history.py``), never the cluster, so a run
+can be re-checked later from its ``history.jsonl`` and the checker itself can be tested on
+handcrafted histories. It is a pure function: ``check(ops)`` returns a ``CheckResult``.
+
+Promises checked (one report per check, each with counts and up to ``MAX_EXAMPLES``
+self-explaining examples):
+
+1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of its
+   partition, at its acknowledged offset, with its value.
+2. ``replicas``: every replica holds every acknowledged record of its partition below its
+   final high watermark, and the replicas' digests agree.
+3. ``one-value-per-offset``: acks, live reads and final reads never disagree about the
+   value at a (partition, offset).
+4. ``duplicates``: no value appears at two offsets (a violation only with idempotence).
+5. ``phantoms``: nothing read was never sent, was definitely refused, sat at or above the
+   high watermark of its own fetch answer, or was read live and then vanished (dirty read).
+6. ``order``: a producer's acks to a partition have increasing offsets in send order; a
+   reader's successive offsets on a partition increase by exactly one.
+7. ``consumer-groups``: not applicable until the workload records group operations.
+8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
+
+Indeterminate sends (status ``info``) never cause a violation by themselves (they may or
+may not have been written), but once one is read it is held to checks 3, 4 and 5 like any
+other record.
+
+Histories can hold about a million operations, so every check is one or two passes over
+dicts and sets built once in ``_History`` (sorting only per producer/reader, O(n log n)),
+and examples are gathered lazily: extra passes happen only when a violation was found.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from chaos import history
+from chaos.history import Op
+
+OK = "ok"
+VIOLATED = "violated"
+NOT_APPLICABLE = "not-applicable"
+
+MAX_EXAMPLES = 10
+"""Examples kept per check: enough to debug, small enough to print and to store."""
+
+MAX_SOURCES = 6
+"""Who-saw-it entries kept per value in an example; the total is always given."""
+
+KNOWN_KINDS = frozenset({"send", "read", "final", "digest", "recovery", "fault"})
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class CheckReport:
+    """The outcome of one check: status, counts (checked and violating) and examples."""
+
+    name: str
+    description: str
+    status: str
+    counts: dict[str, float] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Not-applicable counts as ok: only a violation makes a run invalid."""
+        return self.status != VIOLATED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "status": self.status,
+            "counts": dict(self.counts),
+            "examples": list(self.examples),
+            "note": self.note,
+        }
+
+
+@dataclass
+class CheckResult:
+    """Every check's report plus summary counts; ``valid`` iff no check is violated."""
+
+    valid: bool
+    checks: list[CheckReport]
+    summary: dict[str, Any]
+
+    def get(self, name: str) -> CheckReport:
+        """The report of the check called ``name`` (KeyError if there is none)."""
+        for report in self.checks:
+            if report.name == name:
+                return report
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "valid": self.valid,
+            "summary": dict(self.summary),
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What a check may depend on besides the history."""
+
+    idempotent: bool = False
+    recovery_limit_s: float = 30.0
+
+
+class _Findings:
+    """Counts violations by kind and keeps a few examples of each kind.
+
+    Examples are kept per kind and interleaved when reported, so a rare kind of violation
+    is not crowded out of the examples by a frequent one.
+    """
+
+    def __init__(self, *kinds: str) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(kinds, 0)
+        self._examples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    def add(
+        self, kind: str, example: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        """Count one violation of ``kind``; keep its example while fewer than the cap are kept.
+
+        ``example`` may be a function, called only when the example is kept, so a history
+        with a million violations does not build a million explanations.
+        """
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        kept = self._examples[kind]
+        if example is not None and len(kept) < MAX_EXAMPLES:
+            kept.append({"kind": kind, **(example() if callable(example) else example)})
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def examples(self) -> list[dict[str, Any]]:
+        lists = [v for v in self._examples.values() if v]
+        out: list[dict[str, Any]] = []
+        i = 0
+        while len(out) < MAX_EXAMPLES and any(i < len(v) for v in lists):
+            out.extend(v[i] for v in lists if i < len(v))
+            i += 1
+        return out[:MAX_EXAMPLES]
+
+    def report(
+        self,
+        name: str,
+        description: str,
+        checked: dict[str, float],
+        *,
+        applicable: bool = True,
+        violation_kinds: Iterable[str] | None = None,
+        note: str = "",
+    ) -> CheckReport:
+        """Build the report; only ``violation_kinds`` (default: all) make it violated."""
+        kinds = self.counts.keys() if violation_kinds is None else violation_kinds
+        violated = any(self.counts.get(k, 0) for k in kinds)
+        if violated:
+            status = VIOLATED
+        elif not applicable:
+            status = NOT_APPLICABLE
+        else:
+            status = OK
+        return CheckReport(
+            name=name,
+            description=description,
+            status=status,
+            counts={**checked, **self.counts},
+            examples=self.examples(),
+            note=note,
+        )
+
+
+# --------------------------------------------------------------------------- index
+
+
+def _who(op: Op) -> str:
+    """A short, human description of who saw a value (for examples)."""
+    if op.kind == "send":
+        return f"producer {op.process} (ack)"
+    if op.kind == "final":
+        return f"replica {op.replica} (final, reader {op.process})"
+    return f"reader {op.process}"
+
+
+_STATUS_RANK = {"ok": 2, "info": 1, "fail": 0}
+
+
+class _History:
+    """The history split by kind and indexed once, so that every check is a cheap pass.
+
+    Values are unique per send, but should a history hold several send ops of one value
+    (a retried write logged twice), the value's status is the most hopeful of them: a value
+    counts as definitely failed only if every attempt definitely failed.
+    """
+
+    def __init__(self, ops: Iterable[Op]) -> None:
+        self.sends: list[Op] = []
+        self.acks: list[Op] = []  # ok sends with an offset
+        self.reads: list[Op] = []
+        self.finals: list[Op] = []
+        self.digests: list[Op] = []
+        self.recoveries: list[Op] = []
+        self.faults: list[Op] = []
+        self.other: dict[str, int] = defaultdict(int)
+        self.malformed: list[Op] = []
+        self.send_status: dict[str, str] = {}
+        # (partition, replica) -> offset -> value: one replica's final log.
+        self.replica_logs: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)
+        # Rare second values of one replica at one offset: (partition, replica, offset, value).
+        self.replica_extra: set[tuple[int, int, int, str]] = set()
+        self.replica_hw: dict[tuple[int, int], int] = {}
+        self.replicas: dict[int, set[int]] = defaultdict(set)
+
+        for op in ops:
+            kind = op.kind
+            if kind == "send":
+                self._add_send(op)
+            elif kind in ("read", "final"):
+                if op.offset is None or op.value is None:
+                    self.malformed.append(op)
+                elif kind == "read":
+                    self.reads.append(op)
+                else:
+                    self._add_final(op)
+            elif kind == "digest":
+                self.digests.append(op)
+                if op.replica is not None:
+                    self.replicas[op.partition].add(op.replica)
+            elif kind == "recovery":
+                self.recoveries.append(op)
+            elif kind == "fault":
+                self.faults.append(op)
+            else:
+                self.other[kind] += 1
+
+    def _add_send(self, op: Op) -> None:
+        self.sends.append(op)
+        if op.value is None:
+            self.malformed.append(op)
+            return
+        previous = self.send_status.get(op.value)
+        if previous is None or _STATUS_RANK.get(op.status, 1) > _STATUS_RANK.get(previous, 1):
+            self.send_status[op.value] = op.status
+        if op.status == "ok":
+            if op.offset is None:
+                self.malformed.append(op)
+            else:
+                self.acks.append(op)
+
+    def _add_final(self, op: Op) -> None:
+        assert op.offset is not None and op.value is not None
+        self.finals.append(op)
+        replica = -1 if op.replica is None else op.replica
+        key = (op.partition, replica)
+        self.replicas[op.partition].add(replica)
+        log = self.replica_logs[key]
+        held = log.setdefault(op.offset, op.value)
+        if held != op.value:
+            self.replica_extra.add((op.partition, replica, op.offset, op.value))
+        if op.hw is not None:
+            self.replica_hw[key] = max(op.hw, self.replica_hw.get(key, op.hw))
+
+    def replica_holds(self, partition: int, replica: int, offset: int, value: str) -> bool:
+        """Whether ``replica``'s final reads hold ``value`` at ``offset``."""
+        log = self.replica_logs.get((partition, replica))
+        if log is not None and log.get(offset) == value:
+            return True
+        return (partition, replica, offset, value) in self.replica_extra
+
+    def finals_hold(self, partition: int, offset: int, value: str) -> bool:
+        """Whether any replica's final reads hold ``value`` at ``offset``."""
+        return any(
+            self.replica_holds(partition, r, offset, value)
+            for r in self.replicas.get(partition, ())
+        )
+
+    def finals_at(self, partition: int, offset: int) -> dict[str, Any]:
+        """What each replica's final reads hold at ``offset`` (for examples)."""
+        out: dict[str, Any] = {}
+        for r in sorted(self.replicas.get(partition, ())):
+            log = self.replica_logs.get((partition, r), {})
+            out[str(r)] = {"value": log.get(offset), "hw": self.replica_hw.get((partition, r))}
+        return out
+
+    def final_positions(self, values: set[str]) -> dict[str, list[dict[str, int | None]]]:
+        """Where the finals hold each of ``values``: an extra pass, used for examples only."""
+        found: dict[str, list[dict[str, int | None]]] = defaultdict(list)
+        if not values:
+            return found
+        for op in self.finals:
+            if op.value in values:
+                found[op.value].append({"offset": op.offset, "replica": op.replica})
+        return found
+
+
+# --------------------------------------------------------------------------- checks
+
+CheckFn = Callable[[_History, CheckOptions], CheckReport]
+
+
+def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
+    """1. Every acknowledged record survives, at its acknowledged offset, on some replica.
+
+    "Some replica" rather than "the leader" because the history does not say who leads
+    after healing; check 2 then holds every replica to the same standard.
+    """
+    f = _Findings("lost", "acked-without-offset")
+    lost = [op for op in h.acks if not h.finals_hold(op.partition, _off(op), _val(op))]
+    positions = h.final_positions({_val(op) for op in lost[:MAX_EXAMPLES]})
+
+    def example(op: Op) -> dict[str, Any]:
+        elsewhere = positions.get(_val(op), [])[:MAX_SOURCES]
+        where = (
+            f"the finals hold it elsewhere: {elsewhere}"
+            if elsewhere
+            else ("no final read holds it anywhere")
+        )
+        return {
+            "partition": op.partition,
+            "offset": op.offset,
+            "value": op.value,
+            "process": op.process,
+            "status": op.status,
+            "finals_at_offset": h.finals_at(op.partition, _off(op)),
+            "found_elsewhere": elsewhere,
+            "explanation": (
+                f"{op.value!r} was acknowledged to producer {op.process} at partition "
+                f"{op.partition} offset {op.offset}, but no replica's final read holds it "
+                f"there; {where}"
+            ),
+        }
+
+    for op in lost:
+        f.add("lost", lambda op=op: example(op))
+    for op in h.malformed:
+        if op.kind == "send" and op.status == "ok" and op.value is not None:
+            f.add(
+                "acked-without-offset",
+                {
+                    "partition": op.partition,
+                    "value": op.value,
+                    "process": op.process,
+                    "status": op.status,
+                    "explanation": (
+                        f"{op.value!r} was acknowledged to producer {op.process} without an "
+                        "offset, so it cannot be looked up: the history is malformed"
+                    ),
+                },
+            )
+    return f.report(
+        "lost",
+        "every acknowledged send is in the final reads at its acknowledged offset",
+        {"acked": len(h.acks)},
+        applicable=bool(h.acks),
+    )
+
+
+def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
+    """2. Every replica holds every acknowledged record below its final high watermark,
+    and the replicas' digests of the committed prefix agree.
+
+    A record at or above a replica's final hw counts as missing there: an acknowledged
+    record is committed, so every replica's hw must have passed it once healed. A replica
+    known only from its digest (no final reads) holds nothing.
+    """
+    f = _Findings("missing-on-replica", "partition-without-replicas", "digest-mismatch")
+    pairs = 0
+    bare_partitions: set[int] = set()
+    for op in h.acks:
+        p, o, v = op.partition, _off(op), _val(op)
+        replicas = h.replicas.get(p)
+        if not replicas:
+            if p not in bare_partitions:
+                bare_partitions.add(p)
+                f.add(
+                    "partition-without-replicas",
+                    {
+                        "partition": p,
+                        "explanation": (
+                            f"partition {p} has acknowledged records (e.g. {v!r} at offset {o})"
+                            " but no replica reported final reads or a digest"
+                        ),
+                    },
+                )
+            continue
+        for r in replicas:
+            pairs += 1
+            hw = h.replica_hw.get((p, r))
+            if (hw is None or o < hw) and h.replica_holds(p, r, o, v):
+                continue
+
+            def example(op: Op = op, r: int = r, hw: int | None = hw) -> dict[str, Any]:
+                held = h.replica_logs.get((op.partition, r), {}).get(_off(op))
+                if (op.partition, r) not in h.replica_logs:
+                    why = "it reported no final reads (only a digest)"
+                elif hw is not None and _off(op) >= hw:
+                    why = f"its final hw {hw} is not above the offset"
+                elif held is None:
+                    why = "its final reads have nothing at that offset"
+                else:
+                    why = f"it holds {held!r} there instead"
+                return {
+                    "partition": op.partition,
+                    "offset": op.offset,
+                    "value": op.value,
+                    "process": op.process,
+                    "status": op.status,
+                    "replica": r,
+                    "replica_hw": hw,
+                    "replica_value": held,
+                    "explanation": (
+                        f"{op.value!r} (acknowledged to {op.process} at partition "
+                        f"{op.partition} offset {op.offset}) is missing on replica {r}: {why}"
+                    ),
+                }
+
+            f.add("missing-on-replica", example)
+
+    groups: dict[tuple[int, int | None], dict[str | None, list[int | None]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for op in h.digests:
+        groups[(op.partition, op.offset)][op.value].append(op.replica)
+    for (p, o), by_value in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if len(by_value) > 1:
+            f.add(
+                "digest-mismatch",
+                {
+                    "partition": p,
+                    "offset": o,
+                    "values": {str(v): sorted(rs, key=str) for v, rs in by_value.items()},
+                    "explanation": (
+                        f"partition {p}: replicas disagree on the digest of offsets below {o}: "
+                        + "; ".join(
+                            f"replicas {sorted(rs, key=str)} have {str(v)[:16]}…"
+                            for v, rs in by_value.items()
+                        )
+                    ),
+                },
+            )
+    return f.report(
+        "replicas",
+        "every replica holds every acknowledged record below its final hw; digests agree",
+        {"replica_record_pairs": pairs, "digest_groups": len(groups)},
+        applicable=bool(h.acks) or bool(h.digests),
+    )
+
+
+def _value_sources(
+    ops: Iterable[Op], wanted: set[tuple[int, int]]
+) -> dict[tuple[int, int], dict[str, dict[str, Any]]]:
+    """For each wanted (partition, offset): every value seen there, who saw it, how often.
+
+    An extra pass over the ops, done only for the few positions shown as examples.
+    """
+    out: dict[tuple[int, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for op in ops:
+        key = (op.partition, _off(op))
+        if key in wanted:
+            entry = out[key].setdefault(_val(op), {"count": 0, "seen_by": []})
+            entry["count"] += 1
+            who = _who(op)
+            if len(entry["seen_by"]) < MAX_SOURCES and who not in entry["seen_by"]:
+                entry["seen_by"].append(who)
+    return out
+
+
+def check_one_value(h: _History, opts: CheckOptions) -> CheckReport:
+    """3. One value per (partition, offset) across acks, live reads and final reads.
+
+    Two values at one offset means two different logs were committed (or shown) at the
+    same point: the heart of a split brain. One pass keeps the first value per position;
+    only conflicting positions are revisited for the example's who-saw-what.
+    """
+    f = _Findings("conflict")
+    claims: dict[tuple[int, int], str] = {}
+    conflicts: set[tuple[int, int]] = set()
+    for ops in (h.acks, h.reads, h.finals):
+        for op in ops:
+            key = (op.partition, _off(op))
+            if claims.setdefault(key, _val(op)) != op.value:
+                conflicts.add(key)
+    shown = set(sorted(conflicts)[:MAX_EXAMPLES])
+    sources = _value_sources((op for ops in (h.acks, h.reads, h.finals) for op in ops), shown)
+    for key in sorted(conflicts):
+
+        def example(key: tuple[int, int] = key) -> dict[str, Any]:
+            values = sources.get(key, {})
+            for v, entry in values.items():
+                entry["send_status"] = h.send_status.get(v, "never sent")
+            return {
+                "partition": key[0],
+                "offset": key[1],
+                "values": values,
+                "explanation": (
+                    f"partition {key[0]} offset {key[1]} holds {len(values)} values: "
+                    + "; ".join(f"{v!r} seen by {e['seen_by']}" for v, e in values.items())
+                ),
+            }
+
+        f.add("conflict", example)
+    return f.report(
+        "one-value-per-offset",
+        "acks, reads and finals agree on the single value at each (partition, offset)",
+        {"positions": len(claims)},
+        applicable=bool(claims),
+    )
+
+
+def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
+    """4. A value read at more than one offset was written twice.
+
+    Without idempotence a producer retry may legitimately write a record twice, so the
+    duplicates are only counted and shown; with idempotence they are a violation.
+    """
+    f = _Findings("duplicate")
+    first: dict[str, tuple[int, int]] = {}
+    dups: dict[str, set[tuple[int, int]]] = {}
+    for ops in (h.reads, h.finals):
+        for op in ops:
+            pos = (op.partition, _off(op))
+            seen = first.setdefault(_val(op), pos)
+            if seen != pos:
+                dups.setdefault(_val(op), {seen}).add(pos)
+    shown = sorted(dups)[:MAX_EXAMPLES]
+    wanted = {pos for v in shown for pos in dups[v]}
+    sources = _value_sources((op for ops in (h.reads, h.finals) for op in ops), wanted)
+    acked = {_val(op): op for op in h.acks if op.value in dups}
+    for v in sorted(dups):
+
+        def example(v: str = v) -> dict[str, Any]:
+            positions = sorted(dups[v])
+            ack = acked.get(v)
+            return {
+                "partition": positions[0][0],
+                "value": v,
+                "offsets": [o for _, o in positions],
+                "positions": [
+                    {"partition": p, "offset": o, "seen_by": sources[(p, o)][v]["seen_by"]}
+                    for p, o in positions
+                    if v in sources.get((p, o), {})
+                ],
+                "status": h.send_status.get(v, "never sent"),
+                "acked_offset": None if ack is None else ack.offset,
+                "process": None if ack is None else ack.process,
+                "explanation": (
+                    f"{v!r} (send status {h.send_status.get(v, 'never sent')}) appears at "
+                    f"{len(positions)} positions (partition, offset): {positions}"
+                ),
+            }
+
+        f.add("duplicate", example)
+    extra = sum(len(p) - 1 for p in dups.values())
+    return f.report(
+        "duplicates",
+        "no value is read at more than one offset"
+        + (" (idempotent producers)" if opts.idempotent else " (counted; ok without idempotence)"),
+        {"values_read": len(first), "extra_copies": extra},
+        applicable=bool(first),
+        violation_kinds=["duplicate"] if opts.idempotent else [],
+        note="" if opts.idempotent or not dups else "duplicates are allowed without idempotence",
+    )
+
+
+def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
+    """5. Nothing is read that was not (or not yet durably) written.
+
+    A value never sent is invented; a value whose send definitely failed was refused yet
+    stored; a record at or above its own answer's hw was shown before it was committed; a
+    record read live but absent from the finals was shown and then lost (dirty read).
+    """
+    f = _Findings("never-sent", "failed-send-read", "at-or-above-hw", "dirty-read")
+    no_hw = 0
+
+    def example(op: Op, why: str, **extra: Any) -> Callable[[], dict[str, Any]]:
+        def build() -> dict[str, Any]:
+            return {
+                "partition": op.partition,
+                "offset": op.offset,
+                "value": op.value,
+                "process": op.process,
+                "replica": op.replica,
+                "hw": op.hw,
+                "read_kind": op.kind,
+                "status": h.send_status.get(_val(op), "never sent"),
+                **{k: (v() if callable(v) else v) for k, v in extra.items()},
+                "explanation": f"{_who(op)} read {op.value!r} at partition {op.partition} "
+                f"offset {op.offset}: {why}",
+            }
+
+        return build
+
+    for ops in (h.reads, h.finals):
+        for op in ops:
+            status = h.send_status.get(_val(op))
+            if status is None:
+                f.add("never-sent", example(op, "no producer ever sent this value"))
+            elif status == "fail":
+                f.add("failed-send-read", example(op, "its send definitely failed"))
+            if op.hw is None:
+                no_hw += 1
+            elif _off(op) >= op.hw:
+                f.add(
+                    "at-or-above-hw",
+                    example(
+                        op,
+                        f"the same answer's high watermark was {op.hw}, so it was "
+                        "not committed yet",
+                    ),
+                )
+            if op.kind == "read" and not h.finals_hold(op.partition, _off(op), _val(op)):
+                f.add(
+                    "dirty-read",
+                    example(
+                        op,
+                        "no replica's final read holds it there: it was read, then lost",
+                        finals_at_offset=lambda op=op: h.finals_at(op.partition, _off(op)),
+                    ),
+                )
+    return f.report(
+        "phantoms",
+        "nothing read was never sent, definitely failed, uncommitted (>= hw) or later lost",
+        {"reads": len(h.reads), "finals": len(h.finals), "without_hw": no_hw},
+        applicable=bool(h.reads) or bool(h.finals),
+    )
+
+
+def check_order(h: _History, opts: CheckOptions) -> CheckReport:
+    """6. Per partition, producers' acks and readers' offsets follow the order of the log.
+
+    A producer sends to a partition one record at a time, so a later send acknowledged at
+    an offset not above every earlier ack was reordered. A reader reads a partition in
+    order and the log is contiguous, so each read must be exactly one past the previous
+    one: a repeat or step back means it was shown another history, a gap means it missed
+    a committed record. Ops are sorted by start time; Python's sort is stable, so records
+    of one fetch (same start) keep their order in the history.
+    """
+    f = _Findings("producer-reorder", "reader-backwards", "reader-skip")
+    producers: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    for op in h.acks:
+        producers[(op.process, op.partition)].append(op)
+    pairs = 0
+    for ops in producers.values():
+        ops.sort(key=_start)
+        top = ops[0]
+        for op in ops[1:]:
+            pairs += 1
+            if _off(op) > _off(top):
+                top = op
+                continue
+
+            def example(op: Op = op, top: Op = top) -> dict[str, Any]:
+                return {
+                    "partition": op.partition,
+                    "process": op.process,
+                    "earlier": {"value": top.value, "offset": top.offset, "start": top.start},
+                    "later": {"value": op.value, "offset": op.offset, "start": op.start},
+                    "explanation": (
+                        f"producer {op.process} sent {op.value!r} after {top.value!r} to "
+                        f"partition {op.partition}, but it was acknowledged at offset "
+                        f"{op.offset}, not above {top.offset}"
+                    ),
+                }
+
+            f.add("producer-reorder", example)
+
+    readers: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    for op in h.reads:
+        readers[(op.process, op.partition)].append(op)
+    steps = 0
+    for ops in readers.values():
+        ops.sort(key=_start)
+        for prev, op in itertools.pairwise(ops):
+            steps += 1
+            if _off(op) == _off(prev) + 1:
+                continue
+            kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
+
+            def rexample(op: Op = op, prev: Op = prev, kind: str = kind) -> dict[str, Any]:
+                what = (
+                    "went back"
+                    if kind == "reader-backwards"
+                    else f"skipped {_off(op) - _off(prev) - 1} record(s)"
+                )
+                return {
+                    "partition": op.partition,
+                    "process": op.process,
+                    "previous": {"offset": prev.offset, "value": prev.value, "start": prev.start},
+                    "next": {"offset": op.offset, "value": op.value, "start": op.start},
+                    "explanation": (
+                        f"reader {op.process} on partition {op.partition} read offset "
+                        f"{op.offset} ({op.value!r}) right after offset {prev.offset}: it {what}"
+                    ),
+                }
+
+            f.add(kind, rexample)
+    return f.report(
+        "order",
+        "producers' acks increase in send order; readers advance one offset at a time",
+        {"producer_pairs": pairs, "reader_steps": steps},
+        applicable=pairs > 0 or steps > 0,
+    )
+
+
+def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
+    """7. Consumer groups and metadata: the workload records no such ops yet.
+
+    A later check (committed offsets never go back, every partition assigned to exactly
+    one member per generation, metadata converges) plugs in by appending to ``CHECKS``;
+    until then this says so rather than silently passing, and names any kinds this
+    checker does not understand.
+    """
+    unknown = dict(sorted(h.other.items()))
+    note = f"ops of unchecked kinds: {unknown}" if unknown else "no consumer-group ops"
+    return CheckReport(
+        name="consumer-groups",
+        description="consumer-group and metadata semantics (no such ops recorded yet)",
+        status=NOT_APPLICABLE,
+        counts={"unchecked_ops": sum(unknown.values())},
+        note=note,
+    )
+
+
+def check_recovery(h: _History, opts: CheckOptions) -> CheckReport:
+    """8. After healing, every partition had a leader and took a write within the limit.
+
+    A missing recovery op is a violation: the run never showed the cluster recovered.
+    """
+    f = _Findings("missing", "failed", "slow", "no-duration")
+    if not h.recoveries:
+        f.add(
+            "missing",
+            {"explanation": "the history has no recovery op: recovery was never confirmed"},
+        )
+    for op in h.recoveries:
+        seconds = _seconds(op.value)
+        base = {"process": op.process, "status": op.status, "seconds": seconds}
+        if op.status != "ok":
+            f.add(
+                "failed",
+                {
+                    **base,
+                    "error": op.error,
+                    "explanation": f"recovery failed (status {op.status!r}, after "
+                    f"{op.value} s, error {op.error!r})",
+                },
+            )
+        elif seconds is None:
+            f.add(
+                "no-duration",
+                {**base, "explanation": f"recovery op has no duration in seconds: {op.value!r}"},
+            )
+        elif seconds > opts.recovery_limit_s:
+            f.add(
+                "slow",
+                {
+                    **base,
+                    "limit_s": opts.recovery_limit_s,
+                    "explanation": f"recovery took {seconds:g} s, over the limit of "
+                    f"{opts.recovery_limit_s:g} s",
+                },
+            )
+    return f.report(
+        "recovery",
+        f"the cluster recovered after healing within {opts.recovery_limit_s:g} s",
+        {
+            "recoveries": len(h.recoveries),
+            "max_seconds": max(
+                (s for s in map(_seconds, (r.value for r in h.recoveries)) if s is not None),
+                default=0,
+            ),
+        },
+    )
+
+
+CHECKS: list[CheckFn] = [
+    check_lost,
+    check_replicas,
+    check_one_value,
+    check_duplicates,
+    check_phantoms,
+    check_order,
+    check_consumer_groups,
+    check_recovery,
+]
+"""The checks, in report order. A new check is a function ``(_History, CheckOptions) ->
+CheckReport`` appended here."""
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def check(
+    ops: Iterable[Op], *, idempotent: bool = False, recovery_limit_s: float = 30.0
+) -> CheckResult:
+    """Check a history; ``valid`` is False iff some check found a violation.
+
+    ``ops`` is consumed once (a generator over a history file is fine).
+    """
+    h = _History(ops)
+    opts = CheckOptions(idempotent=idempotent, recovery_limit_s=recovery_limit_s)
+    reports = [fn(h, opts) for fn in CHECKS]
+    return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=_summary(h))
+
+
+def check_file(
+    path: Path, *, idempotent: bool = False, recovery_limit_s: float = 30.0
+) -> CheckResult:
+    """Check a ``history.jsonl`` written by ``chaos.history.write``."""
+    return check(history.read(path), idempotent=idempotent, recovery_limit_s=recovery_limit_s)
+
+
+def _summary(h: _History) -> dict[str, Any]:
+    statuses: dict[str, int] = defaultdict(int)
+    for op in h.sends:
+        statuses[op.status] += 1
+    partitions = {op.partition for op in h.sends} | set(h.replicas)
+    return {
+        "sends_attempted": len(h.sends),
+        "sends_acked": statuses.get("ok", 0),
+        "sends_failed": statuses.get("fail", 0),
+        "sends_indeterminate": statuses.get("info", 0),
+        "reads": len(h.reads),
+        "finals": len(h.finals),
+        "digests": len(h.digests),
+        "faults_started": sum(1 for op in h.faults if op.status == "start"),
+        "faults_ended": sum(1 for op in h.faults if op.status == "end"),
+        "recoveries": len(h.recoveries),
+        "partitions": len(partitions),
+        "malformed_ops": len(h.malformed),
+        "unknown_kinds": dict(sorted(h.other.items())),
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+_STYLE = {OK: "green", VIOLATED: "bold red", NOT_APPLICABLE: "dim"}
+
+
+def _counts_text(counts: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in counts.items()
+    )
+
+
+def format_lines(result: CheckResult) -> list[str]:
+    """Plain-text summary (logs, CI output): verdict, summary, one line per check."""
+    verdict = "VALID" if result.valid else "INVALID"
+    lines = [
+        f"chaos check: {verdict}",
+        "summary: "
+        + _counts_text({k: v for k, v in result.summary.items() if not isinstance(v, dict)}),
+    ]
+    for c in result.checks:
+        lines.append(f"  {c.name:<22} {c.status:<15} {_counts_text(c.counts)}")
+        if c.status == VIOLATED and c.examples:
+            lines.append(f"    e.g. {c.examples[0].get('explanation', '')}")
+        if c.note:
+            lines.append(f"    note: {c.note}")
+    return lines
+
+
+def format_table(result: CheckResult) -> Table:
+    """A rich table for ``raftmq chaos run``: one row per check with its first example."""
+    verdict = "[green]VALID[/]" if result.valid else "[bold red]INVALID[/]"
+    s = result.summary
+    table = Table(
+        title=f"chaos check: {verdict}",
+        caption=(
+            f"sends {s['sends_attempted']} (acked {s['sends_acked']}, failed "
+            f"{s['sends_failed']}, indeterminate {s['sends_indeterminate']}), reads "
+            f"{s['reads']}, finals {s['finals']}, faults {s['faults_started']}"
+        ),
+    )
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("counts")
+    table.add_column("example / note", overflow="fold")
+    for c in result.checks:
+        detail = c.examples[0].get("explanation", "") if c.examples else ""
+        if c.note:
+            detail = f"{detail}\n({c.note})" if detail else f"({c.note})"
+        table.add_row(
+            c.name,
+            f"[{_STYLE.get(c.status, '')}]{c.status}[/]",
+            _counts_text(c.counts),
+            detail,
+        )
+    return table
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _off(op: Op) -> int:
+    """The offset of an op the index has already checked to carry one."""
+    assert op.offset is not None
+    return op.offset
+
+
+def _val(op: Op) -> str:
+    """The value of an op the index has already checked to carry one."""
+    assert op.value is not None
+    return op.value
+
+
+def _start(op: Op) -> float:
+    return op.start
+
+
+def _seconds(value: object) -> float | None:
+    """A recovery duration: the harness may store it as a number or as its text."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) else None
