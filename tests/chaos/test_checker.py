@@ -1,0 +1,545 @@
+"""The chaos checker on handcrafted histories.
+
+Each test starts from a clean history (two partitions, three replicas, one producer and
+one live reader per partition), plants one kind of anomaly, and asserts the exact check
+and violation kind that must report it, so removing that check (or that branch of it)
+fails the test. Where the anomaly should trip nothing else, the test says so too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from chaos import history
+from chaos.checker import (
+    MAX_EXAMPLES,
+    NOT_APPLICABLE,
+    OK,
+    VIOLATED,
+    CheckResult,
+    check,
+    check_file,
+    format_lines,
+    format_table,
+)
+from chaos.history import Op, send_value
+
+N = 5  # records per partition in the clean history
+PARTITIONS = (0, 1)
+REPLICAS = (1, 2, 3)
+ALL_CHECKS = (
+    "lost",
+    "replicas",
+    "one-value-per-offset",
+    "duplicates",
+    "phantoms",
+    "order",
+    "consumer-groups",
+    "recovery",
+)
+
+
+def producer(p: int) -> str:
+    return f"prod{p}"
+
+
+def val(p: int, seq: int) -> str:
+    return send_value(producer(p), p, seq)
+
+
+def send(p: int, seq: int, offset: int | None, status: str = "ok", t: float = 0.0) -> Op:
+    return Op("send", producer(p), p, val(p, seq), offset, status, start=t, end=t + 0.5)
+
+
+def read(p: int, offset: int, value: str, hw: int, t: float = 100.0, reader: str = "") -> Op:
+    return Op("read", reader or f"reader{p}", p, value, offset, "ok", t, t + 0.1, hw=hw)
+
+
+def final(p: int, offset: int, value: str, hw: int, replica: int) -> Op:
+    return Op("final", f"final-r{replica}", p, value, offset, "ok", 200.0, 200.1, hw, replica)
+
+
+def digest(p: int, offset: int, replica: int, value: str | None = None) -> Op:
+    return Op("digest", "checker", p, value or f"sha-{p}-{offset}", offset, replica=replica)
+
+
+def recovery(seconds: str = "2.5", status: str = "ok") -> Op:
+    return Op("recovery", "nemesis", value=seconds, status=status, start=150.0, end=152.5)
+
+
+def clean(n: int = N, partitions: tuple[int, ...] = PARTITIONS) -> list[Op]:
+    """A history that keeps every promise: acks, in-order reads, identical finals."""
+    ops = [Op("fault", "nemesis", value="partition {1} from {2,3}", status="start", start=1)]
+    for p in partitions:
+        ops += [send(p, i, i, t=10.0 * i + p) for i in range(n)]
+        ops += [read(p, i, val(p, i), hw=i + 1, t=10.0 * i + p + 1) for i in range(n)]
+    ops.append(Op("fault", "nemesis", value="heal", status="end", start=90))
+    ops.append(recovery())
+    for p in partitions:
+        for r in REPLICAS:
+            ops += [final(p, i, val(p, i), n, r) for i in range(n)]
+            ops.append(digest(p, n, r))
+    return ops
+
+
+def without(ops: list[Op], *drop: Op) -> list[Op]:
+    gone = set(drop)
+    assert all(op in ops for op in gone), "the test meant to drop an op that is not there"
+    return [op for op in ops if op not in gone]
+
+
+def statuses(result: CheckResult) -> dict[str, str]:
+    return {c.name: c.status for c in result.checks}
+
+
+def assert_only(result: CheckResult, *violated: str) -> None:
+    """Exactly the named checks are violated; the rest are ok (or not applicable)."""
+    bad = {name for name, status in statuses(result).items() if status == VIOLATED}
+    assert bad == set(violated), result.to_dict()
+    assert result.valid is (not violated)
+
+
+def count(result: CheckResult, check_name: str, kind: str) -> float:
+    return result.get(check_name).counts[kind]
+
+
+# --------------------------------------------------------------------------- clean
+
+
+def test_clean_history_passes_every_check() -> None:
+    result = check(clean())
+    assert_only(result)
+    assert [c.name for c in result.checks] == list(ALL_CHECKS)
+    assert statuses(result)["consumer-groups"] == NOT_APPLICABLE
+    assert all(c.status == OK for c in result.checks if c.name != "consumer-groups"), (
+        result.to_dict()
+    )
+    assert result.summary == {
+        "sends_attempted": 10,
+        "sends_acked": 10,
+        "sends_failed": 0,
+        "sends_indeterminate": 0,
+        "reads": 10,
+        "finals": 30,
+        "digests": 6,
+        "faults_started": 1,
+        "faults_ended": 1,
+        "recoveries": 1,
+        "partitions": 2,
+        "malformed_ops": 0,
+        "unknown_kinds": {},
+    }
+    assert count(result, "lost", "acked") == 10
+    assert count(result, "replicas", "replica_record_pairs") == 30
+    assert count(result, "order", "reader_steps") == 8
+    assert all(not c.examples for c in result.checks)
+
+
+def test_result_is_json_serialisable_and_printable() -> None:
+    ops = clean()
+    ops.append(send(0, 9, 0))  # a second ack at offset 0: conflict, lost, reorder
+    result = check(ops)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["valid"] is False
+    assert {c["name"] for c in data["checks"]} == set(ALL_CHECKS)
+    for c in data["checks"]:
+        assert set(c) == {"name", "description", "status", "counts", "examples", "note"}
+        assert c["status"] in (OK, VIOLATED, NOT_APPLICABLE)
+        for example in c["examples"]:
+            assert example["explanation"]
+    lines = format_lines(result)
+    assert lines[0] == "chaos check: INVALID"
+    assert any("one-value-per-offset" in line and VIOLATED in line for line in lines)
+    console = Console(width=200, record=True)
+    console.print(format_table(result))
+    text = console.export_text()
+    assert "INVALID" in text and "lost" in text and "recovery" in text
+
+
+def test_check_file_reads_a_history_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    history.write(path, clean())
+    assert check_file(path).valid
+    history.write(path, [*clean(), read(0, N, "ghost", hw=N + 1)])
+    assert not check_file(path).valid
+
+
+# --------------------------------------------------------------------------- 1. lost
+
+
+def test_lost_write_is_reported() -> None:
+    # Acknowledged at offset 5, but no replica's final read goes past offset 4.
+    ops = [*clean(), send(0, N, N, t=60.0)]
+    result = check(ops)
+    assert count(result, "lost", "lost") == 1
+    example = result.get("lost").examples[0]
+    assert example["partition"] == 0 and example["offset"] == N
+    assert example["value"] == val(0, N) and example["process"] == producer(0)
+    assert example["status"] == "ok"
+    assert example["finals_at_offset"] == {str(r): {"value": None, "hw": N} for r in REPLICAS}
+    assert "no final read holds it anywhere" in example["explanation"]
+    assert_only(result, "lost", "replicas")
+
+
+def test_ack_found_only_at_another_offset_is_lost() -> None:
+    # The ack said offset 3, the log holds the record at 4 (and something else at 3).
+    ops = without(clean(), *[final(0, 3, val(0, 3), N, r) for r in REPLICAS])
+    ops += [final(0, 3, "intruder", N, r) for r in REPLICAS]
+    result = check(ops)
+    assert count(result, "lost", "lost") == 1
+    example = result.get("lost").examples[0]
+    assert example["offset"] == 3
+    assert example["finals_at_offset"]["1"]["value"] == "intruder"
+    assert count(result, "one-value-per-offset", "conflict") == 1
+
+
+def test_lost_partition_without_any_final_read() -> None:
+    ops = [op for op in clean() if not (op.partition == 1 and op.kind in ("final", "digest"))]
+    result = check(ops)
+    assert count(result, "lost", "lost") == N
+    assert count(result, "replicas", "partition-without-replicas") == 1
+    assert count(result, "phantoms", "dirty-read") == N  # the reader saw them: now lost
+
+
+def test_examples_are_capped_but_counts_are_not() -> None:
+    ops = [*clean(), *[send(0, N + i, N + i, t=60.0 + i) for i in range(50)]]
+    result = check(ops)
+    lost = result.get("lost")
+    assert lost.counts["lost"] == 50
+    assert len(lost.examples) == MAX_EXAMPLES
+    assert result.get("replicas").counts["missing-on-replica"] == 150
+    assert len(result.get("replicas").examples) == MAX_EXAMPLES
+
+
+def test_ack_without_offset_is_malformed_not_silently_skipped() -> None:
+    result = check([*clean(), send(0, N, None, t=60.0)])
+    assert count(result, "lost", "acked-without-offset") == 1
+    assert result.summary["malformed_ops"] == 1
+    assert_only(result, "lost")
+
+
+# --------------------------------------------------------------------------- 2. replicas
+
+
+def test_replica_missing_a_record() -> None:
+    ops = without(clean(), final(0, 2, val(0, 2), N, 3))
+    result = check(ops)
+    assert count(result, "replicas", "missing-on-replica") == 1
+    example = result.get("replicas").examples[0]
+    assert (example["partition"], example["offset"], example["replica"]) == (0, 2, 3)
+    assert example["value"] == val(0, 2)
+    assert "nothing at that offset" in example["explanation"]
+    assert_only(result, "replicas")  # replicas 1 and 2 still hold it: not lost
+
+
+def test_replica_whose_hw_is_below_an_acked_offset() -> None:
+    # Replica 3 of partition 0 is stuck at hw 3: acked offsets 3 and 4 are missing there.
+    ops = without(clean(), final(0, 3, val(0, 3), N, 3), final(0, 4, val(0, 4), N, 3))
+    result = check(_with_replica_hw(ops, partition=0, replica=3, hw=3))
+    assert count(result, "replicas", "missing-on-replica") == 2
+    examples = result.get("replicas").examples
+    assert sorted(e["offset"] for e in examples) == [3, 4]
+    assert all(e["replica"] == 3 and e["replica_hw"] == 3 for e in examples)
+    assert "final hw 3" in examples[0]["explanation"]
+    assert_only(result, "replicas")
+
+
+def test_record_at_or_above_a_replicas_hw_counts_as_missing() -> None:
+    # Replica 3 reports hw 4 while its log shows offset 4: offset 4 is not committed there.
+    result = check(_with_replica_hw(clean(), partition=0, replica=3, hw=4))
+    assert count(result, "replicas", "missing-on-replica") == 1
+    assert result.get("replicas").examples[0]["offset"] == 4
+    assert count(result, "phantoms", "at-or-above-hw") == 1  # the final read itself
+
+
+def _with_replica_hw(ops: list[Op], *, partition: int, replica: int, hw: int) -> list[Op]:
+    return [
+        final(op.partition, op.offset or 0, op.value or "", hw, replica)
+        if op.kind == "final" and op.partition == partition and op.replica == replica
+        else op
+        for op in ops
+    ]
+
+
+def test_replica_known_only_by_its_digest_holds_nothing() -> None:
+    result = check([*clean(), digest(0, N, 4)])
+    assert count(result, "replicas", "missing-on-replica") == N
+    assert "only a digest" in result.get("replicas").examples[0]["explanation"]
+    assert_only(result, "replicas")
+
+
+def test_digest_mismatch() -> None:
+    ops = without(clean(), digest(1, N, 2))
+    ops.append(digest(1, N, 2, value="sha-other"))
+    result = check(ops)
+    assert count(result, "replicas", "digest-mismatch") == 1
+    example = result.get("replicas").examples[0]
+    assert example["partition"] == 1 and example["offset"] == N
+    assert example["values"] == {f"sha-1-{N}": [1, 3], "sha-other": [2]}
+    assert count(result, "replicas", "missing-on-replica") == 0
+    assert_only(result, "replicas")
+
+
+# --------------------------------------------------------------------------- 3. one value
+
+
+def test_two_values_at_one_offset_among_replicas() -> None:
+    # Two indeterminate sends each landed at offset 5 of partition 0, on different
+    # replicas: nothing acked is lost, nothing read is unknown, but the logs diverged.
+    ops = [*clean(), send(0, N, None, "info", t=60.0), send(0, N + 1, None, "info", t=61.0)]
+    ops = _with_replica_hw(ops, partition=0, replica=1, hw=N + 1)
+    ops = _with_replica_hw(ops, partition=0, replica=2, hw=N + 1)
+    ops = _with_replica_hw(ops, partition=0, replica=3, hw=N + 1)
+    ops += [final(0, N, val(0, N), N + 1, r) for r in (1, 2)]
+    ops.append(final(0, N, val(0, N + 1), N + 1, 3))
+    result = check(ops)
+    assert count(result, "one-value-per-offset", "conflict") == 1
+    example = result.get("one-value-per-offset").examples[0]
+    assert (example["partition"], example["offset"]) == (0, N)
+    values = example["values"]
+    assert set(values) == {val(0, N), val(0, N + 1)}
+    assert values[val(0, N)]["count"] == 2
+    assert values[val(0, N + 1)]["seen_by"] == ["replica 3 (final, reader final-r3)"]
+    assert values[val(0, N)]["send_status"] == "info"
+    assert_only(result, "one-value-per-offset")
+
+
+def test_ack_and_read_disagree_on_an_offset() -> None:
+    # A second acknowledged send claims offset 2, already holding another record.
+    result = check([*clean(), send(0, 7, 2, t=60.0)])
+    assert count(result, "one-value-per-offset", "conflict") == 1
+    values = result.get("one-value-per-offset").examples[0]["values"]
+    assert values[val(0, 7)]["seen_by"] == [f"producer {producer(0)} (ack)"]
+    assert "reader reader0" in values[val(0, 2)]["seen_by"]
+
+
+# --------------------------------------------------------------------------- 4. duplicates
+
+
+def _duplicated() -> list[Op]:
+    """The producer's retry wrote record 4 again at offset 5 (first ack lost in flight)."""
+    ops = clean()
+    for r in REPLICAS:
+        ops = _with_replica_hw(ops, partition=0, replica=r, hw=N + 1)
+    ops += [final(0, N, val(0, N - 1), N + 1, r) for r in REPLICAS]
+    ops.append(read(0, N, val(0, N - 1), hw=N + 1, t=60.0))
+    return ops
+
+
+def test_duplicate_is_counted_but_ok_without_idempotence() -> None:
+    result = check(_duplicated())
+    dup = result.get("duplicates")
+    assert dup.status == OK
+    assert dup.counts["duplicate"] == 1 and dup.counts["extra_copies"] == 1
+    assert dup.examples[0]["value"] == val(0, N - 1)
+    assert dup.examples[0]["offsets"] == [N - 1, N]
+    assert dup.examples[0]["acked_offset"] == N - 1
+    assert "allowed without idempotence" in dup.note
+    assert_only(result)
+
+
+def test_duplicate_is_a_violation_with_idempotence() -> None:
+    result = check(_duplicated(), idempotent=True)
+    assert result.get("duplicates").status == VIOLATED
+    assert count(result, "duplicates", "duplicate") == 1
+    assert_only(result, "duplicates")
+
+
+# --------------------------------------------------------------------------- 5. phantoms
+
+
+def _extend_partition0(value: str, *, read_it: bool = True, hw: int = N + 1) -> list[Op]:
+    """Every replica (and the reader, if ``read_it``) holds ``value`` at offset N."""
+    ops = clean()
+    for r in REPLICAS:
+        ops = _with_replica_hw(ops, partition=0, replica=r, hw=hw)
+    ops += [final(0, N, value, hw, r) for r in REPLICAS]
+    if read_it:
+        ops.append(read(0, N, value, hw=hw, t=60.0))
+    return ops
+
+
+def test_phantom_read_of_a_value_never_sent() -> None:
+    result = check(_extend_partition0("ghost"))
+    assert count(result, "phantoms", "never-sent") == 4  # the live read and 3 finals
+    example = result.get("phantoms").examples[0]
+    assert example["value"] == "ghost" and example["status"] == "never sent"
+    assert count(result, "phantoms", "dirty-read") == 0
+    assert_only(result, "phantoms")
+
+
+def test_read_of_a_definitely_failed_write() -> None:
+    ops = [*_extend_partition0(val(0, N)), send(0, N, None, "fail", t=60.0)]
+    result = check(ops)
+    assert count(result, "phantoms", "failed-send-read") == 4
+    assert count(result, "phantoms", "never-sent") == 0
+    assert result.get("phantoms").examples[0]["status"] == "fail"
+    assert_only(result, "phantoms")
+
+
+def test_read_at_or_above_the_answers_high_watermark() -> None:
+    ops = without(clean(), read(1, 3, val(1, 3), hw=4, t=10.0 * 3 + 1 + 1))
+    ops.append(read(1, 3, val(1, 3), hw=3, t=10.0 * 3 + 1 + 1))
+    result = check(ops)
+    assert count(result, "phantoms", "at-or-above-hw") == 1
+    example = result.get("phantoms").examples[0]
+    assert (example["partition"], example["offset"], example["hw"]) == (1, 3, 3)
+    assert_only(result, "phantoms")
+
+
+def test_final_read_above_its_replicas_hw() -> None:
+    ops = [*clean(), send(1, N, None, "info", t=60.0), final(1, N, val(1, N), N, 2)]
+    result = check(ops)
+    assert count(result, "phantoms", "at-or-above-hw") == 1
+    assert result.get("phantoms").examples[0]["replica"] == 2
+
+
+def test_dirty_read_of_a_record_later_lost() -> None:
+    # An indeterminate send was read live (below that answer's hw) but no replica kept it.
+    ops = [*clean(), send(0, N, None, "info", t=60.0), read(0, N, val(0, N), hw=N + 1, t=61.0)]
+    result = check(ops)
+    assert count(result, "phantoms", "dirty-read") == 1
+    example = result.get("phantoms").examples[0]
+    assert example["value"] == val(0, N) and example["process"] == "reader0"
+    assert example["finals_at_offset"]["1"] == {"value": None, "hw": N}
+    assert_only(result, "phantoms")
+
+
+# --------------------------------------------------------------------------- 6. order
+
+
+def test_producer_reorder() -> None:
+    # Send 3 then send 4 (in that order) were acked at offsets 4 and 3.
+    ops = without(clean(), send(0, 3, 3, t=30.0), send(0, 4, 4, t=40.0))
+    ops += [send(0, 3, 4, t=30.0), send(0, 4, 3, t=40.0)]
+    swap = {val(0, 3): val(0, 4), val(0, 4): val(0, 3)}
+    ops = [
+        Op(
+            op.kind,
+            op.process,
+            op.partition,
+            swap.get(op.value or "", op.value),
+            op.offset,
+            op.status,
+            op.start,
+            op.end,
+            op.hw,
+            op.replica,
+        )
+        if op.kind in ("read", "final") and op.partition == 0
+        else op
+        for op in ops
+    ]
+    result = check(ops)
+    assert count(result, "order", "producer-reorder") == 1
+    example = result.get("order").examples[0]
+    assert example["earlier"] == {"value": val(0, 3), "offset": 4, "start": 30.0}
+    assert example["later"] == {"value": val(0, 4), "offset": 3, "start": 40.0}
+    assert_only(result, "order")
+
+
+def test_producer_order_uses_start_time_not_history_order() -> None:
+    # The history lists the acks out of order, but by start time they increase.
+    ops = clean()
+    sends = [op for op in ops if op.kind == "send"]
+    ops = [*reversed(sends), *(op for op in ops if op.kind != "send")]
+    assert_only(check(ops))
+
+
+def test_reader_skip() -> None:
+    ops = without(clean(), read(0, 2, val(0, 2), hw=3, t=21.0))
+    result = check(ops)
+    assert count(result, "order", "reader-skip") == 1
+    example = result.get("order").examples[0]
+    assert (example["previous"]["offset"], example["next"]["offset"]) == (1, 3)
+    assert "skipped 1 record" in example["explanation"]
+    assert_only(result, "order")
+
+
+def test_reader_going_backwards() -> None:
+    # After offset 4 the reader was shown offset 2 again.
+    result = check([*clean(), read(0, 2, val(0, 2), hw=N, t=60.0)])
+    assert count(result, "order", "reader-backwards") == 1
+    assert count(result, "order", "reader-skip") == 0
+    assert "went back" in result.get("order").examples[0]["explanation"]
+    assert_only(result, "order")
+
+
+# --------------------------------------------------------------------------- 8. recovery
+
+
+def _with_recovery(*recoveries: Op) -> list[Op]:
+    return [*(op for op in clean() if op.kind != "recovery"), *recoveries]
+
+
+def test_slow_recovery() -> None:
+    result = check(_with_recovery(recovery("45.5")))
+    assert count(result, "recovery", "slow") == 1
+    assert result.get("recovery").examples[0]["seconds"] == 45.5
+    assert_only(result, "recovery")
+    assert check(_with_recovery(recovery("45.5")), recovery_limit_s=60).valid
+
+
+def test_failed_recovery() -> None:
+    result = check(_with_recovery(recovery("30", status="fail")))
+    assert count(result, "recovery", "failed") == 1
+    assert_only(result, "recovery")
+
+
+def test_missing_recovery() -> None:
+    result = check(_with_recovery())
+    assert count(result, "recovery", "missing") == 1
+    assert_only(result, "recovery")
+
+
+def test_recovery_duration_may_be_a_number() -> None:
+    ops = _with_recovery(Op("recovery", "nemesis", value=3.0))  # type: ignore[arg-type]
+    assert check(ops).valid
+
+
+# --------------------------------------------------------------------------- indeterminate
+
+
+def test_indeterminate_send_present_is_fine() -> None:
+    ops = [*_extend_partition0(val(0, N)), send(0, N, None, "info", t=60.0)]
+    result = check(ops)
+    assert_only(result)
+    assert result.summary["sends_indeterminate"] == 1
+
+
+def test_indeterminate_send_absent_is_fine() -> None:
+    result = check([*clean(), send(0, N, None, "info", t=60.0), send(1, N, None, "info")])
+    assert_only(result)
+    assert result.summary["sends_indeterminate"] == 2
+
+
+def test_indeterminate_send_present_twice_breaks_idempotence() -> None:
+    ops = [*_duplicated(), send(0, N + 3, None, "info", t=70.0)]
+    assert check(ops).valid
+    assert not check(ops, idempotent=True).valid
+
+
+# --------------------------------------------------------------------------- scale
+
+
+def test_large_clean_history_is_checked_quickly() -> None:
+    partitions = tuple(range(8))
+    ops = clean(n=4000, partitions=partitions)  # ~200k ops
+    began = time.perf_counter()
+    result = check(ops)
+    elapsed = time.perf_counter() - began
+    assert_only(result)
+    assert result.summary["finals"] == 4000 * 8 * 3
+    assert elapsed < 20, f"{len(ops)} ops took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("name", ALL_CHECKS)
+def test_every_check_reports_name_description_and_counts(name: str) -> None:
+    report = check(clean()).get(name)
+    assert report.description
+    assert report.counts
