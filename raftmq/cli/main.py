@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from raftmq.cli import cluster_cmd, log_cmd
+from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd
 
 app = typer.Typer(
     name="raftmq",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(log_cmd.app, name="log")
+app.add_typer(chaos_cmd.app, name="chaos")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(cluster_cmd.broker)

@@ -1,0 +1,260 @@
+"""One chaos test from start to verdict: start a proxied cluster, run the workload while the
+nemesis injects faults, heal, measure recovery, read every replica, check, report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from chaos import checker, history, report
+from chaos.cluster import TOPIC, ChaosCluster
+from chaos.history import Op
+from chaos.nemesis import CATEGORIES, Nemesis
+from chaos.workload import Recorder, Workload, send_one
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.log import entry
+from raftmq.log.records import decode_records
+
+
+@dataclass
+class ChaosOptions:
+    out: Path
+    nodes: int = 3
+    partitions: int = 3
+    duration: float = 60.0
+    faults: list[str] = field(default_factory=lambda: ["partition", "kill", "pause", "latency"])
+    seed: int = 0
+    producers: int = 4
+    recovery_limit: float = 30.0
+    tick_ms: int = 50
+
+    def __post_init__(self) -> None:
+        if not 3 <= self.nodes <= 7:
+            raise ValueError(f"--nodes must be 3 to 7, got {self.nodes}")
+        if self.duration < 10:
+            raise ValueError(f"--duration must be at least 10 seconds, got {self.duration}")
+        unknown = set(self.faults) - set(CATEGORIES)
+        if unknown or not self.faults:
+            raise ValueError(
+                f"--faults takes a comma-separated list of {', '.join(CATEGORIES)}; "
+                f"got {','.join(self.faults) or 'nothing'}"
+            )
+
+
+Say = Callable[[str], None]
+
+
+def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"starting {options.nodes} brokers behind toxiproxy (seed {options.seed})")
+    chaos = ChaosCluster(
+        out / "data",
+        nodes=options.nodes,
+        partitions=options.partitions,
+        broker_args=["--tick-ms", str(options.tick_ms), "--election-ticks", "10"],
+    )
+    nemesis: Nemesis | None = None
+    recorder = Recorder()
+    try:
+        chaos.cluster.start()
+        chaos.cluster.wait_for_leaders(timeout=60)
+        advertised = [b.address for b in chaos.spec.brokers.values()]
+        workload = Workload(
+            advertised, TOPIC, options.partitions, recorder, producers=options.producers
+        )
+        nemesis = Nemesis(chaos, options.seed, options.faults)
+        recorder.t0 = time.monotonic()
+        workload.start()
+        time.sleep(min(3.0, options.duration / 10))
+        while recorder.now() < options.duration:
+            fault = nemesis.next_fault()
+            recorder.add(
+                Op(
+                    "fault",
+                    "nemesis",
+                    value=fault.description,
+                    status="start",
+                    start=recorder.now(),
+                    end=recorder.now(),
+                )
+            )
+            say(f"{recorder.now():6.1f}s  fault: {fault.description}")
+            hold, gap = nemesis.durations()
+            time.sleep(max(0.0, min(hold, options.duration - recorder.now())))
+            fault.heal()
+            recorder.add(
+                Op(
+                    "fault",
+                    "nemesis",
+                    value=fault.description,
+                    status="end",
+                    start=recorder.now(),
+                    end=recorder.now(),
+                )
+            )
+            time.sleep(gap)
+        nemesis.heal_everything()
+        healed = recorder.now()
+        say(f"{healed:6.1f}s  healed everything; measuring recovery")
+        recovery = _measure_recovery(advertised, options, recorder)
+        recorder.add(
+            Op(
+                "recovery",
+                "nemesis",
+                value=f"{recovery:.3f}" if recovery >= 0 else "-1",
+                status="ok" if 0 <= recovery <= options.recovery_limit else "fail",
+                start=healed,
+                end=recorder.now(),
+            )
+        )
+        say(f"recovered in {recovery:.1f} s" if recovery >= 0 else "did not recover")
+        time.sleep(1.0)
+        workload.finish()
+        say("reading every partition from every replica")
+        _final_reads(chaos, recorder, options)
+    finally:
+        if nemesis is not None:
+            nemesis.close()
+        chaos.close()
+    ops = recorder.ops()
+    history.write(out / "history.jsonl", ops)
+    result = checker.check(ops, recovery_limit_s=options.recovery_limit)
+    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    faults = [asdict(o) for o in ops if o.kind == "fault"]
+    (out / "faults.json").write_text(json.dumps(faults, indent=2))
+    (out / "options.json").write_text(
+        json.dumps({**asdict(options), "out": str(options.out)}, indent=2)
+    )
+    report.plot(ops, out / "timeline.png")
+    return result
+
+
+def _measure_recovery(addresses: list[str], options: ChaosOptions, recorder: Recorder) -> float:
+    """Seconds until every partition has accepted an acks=all write after healing; -1 if
+    that did not happen within twice the limit. The probes are sends like any other."""
+    start = time.monotonic()
+    pending = set(range(options.partitions))
+    seq = 0
+    with LowLevelClient(addresses, retries=4, retry_unavailable=False) as client:
+        while pending and time.monotonic() - start < 2 * options.recovery_limit:
+            for p in sorted(pending):
+                op = send_one(
+                    client, recorder, "probe", TOPIC, p, history.send_value("probe", p, seq), 3000
+                )
+                seq += 1
+                if op.status == "ok":
+                    pending.discard(p)
+            if pending:
+                time.sleep(0.1)
+    return time.monotonic() - start if not pending else -1.0
+
+
+def _final_reads(chaos: ChaosCluster, recorder: Recorder, options: ChaosOptions) -> None:
+    direct = {i: chaos.direct_address(i) for i in chaos.nodes}
+    with LowLevelClient(list(direct.values()), retries=20) as client:
+        for p in range(options.partitions):
+            target = _leader_hw(client, direct, p)
+            hws: dict[int, int] = {}
+            data: dict[int, bytes] = {}
+            for r in chaos.replicas(p):
+                hw, raw = _read_replica(client, direct[r], p, target, recorder, r)
+                hws[r], data[r] = hw, raw
+            common = min(hws.values())
+            for r, raw in data.items():
+                digest = hashlib.sha256()
+                for h in entry.iter_headers(raw, verify=False):
+                    if h.base_offset < common and h.next_offset <= common:
+                        digest.update(raw[h.position : h.end])
+                recorder.add(
+                    Op(
+                        "digest",
+                        f"final-{r}",
+                        p,
+                        digest.hexdigest(),
+                        common,
+                        start=recorder.now(),
+                        end=recorder.now(),
+                        replica=r,
+                    )
+                )
+
+
+def _leader_hw(client: LowLevelClient, direct: dict[int, str], partition: int) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        leader = client.refresh_leaders().get((TOPIC, partition))
+        if leader is not None:
+            try:
+                resp = client.stub(direct[leader.broker_id]).ListOffsets(
+                    pb.ListOffsetsRequest(topic=TOPIC, partition=partition, position=pb.LATEST),
+                    timeout=5,
+                )
+                return resp.high_watermark
+            except Exception:
+                pass
+        time.sleep(0.2)
+    return 0
+
+
+def _read_replica(
+    client: LowLevelClient, address: str, partition: int, target: int, recorder: Recorder, r: int
+) -> tuple[int, bytes]:
+    """Wait until the replica's high watermark reaches ``target`` (it catches up), then read
+    it from the start; each record becomes a ``final`` op."""
+    deadline = time.monotonic() + 30
+    hw = -1
+    while time.monotonic() < deadline:
+        try:
+            hw = (
+                client.stub(address)
+                .ListOffsets(
+                    pb.ListOffsetsRequest(topic=TOPIC, partition=partition, position=pb.LATEST),
+                    timeout=5,
+                )
+                .high_watermark
+            )
+        except Exception:
+            hw = -1
+        if hw >= target:
+            break
+        time.sleep(0.2)
+    if hw < 0:
+        return 0, b""
+    pieces = []
+    offset = 0
+    while offset < hw:
+        try:
+            resp = client.fetch(TOPIC, partition, offset, max_bytes=4 << 20, address=address)
+        except ClientError:
+            break
+        if not resp.entries:
+            break
+        pieces.append(resp.entries)
+        now = recorder.now()
+        for h in entry.iter_headers(resp.entries):
+            if h.type != entry.EntryType.DATA:
+                continue
+            for rec in decode_records(resp.entries, h):
+                if rec.offset < hw:
+                    recorder.add(
+                        Op(
+                            "final",
+                            f"final-{r}",
+                            partition,
+                            (rec.value or b"").decode(),
+                            rec.offset,
+                            "ok",
+                            now,
+                            now,
+                            hw=hw,
+                            replica=r,
+                        )
+                    )
+        offset = resp.next_offset
+    return hw, b"".join(pieces)

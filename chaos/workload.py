@@ -1,0 +1,193 @@
+"""What the harness asks of the cluster while faults run, recorded op by op.
+
+Producers send one record per produce, sequentially, acks=all, each value unique and
+self-describing; readers long-poll every partition in order. Every outcome is classified
+the way the checker needs it: a write is ``fail`` only when the broker proved nothing was
+written, and ``info`` (indeterminate) whenever it might have been.
+
+New generators (idempotent producers, consumer groups, membership changes) are added as
+more threads writing to the same :class:`Recorder`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from chaos.history import Op, send_value
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.log.records import Record, build_batch, iter_records
+
+DEFINITE_REFUSALS = {
+    "NOT_LEADER",
+    "LEADER_NOT_AVAILABLE",
+    "SHUTTING_DOWN",
+    "NOT_HOSTED",
+    "INVALID_BATCH",
+    "CORRUPT_BATCH",
+    "BATCH_TOO_LARGE",
+    "INVALID_ARGUMENT",
+    "UNKNOWN_TOPIC",
+    "UNKNOWN_PARTITION",
+}
+"""Broker answers that prove the write was not (and will never be) committed."""
+
+
+class Recorder:
+    """A thread-safe, append-only history with a clock starting at the run's start."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self._ops: list[Op] = []
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def add(self, op: Op) -> None:
+        with self._lock:
+            self._ops.append(op)
+
+    def ops(self) -> list[Op]:
+        with self._lock:
+            return list(self._ops)
+
+
+def classify(exc: ClientError) -> str:
+    return "fail" if exc.code in DEFINITE_REFUSALS else "info"
+
+
+def send_one(
+    client: LowLevelClient,
+    recorder: Recorder,
+    process: str,
+    topic: str,
+    partition: int,
+    value: str,
+    timeout_ms: int,
+) -> Op:
+    start = recorder.now()
+    record = Record(None, value.encode(), int(time.time() * 1000))
+    try:
+        resp = client.produce(
+            topic, partition, build_batch([record]), acks=pb.ACKS_ALL, timeout_ms=timeout_ms
+        )
+        op = Op("send", process, partition, value, resp.base_offset, "ok", start, recorder.now())
+    except ClientError as exc:
+        op = Op(
+            "send",
+            process,
+            partition,
+            value,
+            None,
+            classify(exc),
+            start,
+            recorder.now(),
+            error=f"{exc.code}: {exc}"[:300],
+        )
+    except Exception as exc:  # anything unexpected: the write may have happened
+        op = Op(
+            "send",
+            process,
+            partition,
+            value,
+            None,
+            "info",
+            start,
+            recorder.now(),
+            error=repr(exc)[:300],
+        )
+    recorder.add(op)
+    return op
+
+
+class Workload:
+    def __init__(
+        self,
+        addresses: list[str],
+        topic: str,
+        partitions: int,
+        recorder: Recorder,
+        *,
+        producers: int = 4,
+        timeout_ms: int = 3000,
+    ) -> None:
+        self.addresses = addresses
+        self.topic = topic
+        self.partitions = partitions
+        self.recorder = recorder
+        self.producers = producers
+        self.timeout_ms = timeout_ms
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.positions: dict[int, int] = {}
+
+    def _client(self) -> LowLevelClient:
+        # Retry only refusals that prove nothing was written; a connection lost mid-call is
+        # recorded as indeterminate instead of retried into a possible duplicate.
+        return LowLevelClient(self.addresses, retries=8, backoff=0.05, retry_unavailable=False)
+
+    def start(self) -> None:
+        for k in range(self.producers):
+            self._spawn(f"producer-{k}", self._produce, k)
+        for p in range(self.partitions):
+            self._spawn(f"reader-{p}", self._read, p)
+
+    def _spawn(self, name: str, target: Callable[..., None], arg: int) -> None:
+        t = threading.Thread(target=target, args=(arg,), name=name, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _produce(self, k: int) -> None:
+        process = f"producer-{k}"
+        seq = 0
+        with self._client() as client:
+            while not self.stop.is_set():
+                partition = (k + seq) % self.partitions
+                value = send_value(process, partition, seq)
+                op = send_one(
+                    client, self.recorder, process, self.topic, partition, value, self.timeout_ms
+                )
+                seq += 1
+                if op.status != "ok":
+                    self.stop.wait(0.05)  # do not spin while the cluster recovers
+
+    def _read(self, partition: int) -> None:
+        process = f"reader-{partition}"
+        offset = 0
+        with self._client() as client:
+            while not self.stop.is_set():
+                try:
+                    resp = client.fetch(self.topic, partition, offset, max_wait_ms=500)
+                except ClientError:
+                    self.stop.wait(0.1)
+                    continue
+                except Exception:
+                    self.stop.wait(0.1)
+                    continue
+                now = self.recorder.now()
+                for r in iter_records(resp.entries):
+                    if r.offset < offset:
+                        continue
+                    self.recorder.add(
+                        Op(
+                            "read",
+                            process,
+                            partition,
+                            (r.value or b"").decode(),
+                            r.offset,
+                            "ok",
+                            now,
+                            now,
+                            hw=resp.high_watermark,
+                        )
+                    )
+                    offset = r.offset + 1
+        self.positions[partition] = offset
+
+    def finish(self, timeout: float = 30.0) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout)
