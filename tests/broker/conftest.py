@@ -1,0 +1,101 @@
+"""Fixtures for the broker integration tests: clusters of real broker processes on 127.0.0.1
+with fast Raft ticks, always torn down (graceful stop, then SIGKILL) even when a test fails.
+When a test fails, the tail of every broker's log is printed with the failure report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from raftmq.broker.cluster_file import ClusterSpec
+from raftmq.broker.local_cluster import LocalCluster, local_spec
+
+BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "10"]
+LEADER_TIMEOUT = 30.0
+LOG_TAIL_LINES = 40
+
+
+def cluster_spec(
+    topics: dict[str, int], *, single_replica: dict[str, int] | None = None
+) -> ClusterSpec:
+    """Three brokers; ``topics`` with 3 replicas each, ``single_replica`` topics with one
+    replica per partition (partition p on broker p % 3 + 1, round-robin)."""
+    spec = local_spec(3, topics, name="raftmq-test")
+    if single_replica:
+        extra = local_spec(3, single_replica, replication=1)
+        spec = ClusterSpec(spec.name, spec.brokers, {**spec.topics, **extra.topics})
+    return spec
+
+
+def log_tails(cluster: LocalCluster, lines: int = LOG_TAIL_LINES) -> str:
+    out = []
+    for bid in cluster.spec.brokers:
+        path = cluster.log_path(bid)
+        text = path.read_text(errors="replace").splitlines() if path.exists() else []
+        out.append(f"--- {path} (last {lines} lines) ---")
+        out += text[-lines:]
+    return "\n".join(out)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def _failed(node: pytest.Item) -> bool:
+    return any(
+        getattr(node, f"rep_{when}", None) is not None and getattr(node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
+
+
+ClusterFactory = Callable[..., LocalCluster]
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
+    """``make_cluster({"t": 1})`` starts a fresh 3-broker cluster in tmp_path and waits until
+    every partition has a leader; it is closed after the test."""
+    clusters: list[LocalCluster] = []
+
+    def make(
+        topics: dict[str, int], *, single_replica: dict[str, int] | None = None
+    ) -> LocalCluster:
+        data = tmp_path / f"cluster-{len(clusters)}"
+        cluster = LocalCluster(
+            data, cluster_spec(topics, single_replica=single_replica), broker_args=BROKER_ARGS
+        )
+        clusters.append(cluster)
+        cluster.start()
+        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        if _failed(request.node):
+            print(log_tails(cluster))
+        cluster.close()
+
+
+SHARED_TOPICS = {"rt": 3, "conc": 1, "bad": 1, "poll": 1, "redirect": 1, "lo": 1, "acks": 1}
+SHARED_SINGLE = {"solo": 3}
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One cluster for the tests that do not kill brokers; each test uses its own topic."""
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("shared"),
+        cluster_spec(SHARED_TOPICS, single_replica=SHARED_SINGLE),
+        broker_args=BROKER_ARGS,
+    )
+    try:
+        cluster.start()
+        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT)
+        yield cluster
+    finally:
+        cluster.close()
