@@ -153,6 +153,11 @@ class RaftCore:
             assert term > self.term, "terms only grow"
             self.term = term
             self.vote = NONE  # a vote is of one term; never reset within it
+            # An unsent grant for an older term is useless now, and its promise (our
+            # durable vote in that term) is about to be overwritten by the new term.
+            self._msgs = [
+                m for m in self._msgs if not (m.type == MsgType.VOTE_RESP and not m.reject)
+            ]
         self.lead = NONE
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
@@ -413,6 +418,9 @@ class RaftCore:
             return  # corrupted in transit: the leader will retry
         assert all(e.index == m.index + 1 + i for i, e in enumerate(ents)), "contiguous"
         last_new = self.log.maybe_append(m.index, m.log_term, m.commit, ents)
+        if self.log.truncated_from is not None:
+            self._drop_acks_from(self.log.truncated_from)
+            self.log.truncated_from = None
         if last_new is not None:
             self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
             return
@@ -432,6 +440,19 @@ class RaftCore:
             )
         )
 
+    def _drop_acks_from(self, index: int) -> None:
+        """Forget unsent acks for entries we just discarded.
+
+        They were made when we held those entries, but would only go out after the
+        truncation is durable: an old leader could then count a replica that no longer
+        exists and commit an entry a quorum does not hold.
+        """
+        self._msgs = [
+            m
+            for m in self._msgs
+            if not (m.type == MsgType.APP_RESP and not m.reject and m.index >= index)
+        ]
+
     def _handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot
         assert snap is not None
@@ -440,6 +461,7 @@ class RaftCore:
         elif self.log.match_term(snap.index, snap.term):
             self.log.commit_to(snap.index)  # we hold its prefix: just fast-forward
         else:
+            self._drop_acks_from(self.log.committed + 1)
             self.log.restore(snap)
             self._history = [(snap.index, snap.membership)]
             self._snapshot_data = m.data

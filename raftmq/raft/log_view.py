@@ -55,6 +55,8 @@ class RaftLog:
         )
         self.committed = committed
         self.applied = applied
+        self.truncated_from: int | None = None
+        """Lowest index cut since the core last looked: acks beyond it are now false."""
         self.configs: dict[int, Membership] = {}
         """CONFIG entries not yet committed, by index: they take effect at commit."""
 
@@ -181,6 +183,8 @@ class RaftLog:
             assert conflict > self.committed, (
                 f"entry {conflict} conflicts with committed prefix up to {self.committed}"
             )
+            if conflict <= self.last_index:
+                self.truncated_from = min(self.truncated_from or conflict, conflict)
             self.append(ents[conflict - prev_index - 1 :])
         # Commit only what this message proved we hold: entries past last_new may be stale.
         self.commit_to(min(commit, last_new))

@@ -347,7 +347,7 @@ class Sim:
         if core is None or node.pending is not None or node.app_index < node.storage.start_index:
             return
         st = node.storage
-        index = self.rng.randint(st.start_index, node.app_index)
+        index = self.rng.randint(max(st.start_index, node.app_index - 8), node.app_index)
         if index > st.last_index:
             return
         meta = SnapshotMeta(
@@ -417,7 +417,11 @@ class Sim:
         if rng.random() < p.read:
             self.read()
         if rng.random() < p.compact:
-            self.compact(self.nodes[rng.choice(ids)])
+            ld = self.leader()
+            # Leaders' compactions are the ones that force InstallSnapshot on laggards.
+            self.compact(
+                ld if ld is not None and rng.random() < 0.6 else self.nodes[rng.choice(ids)]
+            )
         if p.membership and rng.random() < 0.02:
             self.change_membership()
 

@@ -564,3 +564,25 @@ def test_write_to_storage_restarts_a_conflicting_log_at_the_snapshot():
     assert (st.start_index, st.last_index, st.term_at(4), st.next_offset) == (5, 4, 2, 40)
     st.append(stamped(5, 2, offset=40))
     assert st.last_index == 5
+
+
+def test_unsent_acks_for_truncated_entries_are_dropped():
+    """Found by the simulator (seed 101487 of an earlier scheduler): acks made while a
+    Ready was outstanding, then a newer leader truncated those entries before the next
+    Ready. Sent after the truncation was durable, they would be lies to the old leader."""
+    f = make(2, {1, 2, 3})
+    f.core.step(app(1, 2, 1, 0, 0, [stamped(i, 1) for i in range(1, 4)]))
+    f.core.step(app(3, 2, 2, 0, 0, [stamped(1, 2)]))
+    rd = f.core.ready()
+    assert rd.first_index == 1 and rd.last_index == 1 and rd.last_term == 2
+    acks = [(m.dst, m.index) for m in rd.messages if m.type == MsgType.APP_RESP]
+    assert acks == [(3, 1)], acks
+
+
+def test_unsent_vote_grant_of_an_older_term_is_dropped():
+    p = make(1, {1, 2, 3}, pre_vote=False, check_quorum=False)
+    p.core.step(Message(MsgType.VOTE, 2, 1, 5))
+    p.core.step(Message(MsgType.VOTE, 3, 1, 6))
+    rd = p.core.ready()
+    assert rd.hard_state == HardState(6, 3, 0)
+    assert [(m.dst, m.term) for m in rd.messages] == [(3, 6)]
