@@ -781,12 +781,12 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 
 
 def test_log_state_machine() -> None:
-    """Fast default (~10 s): 150 random histories, each up to 60 steps."""
+    """Fast default (~10 s): 100 random histories, each up to 50 steps."""
     run_state_machine_as_test(
         LogMachine,
         settings=settings(
-            max_examples=150,
-            stateful_step_count=60,
+            max_examples=100,
+            stateful_step_count=50,
             deadline=None,
             database=None,
             suppress_health_check=_HEALTH,
