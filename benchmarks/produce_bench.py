@@ -88,6 +88,7 @@ class Plan:
     seq_max_seconds: float
     fetch_bytes: int
     nats_fetch_batch: int
+    profile_dir: Path | None
 
     @classmethod
     def make(cls, args: argparse.Namespace) -> Plan:
@@ -105,6 +106,7 @@ class Plan:
             seq_max_seconds=8.0 if quick else 40.0,
             fetch_bytes=8 << 20,
             nats_fetch_batch=1000,
+            profile_dir=Path(args.profile) if args.profile else None,
         )
 
 
@@ -536,6 +538,105 @@ def consume_figures(results: list[Json], value_size: int) -> Json:
     }
 
 
+def fsync_probe(directory: Path, count: int = 200, size: int = KIB) -> Json:
+    """Latency of append + fsync of ``size`` bytes on the data disk: the floor under an
+    acks=all commit (leader and a follower each fsync), so a latency target can be read
+    against what the disk allows at the moment."""
+    path = directory / "fsync-probe"
+    lats: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        block = os.urandom(size)
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            lats.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return latency_summary(lats)
+
+
+class Profiler:
+    """py-spy on one broker process for one phase (``--profile DIR``): raw collapsed stacks
+    the owner can turn into a flame graph, plus a top-functions summary in the report."""
+
+    def __init__(self, out_dir: Path | None, pid: int, phase: str, idle: bool) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.path: Path | None = None
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if out_dir is None or not Path(exe).exists():
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / f"raftmq-leader-{phase}.txt"
+        cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "-o", str(self.path)]
+        cmd += ["--rate", "200", "--nonblocking"] + (["--idle"] if idle else [])
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        _LIVE.add(self.proc)
+
+    def stop(self) -> Json | None:
+        """SIGINT makes py-spy write its file; then summarise it."""
+        if self.proc is None or self.path is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        _LIVE.discard(self.proc)
+        if not self.path.exists():
+            return None
+        return summarize_stacks(self.path)
+
+
+def summarize_stacks(path: Path, top: int = 15) -> Json:
+    """Self and inclusive sample shares per function from py-spy's raw (collapsed) output,
+    each frame named ``file:function`` with the repository prefix cut. Time in C code (an
+    fsync, a socket send) counts as self time of the Python function that called it;
+    the inclusive list keeps raftmq's own functions only."""
+    self_n: dict[str, int] = {}
+    incl_n: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        n = int(count_s)
+        total += n
+        frames = [_frame_name(f) for f in stack.split(";")]
+        frames = [f for f in frames if f]
+        if not frames:
+            continue
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            if f.startswith("raftmq/") and not f.startswith("raftmq/cli/"):  # not entry frames
+                incl_n[f] = incl_n.get(f, 0) + n
+
+    def share(d: dict[str, int]) -> list[tuple[str, float]]:
+        ranked = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:top]
+        return [(k, round(100 * v / max(1, total), 1)) for k, v in ranked]
+
+    return {"file": str(path), "samples": total, "self": share(self_n), "inclusive": share(incl_n)}
+
+
+def _frame_name(frame: str) -> str:
+    """``function (path/to/file.py:123)`` -> ``path/to/file.py:function``."""
+    func, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    file = where.rsplit(":", 1)[0] if where else "?"
+    for prefix in (str(REPO) + "/", "/usr/lib/python3.11/", "site-packages/"):
+        if prefix in file:
+            file = file.split(prefix, 1)[1]
+    if file.startswith("process ") or func.startswith("process "):
+        return ""
+    return f"{file}:{func}"
+
+
 # --- raftmq ---------------------------------------------------------------------------------
 
 
@@ -600,10 +701,17 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
         leader_pid = cluster.procs[by_part[0].broker_id].pid
         say(f"raftmq: leaders { ({p: ld.broker_id for p, ld in by_part.items()}) }")
 
+        fsync = fsync_probe(data)
+        say(f"disk: 1 KiB append+fsync p50 {fsync['p50_ms']:.2f} ms p99 {fsync['p99_ms']:.2f} ms")
+        profiles: Json = {}
         say(f"raftmq: sequential latency, {plan.seq_count} x 1 record")
-        seq = raftmq_sequential(
-            by_part[0].address, plan.seq_count, plan.seq_max_seconds, plan.value_size
-        )
+        prof = Profiler(plan.profile_dir, leader_pid, "sequential", idle=True)
+        try:
+            seq = raftmq_sequential(
+                by_part[0].address, plan.seq_count, plan.seq_max_seconds, plan.value_size
+            )
+        finally:
+            profiles["sequential"] = prof.stop()
 
         say(
             f"raftmq: publish {plan.warmup + plan.seconds:.0f} s, {plan.procs} procs, "
@@ -624,7 +732,11 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
             }
             for i, n in enumerate(split(plan.inflight, plan.procs))
         ]
-        results = run_workers("raftmq_produce", kwargs, timeout=plan.warmup + plan.seconds + 90)
+        prof = Profiler(plan.profile_dir, leader_pid, "publish", idle=False)
+        try:
+            results = run_workers("raftmq_produce", kwargs, timeout=plan.warmup + plan.seconds + 90)
+        finally:
+            profiles["publish"] = prof.stop()
         elapsed = time.monotonic() - start_at
         pub = publish_figures(results, plan)
         pub["broker_cpu_pct"] = {
@@ -659,6 +771,9 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
         return {
             "available": True,
             "leader_pid_partition0": leader_pid,
+            "leaders": {p: ld.broker_id for p, ld in by_part.items()},
+            "disk_fsync_1k": fsync,
+            "profiles": {k: v for k, v in profiles.items() if v},
             "sequential": seq,
             "publish": pub,
             "consume": con,
@@ -1003,6 +1118,24 @@ def render(report: Json) -> None:
     )
     console.print(rt)
     console.print(f"note: {FAIRNESS_NOTE}")
+    ours = report["raftmq"]
+    fs = ours["disk_fsync_1k"]
+    console.print(
+        f"disk: 1 KiB append+fsync p50 {fs['p50_ms']:.2f} ms, p99 {fs['p99_ms']:.2f} ms "
+        f"(the floor under an acks=all commit); raftmq leaders by partition: {ours['leaders']}"
+    )
+    for phase, prof in ours.get("profiles", {}).items():
+        pt = Table(title=f"raftmq leader py-spy, {phase} phase ({prof['samples']} samples)")
+        pt.add_column("self %", justify="right")
+        pt.add_column("function (self)")
+        pt.add_column("incl %", justify="right")
+        pt.add_column("raftmq function (inclusive)")
+        for (fs_name, fs_pct), (fi_name, fi_pct) in zip(
+            prof["self"], prof["inclusive"], strict=False
+        ):
+            pt.add_row(f"{fs_pct:.1f}", fs_name, f"{fi_pct:.1f}", fi_name)
+        console.print(pt)
+        console.print(f"raw stacks: {prof['file']}")
     console.print(
         f"machine: {report['env']['cpus']} CPUs, load average before/after "
         f"{report['env']['load_before']} / {report['env']['load_after']} "
@@ -1034,6 +1167,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.0, help="measured publish seconds")
     ap.add_argument("--seq-count", type=int, default=0)
     ap.add_argument("--skip-nats", action="store_true")
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="py-spy the partition-0 leader during the raftmq phases; raw stacks go here",
+    )
     args = ap.parse_args(argv)
     plan = Plan.make(args)
     say = Progress()
