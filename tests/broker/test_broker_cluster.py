@@ -209,6 +209,9 @@ def check_acked_on_every_replica(
         stray = set(values) - allowed
         assert not stray, f"{address}: records nobody produced: {sorted(stray)[:10]}"
     assert len(set(raws.values())) == 1, "replicas hold different bytes"
+    # One entry per fetch: the new leaders' NOOP entries (no offsets) must not stall a reader.
+    paged, _ = read_all(client, topic, 0, max_bytes=1)
+    assert paged == records
 
 
 @pytest.mark.timeout(90)
@@ -411,8 +414,12 @@ def test_round_trip_acks_all_keeps_order_and_contiguous_offsets(
         assert whole.next_offset == whole.high_watermark == len(sent[p])
         # A fetch from the middle starts at the entry holding the offset.
         mid = client.fetch("rt", p, 7)
-        first = next(iter_records(mid.entries))
-        assert first.offset <= 7
+        head = next(entry.iter_headers(mid.entries))
+        assert head.base_offset <= 7 < head.next_offset
+        # max_bytes smaller than an entry: still one whole entry, and progress.
+        tiny = client.fetch("rt", p, 7, max_bytes=1)
+        (only,) = entry.iter_headers(tiny.entries)
+        assert only == head and tiny.next_offset == head.next_offset
         # Every replica serves the same bytes once it has caught up.
         for address in shared_cluster.addresses:
             wait_until(
@@ -422,6 +429,8 @@ def test_round_trip_acks_all_keeps_order_and_contiguous_offsets(
             )
             _, replica_raw = read_all(client, "rt", p, address=address)
             assert replica_raw == raw, f"replica {address} of rt/{p} differs from the leader"
+            answer = client.fetch("rt", p, 0, address=address)
+            assert shared_cluster.spec.brokers[answer.broker_id].address == address
 
 
 @pytest.mark.timeout(60)
@@ -535,10 +544,12 @@ def test_produce_to_a_follower_is_refused_with_the_leaders_address(
     before = high_watermark(client, leader, "redirect")
     for follower_id in sorted(set(shared_cluster.spec.brokers) - {leader_id}):
         follower = address_of(shared_cluster, follower_id)
-        err = rpc_error(_produce(client, follower, topic="redirect", partition=0))
-        assert_error(err, grpc.StatusCode.FAILED_PRECONDITION, "NOT_LEADER", "leader")
-        assert err.meta.get("raftmq-leader-address") == leader
-        assert err.meta.get("raftmq-leader-id") == str(leader_id)
+        for acks in (pb.ACKS_ALL, pb.ACKS_LEADER, pb.ACKS_NONE):
+            err = rpc_error(_produce(client, follower, topic="redirect", partition=0, acks=acks))
+            assert_error(err, grpc.StatusCode.FAILED_PRECONDITION, "NOT_LEADER", "leader")
+            assert err.meta.get("raftmq-leader-address") == leader
+            assert err.meta.get("raftmq-leader-id") == str(leader_id)
+            assert f"broker {leader_id}" in str(err)
     assert high_watermark(client, leader, "redirect") == before
     # Following the hint works.
     r = client.stub(leader).Produce(
@@ -606,14 +617,16 @@ BAD_PRODUCE: dict[str, tuple[Callable[[], bytes], grpc.StatusCode, str, tuple[st
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("acks", [pb.ACKS_ALL, pb.ACKS_NONE], ids=["acks_all", "acks_none"])
 @pytest.mark.parametrize("case", list(BAD_PRODUCE))
 def test_bad_batch_is_refused_and_nothing_is_appended(
-    shared_cluster: LocalCluster, client: LowLevelClient, case: str
+    shared_cluster: LocalCluster, client: LowLevelClient, case: str, acks: int
 ) -> None:
+    """Even with acks=0 a batch is validated before the answer, and refused whole."""
     make, status, code, words = BAD_PRODUCE[case]
     leader = address_of(shared_cluster, leader_of(client, "bad"))
     _, before = offsets(client, leader, "bad")
-    request = pb.ProduceRequest(topic="bad", partition=0, entries=make())
+    request = pb.ProduceRequest(topic="bad", partition=0, entries=make(), acks=acks)
     err = rpc_error(lambda: client.stub(leader).Produce(request, timeout=RPC_TIMEOUT))
     assert_error(err, status, code, *words)
     # Nothing was appended, not even uncommitted: the next good batch takes the old end.
@@ -721,6 +734,37 @@ def test_fetch_from_a_broker_without_a_replica_is_not_hosted(
             assert_error(err, grpc.StatusCode.NOT_FOUND, "NOT_HOSTED", "no replica", f"solo/{p}")
         records, _ = read_all(client, "solo", p, address=address_of(shared_cluster, owner))
         assert [x.value for x in records][-1] == f"solo-{p}".encode()
+
+
+@pytest.mark.timeout(60)
+def test_metadata_describes_brokers_topics_replicas_and_leaders(
+    shared_cluster: LocalCluster, client: LowLevelClient
+) -> None:
+    spec = shared_cluster.spec
+    leaders = client.refresh_leaders()
+    for bid in spec.brokers:
+        md = client.stub(address_of(shared_cluster, bid)).Metadata(
+            pb.MetadataRequest(), timeout=RPC_TIMEOUT
+        )
+        assert md.broker_id == bid
+        assert md.cluster == spec.name
+        assert {b.id: f"{b.host}:{b.port}" for b in md.brokers} == {
+            b.id: b.address for b in spec.brokers.values()
+        }
+        assert sorted(t.name for t in md.topics) == sorted(spec.topics)
+        for t in md.topics:
+            count = spec.topics[t.name].partitions
+            assert [p.partition for p in t.partitions] == list(range(count))
+            for p in t.partitions:
+                replicas = spec.topics[t.name].replicas[p.partition]
+                assert tuple(p.replicas) == replicas
+                if bid in replicas:
+                    assert p.leader_id == leaders[t.name, p.partition].broker_id
+                    assert p.leader_term > 0 and p.high_watermark >= 0
+                else:
+                    assert p.high_watermark == -1, "a broker without a replica reports no hw"
+    only = client.metadata(["solo"])
+    assert [t.name for t in only.topics] == ["solo"]
 
 
 # --- 8. ListOffsets ------------------------------------------------------------------------------
