@@ -130,6 +130,7 @@ class Sim:
             self._create(i, self.base)
         self.net: list[tuple[int, Message]] = []
         self.group: dict[int, int] = {}
+        self.cut: set[tuple[int, int]] = set()
         self.lossy = True
         # checker state
         self.leaders: dict[int, int] = {}
@@ -288,11 +289,15 @@ class Sim:
         _, m = self.net.pop(k)
         dst = self.nodes.get(m.dst)
         src = self.nodes.get(m.src)
+        if dst is not None and dst.up and dst.paused_until > self.time:
+            # A paused process (GC, VM stall) finds its socket buffers full when it wakes.
+            self.net.append((dst.paused_until, m))
+            return True
         lost = (
             dst is None
             or not dst.up
-            or dst.paused_until > self.time
             or self.group.get(m.src, 0) != self.group.get(m.dst, 0)
+            or (m.src, m.dst) in self.cut
             or (self.lossy and self.rng.random() < self.p.drop)
         )
         if m.type == MsgType.SNAP and src is not None and src.core is not None:
@@ -398,10 +403,16 @@ class Sim:
             if not n.up and rng.random() < 0.1:
                 self.restart(n)
         if rng.random() < p.partition:
-            self.group = {i: rng.randint(0, 1) for i in ids}
-            self.log(f"partition {self.group}")
-        elif self.group and rng.random() < 0.05:
+            if rng.random() < 0.5:
+                self.group = {i: rng.randint(0, 1) for i in ids}
+                self.log(f"partition {self.group}")
+            else:
+                # One-way link failures: a hears b but b does not hear a.
+                self.cut = {(a, b) for a in ids for b in ids if a != b and rng.random() < 0.2}
+                self.log(f"one-way cuts {sorted(self.cut)}")
+        elif (self.group or self.cut) and rng.random() < 0.05:
             self.group = {}
+            self.cut = set()
             self.log("heal")
         if rng.random() < p.pause:
             n = self.nodes[rng.choice(ids)]
@@ -530,6 +541,8 @@ class Sim:
             self.chaos()
         for n in list(self.nodes.values()):
             if n.core is not None and n.paused_until <= self.time:
+                if chaos and self.rng.random() < 0.1:
+                    continue  # clocks drift: this node's tick comes late
                 n.core.tick()
         # Within a tick: deliver due messages and process nodes in random order.
         for _ in range(2000):
@@ -552,6 +565,7 @@ class Sim:
 
     def heal(self) -> None:
         self.group = {}
+        self.cut = set()
         self.lossy = False
         self.p.max_delay = min(self.p.max_delay, 1)
         for n in self.nodes.values():
