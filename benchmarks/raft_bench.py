@@ -231,7 +231,8 @@ def free_ports(n: int) -> list[int]:
 def cluster(
     impl: str, root: Path, *, groups: int = 1, segment_bytes: int = 128 * MIB, tag: str = ""
 ) -> Iterator[dict[int, NodeProc]]:
-    """Three fresh members with their own data directories; always torn down and removed."""
+    """Three fresh members with their own data directories; always torn down (the data is
+    removed with the run's root directory)."""
     ports = dict(zip(NODES, free_ports(len(NODES)), strict=True))
     base = root / f"{impl}-{groups}{tag}"
     nodes: dict[int, NodeProc] = {}
@@ -288,49 +289,80 @@ def real_disk_tmp() -> Path:
 # --- phases ---------------------------------------------------------------------------------
 
 
-def throughput(impl: str, root: Path, plan: Plan, log: TextIO) -> Reply:
-    """Each entry size on a fresh cluster, so that one run's aftermath (pysyncobj loses
+def system_busy_ticks() -> int:
+    """CPU ticks spent busy by the whole machine (every core), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle_, iowait = fields[3], fields[4] if len(fields) > 4 else 0
+    return sum(fields[:8]) - idle_ - iowait
+
+
+class Contention:
+    """What the rest of the machine did during a window, in % of one core: a benchmark on
+    a shared 2-core box is only as good as this figure is small."""
+
+    def __init__(self, nodes: dict[int, NodeProc]) -> None:
+        self.nodes = nodes
+        self.t0 = time.monotonic()
+        self.sys0 = system_busy_ticks()
+        self.ours0 = sum(n.cpu_ticks() for n in nodes.values())
+
+    def finish(self) -> Reply:
+        elapsed = time.monotonic() - self.t0
+        hz = os.sysconf("SC_CLK_TCK")
+        ours = sum(n.cpu_ticks() for n in self.nodes.values()) - self.ours0
+        others = system_busy_ticks() - self.sys0 - ours
+        return {
+            "cluster_cpu_pct": round(ours / hz / elapsed * 100, 1),
+            "other_cpu_pct": round(max(0, others) / hz / elapsed * 100, 1),
+            "loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
+            "cores": os.cpu_count(),
+        }
+
+
+def throughput(impl: str, label: str, size: int, root: Path, plan: Plan, log: TextIO) -> Reply:
+    """One entry size on a fresh cluster, so that one run's aftermath (pysyncobj loses
     leadership under 64 KiB load) cannot leak into the next; 1 KiB latency is measured on
     the 1 KiB cluster before its load."""
     out: Reply = {}
-    for label, size in (("64k", 64 * KIB), ("1k", KIB)):
-        with cluster(impl, root, tag=label) as nodes:
-            leader = find_leader(nodes)
-            if label == "1k":
-                if impl == "raftmq":
-                    count, cap, warm = plan.latency_count, plan.latency_max_seconds, 50
-                else:
-                    count, cap, warm = plan.ref_latency_count, plan.latency_max_seconds / 2, 5
-                lat = leader.request(
-                    "latency",
-                    timeout=cap + 120,
-                    size=KIB,
-                    count=count,
-                    max_seconds=cap,
-                    warmup=warm,
-                )
-                out["latency_1k"] = lat
-                print(
-                    f"  {impl} latency 1k: p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms",
-                    file=log,
-                    flush=True,
-                )
-            r = leader.request(
-                "load",
-                timeout=plan.warmup + plan.seconds + 90,
-                size=size,
-                inflight=plan.inflight,
-                seconds=plan.seconds,
-                warmup=plan.warmup,
+    with cluster(impl, root, tag=label) as nodes:
+        leader = find_leader(nodes)
+        if label == "1k":
+            if impl == "raftmq":
+                count, cap, warm = plan.latency_count, plan.latency_max_seconds, 50
+            else:
+                count, cap, warm = plan.ref_latency_count, plan.latency_max_seconds / 2, 5
+            busy = Contention(nodes)
+            lat = leader.request(
+                "latency", timeout=cap + 120, size=KIB, count=count, max_seconds=cap, warmup=warm
             )
-            r["leader_node"] = leader.node
-            out[f"throughput_{label}"] = r
+            lat["machine"] = busy.finish()
+            out["latency_1k"] = lat
             print(
-                f"  {impl} {label}: {r['entries_per_s']:.0f} entries/s {r['mb_per_s']:.2f} MB/s"
-                f" (leader node {leader.node}, {r['error_count']} failed)",
+                f"  {impl} latency 1k: p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms"
+                f" (rest of machine {lat['machine']['other_cpu_pct']:.0f}% of a core)",
                 file=log,
                 flush=True,
             )
+        busy = Contention(nodes)
+        r = leader.request(
+            "load",
+            timeout=plan.warmup + plan.seconds + 90,
+            size=size,
+            inflight=plan.inflight,
+            seconds=plan.seconds,
+            warmup=plan.warmup,
+        )
+        r["machine"] = busy.finish()
+        r["leader_node"] = leader.node
+        out[f"throughput_{label}"] = r
+        print(
+            f"  {impl} {label}: {r['entries_per_s']:.0f} entries/s {r['mb_per_s']:.2f} MB/s"
+            f" (leader node {leader.node}, {r['error_count']} failed, rest of machine "
+            f"{r['machine']['other_cpu_pct']:.0f}% of a core)",
+            file=log,
+            flush=True,
+        )
     return out
 
 
@@ -363,11 +395,13 @@ def idle(root: Path, plan: Plan, log: TextIO) -> Reply:
         )
         time.sleep(plan.idle_settle)
         hz = os.sysconf("SC_CLK_TCK")
+        busy = Contention(nodes)
         before = {k: node.cpu_ticks() for k, node in nodes.items()}
         m0 = time.monotonic()
         time.sleep(plan.idle_measure)
         after = {k: node.cpu_ticks() for k, node in nodes.items()}
         elapsed = time.monotonic() - m0
+        machine = busy.finish()
         cpu = {k: round((after[k] - before[k]) / hz / elapsed * 100, 2) for k in nodes}
         end = [node.request("status", timeout=30) for node in nodes.values()]
         still = {s["node"]: s["quiesced"] for s in end}
@@ -382,6 +416,7 @@ def idle(root: Path, plan: Plan, log: TextIO) -> Reply:
         "quiesced_after": still,
         "rounds_during_settle_and_measure": rounds,
         "measure_s": round(elapsed, 1),
+        "machine": machine,
     }
 
 
@@ -418,6 +453,10 @@ def _throughput_lines(rm: Reply, ref: Reply | None) -> list[str]:
         lines.append(
             f"{label + ' leader CPU %':<24}{a['leader_cpu_pct']:>20.0f}"
             + (f"{b['leader_cpu_pct']:>20.0f}" if b else "")
+        )
+        lines.append(
+            f"{label + ' other procs CPU %':<24}{a['machine']['other_cpu_pct']:>20.0f}"
+            + (f"{b['machine']['other_cpu_pct']:>20.0f}" if b else "")
         )
         if b and (b["error_count"] or b["stuck_workers"]):
             lines.append(
@@ -466,7 +505,8 @@ def _idle_lines(idle_r: Reply) -> list[str]:
         f"leaders per node {idle_r['leaders_per_node']}",
         f"  CPU % of one core over {idle_r['measure_s']}s: "
         + ", ".join(f"node {k}: {v:.2f}%" for k, v in idle_r["cpu_pct"].items())
-        + f"   (target < {TARGET_IDLE_CPU_PCT:.0f}%: {'met' if ok else 'MISSED'})",
+        + f"   (target < {TARGET_IDLE_CPU_PCT:.0f}%: {'met' if ok else 'MISSED'}; "
+        f"other processes meanwhile: {idle_r['machine']['other_cpu_pct']:.0f}% of a core)",
         "  Raft rounds per node during settle+measure: "
         f"{idle_r['rounds_during_settle_and_measure']}",
     ]
@@ -486,6 +526,23 @@ def table(results: Reply, plan: Plan) -> str:
         "every round",
         "",
     ]
+    busiest = max(
+        (
+            w["machine"]["other_cpu_pct"]
+            for impl in (rm, ref)
+            if impl
+            for w in impl.values()
+            if isinstance(w, dict) and "machine" in w
+        ),
+        default=0.0,
+    )
+    if busiest > 25:
+        lines += [
+            f"WARNING: other processes used up to {busiest:.0f}% of a core during the "
+            f"windows ({os.cpu_count()} cores): absolute figures are depressed and noisy, "
+            "and columns measured at different moments compare unevenly.",
+            "",
+        ]
     if rm:
         lines += [*_throughput_lines(rm, ref), "", *_latency_lines(rm, ref), ""]
     if results.get("idle"):
@@ -552,10 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     phases: dict[str, float] = {}
     results["phase_s"] = phases
     try:
-        if "raftmq" not in skip:
-            print("raftmq throughput and latency...", file=log, flush=True)
-            results["raftmq"] = throughput("raftmq", root, plan, log)
-            phases["raftmq"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+        impls = [] if "raftmq" in skip else ["raftmq"]
         if "pysyncobj" in skip:
             pass
         elif importlib.util.find_spec("pysyncobj") is None:
@@ -567,9 +621,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             results["pysyncobj_skipped"] = "not installed (.venv/bin/pip install pysyncobj)"
         else:
-            print("pysyncobj throughput and latency...", file=log, flush=True)
-            results["pysyncobj"] = throughput("pysyncobj", root, plan, log)
-            phases["pysyncobj"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+            impls.append("pysyncobj")
+        # Interleaved (64k raftmq, 64k pysyncobj, 1k raftmq, ...) so that both columns see
+        # the same background load on a shared machine.
+        for label, size in (("64k", 64 * KIB), ("1k", KIB)):
+            for impl in impls:
+                print(f"{impl} {label}...", file=log, flush=True)
+                results.setdefault(impl, {}).update(throughput(impl, label, size, root, plan, log))
+        if impls:
+            phases["throughput"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
         if "idle" not in skip:
             print(f"idle groups ({plan.idle_groups})...", file=log, flush=True)
             results["idle"] = idle(root, plan, log)

@@ -407,6 +407,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--segment-bytes", type=int, default=1 << 20)
     args = parser.parse_args(argv)
+    switch = os.environ.get("RAFT_BENCH_SWITCH_INTERVAL")
+    if switch:
+        # Diagnostic knob: how long a thread returning from fsync may wait for the GIL
+        # while the event loop runs Python code (CPython's default is 5 ms).
+        sys.setswitchinterval(float(switch))
     if args.impl == "raftmq":
         asyncio.run(_raftmq_main(args))
     else:
