@@ -81,7 +81,16 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Clu
         cluster.close()
 
 
-SHARED_TOPICS = {"rt": 3, "conc": 1, "bad": 1, "poll": 1, "redirect": 1, "lo": 1, "acks": 1}
+SHARED_TOPICS = {
+    "rt": 3,
+    "multi": 1,
+    "conc": 1,
+    "bad": 1,
+    "poll": 1,
+    "redirect": 1,
+    "lo": 1,
+    "acks": 1,
+}
 SHARED_SINGLE = {"solo": 3}
 
 

@@ -339,6 +339,22 @@ def test_killed_follower_catches_up(make_cluster: ClusterFactory) -> None:
         check_contiguous(records)
         assert [r.value for r in records] == sent
         assert raw == leader_raw
+        # Without a majority an acks=all write is never confirmed: TIMEOUT, or, once the
+        # leader has noticed it lost its quorum, LEADER_NOT_AVAILABLE. Never an ack.
+        leader = leader_of(client, "f")
+        for bid in set(cluster.spec.brokers) - {leader}:
+            cluster.kill(bid)
+        request = pb.ProduceRequest(
+            topic="f", partition=0, entries=batch([b"no-quorum"]), timeout_ms=200
+        )
+        err = rpc_error(
+            lambda: client.stub(address_of(cluster, leader)).Produce(request, timeout=10)
+        )
+        assert (err.status, err.code) in {
+            (grpc.StatusCode.DEADLINE_EXCEEDED, "TIMEOUT"),
+            (grpc.StatusCode.UNAVAILABLE, "LEADER_NOT_AVAILABLE"),
+            (grpc.StatusCode.FAILED_PRECONDITION, "NOT_LEADER"),
+        }, err
 
 
 def _hw_or_none(client: LowLevelClient, address: str, topic: str) -> int | None:
@@ -467,6 +483,27 @@ def test_concurrent_producers_each_keep_their_order(
             assert by_offset[o] == v
 
 
+@pytest.mark.timeout(60)
+def test_one_request_with_several_entries_and_an_entry_of_exactly_the_limit(
+    shared_cluster: LocalCluster, client: LowLevelClient
+) -> None:
+    r = client.produce("multi", 0, batch([b"a", b"b"]) + batch([b"c"]) + batch([b"d", b"e"]))
+    assert (r.base_offset, r.last_offset, r.high_watermark) == (0, 4, 5)
+    # An entry of exactly max.message.bytes (1 MiB, header included) is accepted.
+    n = MIB - 200
+    while len(batch([b"x" * n])) < MIB:
+        n += 1
+    exact = batch([b"x" * n])
+    assert len(exact) == MIB
+    r = client.produce("multi", 0, exact)
+    assert (r.base_offset, r.last_offset) == (5, 5)
+    err = rpc_error(lambda: client.produce("multi", 0, batch([b"x" * (n + 1)])))
+    assert_error(err, grpc.StatusCode.INVALID_ARGUMENT, "BATCH_TOO_LARGE", str(MIB + 1))
+    records, _ = read_all(client, "multi", 0)
+    assert [x.value for x in records] == [b"a", b"b", b"c", b"d", b"e", b"x" * n]
+    check_contiguous(records)
+
+
 # --- 5. long polls -------------------------------------------------------------------------------
 
 
@@ -510,6 +547,28 @@ def test_parked_fetch_on_a_follower_wakes_up_too(
     latency = time.monotonic() - landed
     assert latency < 1.0, f"parked follower fetch woke {latency * 1000:.0f} ms after the produce"
     assert [r.value for r in iter_records(answer.entries)] == [b"to-follower"]
+
+
+@pytest.mark.timeout(60)
+def test_long_poll_waits_for_min_bytes(
+    shared_cluster: LocalCluster, client: LowLevelClient
+) -> None:
+    client.produce("poll", 0, batch([b"start"]))
+    leader = address_of(shared_cluster, leader_of(client, "poll"))
+    end = high_watermark(client, leader, "poll")
+    request = pb.FetchRequest(
+        topic="poll", partition=0, offset=end, max_wait_ms=5_000, min_bytes=5_000
+    )
+    parked = client.stub(leader).Fetch.future(request, timeout=15)
+    client.produce("poll", 0, batch([b"small"]))
+    time.sleep(0.3)
+    assert not parked.done(), "answered before min_bytes were there"
+    client.produce("poll", 0, batch([b"y" * 6_000]))
+    landed = time.monotonic()
+    answer = parked.result(timeout=10)
+    assert time.monotonic() - landed < 1.0
+    assert [r.value for r in iter_records(answer.entries)] == [b"small", b"y" * 6_000]
+    assert answer.next_offset == end + 2
 
 
 @pytest.mark.timeout(60)
@@ -606,6 +665,12 @@ BAD_PRODUCE: dict[str, tuple[Callable[[], bytes], grpc.StatusCode, str, tuple[st
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_BATCH",
         ("malformed",),
+    ),
+    "too-many-entries": (
+        lambda: batch([b"v"]) * 10_001,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_BATCH",
+        ("10000 entries",),
     ),
     "garbage": (
         lambda: b"\x00" * 10,
