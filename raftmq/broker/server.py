@@ -42,6 +42,7 @@ class Broker:
         tick_seconds: float = 0.1,
         election_tick: int = 10,
         listen: tuple[str, int] | None = None,
+        retention_check_seconds: float = 60.0,
     ) -> None:
         """``listen`` binds the client service elsewhere than the address the cluster file
         advertises (clients of a chaos test reach it through a proxy)."""
@@ -68,6 +69,8 @@ class Broker:
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.stopping = False
         self.listen = listen or (me.host, me.port)
+        self.retention_check_seconds = retention_check_seconds
+        self._retention_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -89,6 +92,7 @@ class Broker:
         pb_grpc.add_BrokerServicer_to_server(BrokerService(self), self._server)
         self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
+        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop())
         log.info(
             "broker %d serving clients on %s:%d, raft on %s:%d, %d replicas",
             self.id,
@@ -103,9 +107,24 @@ class Broker:
         if graceful:
             await self._hand_over_leadership(transfer_wait)
         self.stopping = True
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
         await self.host.stop()
+
+    async def _retention_loop(self) -> None:
+        """Delete old segments (retention.ms, retention.bytes) of every hosted replica, never
+        past what it applied; followers that fall behind the new start get a snapshot."""
+        while not self.stopping:
+            await asyncio.sleep(self.retention_check_seconds)
+            for r in self.replicas.values():
+                try:
+                    self.host.compact(group_name(r.topic, r.partition))
+                except Exception:
+                    log.exception("retention of %s/%d failed", r.topic, r.partition)
 
     async def _hand_over_leadership(self, wait: float) -> None:
         """Move each partition this broker leads to a live follower that is caught up, so

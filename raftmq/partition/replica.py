@@ -32,6 +32,7 @@ from raftmq.partition.errors import (
 from raftmq.raft import errors as raft_errors
 from raftmq.raft.driver import RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
+from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.ready import SoftState
 
 MAX_ENTRIES_PER_PRODUCE = 10_000
@@ -82,6 +83,7 @@ class PartitionReplica:
             apply=self._apply,
             on_soft_state=self._on_soft_state,
             replay=False,
+            on_snapshot=self._on_snapshot,
         )
         self.high_watermark = self._offset_after(self.group.core.log.committed)
 
@@ -114,8 +116,17 @@ class PartitionReplica:
         last = None
         for last in entry.iter_headers(committed, verify=False):  # noqa: B007 - want the last
             pass
-        if last is not None and last.next_offset > self.high_watermark:
-            self.high_watermark = last.next_offset
+        if last is not None:
+            self._advance_hw(last.next_offset)
+
+    def _on_snapshot(self, snap: SnapshotMeta, data: bytes) -> None:
+        """A snapshot of a partition is its start point: everything before it is gone on
+        the leader too, and everything up to it is committed."""
+        self._advance_hw(snap.next_offset)
+
+    def _advance_hw(self, offset: int) -> None:
+        if offset > self.high_watermark:
+            self.high_watermark = offset
             # Wake every parked fetch; each re-checks its own condition.
             self._hw_event.set()
             self._hw_event = asyncio.Event()

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.raft import hardstate
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 
 HARD_STATE_FILE = "raft-hardstate"
 COMMIT_HINT_FILE = "raft-commit"
+SNAPSHOT_META_FILE = "raft-snapshot"
+"""Metadata of the log's start point (index, term, next offset, membership), saved
+atomically whenever the log loses a prefix, so a restart knows the membership there."""
 COMMIT_HINT_SECONDS = 1.0
 """How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
@@ -64,7 +68,23 @@ QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 
 ApplyFn = Callable[[bytes, int], None]
+SnapshotFn = Callable[[SnapshotMeta, bytes], None]
+SnapshotDataFn = Callable[[], bytes]
+_SNAP_META = struct.Struct(">qqq")
 _COMMIT_HINT = struct.Struct(">qq")  # the commit index twice: a torn write cannot match
+
+
+def _save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
+    mem = snap.membership.encode()
+    write_atomic(path, _SNAP_META.pack(snap.index, snap.term, snap.next_offset) + mem)
+
+
+def _load_snapshot_meta(path: Path) -> SnapshotMeta | None:
+    raw = read_atomic(path)
+    if raw is None or len(raw) < _SNAP_META.size:
+        return None
+    index, term, next_offset = _SNAP_META.unpack_from(raw)
+    return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
 
 
 def _read_commit_hint(path: Path) -> int:
@@ -91,8 +111,12 @@ class RaftGroup:
         sync: bool,
         apply: ApplyFn | None,
         on_soft_state: SoftStateFn | None,
+        on_snapshot: SnapshotFn | None = None,
+        snapshot_data: SnapshotDataFn | None = None,
     ) -> None:
         self.name = name
+        self.on_snapshot = on_snapshot
+        self.snapshot_data = snapshot_data
         self.core = core
         self.log = log_
         self.directory = directory
@@ -166,6 +190,8 @@ class RaftHost:
         apply: ApplyFn | None = None,
         on_soft_state: SoftStateFn | None = None,
         replay: bool = True,
+        on_snapshot: SnapshotFn | None = None,
+        snapshot_data: SnapshotDataFn | None = None,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
 
@@ -188,6 +214,9 @@ class RaftHost:
         log_ = Log.open(path, dataclasses.replace(config, flush_policy=FlushPolicy.INTERVAL))
         if not log_.recovery.clean:
             log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
+        saved = _load_snapshot_meta(path / SNAPSHOT_META_FILE)
+        if saved is not None and saved.index == log_.start_index - 1:
+            membership = saved.membership  # CONFIG entries below the start are gone
         hs = hardstate.load(path / HARD_STATE_FILE)
         commit = hs.commit
         if not replay:
@@ -200,7 +229,15 @@ class RaftHost:
         applied = None if replay else commit
         core = RaftCore(self._core_cfg, log_, hard_state=hs, membership=membership, applied=applied)
         group = RaftGroup(
-            name, core, log_, path, sync=sync, apply=apply, on_soft_state=on_soft_state
+            name,
+            core,
+            log_,
+            path,
+            sync=sync,
+            apply=apply,
+            on_soft_state=on_soft_state,
+            on_snapshot=on_snapshot,
+            snapshot_data=snapshot_data,
         )
         group.saved_hard = hs
         group.hinted_commit = commit if not replay else -1
@@ -234,6 +271,18 @@ class RaftHost:
         group.waiters[index] = (group.core.term, fut, durable_locally)
         self._mark(group)
         return fut
+
+    def compact(self, name: str) -> int:
+        """Apply the log's retention, never past what this node applied, and record the
+        new start point. Returns how many segments were deleted.
+
+        A follower that later needs entries below the start gets a snapshot (for a
+        partition: just the start point, since its state is the log itself)."""
+        group = self.groups[name]
+        deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
+        if deleted:
+            _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, group.core.snapshot_meta())
+        return deleted
 
     def campaign(self, name: str) -> None:
         group = self.groups[name]
@@ -415,6 +464,10 @@ class RaftHost:
 
     def _persist(self, group: RaftGroup, rd: Ready) -> None:
         """Runs in the fsync pool: make this Ready's entries and term/vote durable."""
+        if rd.snapshot is not None:
+            # The log already restarted at the snapshot point (write_to_storage); the
+            # membership there must survive a restart before we acknowledge.
+            _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
         if rd.entries and group.sync:
             group.log.flush()
             self.fsyncs += 1
@@ -449,6 +502,8 @@ class RaftHost:
         log.info(
             "group %s on node %d: installed snapshot at %d", group.name, self.node_id, snap.index
         )
+        if group.on_snapshot is not None:
+            group.on_snapshot(snap, data)
 
     def _write_commit_hint(self, group: RaftGroup) -> None:
         if group.hinted_commit < 0:
@@ -492,5 +547,14 @@ class RaftHost:
         for m in msgs:
             if m.dst == self.node_id:
                 group.core.step(m)
+                continue
+            if m.type == MsgType.SNAP:
+                # The core sends metadata only; the application's bytes ride along. The
+                # transport owns delivery from here: a lost snapshot shows up as a
+                # rejected append and is sent again.
+                if group.snapshot_data is not None:
+                    m.data = group.snapshot_data()
+                self.transport.send(m.dst, group.name, m, urgent=False)
+                group.core.report_snapshot(m.dst, ok=True)
                 continue
             self.transport.send(m.dst, group.name, m, urgent=m.type in _URGENT)
