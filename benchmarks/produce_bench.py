@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -200,7 +201,8 @@ def _worker_entry(name: str, kwargs: Json, out: Any, index: int) -> None:
         result = asyncio.run(fn(**kwargs))
         out.put((index, result, None))
     except BaseException as exc:  # reported to the parent, which raises
-        out.put((index, None, f"{type(exc).__name__}: {exc}"))
+        where = traceback.format_exc(limit=-3)
+        out.put((index, None, f"{type(exc).__name__}: {exc}\n{where}"))
 
 
 def run_workers(name: str, kwargs_list: list[Json], timeout: float) -> list[Json]:
@@ -474,7 +476,7 @@ async def nats_consume_worker(
         while True:
             try:
                 msgs = await sub.fetch(batch=batch, timeout=idle_timeout)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):  # nats-py raises either, by code path
                 break
             if not msgs:
                 break
