@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,17 @@ def open_fds() -> int:
 INTERVAL = LogConfig(flush_policy=FlushPolicy.INTERVAL)
 
 
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs folder (``/dev/shm``) for tests about logic, not the disk: creating dozens of
+    segments costs ~10 fsyncs each, seconds on a shared disk. Falls back to ``tmp_path``."""
+    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="raftmq-logtest-", dir="/dev/shm") as d:
+        yield Path(d)
+
+
 # --- torn tails --------------------------------------------------------------------------
 
 
@@ -124,12 +137,12 @@ def test_corrupt_entry_in_active_tail_drops_it_and_everything_after(tmp_path: Pa
     log.close()
 
 
-def test_clean_reopen_reports_nothing(tmp_path: Path) -> None:
-    with Log.open(tmp_path, LogConfig(segment_bytes=2048)) as log:
+def test_clean_reopen_reports_nothing(scratch: Path) -> None:
+    with Log.open(scratch, LogConfig(segment_bytes=2048)) as log:
         fill(log, 30, 200)
-    with Log.open(tmp_path, LogConfig(segment_bytes=2048)) as log:
+    with Log.open(scratch, LogConfig(segment_bytes=2048)) as log:
         assert log.recovery.clean
-        assert log.recovery.segments == len(segment_files(tmp_path)) > 1
+        assert log.recovery.segments == len(segment_files(scratch)) > 1
         assert log.next_index == 31
 
 
@@ -143,10 +156,10 @@ def _multi_segment_log(directory: Path, count: int = 30, size: int = 200) -> lis
 
 
 def test_corrupt_byte_in_closed_segment_is_detected_on_read_and_not_served(
-    tmp_path: Path,
+    scratch: Path,
 ) -> None:
-    entries = _multi_segment_log(tmp_path)
-    first = segment_files(tmp_path)[0]
+    entries = _multi_segment_log(scratch)
+    first = segment_files(scratch)[0]
     victim = 3  # the 4th entry of the first (closed) segment
     position = sum(len(e) for e in entries[:victim])
     with open(first, "r+b") as f:
@@ -154,7 +167,7 @@ def test_corrupt_byte_in_closed_segment_is_detected_on_read_and_not_served(
         f.write(b"\x00" if entries[victim][entry.HEADER_SIZE + 10] else b"\x01")
 
     config = LogConfig(segment_bytes=2048, index_interval_bytes=1)
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     assert log.recovery.clean  # closed segments are not rescanned on open
     ok = log.read_by_index(1, sum(len(e) for e in entries[:victim]))
     assert ok.data == b"".join(entries[:victim])
@@ -178,12 +191,12 @@ def test_corrupt_byte_in_closed_segment_is_detected_on_read_and_not_served(
 # --- index files -------------------------------------------------------------------------
 
 
-def test_missing_and_damaged_index_files_are_rebuilt(tmp_path: Path) -> None:
+def test_missing_and_damaged_index_files_are_rebuilt(scratch: Path) -> None:
     config = LogConfig(segment_bytes=2048, index_interval_bytes=300)
-    with Log.open(tmp_path, config) as log:
+    with Log.open(scratch, config) as log:
         for i in range(1, 41):
             log.append(data_entry(i, 200, ts=1000 + 10 * i))
-    segs = segment_files(tmp_path)
+    segs = segment_files(scratch)
     assert len(segs) >= 4
     originals = {p: p.read_bytes() for s in segs[:-1] for p in (s.with_suffix(INDEX_SUFFIX),)} | {
         p: p.read_bytes() for s in segs[:-1] for p in (s.with_suffix(TIME_INDEX_SUFFIX),)
@@ -195,7 +208,7 @@ def test_missing_and_damaged_index_files_are_rebuilt(tmp_path: Path) -> None:
     raw[0] ^= 0x40
     damaged.write_bytes(bytes(raw))  # damaged: fails its CRC when loaded
 
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     assert segs[0].stem in log.recovery.rebuilt_indexes
     assert segs[1].stem in log.recovery.rebuilt_indexes
     everything = log.read_by_index(1, BIG)
@@ -311,10 +324,10 @@ def test_interval_policy_flushes_only_when_due(
 # --- retention ---------------------------------------------------------------------------
 
 
-def test_retention_keeps_the_active_segment_and_respects_max_index(tmp_path: Path) -> None:
+def test_retention_keeps_the_active_segment_and_respects_max_index(scratch: Path) -> None:
     clock = FakeClock(10_000_000)
     config = LogConfig(segment_bytes=2048, retention_ms=1000, retention_bytes=0)
-    log = Log.open(tmp_path, config, clock_ms=clock)
+    log = Log.open(scratch, config, clock_ms=clock)
     fill(log, 40, 200, ts=clock.now)
     segs = log.segments()
     assert len(segs) >= 5
@@ -331,10 +344,10 @@ def test_retention_keeps_the_active_segment_and_respects_max_index(tmp_path: Pat
     log.close()
 
 
-def test_retention_by_time_only_deletes_old_segments(tmp_path: Path) -> None:
+def test_retention_by_time_only_deletes_old_segments(scratch: Path) -> None:
     clock = FakeClock(10_000_000)
     config = LogConfig(segment_bytes=2048, retention_ms=5_000)
-    log = Log.open(tmp_path, config, clock_ms=clock)
+    log = Log.open(scratch, config, clock_ms=clock)
     fill(log, 20, 200, ts=clock.now)
     old_segments = len(log.segments()) - 1
     clock.now += 3_000
@@ -349,16 +362,16 @@ def test_retention_by_time_only_deletes_old_segments(tmp_path: Path) -> None:
 # --- file handles ------------------------------------------------------------------------
 
 
-def test_closed_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
+def test_closed_segments_hold_a_bounded_number_of_descriptors(scratch: Path) -> None:
     config = LogConfig(
         segment_bytes=1024,
         max_open_segments=3,
         index_interval_bytes=100,
         flush_policy=FlushPolicy.INTERVAL,
     )
-    with Log.open(tmp_path, config) as log:
+    with Log.open(scratch, config) as log:
         fill(log, 60, 600)
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     assert len(log.segments()) == 60
     baseline = open_fds()
     for i in range(1, log.next_index):
@@ -375,11 +388,11 @@ def test_closed_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) ->
     "pread (Segment.open) without _cache_touch, so their descriptors are never released and "
     "max_open_segments does not bound them (one read of 60 segments leaves ~59 open)",
 )
-def test_reads_spanning_many_segments_keep_descriptors_bounded(tmp_path: Path) -> None:
+def test_reads_spanning_many_segments_keep_descriptors_bounded(scratch: Path) -> None:
     config = LogConfig(segment_bytes=1024, max_open_segments=3, flush_policy=FlushPolicy.INTERVAL)
-    with Log.open(tmp_path, config) as log:
+    with Log.open(scratch, config) as log:
         fill(log, 60, 600)
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     baseline = open_fds()
     try:
         log.read_by_index(1, BIG)  # one read across every segment
@@ -392,14 +405,14 @@ def test_reads_spanning_many_segments_keep_descriptors_bounded(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_offset_for_timestamp_matches_a_brute_force_scan(tmp_path: Path, seed: int) -> None:
+def test_offset_for_timestamp_matches_a_brute_force_scan(scratch: Path, seed: int) -> None:
     rng = random.Random(seed)
     config = LogConfig(
         segment_bytes=rng.choice([1024, 4096, 1 << 20]),
         index_interval_bytes=rng.choice([1, 200, 4096]),
         flush_policy=FlushPolicy.INTERVAL,
     )
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     offset = 0
     for index in range(1, 120):
         ts = rng.randrange(0, 10_000)  # not monotonic: producers' clocks disagree
@@ -442,7 +455,7 @@ def test_offset_for_timestamp_matches_a_brute_force_scan(tmp_path: Path, seed: i
 
     check(log)  # the active segment's in-memory index, the closed ones' written files
     log.close()
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     check(log)  # every index loaded from files / rebuilt by the rescan
     log.close()
 
@@ -450,16 +463,16 @@ def test_offset_for_timestamp_matches_a_brute_force_scan(tmp_path: Path, seed: i
 # --- crash-safe prefix truncation --------------------------------------------------------
 
 
-def test_checkpoint_written_but_segments_not_deleted_is_finished_on_open(tmp_path: Path) -> None:
-    entries = _multi_segment_log(tmp_path)
+def test_checkpoint_written_but_segments_not_deleted_is_finished_on_open(scratch: Path) -> None:
+    entries = _multi_segment_log(scratch)
     config = LogConfig(segment_bytes=2048, index_interval_bytes=1)
-    with Log.open(tmp_path, config) as log:
+    with Log.open(scratch, config) as log:
         segs = log.segments()
     target_first, target_base = segs[2][1], segs[2][2]
     start = target_first + 1  # inside the third segment
     # What truncate_prefix writes first, before deleting anything:
-    write_atomic(tmp_path / START_CHECKPOINT, log_module._START.pack(start, start - 1, 1))
-    log = Log.open(tmp_path, config)
+    write_atomic(scratch / START_CHECKPOINT, log_module._START.pack(start, start - 1, 1))
+    log = Log.open(scratch, config)
     assert sorted(log.recovery.removed_files) == sorted(s[0] + LOG_SUFFIX for s in segs[:2])
     assert log.start_index == start and log.start_offset == start - 1
     assert log.term_at(start - 1) == 1
@@ -470,11 +483,11 @@ def test_checkpoint_written_but_segments_not_deleted_is_finished_on_open(tmp_pat
 
 
 def test_prefix_truncation_interrupted_midway_recovers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entries = _multi_segment_log(tmp_path)
+    entries = _multi_segment_log(scratch)
     config = LogConfig(segment_bytes=2048, index_interval_bytes=1)
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     segs = log.segments()
     start = segs[3][1] + 1
     real = Segment.remove_files
@@ -491,9 +504,9 @@ def test_prefix_truncation_interrupted_midway_recovers(
         log.truncate_prefix(start)
     monkeypatch.setattr(Segment, "remove_files", real)
     abandon(log)
-    assert len(segment_files(tmp_path)) == len(segs) - 1  # one deleted, two left behind
+    assert len(segment_files(scratch)) == len(segs) - 1  # one deleted, two left behind
 
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     assert len(log.recovery.removed_files) == 2
     assert log.start_index == start
     assert log.read_by_index(start, BIG).data == b"".join(entries[start - 1 :])
@@ -502,11 +515,11 @@ def test_prefix_truncation_interrupted_midway_recovers(
 
 
 def test_snapshot_install_interrupted_midway_restarts_empty_at_the_snapshot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _multi_segment_log(tmp_path)
+    _multi_segment_log(scratch)
     config = LogConfig(segment_bytes=2048, index_interval_bytes=1)
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     end_offset = log.next_offset
     real = Segment.remove_files
     calls = {"n": 0}
@@ -523,7 +536,7 @@ def test_snapshot_install_interrupted_midway_restarts_empty_at_the_snapshot(
     monkeypatch.setattr(Segment, "remove_files", real)
     abandon(log)
 
-    log = Log.open(tmp_path, config)
+    log = Log.open(scratch, config)
     assert (log.start_index, log.start_offset, log.next_index) == (100, end_offset + 500, 100)
     assert log.term_at(99) == 7 and log.last_term == 7
     assert [s[1] for s in log.segments()] == [100]

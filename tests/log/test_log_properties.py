@@ -795,6 +795,7 @@ def test_log_state_machine() -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)
 def test_log_state_machine_long() -> None:
     """Many more and longer histories; run with ``-m long``."""
     run_state_machine_as_test(
