@@ -1212,9 +1212,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _loadavg() -> str:
+    """Load averages plus CPU pressure (PSI "some" avg10: % of time a runnable task waited
+    for a CPU), the best single hint of how noisy this run's numbers are."""
+    text = "?"
     with contextlib.suppress(OSError):
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    return "?"
+        text = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    with contextlib.suppress(OSError, IndexError):
+        some = Path("/proc/pressure/cpu").read_text().split()[1]
+        text += f" (cpu psi {some})"
+    return text
 
 
 if __name__ == "__main__":
