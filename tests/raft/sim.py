@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import heapq
 import random
 import sys
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ class Node:
     paused_until: int = 0
     app_index: int = 0
     app_state: bytes = b""
+    verified_to: int = 0
+    complete_term: int = 0
+    complete_to: int = 0
 
     @property
     def up(self) -> bool:
@@ -128,7 +132,9 @@ class Sim:
         self.nodes: dict[int, Node] = {}
         for i in ids:
             self._create(i, self.base)
-        self.net: list[tuple[int, Message]] = []
+        self.net: list[tuple[int, int, Message]] = []  # heap: (deliver_at, seq, msg)
+        self.pool: list[Message] = []  # due, delivered in random order
+        self.seq = 0
         self.group: dict[int, int] = {}
         self.cut: set[tuple[int, int]] = set()
         self.lossy = True
@@ -179,6 +185,7 @@ class Sim:
             assert st.start_index == 1
             node.app_state = b""
         node.app_index = st.start_index - 1
+        node.verified_to = node.complete_to = 0
         node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base)
         node.pending = None
 
@@ -202,7 +209,7 @@ class Sim:
                 self.fail(f"snapshot meta {m.snapshot} does not match stored {snap.meta}")
             m.data = snap.state
         delay = self.rng.randint(0, self.p.max_delay)
-        self.net.append((self.time + delay, m))
+        self._enqueue(self.time + delay, m)
 
     def _check_promise(self, node: Node, m: Message) -> None:
         """Messages sent after persistence promise durable state: verify the promise."""
@@ -281,17 +288,23 @@ class Sim:
         if want != node.app_state:
             self.fail(f"node {node.id} state diverged at {index}")
 
+    def _enqueue(self, at: int, m: Message) -> None:
+        self.seq += 1
+        heapq.heappush(self.net, (at, self.seq, m))
+
     def deliver(self) -> bool:
-        due = [k for k, (t, _) in enumerate(self.net) if t <= self.time]
-        if not due:
+        while self.net and self.net[0][0] <= self.time:
+            self.pool.append(heapq.heappop(self.net)[2])
+        if not self.pool:
             return False
-        k = self.rng.choice(due)
-        _, m = self.net.pop(k)
+        k = self.rng.randrange(len(self.pool))
+        self.pool[k], self.pool[-1] = self.pool[-1], self.pool[k]
+        m = self.pool.pop()
         dst = self.nodes.get(m.dst)
         src = self.nodes.get(m.src)
         if dst is not None and dst.up and dst.paused_until > self.time:
             # A paused process (GC, VM stall) finds its socket buffers full when it wakes.
-            self.net.append((dst.paused_until, m))
+            self._enqueue(dst.paused_until, m)
             return True
         lost = (
             dst is None
@@ -305,7 +318,7 @@ class Sim:
         if lost:
             return True
         if self.lossy and self.rng.random() < self.p.dup:
-            self.net.append((self.time + self.rng.randint(0, self.p.max_delay), m))
+            self._enqueue(self.time + self.rng.randint(0, self.p.max_delay), m)
         assert dst is not None and dst.core is not None
         dst.core.step(m)
         return True
@@ -478,17 +491,16 @@ class Sim:
                 prev = self.leaders.setdefault(c.term, n.id)
                 if prev != n.id:
                     self.fail(f"two leaders in term {c.term}: {prev} and {n.id}")
-            # Record newly committed entries; two nodes must agree on them.
-            if c.commit > self.commit_hi or full:
+            # Record newly committed entries; every node must agree on each of them.
+            if c.commit > n.verified_to:
                 first, _, datas = self.view(n)
-                for index in range(
-                    max(first, self.commit_hi + 1 if not full else first), c.commit + 1
-                ):
+                for index in range(max(first, n.verified_to + 1), c.commit + 1):
                     data = datas[index - first]
                     seen = self.committed.setdefault(index, data)
                     self.commit_term.setdefault(index, c.term)
                     if seen != data:
                         self.fail(f"node {n.id} committed a different entry at {index}")
+                n.verified_to = c.commit
                 self.commit_hi = max(self.commit_hi, c.commit)
         if not full:
             return
@@ -514,9 +526,14 @@ class Sim:
             if c.role != Role.LEADER:
                 continue
             first, _, ents = views[n.id]
-            for index, data in self.committed.items():
-                if self.commit_term[index] >= c.term:
+            if n.complete_term != c.term:
+                n.complete_term, n.complete_to = c.term, 0
+            # A leader never loses entries, so each committed index is checked once a term.
+            for index in range(max(first, n.complete_to + 1), self.commit_hi + 1):
+                data = self.committed.get(index)
+                if data is None or self.commit_term[index] >= c.term:
                     continue  # a stale leader need not know what later terms committed
+                n.complete_to = index
                 if index >= first and (index >= first + len(ents) or ents[index - first] != data):
                     self.fail(f"leader {n.id} of term {c.term} lacks committed entry {index}")
         # Durability: with a static configuration a quorum holds each committed entry on disk.
@@ -580,6 +597,7 @@ class Sim:
             if n.up:
                 self.crash(n)
         self.net.clear()
+        self.pool.clear()
         for n in self.nodes.values():
             self.restart(n)
 

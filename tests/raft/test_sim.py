@@ -11,9 +11,9 @@ import pytest
 from raftmq.raft import log_view
 from tests.raft.sim import Params, SafetyViolation, Sim, run_seed
 
-CI_SEEDS = int(os.environ.get("RAFT_SIM_SEEDS", "200"))
+CI_SEEDS = int(os.environ.get("RAFT_SIM_SEEDS", "160"))
 LONG_SEEDS = int(os.environ.get("RAFT_SIM_LONG_SEEDS", "3000"))
-CHUNK = 25
+CHUNK = 20
 
 
 @pytest.mark.parametrize("start", range(0, CI_SEEDS, CHUNK))
