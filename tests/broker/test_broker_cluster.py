@@ -303,6 +303,46 @@ def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
             assert values[outcome[0].base_offset] == b"once"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="PartitionReplica.produce catches only raft NotLeaderError around propose(); the "
+    "ProposalDroppedError raised while a leadership transfer is in progress (graceful SIGTERM "
+    "of a leader) escapes as gRPC UNKNOWN without raftmq-error, so clients do not re-route",
+)
+@pytest.mark.timeout(60)
+def test_produce_during_a_graceful_hand_over_gets_a_retryable_error(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"g": 1})
+    with cluster.client() as client:
+        client.produce("g", 0, batch([b"before"]))
+        leader = leader_of(client, "g")
+        stub = client.stub(address_of(cluster, leader))
+        followers = sorted(set(cluster.spec.brokers) - {leader})
+        # Frozen followers cannot finish the hand-over, so the leader stays in its
+        # transfer state for a while: produce requests land in that window.
+        for f in followers:
+            cluster.signal(f, signal.SIGSTOP)
+        errors: list[ClientError] = []
+        try:
+            cluster.signal(leader, signal.SIGTERM)
+            started = time.monotonic()
+            while time.monotonic() - started < 0.3:
+                request = pb.ProduceRequest(
+                    topic="g", partition=0, entries=batch([b"during"]), timeout_ms=100
+                )
+                err = rpc_error(lambda r=request: stub.Produce(r, timeout=5))
+                errors.append(err)
+                time.sleep(0.02)
+        finally:
+            for f in followers:
+                cluster.signal(f, signal.SIGCONT)
+    assert errors
+    for err in errors:
+        assert err.status != grpc.StatusCode.UNKNOWN, f"outside the error contract: {err}"
+        assert err.status == grpc.StatusCode.UNAVAILABLE or "raftmq-error" in err.meta, err
+
+
 # --- 3. follower kill and catch-up ---------------------------------------------------------------
 
 
