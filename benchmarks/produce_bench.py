@@ -654,8 +654,13 @@ class Progress:
             print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def raftmq_sequential(address: str, count: int, max_seconds: float, value_size: int) -> Json:
-    """One 1-record acks=all Produce at a time to partition 0's leader."""
+def raftmq_sequential(
+    address: str, count: int, max_seconds: float, value_size: int, mode: str = "all"
+) -> Json:
+    """One request at a time to partition 0's leader: a 1-record Produce with acks=all (the
+    figure with a target) or acks=leader, or a ListOffsets ("rpc": the gRPC round trip with
+    no log work). The three together split the latency into RPC, local write and
+    replication, for whoever optimizes it."""
     import grpc
 
     from raftmq.api.v1 import broker_pb2 as pb
@@ -663,19 +668,24 @@ def raftmq_sequential(address: str, count: int, max_seconds: float, value_size: 
     from raftmq.log.records import Record, build_batch
 
     value = os.urandom(value_size)
+    acks = pb.ACKS_LEADER if mode == "leader" else pb.ACKS_ALL
     lats: list[float] = []
     with grpc.insecure_channel(address) as ch:
         stub = pb_grpc.BrokerStub(ch)
         deadline = time.monotonic() + max_seconds
         for i in range(count + 20):
-            req = pb.ProduceRequest(
-                topic=TOPIC,
-                partition=0,
-                entries=build_batch([Record(None, value, int(time.time() * 1000))]),
-                acks=pb.ACKS_ALL,
-            )
-            t0 = time.perf_counter()
-            stub.Produce(req, timeout=10)
+            if mode == "rpc":
+                t0 = time.perf_counter()
+                stub.ListOffsets(_list_offsets_latest(0), timeout=10)
+            else:
+                req = pb.ProduceRequest(
+                    topic=TOPIC,
+                    partition=0,
+                    entries=build_batch([Record(None, value, int(time.time() * 1000))]),
+                    acks=acks,
+                )
+                t0 = time.perf_counter()
+                stub.Produce(req, timeout=10)
             if i >= 20:  # the first few warm connections and caches
                 lats.append(time.perf_counter() - t0)
             if time.monotonic() > deadline:
@@ -714,6 +724,16 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
             )
         finally:
             profiles["sequential"] = prof.stop()
+        seq_parts = {
+            mode: raftmq_sequential(
+                by_part[0].address,
+                max(100, plan.seq_count // 4),
+                plan.seq_max_seconds / 3,
+                plan.value_size,
+                mode,
+            )
+            for mode in ("leader", "rpc")
+        }
 
         say(
             f"raftmq: publish {plan.warmup + plan.seconds:.0f} s, {plan.procs} procs, "
@@ -777,6 +797,8 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
             "disk_fsync_1k": fsync,
             "profiles": {k: v for k, v in profiles.items() if v},
             "sequential": seq,
+            "sequential_acks_leader": seq_parts["leader"],
+            "sequential_rpc_floor": seq_parts["rpc"],
             "publish": pub,
             "consume": con,
         }
@@ -1084,6 +1106,14 @@ def render(report: Json) -> None:
     row("sequential 1-record p999 ms", lambda s: f"{s['sequential']['p999_ms']:.2f}")
     row("sequential samples", lambda s: str(s["sequential"]["count"]))
     console.print(t)
+    ours = report["raftmq"]
+    lead, rpc = ours["sequential_acks_leader"], ours["sequential_rpc_floor"]
+    console.print(
+        "raftmq sequential breakdown (p50 / p99 ms): ListOffsets RPC "
+        f"{rpc['p50_ms']:.2f} / {rpc['p99_ms']:.2f}, acks=leader {lead['p50_ms']:.2f} / "
+        f"{lead['p99_ms']:.2f}, acks=all {ours['sequential']['p50_ms']:.2f} / "
+        f"{ours['sequential']['p99_ms']:.2f}"
+    )
 
     r = report["ratios"]
     rt = Table(title="raftmq vs targets")
@@ -1120,7 +1150,6 @@ def render(report: Json) -> None:
     )
     console.print(rt)
     console.print(f"note: {FAIRNESS_NOTE}")
-    ours = report["raftmq"]
     fs = ours["disk_fsync_1k"]
     console.print(
         f"disk: 1 KiB append+fsync p50 {fs['p50_ms']:.2f} ms, p99 {fs['p99_ms']:.2f} ms "
