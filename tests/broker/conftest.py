@@ -13,6 +13,9 @@ from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.local_cluster import LocalCluster, local_spec
 
 BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "10"]
+# The shared cluster tests no failover: a longer election timeout keeps a loaded machine's
+# scheduling hiccups from moving leaders under tests that talk to a leader directly.
+SHARED_BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "30"]
 LEADER_TIMEOUT = 30.0
 LOG_TAIL_LINES = 40
 
@@ -103,7 +106,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     cluster = LocalCluster(
         tmp_path_factory.mktemp("shared"),
         cluster_spec(SHARED_TOPICS, single_replica=SHARED_SINGLE),
-        broker_args=BROKER_ARGS,
+        broker_args=SHARED_BROKER_ARGS,
     )
     try:
         cluster.start()
