@@ -23,7 +23,7 @@ from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
 from raftmq.log.records import Record, build_batch, iter_records
-from tests.broker.conftest import ClusterFactory, log_tails
+from tests.broker.conftest import ClusterFactory
 
 RPC_TIMEOUT = 10.0
 MIB = 1 << 20
@@ -62,7 +62,9 @@ def leader_of(client: LowLevelClient, topic: str, partition: int = 0) -> int:
     return leaders[topic, partition].broker_id
 
 
-def offsets(client: LowLevelClient, address: str, topic: str, partition: int = 0) -> tuple:
+def offsets(
+    client: LowLevelClient, address: str, topic: str, partition: int = 0
+) -> tuple[int, int]:
     """(log start offset, high watermark) as the broker at ``address`` sees them."""
     r = client.stub(address).ListOffsets(
         pb.ListOffsetsRequest(topic=topic, partition=partition, position=pb.LATEST),
@@ -128,6 +130,14 @@ def assert_error(err: ClientError, status: grpc.StatusCode, code: str, *words: s
     assert len(message) >= 15, f"message too terse: {message!r}"
     for w in words:
         assert w.lower() in message.lower(), f"{w!r} not in message {message!r}"
+
+
+class DuplicateWrite(AssertionError):
+    """An acknowledged record is in the log twice (known client bug, xfail below)."""
+
+
+class OutsideErrorContract(AssertionError):
+    """A broker answered with a status the API's error contract does not allow."""
 
 
 # Tests that kill brokers come first: the shared cluster is started lazily by the first
@@ -244,11 +254,7 @@ def test_leader_kill_fails_over_and_keeps_every_acked_record(
         assert len(log.acked) >= at_kill + 40
         cluster.start(old)
         cluster.wait_for_leaders(timeout=15)
-        try:
-            check_acked_on_every_replica(cluster, client, "k", log)
-        except AssertionError:
-            print(log_tails(cluster))
-            raise
+        check_acked_on_every_replica(cluster, client, "k", log)
 
 
 @pytest.mark.xfail(
@@ -256,6 +262,7 @@ def test_leader_kill_fails_over_and_keeps_every_acked_record(
     reason="LowLevelClient.produce retries a Produce that failed with UNAVAILABLE after it "
     "reached the leader; when the dead leader had already replicated the batch, the new leader "
     "commits it and the retry writes it again (an acked record present twice)",
+    raises=DuplicateWrite,
 )
 @pytest.mark.timeout(90)
 def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
@@ -291,16 +298,22 @@ def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
         thread.join(timeout=60)
         assert not thread.is_alive(), "the produce hung"
         cluster.wait_for_leaders(timeout=15, among=set(followers))
+        (result,) = outcome
+        acked_end = result.last_offset + 1 if isinstance(result, pb.ProduceResponse) else 1
         wait_until(
-            lambda: _hw_or_none(client, address_of(cluster, leader_of(client, "d")), "d") != 1,
+            lambda: (
+                (_hw_or_none(client, address_of(cluster, leader_of(client, "d")), "d") or 0)
+                >= acked_end
+            ),
             10,
-            "the new leader to commit the in-flight batch or write past it",
+            "the new leader's high watermark to cover the acked write",
         )
         records, _ = read_all(client, "d", 0)
         values = [r.value for r in records]
-        assert values.count(b"once") <= 1, f"written {values.count(b'once')} times: {outcome}"
-        if isinstance(outcome[0], pb.ProduceResponse):
-            assert values[outcome[0].base_offset] == b"once"
+        if isinstance(result, pb.ProduceResponse):
+            assert values[result.base_offset] == b"once", "the acked record is not at its offset"
+        if values.count(b"once") > 1:
+            raise DuplicateWrite(f"written {values.count(b'once')} times: {values}, {result}")
 
 
 @pytest.mark.xfail(
@@ -308,6 +321,7 @@ def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
     reason="PartitionReplica.produce catches only raft NotLeaderError around propose(); the "
     "ProposalDroppedError raised while a leadership transfer is in progress (graceful SIGTERM "
     "of a leader) escapes as gRPC UNKNOWN without raftmq-error, so clients do not re-route",
+    raises=OutsideErrorContract,
 )
 @pytest.mark.timeout(60)
 def test_produce_during_a_graceful_hand_over_gets_a_retryable_error(
@@ -339,8 +353,8 @@ def test_produce_during_a_graceful_hand_over_gets_a_retryable_error(
                 cluster.signal(f, signal.SIGCONT)
     assert errors
     for err in errors:
-        assert err.status != grpc.StatusCode.UNKNOWN, f"outside the error contract: {err}"
-        assert err.status == grpc.StatusCode.UNAVAILABLE or "raftmq-error" in err.meta, err
+        if err.status != grpc.StatusCode.UNAVAILABLE and "raftmq-error" not in err.meta:
+            raise OutsideErrorContract(f"{err.status}: {err}")
 
 
 # --- 3. follower kill and catch-up ---------------------------------------------------------------
