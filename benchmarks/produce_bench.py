@@ -1214,6 +1214,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C must clean up even when started from a shell that ignores SIGINT for
+    # background jobs (the finally below kills everything).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     env = {"cpus": os.cpu_count(), "load_before": _loadavg()}
     pids: dict[str, list[int]] = {}
     try:
