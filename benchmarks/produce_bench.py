@@ -1076,7 +1076,8 @@ def render(report: Json) -> None:
     t = Table(
         title=(
             f"produce_bench: 3 brokers/servers, replicas=3, acks=all, {plan['value_size']} B "
-            f"records, {plan['partitions']} partitions/subjects, {plan['seconds']:.0f} s"
+            f"records, {plan['partitions']} partitions (JetStream: 1 stream, "
+            f"{plan['partitions']} subjects), {plan['seconds']:.0f} s measured"
         )
     )
     t.add_column("figure")
@@ -1172,6 +1173,12 @@ def render(report: Json) -> None:
         f"{report['env']['load_before']} / {report['env']['load_after']} "
         "(everything shares these cores: brokers, servers and load processes)"
     )
+    js = report["jetstream"]
+    if js.get("available") and js["consume"]["records"] < js["consume"]["stream_messages"]:
+        console.print(
+            f"[yellow]warning: the JetStream consumer read {js['consume']['records']:,} of "
+            f"{js['consume']['stream_messages']:,} messages (a fetch waited out its timeout)[/]"
+        )
     for name, s in systems:
         cpus = s["publish"]["client_cpu_pct"]
         if cpus and max(cpus) >= 90:
