@@ -220,6 +220,27 @@ class RaftCore:
             self._tick_heartbeat()
         else:
             self._tick_election()
+        self._check_invariants()
+
+    def _check_invariants(self) -> None:
+        """Cheap facts that must hold after every input; a violation is a bug, so crash."""
+        log = self.log
+        assert log.applied <= log.committed <= log.last_index, (
+            log.applied,
+            log.committed,
+            log.last_index,
+        )
+        assert self.term >= self._prev_hard.term, "the term went back below a durable one"
+        if self.term == self._prev_hard.term and self._prev_hard.vote != NONE:
+            assert self.vote == self._prev_hard.vote, "a durable vote changed within its term"
+        if self.role == Role.LEADER:
+            assert self.lead == self.id and self.vote == self.id
+            last = log.last_index
+            for pr in self.progress.values():
+                assert pr.match <= last and pr.next >= pr.match + 1, pr
+            assert self.progress[self.id].match <= log.unstable_offset - 1
+        elif self.role == Role.CANDIDATE:
+            assert self.vote == self.id
 
     def _tick_election(self) -> None:
         self.election_elapsed += 1
@@ -344,6 +365,7 @@ class RaftCore:
         else:
             self._step_follower(m)
         self._activate_committed_configs()
+        self._check_invariants()
 
     def _handle_vote_request(self, m: Message) -> None:
         resp_type = MsgType.VOTE_RESP if m.type == MsgType.VOTE else MsgType.PRE_VOTE_RESP
@@ -861,6 +883,7 @@ class RaftCore:
             me.maybe_update(self.log.unstable_offset - 1)
             if self._maybe_commit():
                 self._bcast_append()
+        self._check_invariants()
 
 
 def _record_count(e: Ent) -> int:

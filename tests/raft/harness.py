@@ -78,6 +78,16 @@ def flush(p: Peer) -> list[Message]:
     return out
 
 
+def persist(p: Peer, rd: Ready) -> None:
+    """Steps 2 and 5 of the contract for a Ready whose messages the test handles itself."""
+    write_to_storage(p.storage, rd)
+    p.storage.sync()
+    if rd.hard_state is not None:
+        p.hs = rd.hard_state
+    p.applied += [e.data for e in split(rd.committed_entries)]
+    p.core.advance(rd)
+
+
 def restart(p: Peer, node: int, voters: set[int], **cfg: object) -> Peer:
     """Power loss: keep only what was synced, rebuild the core from it."""
     p.storage.crash()

@@ -19,7 +19,17 @@ from raftmq.raft import (
 from raftmq.raft.log_view import split
 from raftmq.raft.messages import CAMPAIGN_TRANSFER
 from raftmq.raft.progress import ProgressState
-from tests.raft.harness import Net, cluster, data_entry, flush, make, preload, restart, stamped
+from tests.raft.harness import (
+    Net,
+    cluster,
+    data_entry,
+    flush,
+    make,
+    persist,
+    preload,
+    restart,
+    stamped,
+)
 
 
 def app(
@@ -240,7 +250,7 @@ def test_leader_messages_may_overtake_the_write_but_acks_may_not():
     rd = ld.core.ready()
     assert rd.entries and [m.type for m in rd.send_now] == [MsgType.APP, MsgType.APP]
     assert not rd.messages
-    ld.core.advance(rd)
+    persist(ld, rd)
     f = net.peers[2]
     for m in rd.send_now:
         if m.dst == 2:
@@ -262,7 +272,7 @@ def test_heartbeat_never_commits_past_known_match():
     rd = ld.ready()
     beats = [m for m in rd.send_now if m.type == MsgType.HEARTBEAT and m.dst == 3]
     assert beats and beats[0].commit <= ld.progress[3].match < ld.commit
-    ld.advance(rd)
+    persist(net.peers[1], rd)
 
 
 # --------------------------------------------------------------------- proposals
@@ -314,11 +324,12 @@ def test_appends_are_bounded_in_bytes_and_pipelined_within_the_window():
     assert all(len(split(m.entries)) >= 1 for m in apps)
     assert ld.progress[2].state == ProgressState.REPLICATE
     # The heartbeat still goes out while the window is full.
-    ld.advance(rd)
+    persist(net.peers[1], rd)
     ld.tick()
-    rd = ld.ready()
-    assert [m.type for m in rd.send_now] == [MsgType.HEARTBEAT]
-    ld.advance(rd)
+    rd2 = ld.ready()
+    assert [m.type for m in rd2.send_now] == [MsgType.HEARTBEAT]
+    persist(net.peers[1], rd2)
+    net.queue += rd.send_now + rd2.send_now
     net.pump()
     assert net.peers[2].core.log.last_index == ld.log.last_index
 
