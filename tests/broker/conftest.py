@@ -1,6 +1,7 @@
 """Fixtures for the broker integration tests: clusters of real broker processes on 127.0.0.1
-with fast Raft ticks, always torn down (graceful stop, then SIGKILL) even when a test fails.
-When a test fails, the tail of every broker's log is printed with the failure report."""
+with fast Raft ticks, always torn down even when a test fails (a test's own cluster with
+SIGKILL, the shared one gracefully). When a test fails, the tail of every broker's log is
+printed with the failure report (the shared cluster's at the end of the module)."""
 
 from __future__ import annotations
 
@@ -101,8 +102,11 @@ SHARED_SINGLE = {"solo": 3}
 
 
 @pytest.fixture(scope="module")
-def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def shared_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalCluster]:
     """One cluster for the tests that do not kill brokers; each test uses its own topic."""
+    failed_before = request.session.testsfailed
     cluster = LocalCluster(
         tmp_path_factory.mktemp("shared"),
         cluster_spec(SHARED_TOPICS, single_replica=SHARED_SINGLE),
@@ -113,4 +117,8 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
         cluster.wait_for_leaders(timeout=LEADER_TIMEOUT)
         yield cluster
     finally:
+        if request.session.testsfailed > failed_before:
+            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line("\nshared cluster broker logs:\n" + log_tails(cluster))
         cluster.close()
