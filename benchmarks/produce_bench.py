@@ -1208,11 +1208,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile",
         default="",
-        help="py-spy the partition-0 leader during the raftmq phases; raw stacks go here",
+        help="py-spy the partition-0 leader during the raftmq phases; raw stacks go here "
+        "(needs py-spy: pip install py-spy)",
     )
     args = ap.parse_args(argv)
     plan = Plan.make(args)
     say = Progress()
+    spy = shutil.which("py-spy") or Path(sys.executable).with_name("py-spy")
+    if plan.profile_dir and not Path(spy).exists():
+        say("--profile: py-spy not found, no profile will be taken (pip install py-spy)")
 
     atexit.register(_kill_all)
 
