@@ -468,10 +468,12 @@ def _value_sources(
     An extra pass over the ops, done only for the few positions shown as examples.
     """
     out: dict[tuple[int, int], dict[str, dict[str, Any]]] = defaultdict(dict)
+    if not wanted:
+        return out
     for op in ops:
-        key = (op.partition, _off(op))
+        key = (op.partition, op.offset)
         if key in wanted:
-            entry = out[key].setdefault(_val(op), {"count": 0, "seen_by": []})
+            entry = out[(op.partition, _off(op))].setdefault(_val(op), {"count": 0, "seen_by": []})
             entry["count"] += 1
             who = _who(op)
             if len(entry["seen_by"]) < MAX_SOURCES and who not in entry["seen_by"]:
@@ -487,13 +489,15 @@ def check_one_value(h: _History, opts: CheckOptions) -> CheckReport:
     only conflicting positions are revisited for the example's who-saw-what.
     """
     f = _Findings("conflict")
-    claims: dict[tuple[int, int], str] = {}
+    # Offsets and values are never None here (_History set malformed ops apart); the hot
+    # loops read the attributes directly rather than through _off/_val.
+    claims: dict[tuple[int, int | None], str | None] = {}
     conflicts: set[tuple[int, int]] = set()
     for ops in (h.acks, h.reads, h.finals):
         for op in ops:
-            key = (op.partition, _off(op))
-            if claims.setdefault(key, _val(op)) != op.value:
-                conflicts.add(key)
+            key = (op.partition, op.offset)
+            if claims.setdefault(key, op.value) != op.value:
+                conflicts.add((op.partition, _off(op)))
     shown = set(sorted(conflicts)[:MAX_EXAMPLES])
     sources = _value_sources((op for ops in (h.acks, h.reads, h.finals) for op in ops), shown)
     for key in sorted(conflicts):
@@ -528,14 +532,14 @@ def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
     duplicates are only counted and shown; with idempotence they are a violation.
     """
     f = _Findings("duplicate")
-    first: dict[str, tuple[int, int]] = {}
+    first: dict[str | None, tuple[int, int | None]] = {}
     dups: dict[str, set[tuple[int, int]]] = {}
     for ops in (h.reads, h.finals):
         for op in ops:
-            pos = (op.partition, _off(op))
-            seen = first.setdefault(_val(op), pos)
+            pos = (op.partition, op.offset)
+            seen = first.setdefault(op.value, pos)
             if seen != pos:
-                dups.setdefault(_val(op), {seen}).add(pos)
+                dups.setdefault(_val(op), {(seen[0], seen[1] or 0)}).add((op.partition, _off(op)))
     shown = sorted(dups)[:MAX_EXAMPLES]
     wanted = {pos for v in shown for pos in dups[v]}
     sources = _value_sources((op for ops in (h.reads, h.finals) for op in ops), wanted)
@@ -606,14 +610,14 @@ def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
 
     for ops in (h.reads, h.finals):
         for op in ops:
-            status = h.send_status.get(_val(op))
+            status = h.send_status.get(op.value or "")
             if status is None:
                 f.add("never-sent", example(op, "no producer ever sent this value"))
             elif status == "fail":
                 f.add("failed-send-read", example(op, "its send definitely failed"))
             if op.hw is None:
                 no_hw += 1
-            elif _off(op) >= op.hw:
+            elif (op.offset or 0) >= op.hw:
                 f.add(
                     "at-or-above-hw",
                     example(

@@ -382,6 +382,16 @@ def test_read_of_a_definitely_failed_write() -> None:
     assert_only(result, "phantoms")
 
 
+def test_a_value_retried_after_a_definite_failure_may_be_read() -> None:
+    # Logged twice: refused once, then acknowledged on retry. The value was written,
+    # whichever of the two ops the history lists last.
+    refused, acked = send(0, N, None, "fail", t=60.0), send(0, N, N, t=61)
+    for attempts in ([refused, acked], [acked, refused]):
+        result = check([*_extend_partition0(val(0, N)), *attempts])
+        assert count(result, "phantoms", "failed-send-read") == 0
+        assert_only(result)
+
+
 def test_read_at_or_above_the_answers_high_watermark() -> None:
     ops = without(clean(), read(1, 3, val(1, 3), hw=4, t=10.0 * 3 + 1 + 1))
     ops.append(read(1, 3, val(1, 3), hw=3, t=10.0 * 3 + 1 + 1))
