@@ -11,7 +11,7 @@ import pytest
 from raftmq.raft import log_view
 from tests.raft.sim import Params, SafetyViolation, Sim, run_seed
 
-CI_SEEDS = int(os.environ.get("RAFT_SIM_SEEDS", "160"))
+CI_SEEDS = int(os.environ.get("RAFT_SIM_SEEDS", "200"))
 LONG_SEEDS = int(os.environ.get("RAFT_SIM_LONG_SEEDS", "3000"))
 CHUNK = 20
 
