@@ -327,7 +327,7 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
         where = (
             f"the finals hold it elsewhere: {elsewhere}"
             if elsewhere
-            else ("no final read holds it anywhere")
+            else "no final read holds it anywhere"
         )
         return {
             "partition": op.partition,
@@ -380,9 +380,11 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
     f = _Findings("missing-on-replica", "partition-without-replicas", "digest-mismatch")
     pairs = 0
     bare_partitions: set[int] = set()
+    # Sorted once per partition, so examples come out in a stable order.
+    ordered = {p: tuple(sorted(rs)) for p, rs in h.replicas.items()}
     for op in h.acks:
         p, o, v = op.partition, _off(op), _val(op)
-        replicas = h.replicas.get(p)
+        replicas = ordered.get(p)
         if not replicas:
             if p not in bare_partitions:
                 bare_partitions.add(p)
@@ -533,16 +535,18 @@ def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
     """
     f = _Findings("duplicate")
     first: dict[str | None, tuple[int, int | None]] = {}
-    dups: dict[str, set[tuple[int, int]]] = {}
+    dups: dict[str, set[tuple[int, int | None]]] = {}
     for ops in (h.reads, h.finals):
         for op in ops:
             pos = (op.partition, op.offset)
             seen = first.setdefault(op.value, pos)
             if seen != pos:
-                dups.setdefault(_val(op), {(seen[0], seen[1] or 0)}).add((op.partition, _off(op)))
+                dups.setdefault(_val(op), {seen}).add(pos)
     shown = sorted(dups)[:MAX_EXAMPLES]
     wanted = {pos for v in shown for pos in dups[v]}
-    sources = _value_sources((op for ops in (h.reads, h.finals) for op in ops), wanted)
+    sources: dict[Any, dict[str, dict[str, Any]]] = _value_sources(
+        (op for ops in (h.reads, h.finals) for op in ops), wanted
+    )
     acked = {_val(op): op for op in h.acks if op.value in dups}
     for v in sorted(dups):
 
