@@ -615,3 +615,22 @@ def test_offset_for_timestamp_ignores_entries_below_the_start(scratch: Path) -> 
         assert log.start_offset == 1
         assert log.offset_for_timestamp(15) == 2
         assert log.offset_for_timestamp(5000) is None  # no retained entry is that recent
+
+
+def test_truncate_suffix_at_the_first_index_of_the_last_segment_after_reopen(
+    scratch: Path,
+) -> None:
+    """Found by the long property run: cutting exactly at a segment boundary (the cut is the
+    end of the segment that becomes the last one) after a reopen."""
+    config = LogConfig(segment_bytes=1024, flush_policy=FlushPolicy.INTERVAL)
+    with Log.open(scratch, config) as log:
+        log.append(data_entry(1, 0) + data_entry(2, 0))
+    with Log.open(scratch, config) as log:
+        log.append(data_entry(3, 1000))  # does not fit: rolls, segments start at 1 and 3
+        assert [s[1] for s in log.segments()] == [1, 3]
+        log.truncate_suffix(3)
+        assert log.next_index == 3 and log.next_offset == 2
+        assert [s[1] for s in log.segments()] == [1]
+        log.append(data_entry(3, 10))
+    with Log.open(scratch, config) as log:
+        assert log.recovery.clean and log.next_index == 4
