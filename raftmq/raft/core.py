@@ -855,6 +855,7 @@ class RaftCore:
             rd.applied_to = ents[-1].index
         # Leader messages may overtake the write unless this Ready changes term or vote.
         now_ok = hard.term == self._prev_hard.term and hard.vote == self._prev_hard.vote
+        rd.sync = bool(rd.entries) or rd.snapshot is not None or not now_ok
         for m in self._msgs:
             (rd.send_now if now_ok and m.type in _SEND_NOW else rd.messages).append(m)
         self._msgs = []

@@ -66,10 +66,17 @@ class Ready:
     send_now: list[Message] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     read_states: list[ReadState] = field(default_factory=list)
+    sync: bool = False
+    """Set by the core: see :meth:`must_sync`."""
 
     def must_sync(self) -> bool:
-        """Whether anything here must reach disk before ``messages`` go out."""
-        return bool(self.entries) or self.hard_state is not None or self.snapshot is not None
+        """Whether step 2 needs an fsync before ``messages`` go out.
+
+        True for entries, a snapshot, or a new term or vote. A hard state that changes
+        only the commit index may be written without an fsync: losing it merely makes a
+        restarted node learn its commit index again from the leader.
+        """
+        return self.sync
 
 
 def write_to_storage(storage: Storage, rd: Ready) -> None:

@@ -259,7 +259,8 @@ class Sim:
         core = node.core
         assert rd is not None and core is not None
         node.storage.sync()
-        if rd.hard_state is not None:
+        if rd.hard_state is not None and (rd.must_sync() or self.rng.random() < 0.5):
+            # A commit-only hard state is written without fsync: it may or may not last.
             node.durable_hs = rd.hard_state
         if rd.snapshot is not None:
             meta = rd.snapshot

@@ -597,3 +597,59 @@ def test_unsent_vote_grant_of_an_older_term_is_dropped():
     rd = p.core.ready()
     assert rd.hard_state == HardState(6, 3, 0)
     assert [(m.dst, m.term) for m in rd.messages] == [(3, 6)]
+
+
+def test_unreachable_follower_falls_back_to_probing():
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1].core
+    ld.propose(data_entry())
+    net.pump()
+    assert ld.progress[2].state == ProgressState.REPLICATE
+    ld.report_unreachable(2)
+    assert ld.progress[2].state == ProgressState.PROBE
+    assert ld.progress[2].next == ld.progress[2].match + 1
+
+
+def test_failed_snapshot_transfer_is_retried():
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3 or m.src == 3
+    for _ in range(5):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    ld = net.peers[1]
+    ld.storage.truncate_prefix(5)
+    ld.storage.sync()
+    net.tick(2)  # heartbeats are dropped: node 3 is not recently active, no snapshot yet
+    net.drop = lambda m: m.type == MsgType.SNAP
+    net.tick(2)
+    assert ld.core.progress[3].state == ProgressState.SNAPSHOT
+    ld.core.report_snapshot(3, ok=False)
+    assert ld.core.progress[3].state == ProgressState.PROBE
+    net.drop = lambda m: False
+    net.tick(3)
+    ld.core.report_snapshot(3, ok=True)
+    net.tick(3)
+    assert net.peers[3].core.log.last_index == ld.core.log.last_index
+
+
+def test_ready_must_be_advanced_before_the_next():
+    p = make(1, {1})
+    p.core.campaign()
+    p.core.ready()
+    assert not p.core.has_ready()
+    with pytest.raises(AssertionError):
+        p.core.ready()
+
+
+def test_applying_alone_needs_no_fsync():
+    net = cluster(3)
+    net.elect(1)
+    f = net.peers[2]
+    net.peers[1].core.propose(data_entry())
+    net.pump()
+    net.tick(1)  # the heartbeat carries the new commit index
+    commit_only = [rd for rd in f.readies if rd.committed_entries and not rd.entries]
+    assert commit_only and commit_only[-1].hard_state is not None
+    assert not commit_only[-1].must_sync(), "a commit-only hard state needs no fsync"
