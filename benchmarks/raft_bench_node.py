@@ -131,6 +131,8 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             "rounds": host.rounds,
             "fsyncs": host.fsyncs,
             "failed": repr(host.failed) if host.failed else None,
+            "term_max": max((g.core.term for g in groups), default=0),
+            "term_min": min((g.core.term for g in groups), default=0),
         }
 
     async def load(size: int, inflight: int, seconds: float, warmup: float) -> Reply:
@@ -217,6 +219,22 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
                 reply.update(
                     await load(cmd["size"], cmd["inflight"], cmd["seconds"], cmd["warmup"])
                 )
+            elif cmd["cmd"] == "open":
+                # More groups after start: a broker that creates partitions over time
+                # rather than all in the same instant.
+                t = time.perf_counter()
+                for i in range(cmd["start"], cmd["start"] + cmd["count"]):
+                    name = f"g{i}"
+                    if name not in host.groups:
+                        names.append(name)
+                        host.open_group(
+                            name, base / name, members, log_config=log_config, apply=applied
+                        )
+                        # Opening a log fsyncs its checkpoints on the event loop: yield after
+                        # each one, or a batch stalls pings long enough (> dead_after) for the
+                        # peers to declare this node dead and wake every quiesced group.
+                        await asyncio.sleep(0)
+                reply["open_seconds"] = round(time.perf_counter() - t, 3)
             elif cmd["cmd"] == "latency":
                 reply.update(
                     await latency(
