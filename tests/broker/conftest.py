@@ -13,7 +13,6 @@ import pytest
 from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.local_cluster import LocalCluster, local_spec
 
-BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "10"]
 # The shared cluster tests no failover: a longer election timeout keeps a loaded machine's
 # scheduling hiccups from moving leaders under tests that talk to a leader directly.
 SHARED_BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "30"]
@@ -62,16 +61,21 @@ ClusterFactory = Callable[..., LocalCluster]
 
 @pytest.fixture
 def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
-    """``make_cluster({"t": 1})`` starts a fresh 3-broker cluster in tmp_path and waits until
-    every partition has a leader; it is closed after the test."""
+    """``make_cluster({"t": 1})`` starts a fresh 3-broker cluster in tmp_path (20 ms ticks,
+    an election timeout of ``election_ticks``) and waits until every partition has a leader;
+    it is killed after the test."""
     clusters: list[LocalCluster] = []
 
     def make(
-        topics: dict[str, int], *, single_replica: dict[str, int] | None = None
+        topics: dict[str, int],
+        *,
+        single_replica: dict[str, int] | None = None,
+        election_ticks: int = 10,
     ) -> LocalCluster:
         data = tmp_path / f"cluster-{len(clusters)}"
+        args = ["--tick-ms", "20", "--election-ticks", str(election_ticks)]
         cluster = LocalCluster(
-            data, cluster_spec(topics, single_replica=single_replica), broker_args=BROKER_ARGS
+            data, cluster_spec(topics, single_replica=single_replica), broker_args=args
         )
         clusters.append(cluster)
         cluster.start()

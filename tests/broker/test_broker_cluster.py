@@ -268,7 +268,9 @@ def test_leader_kill_fails_over_and_keeps_every_acked_record(
 def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
     make_cluster: ClusterFactory,
 ) -> None:
-    cluster = make_cluster({"d": 1})
+    # A 1 s election timeout: the leader keeps leading (no check-quorum step-down) while the
+    # followers are frozen long enough for the produce to surely be in flight.
+    cluster = make_cluster({"d": 1}, election_ticks=50)
     with cluster.client() as client, cluster.client() as producer:
         client.produce("d", 0, batch([b"before"]))
         leader = leader_of(client, "d")
@@ -289,7 +291,7 @@ def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
         thread = threading.Thread(target=produce, daemon=True)
         try:
             thread.start()
-            time.sleep(0.08)  # well inside the election timeout (200 ms): no step-down yet
+            time.sleep(0.3)  # the batch reaches the leader and its sockets to the followers
             cluster.kill(leader)
             time.sleep(0.2)
         finally:
@@ -327,7 +329,8 @@ def test_produce_in_flight_when_the_leader_dies_is_not_duplicated(
 def test_produce_during_a_graceful_hand_over_gets_a_retryable_error(
     make_cluster: ClusterFactory,
 ) -> None:
-    cluster = make_cluster({"g": 1})
+    # A 1 s election timeout: the transfer, and so the window, lasts up to a second.
+    cluster = make_cluster({"g": 1}, election_ticks=50)
     with cluster.client() as client:
         client.produce("g", 0, batch([b"before"]))
         leader = leader_of(client, "g")
@@ -341,7 +344,7 @@ def test_produce_during_a_graceful_hand_over_gets_a_retryable_error(
         try:
             cluster.signal(leader, signal.SIGTERM)
             started = time.monotonic()
-            while time.monotonic() - started < 0.3:
+            while time.monotonic() - started < 0.6:
                 request = pb.ProduceRequest(
                     topic="g", partition=0, entries=batch([b"during"]), timeout_ms=100
                 )
