@@ -528,8 +528,8 @@ class Log:
             return self._collect(
                 pos,
                 lambda seg: self._index_of(seg).position_for_offset(offset),
-                lambda h: h.next_offset <= offset or h.index < self.start_index,
-                lambda h: h.next_offset > upper or (h.record_count == 0 and h.base_offset >= upper),
+                lambda i, base, n: base + n <= offset or i < self.start_index,
+                lambda i, base, n: base + n > upper or (n == 0 and base >= upper),
                 max_bytes,
             )
 
@@ -556,8 +556,8 @@ class Log:
             return self._collect(
                 pos,
                 lambda seg: self._index_of(seg).position_for_index(lo),
-                lambda h: h.index < lo,
-                lambda h: h.index >= upper,
+                lambda i, base, n: i < lo,
+                lambda i, base, n: i >= upper,
                 max_bytes,
             )
 
@@ -565,10 +565,13 @@ class Log:
         self,
         pos: int,
         start_position: Callable[[Segment], int],
-        skip: Callable[[EntryHeader], bool],
-        stop: Callable[[EntryHeader], bool],
+        skip: Callable[[int, int, int], bool],
+        stop: Callable[[int, int, int], bool],
         max_bytes: int,
     ) -> ReadResult:
+        """Whole entries from segment ``pos`` on. ``skip`` and ``stop`` see each entry's
+        (index, base offset, record count); only framing is decoded, and CRCs are checked
+        only past what this process already verified."""
         pieces: list[bytes] = []
         total = entries = 0
         first_index = next_index = next_offset = -1
@@ -576,51 +579,55 @@ class Log:
         first_segment = True
         while pos < len(self._segments) and not done:
             seg = self._segments[pos]
+            if seg is not self._segments[-1]:
+                self._cache_touch(seg)  # bound open descriptors on reads across segments
             position = start_position(seg) if first_segment else 0
+            if not entries:
+                position = self._seek(seg, position, skip)
             first_segment = False
             while position < seg.size and not done:
                 if seg.corrupt_at is not None and position >= seg.corrupt_at:
                     raise self._corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
-                want = min(seg.size - position, max(max_bytes - total, 0) + READ_SLACK)
-                chunk = seg.pread(want, position)
-                head = self._header_at(seg, chunk, 0, position)
-                if head.size > len(chunk):
+                chunk = seg.pread(self._read_size(seg, position, max_bytes - total), position)
+                size, _, index, base, count = self._frame(seg, chunk, 0, position)
+                if size > len(chunk):
                     # The first entry is larger than the read: decide on it from its header,
                     # then read it whole if it is wanted.
-                    if position + head.size > seg.size:
+                    if position + size > seg.size:
                         raise self._corrupt(seg, position, "entry runs past the segment end")
-                    if skip(head):
-                        position += head.size
+                    if skip(index, base, count):
+                        position += size
                         continue
-                    if stop(head) or (entries and total + head.size > max_bytes):
+                    if stop(index, base, count) or (entries and total + size > max_bytes):
                         done = True
                         break
-                    chunk = seg.pread(head.size, position)
-                view = memoryview(chunk)
+                    chunk = seg.pread(size, position)
                 p = 0
                 begin = None
-                while len(chunk) - p >= entry.HEADER_SIZE:
-                    h = self._header_at(seg, view, p, position)
-                    if p + h.size > len(chunk):
+                end = len(chunk)
+                verified = seg.verified_upto - position
+                while end - p >= entry.HEADER_SIZE:
+                    size, crc, index, base, count = self._frame(seg, chunk, p, position)
+                    if p + size > end:
                         break  # continues past this read: the next read starts here
-                    if skip(h):
-                        p = h.end
+                    if skip(index, base, count):
+                        p += size
                         continue
-                    if stop(h) or (entries and total + h.size > max_bytes):
+                    if stop(index, base, count) or (entries and total + size > max_bytes):
                         done = True
                         break
-                    if position + p >= seg.verified_upto and not entry.crc_ok(view, h):
+                    if p >= verified and not entry.crc_matches(chunk, p, size, crc):
                         raise self._corrupt(seg, position + p, "CRC mismatch")
                     if begin is None:
                         begin = p
-                    if first_index < 0:
-                        first_index = h.index
+                        if first_index < 0:
+                            first_index = index
                     entries += 1
-                    total += h.size
-                    next_index, next_offset = h.index + 1, h.next_offset
-                    p = h.end
+                    total += size
+                    next_index, next_offset = index + 1, base + count
+                    p += size
                 if begin is not None:
-                    pieces.append(chunk if (begin, p) == (0, len(chunk)) else chunk[begin:p])
+                    pieces.append(chunk if (begin, p) == (0, end) else chunk[begin:p])
                 assert p > 0 or done, "a read must advance or finish"
                 position += p
                 if total >= max_bytes:
@@ -631,9 +638,42 @@ class Log:
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return ReadResult(data, entries, first_index, next_index, next_offset)
 
-    def _header_at(self, seg: Segment, buf: bytes | memoryview, p: int, base: int) -> EntryHeader:
+    def _seek(self, seg: Segment, position: int, skip: Callable[[int, int, int], bool]) -> int:
+        """From an index slot, the position of the first entry ``skip`` does not refuse (at
+        most about one index interval further), found with small reads so the bulk read
+        that follows can start exactly there and be returned without a copy."""
+        window = self.config.index_interval_bytes + entry.HEADER_SIZE
+        while position < seg.size:
+            if seg.corrupt_at is not None and position >= seg.corrupt_at:
+                raise self._corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
+            chunk = seg.pread(min(window, seg.size - position), position)
+            p = 0
+            while len(chunk) - p >= entry.HEADER_SIZE:
+                size, _, index, base, count = self._frame(seg, chunk, p, position)
+                if not skip(index, base, count):
+                    return position + p
+                p += size
+            if p == 0:
+                raise self._corrupt(seg, position, "no whole entry where one must start")
+            position += p
+        return position
+
+    def _read_size(self, seg: Segment, position: int, budget: int) -> int:
+        """Bytes to read from ``position``: up to the last index slot (an entry boundary)
+        within ``budget`` when there is one, so the read holds only whole entries; else
+        ``budget`` plus slack, cut to whole entries afterwards."""
+        rest = seg.size - position
+        if budget >= rest:
+            return rest
+        positions = self._index_of(seg).positions
+        boundary = positions[bisect_right(positions, position + budget) - 1] if positions else 0
+        if boundary > position:
+            return boundary - position
+        return min(rest, max(budget, 0) + READ_SLACK)
+
+    def _frame(self, seg: Segment, buf: bytes, p: int, base: int) -> tuple[int, int, int, int, int]:
         try:
-            return entry.parse_header(buf, p)
+            return entry.frame_at(buf, p)
         except InvalidEntryError as exc:
             raise self._corrupt(seg, base + p, str(exc)) from None
 
@@ -673,6 +713,8 @@ class Log:
             found: list[int] = []
 
             def match(_: int, h: EntryHeader) -> str | None:
+                if h.index < self.start_index:
+                    return None  # below the start: deleted as far as readers know
                 if h.type == EntryType.DATA and h.max_timestamp >= timestamp:
                     found.append(h.base_offset)
                     return "found"
@@ -686,7 +728,7 @@ class Log:
                     continue
                 seg.scan(verify=False, on_entry=match, start=position)
                 if found:
-                    return max(found[0], self.start_offset)
+                    return found[0]
             return None
 
     # --- truncation and retention -------------------------------------------------------
@@ -708,6 +750,15 @@ class Log:
                     start=self.start_index,
                     end=self.next_index,
                 )
+            # Find the cut first, while the target segment is still a closed one whose index
+            # can be loaded: nothing is deleted before every position is known.
+            k = bisect_right(self._first_indexes, index) - 1
+            if k > 0 and self._first_indexes[k] == index:
+                target = self._segments[k - 1]  # the cut is a segment boundary: keep it whole
+                cut = target.size
+            else:
+                target = self._segments[k]
+                cut = self._position_of_index(target, index)
             while len(self._segments) > 1 and self._segments[-1].first_index >= index:
                 seg = self._segments.pop()
                 self._first_indexes.pop()
@@ -715,8 +766,8 @@ class Log:
                 self._open_cache.pop(seg.first_index, None)
                 seg.remove_files()
             seg = self._segments[-1]
+            assert seg is target, "the cut lies in the last remaining segment"
             self._open_cache.pop(seg.first_index, None)
-            cut = self._position_of_index(seg, index)
             seg.truncate(cut)
             seg.remove_index_files()
             del self._terms[bisect_right(self._terms, (index - 1, 1 << 62)) :]
@@ -728,8 +779,7 @@ class Log:
     def _position_of_index(self, seg: Segment, index: int) -> int:
         if index <= seg.first_index:
             return 0
-        idx = self._index_of(seg) if seg.index is None else seg.index
-        start = idx.position_for_index(index)
+        start = self._index_of(seg).position_for_index(index)
         found: list[int] = []
 
         def at(position: int, h: EntryHeader) -> str | None:

@@ -3,8 +3,7 @@ group commit, flush policies, retention, file handles, time lookups, crash-safe 
 
 The property test (``test_log_properties.py``) explores sequences; these pin down the
 behaviours whose exact numbers matter (counts in the recovery report, fsyncs per commit,
-open descriptors) and reproduce known bugs (strict xfail, so a fix turns them into errors
-that ask for the marker to be removed).
+open descriptors), including regressions for bugs this suite found.
 """
 
 from __future__ import annotations
@@ -393,12 +392,6 @@ def test_closed_segments_hold_a_bounded_number_of_descriptors(scratch: Path) -> 
     log.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG raftmq/log/log.py Log._collect: segments after the first one of a read are "
-    "pread (Segment.open) without _cache_touch, so their descriptors are never released and "
-    "max_open_segments does not bound them (one read of 60 segments leaves ~59 open)",
-)
 def test_reads_spanning_many_segments_keep_descriptors_bounded(scratch: Path) -> None:
     config = LogConfig(segment_bytes=1024, max_open_segments=3, flush_policy=FlushPolicy.INTERVAL)
     with Log.open(scratch, config) as log:
@@ -583,13 +576,6 @@ def test_read_followed_by_an_entry_larger_than_the_chunk(tmp_path: Path) -> None
         assert log.read_by_index(1, BIG).data == small + large
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG raftmq/log/log.py Log.truncate_suffix -> _position_of_index -> _index_of: "
-    "after popping later segments the target segment is the last one, so _index_of skips "
-    "loading its index and asserts; the later segments' files are already deleted",
-)
 def test_truncate_suffix_into_a_closed_segment_after_reopen(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=1024)
     with Log.open(tmp_path, config) as log:
@@ -600,13 +586,6 @@ def test_truncate_suffix_into_a_closed_segment_after_reopen(tmp_path: Path) -> N
         assert log.next_index == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG raftmq/log/log.py Log.offset_for_timestamp: entries below the log start that "
-    "still sit in the first segment take part in the scan, and a match there is clamped to "
-    "start_offset although no retained entry reaches the timestamp (Kafka scans from the "
-    "start offset's position instead)",
-)
 def test_offset_for_timestamp_ignores_entries_below_the_start(scratch: Path) -> None:
     with Log.open(scratch, INTERVAL) as log:
         for index, ts in ((1, 9000), (2, 10), (3, 20)):

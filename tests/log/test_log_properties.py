@@ -8,9 +8,7 @@ of reads, start/next index and offset, terms, segment layout, durable index.
 Why a state machine: the log's bugs live in sequences (roll, then truncate, then crash, then
 reopen), not in single calls, and hypothesis shrinks a failing sequence to a few steps.
 
-Known bugs in raftmq/log are reproduced in ``test_log.py`` (strict xfail). Where one would stop
-this machine early, it works around it (see ``WORK_AROUND_KNOWN_BUGS``) so the rest of the
-history is still checked; set ``RAFTMQ_LOG_STRICT=1`` to drop the work-arounds.
+Bugs this machine found are pinned as regressions in ``test_log.py``.
 """
 
 from __future__ import annotations
@@ -43,8 +41,6 @@ from raftmq.log.errors import (
 )
 from raftmq.log.log import Log, ReadResult
 from raftmq.log.segment import LOG_SUFFIX, segment_name
-
-WORK_AROUND_KNOWN_BUGS = os.environ.get("RAFTMQ_LOG_STRICT") != "1"
 
 MAX_MESSAGE_BYTES = 192 * 1024
 BIG = 1 << 30
@@ -578,13 +574,6 @@ class LogMachine(RuleBasedStateMachine):
             with pytest.raises(OutOfRangeError):
                 self.log.truncate_suffix(index)
             return
-        if WORK_AROUND_KNOWN_BUGS and index < self.next_index:
-            # Known bug: truncate_suffix into a closed segment whose index is not loaded
-            # (after a reopen or an LRU release) trips an assert after deleting files. Load
-            # that segment's index first (a read does) so the machine can go on.
-            k = max([0] + [j for j, (first, _) in enumerate(self.segs) if first < index])
-            if k < len(self.segs) - 1 and index > self.segs[k][0]:
-                self.log.read_by_index(max(self.segs[k][0], self.start_index), 1)
         self.log.truncate_suffix(index)
         if index >= self.next_index:
             return
