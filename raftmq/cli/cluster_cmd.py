@@ -23,6 +23,7 @@ from raftmq.broker import cluster_file
 from raftmq.broker.cluster_file import BrokerSpec, ClusterFileError, ClusterSpec
 from raftmq.broker.local_cluster import CLUSTER_FILE, LocalCluster, free_port, local_spec
 from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.log.config import LogConfig
 from raftmq.log.records import Record, build_batch, iter_records
 
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -78,6 +79,18 @@ def broker(
             "file advertises (e.g. behind a proxy)."
         ),
     ] = "",
+    segment_bytes: Annotated[
+        int, typer.Option(min=1024, help="segment.bytes of every partition log.")
+    ] = 128 * 1024 * 1024,
+    retention_bytes: Annotated[
+        int, typer.Option(min=-1, help="retention.bytes per partition (-1: unlimited).")
+    ] = -1,
+    retention_ms: Annotated[
+        int, typer.Option(min=-1, help="retention.ms per partition (-1: forever).")
+    ] = 14 * 24 * 3600 * 1000,
+    retention_check_ms: Annotated[
+        int, typer.Option(min=100, help="How often retention runs.")
+    ] = 60_000,
     tick_ms: Annotated[int, typer.Option(min=5, max=1000, help="Raft tick length in ms.")] = 100,
     election_ticks: Annotated[
         int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
@@ -98,6 +111,12 @@ def broker(
             tick_seconds=tick_ms / 1000,
             election_tick=election_ticks,
             listen=_parse_address(listen) if listen else None,
+            log_config=LogConfig(
+                segment_bytes=segment_bytes,
+                retention_bytes=retention_bytes,
+                retention_ms=retention_ms,
+            ),
+            retention_check_seconds=retention_check_ms / 1000,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
