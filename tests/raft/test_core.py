@@ -653,3 +653,24 @@ def test_applying_alone_needs_no_fsync():
     commit_only = [rd for rd in f.readies if rd.committed_entries and not rd.entries]
     assert commit_only and commit_only[-1].hard_state is not None
     assert not commit_only[-1].must_sync(), "a commit-only hard state needs no fsync"
+
+
+def test_vote_survives_learning_the_leader_of_the_same_term():
+    """Becoming a follower within a term must not clear the vote of that term."""
+    p = make(1, {1, 2, 3, 4}, pre_vote=False, check_quorum=False)
+    p.core.step(Message(MsgType.VOTE, 2, 1, 5))
+    flush(p)
+    p.core.step(Message(MsgType.HEARTBEAT, 3, 1, 5))
+    flush(p)
+    assert p.core.vote == 2 and p.core.lead == 3
+    p.core.step(Message(MsgType.VOTE, 4, 1, 5))
+    assert flush(p)[-1].reject
+
+
+def test_pre_vote_applies_the_election_restriction():
+    st = MemoryStorage()
+    preload(st, [1, 2, 2])
+    p = make(1, {1, 2, 3}, storage=st, hs=HardState(2, 0, 0))
+    p.core.step(Message(MsgType.PRE_VOTE, 2, 1, 3, log_term=2, index=2))
+    assert flush(p)[-1].reject
+    assert p.core.term == 2
