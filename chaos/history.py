@@ -13,11 +13,20 @@ Kinds:
 - ``read``: a record a live reader saw while faults ran: ``offset``, ``value``, and
   ``hw``, the high watermark in the same fetch answer. Readers read each partition in
   order; ``process`` identifies the reader, whose assignment never changes within a run.
+- ``reset``: a live reader's fetch at ``offset`` was answered OFFSET_OUT_OF_RANGE because
+  retention had moved the log start past it, so the reader jumped to the log start (like a
+  Kafka consumer with ``auto.offset.reset=earliest``); ``value`` = str(the new offset). The
+  checker allows exactly that skip in the reader's order.
 - ``final``: a record read after healing by a fresh reader of one replica (``replica`` =
-  broker id), from the log start to that replica's high watermark (``hw``).
+  broker id), from that replica's log start to its high watermark (``hw``).
+- ``range``: per partition and replica (``replica``), what its final reads covered:
+  ``offset`` = its log start (ListOffsets EARLIEST; records below it were deleted by
+  retention or skipped by a snapshot install), ``hw`` = its high watermark. Histories
+  without ``range`` ops (older runs) mean every replica started at 0.
 - ``digest``: per partition and replica, the SHA-256 (``value``) of the stored entry bytes
-  of offsets below ``offset`` (the smallest high watermark among the replicas): replicas
-  must agree byte for byte up to the commit point.
+  of the range every replica holds: from the largest log start among the replicas (their
+  ``range`` ops) to ``offset`` (the smallest high watermark among them). Replicas must agree
+  byte for byte on it.
 - ``recovery``: after healing, ``value`` = seconds until every partition had a leader and
   accepted a write; ``status`` ``ok`` or ``fail`` (not within the limit).
 - ``fault``: the nemesis started (``status`` ``start``) or ended (``end``) a fault;

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.client.lowlevel import LowLevelClient
 
-CATEGORIES = ("partition", "kill", "pause", "latency", "bandwidth", "reset", "hung")
+CATEGORIES = ("partition", "kill", "pause", "latency", "bandwidth", "reset", "hung", "snapshot")
+
+SNAPSHOT_HOLD = (8.0, 10.0)
+"""How long a ``snapshot`` fault keeps its follower cut off: long enough for the others'
+retention (aggressive in runs with this fault, see ``chaos.run``) to delete what it lacks."""
 
 
 @dataclass
@@ -29,6 +33,8 @@ class Fault:
     started: float = 0.0
     ended: float = 0.0
     targets: list[int] = field(default_factory=list)
+    hold: float | None = None
+    """How long to hold this fault, when its kind needs other than the usual duration."""
 
 
 class Nemesis:
@@ -217,11 +223,34 @@ class Nemesis:
         heal = self._toxic_everywhere("timeout", {"timeout": 0}, [link.name])
         return Fault("hung", f"connection {link.a}<->{link.b} hangs (no data, no close)", heal)
 
+    def _start_snapshot(self) -> Fault:
+        """Cut one follower of a partition off from every Raft peer for long enough that
+        the leader's retention deletes entries it still needs: after healing it can only
+        catch up by a snapshot (its log restarts at the leader's log start)."""
+        partition = self.rng.randrange(self.chaos.partitions)
+        replicas = self.chaos.replicas(partition)
+        leader = self.leader_of(partition)
+        followers = [r for r in replicas if r != leader] or list(replicas)
+        victim = self.rng.choice(followers)
+        hold = self.rng.uniform(*SNAPSHOT_HOLD)
+        pairs = self._cut([{victim}, set(self.chaos.nodes) - {victim}])
+        return Fault(
+            "snapshot",
+            f"snapshot: follower {victim} of partition {partition} cut off for {hold:.1f} s",
+            self._enable_links(pairs),
+            targets=[victim],
+            hold=hold,
+        )
+
     # --- schedule ----------------------------------------------------------------------
 
-    def durations(self) -> tuple[float, float]:
-        """(how long the next fault lasts, the quiet gap after it)."""
-        return self.rng.uniform(2.0, 5.0), self.rng.uniform(1.0, 2.5)
+    def durations(self, fault: Fault | None = None) -> tuple[float, float]:
+        """(how long ``fault`` lasts, the quiet gap after it). Both are always drawn, so a
+        fault carrying its own hold does not shift the seed's later draws."""
+        hold, gap = self.rng.uniform(2.0, 5.0), self.rng.uniform(1.0, 2.5)
+        if fault is not None and fault.hold is not None:
+            hold = fault.hold
+        return hold, gap
 
     def heal_everything(self) -> None:
         self.chaos.heal_network()

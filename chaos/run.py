@@ -32,6 +32,12 @@ class ChaosOptions:
     producers: int = 4
     recovery_limit: float = 30.0
     tick_ms: int = 50
+    retention: bool | None = None
+    """Small segments and aggressive retention; None: only when ``snapshot`` is a fault,
+    since only a follower behind the leader's log start needs a snapshot."""
+    segment_bytes: int = 2048
+    retention_bytes: int = 8192
+    retention_check_ms: int = 250
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -45,6 +51,26 @@ class ChaosOptions:
                 f"got {','.join(self.faults) or 'nothing'}"
             )
 
+    @property
+    def aggressive_retention(self) -> bool:
+        return "snapshot" in self.faults if self.retention is None else self.retention
+
+    def broker_args(self) -> list[str]:
+        """The brokers' command line. Records are ~100 bytes and a partition takes a few
+        KB/s, so retention must keep only a few KB for a follower cut off for ~10 s to fall
+        below the leader's log start."""
+        args = ["--tick-ms", str(self.tick_ms), "--election-ticks", "10"]
+        if self.aggressive_retention:
+            args += [
+                "--segment-bytes",
+                str(self.segment_bytes),
+                "--retention-bytes",
+                str(self.retention_bytes),
+                "--retention-check-ms",
+                str(self.retention_check_ms),
+            ]
+        return args
+
 
 Say = Callable[[str], None]
 
@@ -57,7 +83,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         out / "data",
         nodes=options.nodes,
         partitions=options.partitions,
-        broker_args=["--tick-ms", str(options.tick_ms), "--election-ticks", "10"],
+        broker_args=options.broker_args(),
     )
     nemesis: Nemesis | None = None
     recorder = Recorder()
@@ -85,7 +111,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
                 )
             )
             say(f"{recorder.now():6.1f}s  fault: {fault.description}")
-            hold, gap = nemesis.durations()
+            hold, gap = nemesis.durations(fault)
             time.sleep(max(0.0, min(hold, options.duration - recorder.now())))
             fault.heal()
             recorder.add(
@@ -156,28 +182,30 @@ def _measure_recovery(addresses: list[str], options: ChaosOptions, recorder: Rec
 
 
 def _final_reads(chaos: ChaosCluster, recorder: Recorder, options: ChaosOptions) -> None:
+    """Read every replica of every partition from its own log start to its high watermark
+    (``range`` and ``final`` ops), then digest the range all of them hold."""
     direct = {i: chaos.direct_address(i) for i in chaos.nodes}
     with LowLevelClient(list(direct.values()), retries=20) as client:
         for p in range(options.partitions):
             target = _leader_hw(client, direct, p)
-            hws: dict[int, int] = {}
-            data: dict[int, bytes] = {}
-            for r in chaos.replicas(p):
-                hw, raw = _read_replica(client, direct[r], p, target, recorder, r)
-                hws[r], data[r] = hw, raw
-            common = min(hws.values())
-            for r, raw in data.items():
+            reads = {
+                r: _read_replica(client, direct[r], p, target, recorder, r)
+                for r in chaos.replicas(p)
+            }
+            common_start = max(read.start for read in reads.values())
+            common_end = min(read.hw for read in reads.values())
+            for r, read in reads.items():
                 digest = hashlib.sha256()
-                for h in entry.iter_headers(raw, verify=False):
-                    if h.base_offset < common and h.next_offset <= common:
-                        digest.update(raw[h.position : h.end])
+                for h in entry.iter_headers(read.raw, verify=False):
+                    if h.base_offset >= common_start and h.next_offset <= common_end:
+                        digest.update(read.raw[h.position : h.end])
                 recorder.add(
                     Op(
                         "digest",
                         f"final-{r}",
                         p,
                         digest.hexdigest(),
-                        common,
+                        common_end,
                         start=recorder.now(),
                         end=recorder.now(),
                         replica=r,
@@ -202,36 +230,85 @@ def _leader_hw(client: LowLevelClient, direct: dict[int, str], partition: int) -
     return 0
 
 
+@dataclass
+class _ReplicaRead:
+    """What one replica's final read covered: [start, hw) and the stored entry bytes."""
+
+    start: int
+    hw: int
+    raw: bytes
+
+
+def _offsets(client: LowLevelClient, address: str, partition: int) -> tuple[int, int]:
+    """(log start, high watermark) of one replica; (-1, -1) if it does not answer."""
+    try:
+        resp = client.stub(address).ListOffsets(
+            pb.ListOffsetsRequest(topic=TOPIC, partition=partition, position=pb.EARLIEST),
+            timeout=5,
+        )
+    except Exception:
+        return -1, -1
+    return resp.log_start_offset, resp.high_watermark
+
+
 def _read_replica(
     client: LowLevelClient, address: str, partition: int, target: int, recorder: Recorder, r: int
-) -> tuple[int, bytes]:
+) -> _ReplicaRead:
     """Wait until the replica's high watermark reaches ``target`` (it catches up), then read
-    it from the start; each record becomes a ``final`` op."""
+    it from its log start; each record becomes a ``final`` op, the range a ``range`` op.
+
+    Retention may still move the start while we read (the last writes can push one more
+    segment out); the read then starts over at the new start, so the ``range`` op always
+    names a start the finals really begin at."""
     deadline = time.monotonic() + 30
-    hw = -1
+    start, hw = -1, -1
     while time.monotonic() < deadline:
-        try:
-            hw = (
-                client.stub(address)
-                .ListOffsets(
-                    pb.ListOffsetsRequest(topic=TOPIC, partition=partition, position=pb.LATEST),
-                    timeout=5,
-                )
-                .high_watermark
-            )
-        except Exception:
-            hw = -1
+        start, hw = _offsets(client, address, partition)
         if hw >= target:
             break
         time.sleep(0.2)
     if hw < 0:
-        return 0, b""
-    pieces = []
-    offset = 0
+        recorder.add(_range_op(partition, r, 0, 0, recorder))
+        return _ReplicaRead(0, 0, b"")
+    for _attempt in range(5):
+        finals, pieces, restart = _read_range(client, address, partition, start, hw, r, recorder)
+        if restart is None:
+            break
+        start, hw = _offsets(client, address, partition)
+        if hw < 0:
+            break
+    recorder.add(_range_op(partition, r, start, hw, recorder))
+    for op in finals:
+        recorder.add(op)
+    return _ReplicaRead(start, hw, b"".join(pieces))
+
+
+def _range_op(partition: int, r: int, start: int, hw: int, recorder: Recorder) -> Op:
+    now = recorder.now()
+    return Op("range", f"final-{r}", partition, None, start, "ok", now, now, hw=hw, replica=r)
+
+
+def _read_range(
+    client: LowLevelClient,
+    address: str,
+    partition: int,
+    start: int,
+    hw: int,
+    r: int,
+    recorder: Recorder,
+) -> tuple[list[Op], list[bytes], int | None]:
+    """Read [start, hw) of one replica: (final ops, entry bytes, None), or a new log start
+    as the third item when retention moved it past ``start`` mid-read."""
+    finals: list[Op] = []
+    pieces: list[bytes] = []
+    offset = start
     while offset < hw:
         try:
             resp = client.fetch(TOPIC, partition, offset, max_bytes=4 << 20, address=address)
-        except ClientError:
+        except ClientError as exc:
+            moved = exc.meta.get("raftmq-log-start-offset")
+            if exc.code == "OFFSET_OUT_OF_RANGE" and moved is not None and int(moved) > offset:
+                return finals, pieces, int(moved)
             break
         if not resp.entries:
             break
@@ -242,7 +319,7 @@ def _read_replica(
                 continue
             for rec in decode_records(resp.entries, h):
                 if rec.offset < hw:
-                    recorder.add(
+                    finals.append(
                         Op(
                             "final",
                             f"final-{r}",
@@ -257,4 +334,4 @@ def _read_replica(
                         )
                     )
         offset = resp.next_offset
-    return hw, b"".join(pieces)
+    return finals, pieces, None

@@ -161,7 +161,8 @@ class Workload:
             while not self.stop.is_set():
                 try:
                     resp = client.fetch(self.topic, partition, offset, max_wait_ms=500)
-                except ClientError:
+                except ClientError as exc:
+                    offset = self._reset(process, partition, offset, exc)
                     self.stop.wait(0.1)
                     continue
                 except Exception:
@@ -186,6 +187,27 @@ class Workload:
                     )
                     offset = r.offset + 1
         self.positions[partition] = offset
+
+    def _reset(self, process: str, partition: int, offset: int, exc: ClientError) -> int:
+        """Where to read next after a refused fetch at ``offset``.
+
+        OFFSET_OUT_OF_RANGE below the log start means retention deleted the records the
+        reader has not read yet: it jumps to the log start, as a Kafka consumer with
+        ``auto.offset.reset=earliest`` would, and records a ``reset`` op so the checker
+        allows exactly that skip. Out of range above the high watermark (a new leader
+        not yet caught up on its commit index) is only waited out: the reader keeps its
+        place."""
+        if exc.code != "OFFSET_OUT_OF_RANGE":
+            return offset
+        try:
+            start = int(exc.meta.get("raftmq-log-start-offset", ""))
+        except ValueError:
+            return offset
+        if start <= offset:
+            return offset
+        now = self.recorder.now()
+        self.recorder.add(Op("reset", process, partition, str(start), offset, "ok", now, now))
+        return start
 
     def finish(self, timeout: float = 30.0) -> None:
         self.stop.set()
