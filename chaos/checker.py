@@ -8,22 +8,29 @@ Promises checked (one report per check, each with counts and up to ``MAX_EXAMPLE
 self-explaining examples):
 
 1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of its
-   partition, at its acknowledged offset, with its value.
-2. ``replicas``: every replica holds every acknowledged record of its partition below its
-   final high watermark, and the replicas' digests agree.
+   partition, at its acknowledged offset, with its value, unless retention deleted it
+   (its offset is below every replica's log start).
+2. ``replicas``: every replica holds every acknowledged record of its partition from its
+   log start up to its final high watermark, and the replicas' digests agree.
 3. ``one-value-per-offset``: acks, live reads and final reads never disagree about the
    value at a (partition, offset).
 4. ``duplicates``: no value appears at two offsets (a violation only with idempotence).
 5. ``phantoms``: nothing read was never sent, was definitely refused, sat at or above the
-   high watermark of its own fetch answer, or was read live and then vanished (dirty read).
+   high watermark of its own fetch answer, or was read live and then vanished (dirty read;
+   not if retention has deleted it everywhere since).
 6. ``order``: a producer's acks to a partition have increasing offsets in send order; a
-   reader's successive offsets on a partition increase by exactly one.
+   reader's successive offsets on a partition increase by exactly one, except across its
+   own ``reset`` to the log start.
 7. ``consumer-groups``: not applicable until the workload records group operations.
 8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
 
 Indeterminate sends (status ``info``) never cause a violation by themselves (they may or
 may not have been written), but once one is read it is held to checks 3, 4 and 5 like any
 other record.
+
+Retention: ``range`` ops give each replica's log start at the final read. Records below a
+replica's start are not expected on it; a record below every replica's start was deleted,
+not lost. A history without ``range`` ops has every start at 0, i.e. no exemption at all.
 
 Histories can hold about a million operations, so every check is one or two passes over
 dicts and sets built once in ``_History`` (sorting only per producer/reader, O(n log n)),
@@ -55,7 +62,7 @@ MAX_EXAMPLES = 10
 MAX_SOURCES = 6
 """Who-saw-it entries kept per value in an example; the total is always given."""
 
-KNOWN_KINDS = frozenset({"send", "read", "final", "digest", "recovery", "fault"})
+KNOWN_KINDS = frozenset({"send", "read", "final", "digest", "recovery", "fault", "range", "reset"})
 
 
 # --------------------------------------------------------------------------- results
@@ -224,6 +231,11 @@ class _History:
         self.replica_extra: set[tuple[int, int, int, str]] = set()
         self.replica_hw: dict[tuple[int, int], int] = {}
         self.replicas: dict[int, set[int]] = defaultdict(set)
+        # (partition, replica) -> that replica's log start at its final read (range ops).
+        self.replica_start: dict[tuple[int, int], int] = {}
+        # (reader, partition) -> {offset it jumped from: offset it jumped to} (reset ops).
+        self.resets: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+        self.reset_count = 0
 
         for op in ops:
             kind = op.kind
@@ -240,12 +252,23 @@ class _History:
                 self.digests.append(op)
                 if op.replica is not None:
                     self.replicas[op.partition].add(op.replica)
+            elif kind == "range":
+                self._add_range(op)
+            elif kind == "reset":
+                self._add_reset(op)
             elif kind == "recovery":
                 self.recoveries.append(op)
             elif kind == "fault":
                 self.faults.append(op)
             else:
                 self.other[kind] += 1
+
+        # Retention floor per partition: the smallest log start among its replicas (a replica
+        # without a range op starts at 0); below it no replica holds anything any more.
+        self.floor: dict[int, int] = {
+            p: min(self.replica_start.get((p, r), 0) for r in self.replicas[p])
+            for p in {p for p, _ in self.replica_start}
+        }
 
     def _add_send(self, op: Op) -> None:
         self.sends.append(op)
@@ -273,6 +296,49 @@ class _History:
             self.replica_extra.add((op.partition, replica, op.offset, op.value))
         if op.hw is not None:
             self.replica_hw[key] = max(op.hw, self.replica_hw.get(key, op.hw))
+
+    def _add_range(self, op: Op) -> None:
+        if op.offset is None or op.replica is None:
+            self.malformed.append(op)
+            return
+        key = (op.partition, op.replica)
+        self.replicas[op.partition].add(op.replica)
+        # Several reads of one replica: the lowest start is what it was shown to hold.
+        self.replica_start[key] = min(op.offset, self.replica_start.get(key, op.offset))
+
+    def _add_reset(self, op: Op) -> None:
+        try:
+            to = int(op.value or "")
+        except ValueError:
+            to = None
+        if op.offset is None or to is None:
+            self.malformed.append(op)
+            return
+        self.reset_count += 1
+        self.resets[(op.process, op.partition)][op.offset] = to
+
+    def deleted(self, partition: int, offset: int) -> bool:
+        """Whether retention deleted ``offset`` on every replica (False without range ops)."""
+        return offset < self.floor.get(partition, 0)
+
+    def replica_start_of(self, partition: int, replica: int) -> int:
+        return self.replica_start.get((partition, replica), 0)
+
+    def reset_path(self, process: str, partition: int, frm: int, to: int) -> bool:
+        """Whether the reader's resets lead from offset ``frm`` exactly to ``to`` (a chain
+        when the start moved again before the reader could read)."""
+        jumps = self.resets.get((process, partition))
+        if not jumps:
+            return False
+        at, seen = frm, 0
+        while at in jumps and seen <= len(jumps):
+            nxt = jumps[at]
+            if nxt <= at:
+                return False
+            at, seen = nxt, seen + 1
+            if at == to:
+                return True
+        return False
 
     def replica_holds(self, partition: int, replica: int, offset: int, value: str) -> bool:
         """Whether ``replica``'s final reads hold ``value`` at ``offset``."""
@@ -319,7 +385,15 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
     after healing; check 2 then holds every replica to the same standard.
     """
     f = _Findings("lost", "acked-without-offset")
-    lost = [op for op in h.acks if not h.finals_hold(op.partition, _off(op), _val(op))]
+    lost: list[Op] = []
+    deleted = 0
+    for op in h.acks:
+        if h.finals_hold(op.partition, _off(op), _val(op)):
+            continue
+        if h.deleted(op.partition, _off(op)):
+            deleted += 1
+        else:
+            lost.append(op)
     positions = h.final_positions({_val(op) for op in lost[:MAX_EXAMPLES]})
 
     def example(op: Op) -> dict[str, Any]:
@@ -361,10 +435,14 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
                     ),
                 },
             )
+    checked: dict[str, float] = {"acked": len(h.acks)}
+    if h.replica_start:
+        checked["deleted-by-retention"] = deleted
     return f.report(
         "lost",
-        "every acknowledged send is in the final reads at its acknowledged offset",
-        {"acked": len(h.acks)},
+        "every acknowledged send is in the final reads at its acknowledged offset"
+        + (" (or below every replica's log start)" if h.replica_start else ""),
+        checked,
         applicable=bool(h.acks),
     )
 
@@ -379,6 +457,7 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
     """
     f = _Findings("missing-on-replica", "partition-without-replicas", "digest-mismatch")
     pairs = 0
+    below_start = 0
     bare_partitions: set[int] = set()
     # Sorted once per partition, so examples come out in a stable order.
     ordered = {p: tuple(sorted(rs)) for p, rs in h.replicas.items()}
@@ -400,6 +479,9 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
                 )
             continue
         for r in replicas:
+            if o < h.replica_start_of(p, r):
+                below_start += 1  # deleted there by retention or skipped by a snapshot
+                continue
             pairs += 1
             hw = h.replica_hw.get((p, r))
             if (hw is None or o < hw) and h.replica_holds(p, r, o, v):
@@ -454,10 +536,15 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
                     ),
                 },
             )
+    checked: dict[str, float] = {"replica_record_pairs": pairs, "digest_groups": len(groups)}
+    if h.replica_start:
+        checked["below-replica-start"] = below_start
     return f.report(
         "replicas",
-        "every replica holds every acknowledged record below its final hw; digests agree",
-        {"replica_record_pairs": pairs, "digest_groups": len(groups)},
+        "every replica holds every acknowledged record below its final hw"
+        + (" from its log start" if h.replica_start else "")
+        + "; digests agree",
+        checked,
         applicable=bool(h.acks) or bool(h.digests),
     )
 
@@ -630,7 +717,11 @@ def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
                         "not committed yet",
                     ),
                 )
-            if op.kind == "read" and not h.finals_hold(op.partition, _off(op), _val(op)):
+            if (
+                op.kind == "read"
+                and not h.finals_hold(op.partition, _off(op), _val(op))
+                and not h.deleted(op.partition, _off(op))
+            ):
                 f.add(
                     "dirty-read",
                     example(
@@ -690,11 +781,17 @@ def check_order(h: _History, opts: CheckOptions) -> CheckReport:
     for op in h.reads:
         readers[(op.process, op.partition)].append(op)
     steps = 0
+    resets_crossed = 0
     for ops in readers.values():
         ops.sort(key=_start)
         for prev, op in itertools.pairwise(ops):
             steps += 1
             if _off(op) == _off(prev) + 1:
+                continue
+            if _off(op) > _off(prev) + 1 and h.reset_path(
+                op.process, op.partition, _off(prev) + 1, _off(op)
+            ):
+                resets_crossed += 1
                 continue
             kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
 
@@ -716,10 +813,15 @@ def check_order(h: _History, opts: CheckOptions) -> CheckReport:
                 }
 
             f.add(kind, rexample)
+    checked: dict[str, float] = {"producer_pairs": pairs, "reader_steps": steps}
+    if h.reset_count:
+        checked["reader_resets"] = h.reset_count
+        checked["skips_across_resets"] = resets_crossed
     return f.report(
         "order",
-        "producers' acks increase in send order; readers advance one offset at a time",
-        {"producer_pairs": pairs, "reader_steps": steps},
+        "producers' acks increase in send order; readers advance one offset at a time"
+        + (" (or jump to the log start by a reset)" if h.reset_count else ""),
+        checked,
         applicable=pairs > 0 or steps > 0,
     )
 

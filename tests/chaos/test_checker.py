@@ -553,3 +553,155 @@ def test_every_check_reports_name_description_and_counts(name: str) -> None:
     report = check(clean()).get(name)
     assert report.description
     assert report.counts
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def ranged(ops: list[Op], starts: dict[tuple[int, int], int], hw: int = N) -> list[Op]:
+    """Retention moved some replicas' log starts: ``starts`` maps (partition, replica) to
+    the new start; those replicas' finals below it are gone, and every (partition,
+    replica) gets its ``range`` op (start 0 where not named)."""
+    kept = [
+        op
+        for op in ops
+        if not (
+            op.kind == "final" and (op.offset or 0) < starts.get((op.partition, op.replica or 0), 0)
+        )
+    ]
+    kept += [
+        Op("range", f"final-r{r}", p, None, starts.get((p, r), 0), hw=hw, replica=r)
+        for p in PARTITIONS
+        for r in REPLICAS
+    ]
+    return kept
+
+
+def reset(p: int, frm: int, to: int, t: float, reader: str = "") -> Op:
+    return Op("reset", reader or f"reader{p}", p, str(to), frm, "ok", t, t)
+
+
+def test_range_ops_at_start_zero_change_nothing() -> None:
+    result = check(ranged(clean(), {}))
+    assert_only(result)
+    assert count(result, "lost", "deleted-by-retention") == 0
+    assert result.summary["unknown_kinds"] == {}
+
+
+def test_records_below_every_replicas_start_are_deleted_not_lost() -> None:
+    result = check(ranged(clean(), {(0, 1): 3, (0, 2): 2, (0, 3): 4}))
+    assert_only(result)
+    # Offsets 0 and 1 are below all three starts (the smallest is 2).
+    assert count(result, "lost", "deleted-by-retention") == 2
+    # Below each replica's own start nothing is expected: 3 + 2 + 4 pairs skipped.
+    assert count(result, "replicas", "below-replica-start") == 9
+    assert count(result, "replicas", "replica_record_pairs") == 3 * 2 * N - 9
+
+
+def test_a_record_below_one_replicas_start_must_be_on_another() -> None:
+    # Replicas 1 and 2 deleted offsets 0-2; replica 3 still starts at 0 but lacks offset 1.
+    ops = ranged(clean(), {(0, 1): 3, (0, 2): 3})
+    result = check(without(ops, final(0, 1, val(0, 1), N, 3)))
+    assert count(result, "lost", "lost") == 1
+    assert result.get("lost").examples[0]["offset"] == 1
+    assert count(result, "lost", "deleted-by-retention") == 0
+    assert count(result, "replicas", "missing-on-replica") == 1
+    assert result.get("replicas").examples[0]["replica"] == 3
+    # The live reader saw offset 1 and no replica holds it any more: a dirty read too.
+    assert count(result, "phantoms", "dirty-read") == 1
+    assert_only(result, "lost", "replicas", "phantoms")
+
+
+def test_a_replica_missing_a_record_at_or_above_its_own_start() -> None:
+    ops = ranged(clean(), {(0, 1): 2, (0, 2): 2, (0, 3): 2})
+    result = check(without(ops, final(0, 3, val(0, 3), N, 2)))
+    assert count(result, "replicas", "missing-on-replica") == 1
+    example = result.get("replicas").examples[0]
+    assert (example["offset"], example["replica"]) == (3, 2)
+    assert_only(result, "replicas")  # replicas 1 and 3 still hold it: not lost
+
+
+def test_a_record_missing_everywhere_at_the_common_start_is_lost() -> None:
+    # The starts are all 2: offset 2 is the first record every replica must still hold.
+    ops = ranged(clean(), {(1, r): 2 for r in REPLICAS})
+    result = check(without(ops, *[final(1, 2, val(1, 2), N, r) for r in REPLICAS]))
+    assert count(result, "lost", "lost") == 1
+    assert count(result, "lost", "deleted-by-retention") == 2
+    assert count(result, "replicas", "missing-on-replica") == 3
+    assert_only(result, "lost", "replicas", "phantoms")
+
+
+def test_a_replica_without_a_range_op_starts_at_zero() -> None:
+    # Replica 3 has no range op: it is held to everything, so offset 0 is not deleted.
+    ops = ranged(clean(), {(0, 1): 2, (0, 2): 2, (0, 3): 2})
+    ops = [op for op in ops if not (op.kind == "range" and op.partition == 0 and op.replica == 3)]
+    result = check(ops)
+    assert count(result, "lost", "deleted-by-retention") == 0
+    assert count(result, "lost", "lost") == 2
+    assert count(result, "replicas", "missing-on-replica") == 2
+    assert_only(result, "lost", "replicas", "phantoms")
+
+
+def test_live_read_below_every_start_is_not_a_dirty_read() -> None:
+    # An indeterminate send was read live at offset 0 of a fresh partition 2 whose
+    # replicas all start at 1: retention deleted it, nothing says it was lost.
+    ops = [*ranged(clean(), {}), send(2, 0, None, "info", t=5.0)]
+    ops.append(read(2, 0, val(2, 0), hw=1, t=6.0))
+    ops += [Op("range", f"final-r{r}", 2, None, 1, hw=1, replica=r) for r in REPLICAS]
+    ops += [digest(2, 1, r) for r in REPLICAS]
+    assert_only(check(ops))
+    # The same history with the starts at 0: a dirty read.
+    at_zero = [
+        Op("range", op.process, 2, None, 0, hw=1, replica=op.replica)
+        if op.kind == "range" and op.partition == 2
+        else op
+        for op in ops
+    ]
+    result = check(at_zero)
+    assert count(result, "phantoms", "dirty-read") == 1
+    assert_only(result, "phantoms")
+
+
+def test_reader_skip_across_its_reset_is_ok() -> None:
+    # reader0 read 0 and 1, was refused at 2 (below the start), jumped to 4 and read on.
+    ops = without(clean(), read(0, 2, val(0, 2), hw=3, t=21.0), read(0, 3, val(0, 3), hw=4, t=31.0))
+    ops.append(reset(0, 2, 4, t=25.0))
+    result = check(ranged(ops, {(0, r): 4 for r in REPLICAS}))
+    assert_only(result)
+    assert count(result, "order", "reader_resets") == 1
+    assert count(result, "order", "skips_across_resets") == 1
+
+
+def test_reader_skip_across_a_chain_of_resets_is_ok() -> None:
+    ops = without(clean(), read(0, 2, val(0, 2), hw=3, t=21.0), read(0, 3, val(0, 3), hw=4, t=31.0))
+    ops += [reset(0, 2, 3, t=25.0), reset(0, 3, 4, t=26.0)]
+    assert_only(check(ranged(ops, {(0, r): 4 for r in REPLICAS})))
+
+
+def test_reader_skip_without_a_matching_reset_fails() -> None:
+    skipped = without(clean(), read(0, 2, val(0, 2), hw=3, t=21.0))
+    for bad_reset in (
+        [],  # no reset at all
+        [reset(0, 2, 4, t=25.0)],  # a reset past where the reader went on reading
+        [reset(1, 2, 3, t=25.0)],  # another reader's reset
+        [reset(0, 1, 3, t=25.0)],  # from an offset the reader had already read
+    ):
+        result = check(ranged([*skipped, *bad_reset], {}))
+        assert count(result, "order", "reader-skip") == 1, bad_reset
+        assert_only(result, "order")
+
+
+def test_a_reset_does_not_excuse_going_backwards() -> None:
+    ops = [*clean(), reset(0, N, 2, t=55.0), read(0, 2, val(0, 2), hw=N, t=60.0)]
+    result = check(ops)
+    assert count(result, "order", "reader-backwards") == 1
+    assert_only(result, "order")
+
+
+def test_malformed_range_and_reset_ops_are_counted() -> None:
+    ops = [*clean(), Op("range", "final-r1", 0, None, None, replica=1)]
+    ops.append(Op("reset", "reader0", 0, "not-a-number", 3))
+    result = check(ops)
+    assert result.summary["malformed_ops"] == 2
+    assert result.summary["unknown_kinds"] == {}
+    assert_only(result)
