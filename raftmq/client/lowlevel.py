@@ -54,11 +54,13 @@ class LowLevelClient:
         *,
         retries: int = 60,
         backoff: float = 0.05,
-        retry_unavailable: bool = True,
+        retry_unavailable: bool = False,
     ) -> None:
-        """``retry_unavailable=False`` raises when a broker cannot be reached mid-produce
-        instead of retrying: the write may have happened, and a retry could duplicate it.
-        Refusals that prove nothing was written (NOT_LEADER, ...) are always retried."""
+        """Produce retries what proves nothing was written: NOT_LEADER and friends, and a
+        connection that never opened. A call that failed after it may have reached the
+        broker (UNAVAILABLE mid-call) is raised, not retried, because the write may have
+        happened and a retry could store it twice; ``retry_unavailable=True`` accepts
+        that (at-least-once) for callers that prefer it. Idempotent producers lift this."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
@@ -161,9 +163,12 @@ class LowLevelClient:
                 return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 5)
             except grpc.RpcError as exc:
                 err = error_of(exc)
-                if err.code not in RETRYABLE and (
-                    err.code != "UNAVAILABLE" or not self.retry_unavailable
-                ):
+                if err.code == "UNAVAILABLE":
+                    self._leaders.pop((topic, partition), None)  # re-resolve next time
+                    never_sent = "failed to connect" in str(err).lower()
+                    if not (never_sent or self.retry_unavailable):
+                        raise err from None
+                elif err.code not in RETRYABLE:
                     raise err from None
                 hinted = err.meta.get("raftmq-leader-address")
                 if hinted:

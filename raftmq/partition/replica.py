@@ -192,6 +192,12 @@ class PartitionReplica:
                 for f in futures:
                     f.cancel()
                 raise NotLeaderError(self.topic, self.partition, exc.leader) from None
+            except raft_errors.ProposalDroppedError as exc:
+                # Refused before anything was appended (e.g. a leadership transfer is under
+                # way): definite, and the client should retry at the next leader.
+                for f in futures:
+                    f.cancel()
+                raise NotLeaderError(self.topic, self.partition, 0, str(exc)) from None
             last = core.log.next_offset - 1
             if acks == Acks.NONE:
                 for f in futures:
