@@ -9,8 +9,6 @@ the persistence order. Every rule here names the property it protects.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
@@ -22,6 +20,7 @@ from raftmq.raft.log_view import CompactedError, Ent, RaftLog, join, split
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import CAMPAIGN_TRANSFER, Message, MsgType, SnapshotMeta
 from raftmq.raft.progress import Inflights, Progress, ProgressState
+from raftmq.raft.read_only import ReadIndexQueue
 from raftmq.raft.ready import ReadState, Ready, Role, SoftState
 from raftmq.raft.storage import Storage
 
@@ -31,13 +30,6 @@ _SEND_NOW = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP, MsgType.TIM
 """Leader messages that promise nothing about this node's durable state."""
 
 _PROPOSABLE = frozenset({EntryType.DATA, EntryType.TXN_MARKER, EntryType.METADATA})
-
-
-@dataclass(slots=True)
-class _ReadRequest:
-    src: int
-    index: int
-    acks: set[int] = field(default_factory=set)
 
 
 class RaftCore:
@@ -76,8 +68,7 @@ class RaftCore:
         self._votes: dict[int, bool] = {}
         self._msgs: list[Message] = []
         self._read_states: list[ReadState] = []
-        self._reads: OrderedDict[bytes, _ReadRequest] = OrderedDict()
-        self._reads_waiting: list[tuple[int, bytes]] = []
+        self._reads = ReadIndexQueue()
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_timeout = cfg.election_tick
@@ -167,7 +158,6 @@ class RaftCore:
         self.lead_transferee = NONE
         self._votes = {}
         self._reads.clear()
-        self._reads_waiting.clear()
         self.progress = {}
         last = self.log.last_index
         for node in self.membership.members | {self.id}:
@@ -750,37 +740,28 @@ class RaftCore:
     def _handle_read_index(self, src: int, ctx: bytes) -> None:
         if not self._committed_in_term():
             # Our commit index may lag the true one until our no-op commits.
-            self._reads_waiting.append((src, ctx))
+            self._reads.waiting.append((src, ctx))
             return
-        if len(self.membership.voters) == 1:
-            self._respond_read(src, ctx, self.log.committed)
-            return
-        self._reads[ctx] = _ReadRequest(src, self.log.committed, {self.id})
-        # Leadership is confirmed by a quorum answering a heartbeat sent after the request.
-        self._bcast_heartbeat(ctx)
+        self._reads.add(src, ctx, self.log.committed)
+        if self.id in self.membership.voters:
+            self._ack_read(self.id, ctx)  # may already be a quorum of one
+        if self._reads.last_context() == ctx:
+            # Leadership is confirmed by a quorum answering a heartbeat sent after this.
+            self._bcast_heartbeat(ctx)
 
     def _release_waiting_reads(self) -> None:
-        if self._reads_waiting and self._committed_in_term():
-            waiting, self._reads_waiting = self._reads_waiting, []
+        if self._reads.waiting and self._committed_in_term():
+            waiting, self._reads.waiting = self._reads.waiting, []
             for src, ctx in waiting:
                 self._handle_read_index(src, ctx)
 
     def _last_read_ctx(self) -> bytes:
-        return next(reversed(self._reads)) if self._reads else b""
+        return self._reads.last_context()
 
     def _ack_read(self, node: int, ctx: bytes) -> None:
-        req = self._reads.get(ctx)
-        if req is None or node not in self.membership.voters:
-            return
-        req.acks.add(node)
-        if len(req.acks) < self.membership.quorum():
-            return
-        # An ack of a later heartbeat also confirms every earlier request.
-        while self._reads:
-            c, r = self._reads.popitem(last=False)
-            self._respond_read(r.src, c, r.index)
-            if c == ctx:
-                break
+        m = self.membership
+        for src, c, index in self._reads.ack(node, ctx, m.voters, m.quorum()):
+            self._respond_read(src, c, index)
 
     def _respond_read(self, src: int, ctx: bytes, index: int) -> None:
         if src == self.id:
