@@ -132,16 +132,18 @@ class Broker:
         led = [r for r in self.replicas.values() if r.is_leader]
         for r in led:
             core = r.group.core
-            candidates = [
-                peer
+            # The most caught-up live follower; the core brings it fully up to date before
+            # telling it to campaign, so it need not match the log at this very moment.
+            candidates = sorted(
+                (pr.match, peer)
                 for peer, pr in core.progress.items()
-                if peer != self.id
-                and self.transport.peer_alive(peer)
-                and pr.match == core.log.last_index
-            ]
+                if peer != self.id and self.transport.peer_alive(peer)
+            )
             if candidates:
                 with contextlib.suppress(Exception):
-                    self.host.transfer_leadership(group_name(r.topic, r.partition), candidates[0])
+                    self.host.transfer_leadership(
+                        group_name(r.topic, r.partition), candidates[-1][1]
+                    )
         deadline = time.monotonic() + wait
         while any(r.is_leader for r in led) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
