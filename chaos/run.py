@@ -197,7 +197,7 @@ def _final_reads(chaos: ChaosCluster, recorder: Recorder, options: ChaosOptions)
             for r, read in reads.items():
                 digest = hashlib.sha256()
                 for h in entry.iter_headers(read.raw, verify=False):
-                    if h.base_offset >= common_start and h.next_offset <= common_end:
+                    if _in_common_range(h, common_start, common_end):
                         digest.update(read.raw[h.position : h.end])
                 recorder.add(
                     Op(
@@ -211,6 +211,19 @@ def _final_reads(chaos: ChaosCluster, recorder: Recorder, options: ChaosOptions)
                         replica=r,
                     )
                 )
+
+
+def _in_common_range(h: entry.EntryHeader, start: int, end: int) -> bool:
+    """Whether every replica's final read holds the entry ``h``, so it belongs in the digest.
+
+    Control entries (no-ops, configurations) take no offset: once retention ran (start >
+    0), one sitting exactly at ``start`` may precede the first retained segment on one
+    replica and be gone on another whose log starts there; one at ``end`` may lie past one
+    replica's high watermark. Both are left out; everything between is on every replica,
+    and with no retention (start 0) every replica holds the whole log from its first entry."""
+    if h.base_offset < start or h.next_offset > end or h.base_offset >= end:
+        return False
+    return not (start > 0 and h.base_offset == start and h.record_count == 0)
 
 
 def _leader_hw(client: LowLevelClient, direct: dict[int, str], partition: int) -> int:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from chaos.run import ChaosOptions, run
+from chaos.run import ChaosOptions, _in_common_range, run
+from raftmq.log import entry
 
 
 def _assert_clean(result, out, min_acked: int) -> None:
@@ -46,3 +47,37 @@ def test_long_schedule_of_every_fault_kind_loses_nothing(tmp_path, seed):
     )
     result = run(options, say=print)
     _assert_clean(result, out, min_acked=1000)
+
+
+def test_a_follower_cut_off_past_retention_catches_up_by_snapshot(tmp_path):
+    """The ``snapshot`` fault really forces snapshot installs (not just an isolation that
+    the log's tail repairs), and the checker accepts what retention deleted."""
+    out = tmp_path / "run"
+    options = ChaosOptions(out=out, duration=20, faults=["snapshot", "kill"], seed=4, producers=3)
+    result = run(options, say=lambda _line: None)
+    _assert_clean(result, out, min_acked=100)
+    ops = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert any(op["kind"] == "fault" and op["value"].startswith("snapshot:") for op in ops)
+    starts = [op["offset"] for op in ops if op["kind"] == "range"]
+    assert len(starts) == options.partitions * 3
+    assert max(starts) > 0, "retention never moved a log start"
+    logs = "".join(p.read_text() for p in (out / "data").glob("broker-*.log"))
+    assert "installed snapshot" in logs, "no follower caught up by snapshot"
+    assert result.get("lost").counts["deleted-by-retention"] > 0
+
+
+def _header(base_offset: int, records: int) -> entry.EntryHeader:
+    kind = entry.EntryType.DATA if records else entry.EntryType.NOOP
+    return entry.EntryHeader(0, 0, 0, kind, 0, 0, 0, base_offset, records, 0, 0, -1, -1, -1, 0)
+
+
+def test_digest_range_leaves_out_control_entries_at_its_edges():
+    """A no-op at the common start may be held by one replica and not by one whose log
+    starts there (after a snapshot); one at the end may sit past a replica's hw."""
+    assert _in_common_range(_header(10, 3), 10, 20)
+    assert _in_common_range(_header(15, 0), 10, 20)
+    assert not _in_common_range(_header(10, 0), 10, 20)
+    assert _in_common_range(_header(0, 0), 0, 20)  # no retention: everyone holds it
+    assert not _in_common_range(_header(20, 0), 10, 20)
+    assert not _in_common_range(_header(18, 3), 10, 20)
+    assert not _in_common_range(_header(8, 3), 10, 20)
