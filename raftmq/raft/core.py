@@ -40,14 +40,19 @@ class RaftCore:
         *,
         hard_state: HardState,
         membership: Membership,
+        membership_index: int | None = None,
         applied: int | None = None,
     ) -> None:
         """Restart from durable state.
 
-        ``membership`` is the configuration as of ``storage.start_index - 1`` (the
-        bootstrap configuration, or the one saved with the last snapshot); CONFIG entries
-        in the log are replayed on top of it. ``applied`` defaults to the snapshot point:
-        the application is rebuilt by re-applying the log.
+        ``membership`` is the configuration as of ``membership_index`` (default
+        ``storage.start_index - 1``: the bootstrap configuration, or the one saved with
+        the last snapshot); CONFIG entries after that index are replayed on top of it.
+        A driver that checkpoints the latest committed configuration passes its index to
+        avoid scanning the whole log at boot; snapshot metadata for an index below it then
+        names that (later) configuration, which the receiver's replay of the log corrects.
+        ``applied`` defaults to the snapshot point: the application is rebuilt by
+        re-applying the log.
         """
         self.id = cfg.id
         self.cfg = cfg
@@ -62,8 +67,10 @@ class RaftCore:
         self.vote = hard_state.vote
         self.lead = NONE
         self.role = Role.FOLLOWER
+        base = start - 1 if membership_index is None else membership_index
+        assert start - 1 <= base <= storage.last_index, "checkpointed configuration not in log"
         self._history: list[tuple[int, Membership]] = [(start - 1, membership)]
-        self._replay_configs(storage)
+        self._replay_configs(storage, base + 1)
         self.progress: dict[int, Progress] = {}
         self._votes: dict[int, bool] = {}
         self._msgs: list[Message] = []
@@ -81,8 +88,8 @@ class RaftCore:
         self._snapshot_data = b""
         self.become_follower(self.term, NONE)
 
-    def _replay_configs(self, storage: Storage) -> None:
-        lo, last = storage.start_index, storage.last_index
+    def _replay_configs(self, storage: Storage, lo: int) -> None:
+        last = storage.last_index
         while lo <= last:
             ents = split(storage.read_entries(lo, 1 << 20, last + 1))
             for e in ents:

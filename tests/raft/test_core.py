@@ -7,6 +7,7 @@ import pytest
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
 from raftmq.raft import (
+    Config,
     HardState,
     Membership,
     MemoryStorage,
@@ -14,6 +15,7 @@ from raftmq.raft import (
     MsgType,
     NotLeaderError,
     ProposalDroppedError,
+    RaftCore,
     Role,
 )
 from raftmq.raft.log_view import split
@@ -674,3 +676,29 @@ def test_pre_vote_applies_the_election_restriction():
     p.core.step(Message(MsgType.PRE_VOTE, 2, 1, 3, log_term=2, index=2))
     assert flush(p)[-1].reject
     assert p.core.term == 2
+
+
+def test_restart_from_a_configuration_checkpoint_skips_the_scan():
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1].core
+    new = Membership(frozenset({1, 2, 3}), frozenset({4}))
+    conf_index = ld.propose_membership(new)
+    for _ in range(5):
+        ld.propose(data_entry())
+    net.pump()
+    p = net.peers[2]
+    p.storage.crash()
+    reads: list[int] = []
+    original = p.storage.read_entries
+
+    def spy(lo, max_bytes, hi=None):
+        reads.append(lo)
+        return original(lo, max_bytes, hi)
+
+    p.storage.read_entries = spy  # type: ignore[method-assign]
+    core = RaftCore(
+        Config(id=2), p.storage, hard_state=p.hs, membership=new, membership_index=conf_index
+    )
+    assert core.membership == new
+    assert reads and min(reads) == conf_index + 1
