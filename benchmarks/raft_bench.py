@@ -12,7 +12,12 @@ Phases:
 2. commit latency with one proposal in flight (1 KiB);
 3. the same throughput work on pysyncobj (skipped, with install instructions, if missing);
 4. idle cost: N groups on the same 3 processes, CPU per process once every group has a
-   leader and has quiesced.
+   leader and has quiesced. The groups are first opened all at once (a cluster restart);
+   if that does not settle in time it is reported and they are opened 100 at a time.
+
+raftmq and pysyncobj are measured alternately per entry size, each on a fresh cluster, and
+every window records how much CPU the rest of the machine used: on a shared box that figure
+says how far the absolute numbers can be trusted.
 
 Usage: ``python -m benchmarks.raft_bench [--quick] [--json]``; ``--json`` prints every
 figure as one JSON object on the last line.
