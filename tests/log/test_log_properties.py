@@ -542,12 +542,9 @@ class LogMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def offset_for_timestamp(self, data: st.DataObject) -> None:
         """Timestamps are non-decreasing in the model, so "first DATA entry at or after the
-        start whose max timestamp reaches ts" has one answer.
-
-        Entries below the start that still sit in the first segment must not count; the log
-        before the fix pinned by ``test_offset_for_timestamp_ignores_entries_below_the_start``
-        answered ``start_offset`` when only such an entry matched, which is accepted here
-        too, so this machine checks everything else on either side of that fix."""
+        start whose max timestamp reaches ts" has one answer; entries left below the start in
+        the first segment must not count (``test_offset_for_timestamp_ignores_entries_below_
+        the_start``)."""
         assert self.log is not None
         ts = data.draw(st.integers(0, self.ts_floor + 50), label="ts")
         expected: int | None = None
@@ -555,14 +552,7 @@ class LogMachine(RuleBasedStateMachine):
             if e.type == EntryType.DATA and e.max_ts >= ts:
                 expected = e.base_offset
                 break
-        legacy = expected
-        if expected is None:
-            for i in range(self.segs[0][0], self.start_index):
-                e = self.phys[i]
-                if e.type == EntryType.DATA and e.max_ts >= ts:
-                    legacy = self.start_offset
-                    break
-        assert self.log.offset_for_timestamp(ts) in (expected, legacy)
+        assert self.log.offset_for_timestamp(ts) == expected
 
     # --- truncation and retention ------------------------------------------------------
 
