@@ -24,6 +24,7 @@ import logging
 import os
 import struct
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -229,7 +230,13 @@ class RaftHost:
         commit = max(min(commit, log_.last_index), log_.start_index - 1)
         hs = HardState(hs.term, hs.vote, commit)
         applied = None if replay else commit
-        core = RaftCore(self._core_cfg, log_, hard_state=hs, membership=membership, applied=applied)
+        # Each group draws its own election timeouts: with one seed per node, every group
+        # of a node campaigned on the same tick, so thousands of groups started together
+        # split their votes in lockstep forever and all leaders landed on one node.
+        cfg = dataclasses.replace(
+            self._core_cfg, seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode())
+        )
+        core = RaftCore(cfg, log_, hard_state=hs, membership=membership, applied=applied)
         group = RaftGroup(
             name,
             core,

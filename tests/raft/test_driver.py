@@ -250,3 +250,21 @@ async def test_a_follower_behind_the_log_start_catches_up_by_snapshot(tmp_path):
     finally:
         for h in hosts.values():
             await h.stop()
+
+
+async def test_many_groups_started_together_elect_and_spread_their_leaders(tmp_path):
+    """Each group draws its own election timeouts: with one seed per node every group
+    campaigned on the same tick and split votes forever (found with 1000 groups)."""
+    groups = [f"g{i}" for i in range(60)]
+    _, hosts, _ = await start_memory_cluster(tmp_path, groups)
+    try:
+        await wait_for(
+            lambda: all(leader_of(hosts, g) is not None for g in groups),
+            timeout=30,
+            what="a leader for every group",
+        )
+        per_node = {n: sum(h.groups[g].is_leader for g in groups) for n, h in hosts.items()}
+        assert min(per_node.values()) >= 5, per_node  # not all on one node
+    finally:
+        for h in hosts.values():
+            await h.stop()
