@@ -20,7 +20,8 @@ def run(
     faults: Annotated[
         str,
         typer.Option(
-            help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, hung."
+            help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
+            "hung, snapshot (a follower cut off until it must catch up from a snapshot)."
         ),
     ] = "partition,kill,pause,latency",
     seed: Annotated[int, typer.Option(help="Makes the fault schedule reproducible.")] = 0,
