@@ -588,7 +588,11 @@ class Log:
             while position < seg.size and not done:
                 if seg.corrupt_at is not None and position >= seg.corrupt_at:
                     raise self._corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
-                chunk = seg.pread(self._read_size(seg, position, max_bytes - total), position)
+                want = self._read_size(seg, position, max_bytes - total, have=entries)
+                if not want:
+                    done = True  # what is left of max_bytes holds no whole index interval
+                    break
+                chunk = seg.pread(want, position)
                 size, _, index, base, count = self._frame(seg, chunk, 0, position)
                 if size > len(chunk):
                     # The first entry is larger than the read: decide on it from its header,
@@ -658,10 +662,12 @@ class Log:
             position += p
         return position
 
-    def _read_size(self, seg: Segment, position: int, budget: int) -> int:
+    def _read_size(self, seg: Segment, position: int, budget: int, *, have: int) -> int:
         """Bytes to read from ``position``: up to the last index slot (an entry boundary)
-        within ``budget`` when there is one, so the read holds only whole entries; else
-        ``budget`` plus slack, cut to whole entries afterwards."""
+        within ``budget`` when there is one, so the read holds only whole entries. When
+        none fits, a read that already has entries stops (0): it returns at most one index
+        interval less than ``max_bytes`` rather than over-read to find out. A read with
+        nothing yet reads ``budget`` plus slack: it must return at least one entry."""
         rest = seg.size - position
         if budget >= rest:
             return rest
@@ -669,6 +675,8 @@ class Log:
         boundary = positions[bisect_right(positions, position + budget) - 1] if positions else 0
         if boundary > position:
             return boundary - position
+        if have:
+            return 0
         return min(rest, max(budget, 0) + READ_SLACK)
 
     def _frame(self, seg: Segment, buf: bytes, p: int, base: int) -> tuple[int, int, int, int, int]:
