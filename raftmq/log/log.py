@@ -115,6 +115,10 @@ class Log:
         self._last_flush_ms = clock_ms()
         self._active_born_ms = 0
         self.recovery = RecoveryReport()
+        self.on_durable: Callable[[str, int], None] | None = None
+        """Called as (segment file path, size) after an fsync made that many bytes of that
+        segment durable, in the fsyncing thread, before ``flush()`` returns: a test-only
+        observer (the chaos harness simulates losing whatever lies past it on power loss)."""
 
     # --- opening -------------------------------------------------------------------------
 
@@ -433,6 +437,8 @@ class Log:
         assert old.fd is not None and old.index is not None
         os.fsync(old.fd)
         self.durable_index = self.next_index - 1
+        if self.on_durable is not None:
+            self.on_durable(str(old.path), old.size)  # a closed segment is wholly durable
         last = self._last_header(old)
         old.index.seal(last.base_offset)
         old.index.write(old.index_path, old.time_index_path)
@@ -471,12 +477,18 @@ class Log:
                     continue
                 self._check_open()
                 self._flushing = True
-                fd = self._segments[-1].fd
+                active = self._segments[-1]
+                fd = active.fd
                 covered = self.next_index - 1
+                # What this fdatasync covers, captured with ``covered``: appends made while
+                # the disk works may or may not be on it.
+                durable_path, durable_size = str(active.path), active.size
                 assert fd is not None
                 self._lock.release()
                 try:
                     os.fdatasync(fd)
+                    if self.on_durable is not None:
+                        self.on_durable(durable_path, durable_size)
                 finally:
                     self._lock.acquire()
                     self._flushing = False
