@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -29,6 +32,32 @@ log = logging.getLogger(__name__)
 
 GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
+DURABLE_SUFFIX = ".durable"
+_DURABLE = struct.Struct(">q")
+_MARKERS_KEPT = 4
+
+
+def durability_marker_writer() -> Callable[[str, int], None]:
+    """A ``Log.on_durable`` hook for one log (test-only, ``--durability-markers``): writes
+    each fsynced size into ``<segment file>.durable`` so the chaos harness can cut the
+    segment back to it after a SIGKILL, simulating a power loss that drops un-fsynced data.
+
+    No fsync: the marker only has to outlive the SIGKILL, so the page cache is enough. One
+    descriptor per segment, opened once; only the newest few are kept open (the hook is
+    called for the active segment, and for the one a roll just closed)."""
+    fds: dict[str, int] = {}
+
+    def write(path: str, size: int) -> None:
+        fd = fds.get(path)
+        if fd is None:
+            fd = os.open(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+            fds[path] = fd
+            while len(fds) > _MARKERS_KEPT:
+                os.close(fds.pop(next(iter(fds))))
+        os.pwrite(fd, _DURABLE.pack(size), 0)
+
+    return write
+
 
 class Broker:
     def __init__(
@@ -43,9 +72,11 @@ class Broker:
         election_tick: int = 10,
         listen: tuple[str, int] | None = None,
         retention_check_seconds: float = 60.0,
+        durability_markers: bool = False,
     ) -> None:
         """``listen`` binds the client service elsewhere than the address the cluster file
-        advertises (clients of a chaos test reach it through a proxy)."""
+        advertises (clients of a chaos test reach it through a proxy). ``durability_markers``
+        is for tests only: see :func:`durability_marker_writer`."""
         if broker_id not in spec.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file (ids: {sorted(spec.brokers)})"
@@ -70,6 +101,7 @@ class Broker:
         self.stopping = False
         self.listen = listen or (me.host, me.port)
         self.retention_check_seconds = retention_check_seconds
+        self.durability_markers = durability_markers
         self._retention_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
 
@@ -81,6 +113,10 @@ class Broker:
                     self.replicas[topic.name, p] = PartitionReplica(
                         self.host, topic.name, p, directory, list(replicas), self.log_config
                     )
+        if self.durability_markers:
+            # Before the host starts: no fsync of this run may go unreported.
+            for replica in self.replicas.values():
+                replica.group.log.on_durable = durability_marker_writer()
         await self.host.start()
         me = self.spec.brokers[self.id]
         self._server = grpc.aio.server(

@@ -95,6 +95,13 @@ def broker(
     election_ticks: Annotated[
         int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
     ] = 10,
+    durability_markers: Annotated[
+        bool,
+        typer.Option(
+            help="Test only: after every fsync write the durable size of the segment into "
+            "SEGMENT.durable, so the chaos harness can simulate a power loss."
+        ),
+    ] = False,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly)."""
@@ -117,6 +124,7 @@ def broker(
                 retention_ms=retention_ms,
             ),
             retention_check_seconds=retention_check_ms / 1000,
+            durability_markers=durability_markers,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
