@@ -160,7 +160,8 @@ class LowLevelClient:
         address = self._leader(topic, partition)
         for attempt in range(self.retries):
             try:
-                return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 5)
+                # The broker answers within timeout_ms; a frozen one must not hold us longer.
+                return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 1)
             except grpc.RpcError as exc:
                 err = error_of(exc)
                 if err.code == "UNAVAILABLE":
