@@ -9,16 +9,34 @@ looks like then.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.client.lowlevel import LowLevelClient
 
-CATEGORIES = ("partition", "kill", "pause", "latency", "bandwidth", "reset", "hung", "snapshot")
+CATEGORIES = (
+    "partition",
+    "kill",
+    "pause",
+    "latency",
+    "bandwidth",
+    "reset",
+    "hung",
+    "snapshot",
+    "unsynced",
+)
+
+DURABLE_SUFFIX = ".durable"
+"""Sidecar of a segment file holding the size its last fsync covered (8 bytes, big-endian),
+written by brokers started with ``--durability-markers`` (see ``raftmq.broker.server``)."""
+_DURABLE = struct.Struct(">q")
 
 SNAPSHOT_HOLD = (8.0, 10.0)
 """How long a ``snapshot`` fault keeps its follower cut off: long enough for the others'
@@ -182,6 +200,31 @@ class Nemesis:
 
         return Fault(shape, f"SIGKILL {victims}", heal, targets=victims)
 
+    def _start_unsynced(self) -> Fault:
+        """A power loss on one node: SIGKILL it, then cut every segment file back to the size
+        its last fsync covered. A SIGKILL alone keeps the page cache, so it never loses an
+        un-fsynced write; this does, and acks=all records must survive it anyway (the
+        broker acknowledges only what an fsync covered, on a majority)."""
+        shape = self.rng.choice(["unsynced-one", "unsynced-leader"])
+        victim = (
+            self._some_leader() if shape == "unsynced-leader" else self.rng.choice(self.chaos.nodes)
+        )
+        self.chaos.cluster.kill(victim)
+        self.killed.add(victim)
+        dropped, files = lose_unsynced(self.chaos.data / f"broker-{victim}")
+
+        def heal() -> None:
+            self.chaos.cluster.start(victim)
+            self.killed.discard(victim)
+
+        return Fault(
+            shape,
+            f"power loss on node {victim}: SIGKILL, {dropped} un-fsynced bytes dropped "
+            f"from {files} segment files",
+            heal,
+            targets=[victim],
+        )
+
     def _start_pause(self) -> Fault:
         victim = self._some_leader()
         self.chaos.cluster.signal(victim, signal.SIGSTOP)
@@ -263,6 +306,31 @@ class Nemesis:
 
     def close(self) -> None:
         self.direct.close()
+
+
+def lose_unsynced(broker_dir: Path) -> tuple[int, int]:
+    """Truncate every segment under ``broker_dir`` that has a durability marker to the size
+    in it, as a power loss would: (bytes dropped, files cut). The broker must be dead.
+
+    The simulation errs only towards keeping bytes, never towards inventing a loss: a
+    segment without a marker (rolled, written, not yet fsynced) is left whole, and so is
+    one whose marker exceeds its size (the log cut a suffix after that fsync)."""
+    dropped = files = 0
+    for segment in sorted(broker_dir.rglob("*.log")):
+        marker = segment.with_name(segment.name + DURABLE_SUFFIX)
+        try:
+            raw = marker.read_bytes()
+            size = segment.stat().st_size
+        except FileNotFoundError:
+            continue
+        if len(raw) != _DURABLE.size:
+            continue
+        (durable,) = _DURABLE.unpack(raw)
+        if 0 <= durable < size:
+            os.truncate(segment, durable)
+            dropped += size - durable
+            files += 1
+    return dropped, files
 
 
 def now() -> float:

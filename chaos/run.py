@@ -69,6 +69,9 @@ class ChaosOptions:
                 "--retention-check-ms",
                 str(self.retention_check_ms),
             ]
+        if "unsynced" in self.faults:
+            # The ``unsynced`` fault cuts segments back to what the last fsync covered.
+            args.append("--durability-markers")
         return args
 
 
