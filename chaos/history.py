@@ -30,7 +30,8 @@ Kinds:
 - ``recovery``: after healing, ``value`` = seconds until every partition had a leader and
   accepted a write; ``status`` ``ok`` or ``fail`` (not within the limit).
 - ``fault``: the nemesis started (``status`` ``start``) or ended (``end``) a fault;
-  ``value`` describes it.
+  ``value`` describes it (a power loss, ``unsynced``, says how many un-fsynced bytes it
+  dropped: "... N un-fsynced bytes dropped ...").
 """
 
 from __future__ import annotations
