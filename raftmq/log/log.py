@@ -192,6 +192,11 @@ class Log:
             self._terms.clear()
             self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
             self.next_index, self.next_offset = self.start_index, self.start_offset
+        # What a crashed process wrote may still be only in the page cache: make it durable
+        # before calling it durable, or this node could vote or ack on data a power loss
+        # would erase. One fsync of the active segment (closed ones were fsynced at roll).
+        active = self._segments[-1]
+        os.fsync(active.open(writable=True))
         self.durable_index = self.next_index - 1
         self._drop_terms_below_start()
         self._write_terms()
@@ -602,7 +607,7 @@ class Log:
                     raise self._corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
                 want = self._read_size(seg, position, max_bytes - total, have=entries)
                 if not want:
-                    done = True  # what is left of max_bytes holds no whole index interval
+                    done = True  # what is left of max_bytes cannot hold another entry
                     break
                 chunk = seg.pread(want, position)
                 size, _, index, base, count = self._frame(seg, chunk, 0, position)
@@ -677,9 +682,10 @@ class Log:
     def _read_size(self, seg: Segment, position: int, budget: int, *, have: int) -> int:
         """Bytes to read from ``position``: up to the last index slot (an entry boundary)
         within ``budget`` when there is one, so the read holds only whole entries. When
-        none fits, a read that already has entries stops (0): it returns at most one index
-        interval less than ``max_bytes`` rather than over-read to find out. A read with
-        nothing yet reads ``budget`` plus slack: it must return at least one entry."""
+        none fits, a read that already has entries reads exactly the rest of its budget
+        (less than one index interval: whatever whole entries fit are taken, as max_bytes
+        promises), or stops (0) when not even a header fits. A read with nothing yet reads
+        ``budget`` plus slack: it must return at least one entry."""
         rest = seg.size - position
         if budget >= rest:
             return rest
@@ -688,7 +694,7 @@ class Log:
         if boundary > position:
             return boundary - position
         if have:
-            return 0
+            return min(rest, budget) if budget >= entry.HEADER_SIZE else 0
         return min(rest, max(budget, 0) + READ_SLACK)
 
     def _frame(self, seg: Segment, buf: bytes, p: int, base: int) -> tuple[int, int, int, int, int]:
