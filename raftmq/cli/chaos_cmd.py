@@ -21,7 +21,8 @@ def run(
         str,
         typer.Option(
             help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
-            "hung, snapshot (a follower cut off until it must catch up from a snapshot)."
+            "hung, snapshot (a follower cut off until it must catch up from a snapshot), unsynced "
+            "(power loss: SIGKILL and cut every file to its last fsynced size)."
         ),
     ] = "partition,kill,pause,latency",
     seed: Annotated[int, typer.Option(help="Makes the fault schedule reproducible.")] = 0,
