@@ -59,6 +59,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         await context.abort(_STATUS[code], message, trailing_metadata=tuple(metadata))
         raise AssertionError("unreachable: abort raises")
 
+    async def _at_most(
+        self, context: grpc.aio.ServicerContext, name: str, value: int, limit: int
+    ) -> None:
+        if value > limit:
+            await self._abort(context, "INVALID_ARGUMENT", f"{name} {value} is over {limit}")
+
     async def _fail(self, context: grpc.aio.ServicerContext, exc: PartitionError) -> NoReturn:
         if isinstance(exc, NotLeaderError):
             leader = self.broker.spec.brokers.get(exc.leader)
@@ -126,10 +132,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.ProduceResponse:
         replica = await self._replica(context, request.topic, request.partition)
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
-        if timeout_ms > MAX_TIMEOUT_MS:
-            await self._abort(
-                context, "INVALID_ARGUMENT", f"timeout_ms {timeout_ms} is over {MAX_TIMEOUT_MS}"
-            )
+        await self._at_most(context, "timeout_ms", timeout_ms, MAX_TIMEOUT_MS)
         try:
             acks = Acks(request.acks)
         except ValueError:
@@ -150,16 +153,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.FetchResponse:
         replica = await self._replica(context, request.topic, request.partition)
         max_bytes = request.max_bytes or DEFAULT_FETCH_BYTES
-        if max_bytes > MAX_FETCH_BYTES:
-            await self._abort(
-                context, "INVALID_ARGUMENT", f"max_bytes {max_bytes} is over {MAX_FETCH_BYTES}"
-            )
-        if request.max_wait_ms > MAX_WAIT_MS:
-            await self._abort(
-                context,
-                "INVALID_ARGUMENT",
-                f"max_wait_ms {request.max_wait_ms} is over {MAX_WAIT_MS}",
-            )
+        await self._at_most(context, "max_bytes", max_bytes, MAX_FETCH_BYTES)
+        await self._at_most(context, "max_wait_ms", request.max_wait_ms, MAX_WAIT_MS)
         if request.offset < 0:
             await self._abort(context, "INVALID_ARGUMENT", f"offset {request.offset} is negative")
         wait = request.max_wait_ms / 1000
