@@ -259,6 +259,20 @@ def _window(start_at: float, warmup: float, seconds: float) -> tuple[float, floa
     return start_at + warmup, start_at + warmup + seconds
 
 
+def _publish_result(
+    counted: int, sent: int, latencies: list[float], errors: list[str], cpu: float, wall: float
+) -> Json:
+    """One load worker's figures, the same shape for raftmq and JetStream."""
+    return {
+        "records": counted,
+        "records_sent": sent,
+        "latencies": latencies,
+        "errors": errors[:5],
+        "error_count": len(errors),
+        "cpu_pct": 100 * cpu / wall,
+    }
+
+
 async def _sleep_until(t: float) -> None:
     await asyncio.sleep(max(0.0, t - time.monotonic()))
 
@@ -331,14 +345,7 @@ async def raftmq_produce_worker(
     finally:
         for ch in channels.values():
             await ch.close()
-    return {
-        "records": counted,
-        "records_sent": sent,
-        "latencies": latencies,
-        "errors": errors[:5],
-        "error_count": len(errors),
-        "cpu_pct": 100 * cpu / (warmup + seconds),
-    }
+    return _publish_result(counted, sent, latencies, errors, cpu, warmup + seconds)
 
 
 async def raftmq_consume_worker(
@@ -445,14 +452,7 @@ async def nats_publish_worker(
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.close(), 10)
-    return {
-        "records": counted,
-        "records_sent": sent,
-        "latencies": latencies,
-        "errors": errors[:5],
-        "error_count": len(errors),
-        "cpu_pct": 100 * cpu / (warmup + seconds),
-    }
+    return _publish_result(counted, sent, latencies, errors, cpu, warmup + seconds)
 
 
 async def nats_consume_worker(
