@@ -146,11 +146,20 @@ def encode(
     return bytes(header) + payload
 
 
-def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> EntryHeader:
-    """Decode the header at ``position`` without touching the payload or checking the CRC.
+HeaderFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+"""(size, crc, type, attributes, index, term, base_offset, record_count, first_timestamp,
+max_timestamp, producer_id, producer_epoch, base_sequence, payload_length)"""
 
-    Raises InvalidEntryError if the header is cut short or internally inconsistent; a
-    caller scanning a file treats that as a torn or corrupt tail.
+_TYPES = frozenset(int(t) for t in EntryType)
+
+
+def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> HeaderFields:
+    """Decode and check the header at ``position`` into a plain tuple (no payload, no CRC).
+
+    The append path validates every entry with it and needs no object per entry; everyone
+    else calls :func:`parse_header`, which wraps the same fields. Raises InvalidEntryError
+    if the header is cut short or internally inconsistent; a caller scanning a file treats
+    that as a torn or corrupt tail.
     """
     available = len(buf) - position
     if available < HEADER_SIZE:
@@ -182,21 +191,18 @@ def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Entr
         raise InvalidEntryError(
             f"entry at byte {position} declares length {length} but payload {payload_length}"
         )
-    try:
-        entry_type = EntryType(etype)
-    except ValueError:
-        raise InvalidEntryError(f"unknown entry type {etype} at byte {position}") from None
+    if etype not in _TYPES:
+        raise InvalidEntryError(f"unknown entry type {etype} at byte {position}")
     if attributes & ~_KNOWN_ATTRIBUTES:
         raise InvalidEntryError(f"unknown attribute bits {attributes:#x} at byte {position}")
-    if record_count < 0 or (entry_type == EntryType.DATA) != (record_count > 0):
+    if record_count < 0 or (etype == EntryType.DATA) != (record_count > 0):
         raise InvalidEntryError(
-            f"{entry_type.name} entry at byte {position} has record count {record_count}"
+            f"{EntryType(etype).name} entry at byte {position} has record count {record_count}"
         )
-    return EntryHeader(
-        position,
+    return (
         HEADER_SIZE + payload_length,
         crc,
-        entry_type,
+        etype,
         attributes,
         index,
         term,
@@ -209,6 +215,12 @@ def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Entr
         base_sequence,
         payload_length,
     )
+
+
+def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> EntryHeader:
+    """The header at ``position`` as an :class:`EntryHeader` (see :func:`decode_header`)."""
+    f = decode_header(buf, position)
+    return EntryHeader(position, f[0], f[1], EntryType(f[2]), *f[3:])
 
 
 _FRAME = struct.Struct(">II B x 2x qqq i")  # length, crc, magic, index, term, offset, count

@@ -113,6 +113,7 @@ class Log:
         self.next_offset = 0
         self.durable_index = 0
         self._last_flush_ms = clock_ms()
+        self._validated_next = (1, 0)  # (next index, next offset) after the last _validate
         self._active_born_ms = 0
         self.recovery = RecoveryReport()
         self.on_durable: Callable[[str, int], None] | None = None
@@ -376,64 +377,69 @@ class Log:
             seg.write(data)
             assert seg.index is not None
             interval = self.config.index_interval_bytes
-            for h in headers:
-                seg.index.observe(
-                    base + h.position, h.index, h.base_offset, h.max_timestamp, interval
-                )
-                if not self._terms or h.term != self._terms[-1][1]:
-                    self._terms.append((h.index, h.term))
+            observe = seg.index.observe
+            terms = self._terms
+            for position, e_index, e_term, e_offset, max_ts in headers:
+                observe(base + position, e_index, e_offset, max_ts, interval)
+                if not terms or e_term != terms[-1][1]:
+                    terms.append((e_index, e_term))
             seg.verified_upto = seg.size
-            first = headers[0]
-            self.next_index = headers[-1].index + 1
-            self.next_offset = headers[-1].next_offset
+            first_index, first_offset = headers[0][1], headers[0][3]
+            self.next_index, self.next_offset = self._validated_next
             info = AppendInfo(
-                first.index, headers[-1].index, first.base_offset, self.next_offset, len(headers)
+                first_index, self.next_index - 1, first_offset, self.next_offset, len(headers)
             )
         if self.config.flush_policy is FlushPolicy.EVERY_BATCH:
             self.flush()
         return info
 
-    def _validate(self, data: bytes) -> list[EntryHeader]:
+    def _validate(self, data: bytes) -> list[tuple[int, int, int, int, int]]:
+        """Check every entry of an append; (position, index, term, base offset, max
+        timestamp) of each. Plain tuples: this runs once per entry on the write path."""
         if not data:
             raise InvalidEntryError("nothing to append: the buffer holds no entry")
         index, offset = self.next_index, self.next_offset
         term = self._terms[-1][1] if self._terms else self._prev_term
         limit = self.config.max_message_bytes
-        headers = []
+        out = []
         position = 0
+        end = len(data)
         view = memoryview(data)
-        while position < len(data):
-            h = entry.parse_header(view, position)
-            if h.size > limit:
+        decode = entry.decode_header
+        while position < end:
+            size, crc, _, _, e_index, e_term, e_offset, count, _, max_ts, *_ = decode(
+                view, position
+            )
+            if size > limit:
                 raise EntryTooLargeError(
-                    f"entry at byte {position} is {h.size} bytes; max.message.bytes is {limit}"
+                    f"entry at byte {position} is {size} bytes; max.message.bytes is {limit}"
                 )
-            if h.end > len(data):
+            if position + size > end:
                 raise InvalidEntryError(
-                    f"entry at byte {position} needs {h.size} bytes, {len(data) - position} given"
+                    f"entry at byte {position} needs {size} bytes, {end - position} given"
                 )
-            if not entry.crc_ok(view, h):
+            if not entry.crc_matches(view, position, size, crc):
                 raise CorruptEntryError(
-                    f"CRC mismatch in entry at byte {position} of the append (index {h.index})",
+                    f"CRC mismatch in entry at byte {position} of the append (index {e_index})",
                     position=position,
                 )
-            if h.index != index:
+            if e_index != index:
                 raise NotContiguousError(
-                    f"entry at byte {position} has index {h.index}; the log expects {index}"
+                    f"entry at byte {position} has index {e_index}; the log expects {index}"
                 )
-            if h.base_offset != offset:
+            if e_offset != offset:
                 raise NotContiguousError(
-                    f"entry at byte {position} has base offset {h.base_offset}; "
-                    f"the log expects {offset}"
+                    f"entry at byte {position} has base offset {e_offset}; the log expects {offset}"
                 )
-            if h.term < term:
+            if e_term < term:
                 raise InvalidEntryError(
-                    f"entry at byte {position} has term {h.term}, below the log's term {term}"
+                    f"entry at byte {position} has term {e_term}, below the log's term {term}"
                 )
-            headers.append(h)
-            index, offset, term = h.index + 1, h.next_offset, h.term
-            position = h.end
-        return headers
+            out.append((position, e_index, e_term, e_offset, max_ts))
+            index, offset, term = e_index + 1, e_offset + count, e_term
+            position += size
+        self._validated_next = (index, offset)
+        return out
 
     def _roll(self) -> Segment:
         """Close the active segment (fsync, seal and write its index) and start a new one."""
