@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from raftmq.log import entry
@@ -45,6 +46,8 @@ START_CHECKPOINT = "log-start.checkpoint"
 TERMS_CHECKPOINT = "terms.checkpoint"
 _START = struct.Struct(">qqq")  # start index, start offset, term of the entry before start
 _TERM = struct.Struct(">qq")  # first index of a term, term
+_FIRST_INDEX = attrgetter("first_index")  # bisect keys over the segment list
+_BASE_OFFSET = attrgetter("base_offset")
 READ_SLACK = 64 * 1024  # extra bytes read past max_bytes to find the next header cheaply
 
 
@@ -102,8 +105,6 @@ class Log:
         self._flushing = False
         self._closed = False
         self._segments: list[Segment] = []
-        self._first_indexes: list[int] = []  # parallel to _segments, for bisect
-        self._base_offsets: list[int] = []
         self._open_cache: OrderedDict[int, Segment] = OrderedDict()  # closed segments in memory
         self._terms: list[tuple[int, int]] = []  # (first index of term, term), ascending
         self.start_index = 1
@@ -174,8 +175,7 @@ class Log:
 
         self._load_terms()
         if not self._segments:
-            self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
-            self.next_index, self.next_offset = self.start_index, self.start_offset
+            self._restart_empty()
         else:
             self._check_closed_indexes()
             self._recover_active()
@@ -184,15 +184,8 @@ class Log:
             and self._segments[-1].first_index < self.start_index
         ):
             # Every entry is below the start (a snapshot was installed past the end): restart.
-            for seg in reversed(self._segments):
-                seg.remove_files()
-                report.removed_files.append(seg.name + LOG_SUFFIX)
-            self._segments.clear()
-            self._first_indexes.clear()
-            self._base_offsets.clear()
-            self._terms.clear()
-            self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
-            self.next_index, self.next_offset = self.start_index, self.start_offset
+            report.removed_files += [seg.name + LOG_SUFFIX for seg in self._segments]
+            self._restart_empty()
         # What a crashed process wrote may still be only in the page cache: make it durable
         # before calling it durable, or this node could vote or ack on data a power loss
         # would erase. One fsync of the active segment (closed ones were fsynced at roll).
@@ -212,8 +205,28 @@ class Log:
             assert seg.first_index > self._segments[-1].first_index
             assert seg.base_offset >= self._segments[-1].base_offset
         self._segments.append(seg)
-        self._first_indexes.append(seg.first_index)
-        self._base_offsets.append(seg.base_offset)
+
+    def _segment_at(self, value: int, key: Callable[[Segment], int]) -> int:
+        """Position of the last segment whose ``key`` is at or below ``value``."""
+        return bisect_right(self._segments, value, key=key) - 1
+
+    def _drop_segment(self, pos: int) -> None:
+        """Forget the first or last segment and delete its files."""
+        assert pos in (0, len(self._segments) - 1), "only an end of the log can go"
+        seg = self._segments.pop(pos)
+        self._open_cache.pop(seg.first_index, None)
+        seg.remove_files()
+
+    def _restart_empty(self) -> None:
+        """Drop every segment, newest first, and start one empty segment at the log start
+        (a new log, or a snapshot installed past the end)."""
+        while self._segments:
+            self._drop_segment(len(self._segments) - 1)
+        self._open_cache.clear()
+        self._terms.clear()
+        self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
+        self.next_index, self.next_offset = self.start_index, self.start_offset
+        self._active_born_ms = self._clock_ms()
 
     def _check_closed_indexes(self) -> None:
         for seg in self._segments[:-1]:
@@ -547,7 +560,7 @@ class Log:
             )
             if offset >= upper:
                 return ReadResult(b"", 0, self.next_index, self.next_index, offset)
-            pos = bisect_right(self._base_offsets, offset) - 1
+            pos = self._segment_at(offset, _BASE_OFFSET)
             return self._collect(
                 pos,
                 lambda seg: self._index_of(seg).position_for_offset(offset),
@@ -575,7 +588,7 @@ class Log:
             upper = self.next_index if hi is None else min(hi, self.next_index)
             if lo >= upper:
                 return ReadResult(b"", 0, lo, lo, self.next_offset)
-            pos = bisect_right(self._first_indexes, lo) - 1
+            pos = self._segment_at(lo, _FIRST_INDEX)
             return self._collect(
                 pos,
                 lambda seg: self._index_of(seg).position_for_index(lo),
@@ -784,19 +797,15 @@ class Log:
                 )
             # Find the cut first, while the target segment is still a closed one whose index
             # can be loaded: nothing is deleted before every position is known.
-            k = bisect_right(self._first_indexes, index) - 1
-            if k > 0 and self._first_indexes[k] == index:
+            k = self._segment_at(index, _FIRST_INDEX)
+            if k > 0 and self._segments[k].first_index == index:
                 target = self._segments[k - 1]  # the cut is a segment boundary: keep it whole
                 cut = target.size
             else:
                 target = self._segments[k]
                 cut = self._position_of_index(target, index)
             while len(self._segments) > 1 and self._segments[-1].first_index >= index:
-                seg = self._segments.pop()
-                self._first_indexes.pop()
-                self._base_offsets.pop()
-                self._open_cache.pop(seg.first_index, None)
-                seg.remove_files()
+                self._drop_segment(len(self._segments) - 1)
             seg = self._segments[-1]
             assert seg is target, "the cut lies in the last remaining segment"
             self._open_cache.pop(seg.first_index, None)
@@ -839,7 +848,7 @@ class Log:
                 term_before = self.term_at(index - 1)
                 self._set_start(index, start_offset, term_before)
                 while len(self._segments) > 1 and self._segments[1].first_index <= index:
-                    self._drop_oldest()
+                    self._drop_segment(0)
                 self._drop_terms_below_start()
                 self._write_terms()
                 return
@@ -851,17 +860,8 @@ class Log:
             # No offset check against the old log: a follower whose tail diverged from the
             # leader's history may hold more records than the snapshot, and all of it goes.
             self._set_start(index, offset, prev_term)
-            for seg in reversed(self._segments):
-                seg.remove_files()
-            self._segments.clear()
-            self._first_indexes.clear()
-            self._base_offsets.clear()
-            self._open_cache.clear()
-            self._terms.clear()
-            self._push_segment(Segment.create(self.directory, offset, index))
-            self.next_index, self.next_offset = index, offset
+            self._restart_empty()
             self.durable_index = index - 1
-            self._active_born_ms = self._clock_ms()
             self._write_terms()
 
     def _offset_at_index(self, index: int) -> int:
@@ -879,13 +879,6 @@ class Log:
             self.directory / START_CHECKPOINT,
             _START.pack(self.start_index, self.start_offset, self._prev_term),
         )
-
-    def _drop_oldest(self) -> None:
-        seg = self._segments.pop(0)
-        self._first_indexes.pop(0)
-        self._base_offsets.pop(0)
-        self._open_cache.pop(seg.first_index, None)
-        seg.remove_files()
 
     def apply_retention(self, *, max_index: int | None = None) -> int:
         """Delete whole closed segments older than ``retention.ms`` or beyond
@@ -912,7 +905,7 @@ class Log:
                     break
                 self._set_start(nxt.first_index, nxt.base_offset, self.term_at(nxt.first_index - 1))
                 total -= oldest.size
-                self._drop_oldest()
+                self._drop_segment(0)
                 deleted += 1
             if deleted:
                 self._drop_terms_below_start()
