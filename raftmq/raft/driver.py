@@ -367,10 +367,8 @@ class RaftHost:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.transport.close()
+        self._fail_waiters("the node is shutting down")
         for group in self.groups.values():
-            for _, fut, _ in group.waiters.values():
-                if not fut.done():
-                    fut.set_exception(OutcomeUnknownError("the node is shutting down"))
             self._write_commit_hint(group)
             if group.hint_fd is not None:
                 os.close(group.hint_fd)
@@ -432,10 +430,15 @@ class RaftHost:
         log.error("node %d: Raft driver stopped: %r", self.node_id, exc)
         self.failed = exc
         self._stopping = True
+        self._fail_waiters(f"node stopped: {exc!r}")
+
+    def _fail_waiters(self, why: str) -> None:
+        """Every pending proposal's outcome is unknown once this node stops: another leader
+        may still commit it."""
         for group in self.groups.values():
             for _, fut, _ in group.waiters.values():
                 if not fut.done():
-                    fut.set_exception(OutcomeUnknownError(f"node stopped: {exc!r}"))
+                    fut.set_exception(OutcomeUnknownError(why))
             group.waiters.clear()
 
     async def _ready_loop(self) -> None:
