@@ -139,28 +139,25 @@ class PartitionReplica:
 
     # --- produce ----------------------------------------------------------------------
 
-    def validate(self, entries: bytes) -> list[memoryview]:
-        """Split a producer's buffer into entries after checking every header and CRC.
-
-        Nothing is decoded beyond the 74-byte headers, and nothing is written on refusal.
-        """
+    def validate(self, entries: bytes) -> None:
+        """Check every header and CRC of a producer's buffer, so a refusal names the batch
+        and its problem; nothing is decoded beyond the 74-byte headers."""
         if not entries:
             raise InvalidBatchError("the produce request holds no entries")
-        out: list[memoryview] = []
-        view = memoryview(entries)
+        count = 0
         try:
-            for h in entry.iter_headers(view):
+            for h in entry.iter_headers(entries):
                 if h.type != EntryType.DATA:
                     raise InvalidBatchError(
-                        f"entry {len(out)} is a {h.type.name} entry; producers send DATA entries"
+                        f"entry {count} is a {h.type.name} entry; producers send DATA entries"
                     )
                 if h.size > self.max_entry_bytes:
                     raise BatchTooLargeError(
-                        f"entry {len(out)} is {h.size} bytes; this topic's max.message.bytes "
+                        f"entry {count} is {h.size} bytes; this topic's max.message.bytes "
                         f"is {self.max_entry_bytes}. Send smaller batches."
                     )
-                out.append(view[h.position : h.end])
-                if len(out) > MAX_ENTRIES_PER_PRODUCE:
+                count += 1
+                if count > MAX_ENTRIES_PER_PRODUCE:
                     raise InvalidBatchError(
                         f"more than {MAX_ENTRIES_PER_PRODUCE} entries in one produce request"
                     )
@@ -168,10 +165,11 @@ class PartitionReplica:
             raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
         except InvalidEntryError as exc:
             raise InvalidBatchError(f"malformed batch: {exc}") from None
-        return out
 
     async def produce(self, entries: bytes, acks: Acks, timeout: float) -> ProduceResult:
-        parts = self.validate(entries)
+        """Propose the request's entries as one proposal: they are appended together in one
+        term or not at all, so one answer covers them and a refusal proves none was kept."""
+        self.validate(entries)
         if not self.is_leader:
             raise NotLeaderError(self.topic, self.partition, self.leader_id)
         size = len(entries)
@@ -180,32 +178,23 @@ class PartitionReplica:
         try:
             core = self.group.core
             base = core.log.next_offset
-            futures = []
             try:
-                for part in parts:
-                    futures.append(
-                        self._host.propose(
-                            self.group.name, bytes(part), durable_locally=acks == Acks.LEADER
-                        )
-                    )
+                future = self._host.propose(
+                    self.group.name, entries, durable_locally=acks == Acks.LEADER
+                )
             except raft_errors.NotLeaderError as exc:
-                for f in futures:
-                    f.cancel()
                 raise NotLeaderError(self.topic, self.partition, exc.leader) from None
             except raft_errors.ProposalDroppedError as exc:
                 # Refused before anything was appended (e.g. a leadership transfer is under
                 # way): definite, and the client should retry at the next leader.
-                for f in futures:
-                    f.cancel()
                 raise NotLeaderError(self.topic, self.partition, 0, str(exc)) from None
             last = core.log.next_offset - 1
             if acks == Acks.NONE:
-                for f in futures:
-                    f.add_done_callback(_consume_exception)
+                future.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)
             remaining = max(0.0, deadline - time.monotonic())
             try:
-                await asyncio.wait_for(asyncio.gather(*futures), remaining)
+                await asyncio.wait_for(future, remaining)
             except TimeoutError:
                 raise ProduceTimeoutError(
                     f"the write was not confirmed by a majority within {timeout * 1000:.0f} ms; "
