@@ -234,14 +234,9 @@ def _leader_hw(client: LowLevelClient, direct: dict[int, str], partition: int) -
     while time.monotonic() < deadline:
         leader = client.refresh_leaders().get((TOPIC, partition))
         if leader is not None:
-            try:
-                resp = client.stub(direct[leader.broker_id]).ListOffsets(
-                    pb.ListOffsetsRequest(topic=TOPIC, partition=partition, position=pb.LATEST),
-                    timeout=5,
-                )
-                return resp.high_watermark
-            except Exception:
-                pass
+            _, hw = _offsets(client, direct[leader.broker_id], partition)
+            if hw >= 0:
+                return hw
         time.sleep(0.2)
     return 0
 
