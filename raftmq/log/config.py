@@ -35,6 +35,7 @@ class LogConfig:
     flush_policy: FlushPolicy = FlushPolicy.EVERY_BATCH
     flush_interval_ms: int = 1000
     max_open_segments: int = 256  # file handles + loaded indexes kept for closed segments
+    preallocate_bytes: int = 16 * MIB  # disk reserved ahead of the active segment; 0 is off
 
     def __post_init__(self) -> None:
         # Relative offsets and positions are stored as u32, so a segment stays under 2 GiB.
@@ -48,6 +49,7 @@ class LogConfig:
         _check_range("index_interval_bytes", self.index_interval_bytes, 1, 1 << 30)
         _check_range("flush_interval_ms", self.flush_interval_ms, 1, 1 << 40)
         _check_range("max_open_segments", self.max_open_segments, 2, 1 << 20)
+        _check_range("preallocate_bytes", self.preallocate_bytes, 0, 1 << 31)
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:

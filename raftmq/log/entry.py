@@ -35,7 +35,7 @@ assert HEADER_SIZE == 74
 _LEN_CRC = struct.Struct(">II")
 _STAMP = struct.Struct(">qqq")
 _STAMP_AT = 12  # byte position of index, term, base_offset
-_CRC_FROM = 8  # the CRC covers every byte from here to the end of the entry
+CRC_FROM = 8  # the CRC covers every byte from here to the end of the entry
 _LENGTH_BIAS = HEADER_SIZE - 4  # length counts the bytes after the length field itself
 
 NO_PRODUCER_ID = -1
@@ -141,48 +141,39 @@ def encode(
         base_sequence,
         len(payload),
     )
-    crc = crc32c(payload, crc32c(memoryview(header)[_CRC_FROM:]))
+    crc = crc32c(payload, crc32c(memoryview(header)[CRC_FROM:]))
     struct.pack_into(">I", header, 4, crc)
     return bytes(header) + payload
 
 
-HeaderFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int]
-"""(size, crc, type, attributes, index, term, base_offset, record_count, first_timestamp,
-max_timestamp, producer_id, producer_epoch, base_sequence, payload_length)"""
+HeaderFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+"""The header's fields in stored order (``_HEADER_FULL``): (length, crc, magic, type,
+attributes, index, term, base_offset, record_count, first_timestamp, max_timestamp,
+producer_id, producer_epoch, base_sequence, payload_length). ``length`` counts the bytes
+after itself, so an entry's size is ``length + 4``."""
 
 _TYPES = frozenset(int(t) for t in EntryType)
+_DATA = int(EntryType.DATA)  # a plain int: comparing with the enum member costs more per entry
 
 
 def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> HeaderFields:
-    """Decode and check the header at ``position`` into a plain tuple (no payload, no CRC).
+    """Decode and check the header at ``position`` into the plain tuple that ``struct``
+    makes (no payload, no CRC).
 
-    The append path validates every entry with it and needs no object per entry; everyone
-    else calls :func:`parse_header`, which wraps the same fields. Raises InvalidEntryError
-    if the header is cut short or internally inconsistent; a caller scanning a file treats
-    that as a torn or corrupt tail.
+    The append path validates every entry with it and needs no object per entry, so the
+    tuple is returned as unpacked; everyone else calls :func:`parse_header`, which wraps
+    the same fields. Raises InvalidEntryError if the header is cut short or internally
+    inconsistent; a caller scanning a file treats that as a torn or corrupt tail.
     """
     available = len(buf) - position
     if available < HEADER_SIZE:
         raise InvalidEntryError(
             f"truncated entry header at byte {position}: {available} of {HEADER_SIZE} bytes"
         )
-    (
-        length,
-        crc,
-        magic,
-        etype,
-        attributes,
-        index,
-        term,
-        base_offset,
-        record_count,
-        first_ts,
-        max_ts,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        payload_length,
-    ) = _HEADER_FULL.unpack_from(buf, position)
+    fields = _HEADER_FULL.unpack_from(buf, position)
+    length, _, magic, etype, attributes, _, _, _, record_count, _, _, _, _, _, payload_length = (
+        fields
+    )
     if length > MAX_ENTRY_BYTES - 4:
         raise InvalidEntryError(f"entry at byte {position} declares {length} bytes, over the cap")
     if magic != MAGIC:
@@ -195,32 +186,17 @@ def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Hea
         raise InvalidEntryError(f"unknown entry type {etype} at byte {position}")
     if attributes & ~_KNOWN_ATTRIBUTES:
         raise InvalidEntryError(f"unknown attribute bits {attributes:#x} at byte {position}")
-    if record_count < 0 or (etype == EntryType.DATA) != (record_count > 0):
+    if record_count < 0 or (etype == _DATA) != (record_count > 0):
         raise InvalidEntryError(
             f"{EntryType(etype).name} entry at byte {position} has record count {record_count}"
         )
-    return (
-        HEADER_SIZE + payload_length,
-        crc,
-        etype,
-        attributes,
-        index,
-        term,
-        base_offset,
-        record_count,
-        first_ts,
-        max_ts,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        payload_length,
-    )
+    return fields
 
 
 def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> EntryHeader:
     """The header at ``position`` as an :class:`EntryHeader` (see :func:`decode_header`)."""
     f = decode_header(buf, position)
-    return EntryHeader(position, f[0], f[1], EntryType(f[2]), *f[3:])
+    return EntryHeader(position, f[0] + 4, f[1], EntryType(f[3]), *f[4:])
 
 
 _FRAME = struct.Struct(">II B x 2x qqq i")  # length, crc, magic, index, term, offset, count
@@ -247,7 +223,7 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, i
 
 
 def crc_matches(buf: bytes | bytearray | memoryview, position: int, size: int, crc: int) -> bool:
-    return crc32c(memoryview(buf)[position + _CRC_FROM : position + size]) == crc
+    return crc32c(memoryview(buf)[position + CRC_FROM : position + size]) == crc
 
 
 def entry_size_at(buf: bytes | bytearray | memoryview, position: int) -> int:
@@ -257,7 +233,7 @@ def entry_size_at(buf: bytes | bytearray | memoryview, position: int) -> int:
 
 
 def crc_ok(buf: bytes | bytearray | memoryview, header: EntryHeader) -> bool:
-    view = memoryview(buf)[header.position + _CRC_FROM : header.end]
+    view = memoryview(buf)[header.position + CRC_FROM : header.end]
     return crc32c(view) == header.crc
 
 
@@ -295,7 +271,7 @@ def stamp(
     """
     out = bytearray(entry)
     _STAMP.pack_into(out, _STAMP_AT, index, term, base_offset)
-    _LEN_CRC.pack_into(out, 0, len(out) - 4, crc32c(memoryview(out)[_CRC_FROM:]))
+    _LEN_CRC.pack_into(out, 0, len(out) - 4, crc32c(memoryview(out)[CRC_FROM:]))
     return bytes(out)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.log import entry, preallocate
 from raftmq.log.atomic_file import fsync_dir
 from raftmq.log.entry import HEADER_SIZE, EntryHeader
 from raftmq.log.errors import CorruptEntryError, InvalidEntryError
@@ -48,12 +48,14 @@ class ScanResult:
 
 class Segment:
     __slots__ = (
+        "allocated",
         "base_offset",
         "corrupt_at",
         "directory",
         "fd",
         "first_index",
         "index",
+        "preallocate",
         "size",
         "verified_upto",
         "writable",
@@ -71,6 +73,10 @@ class Segment:
         # scanned); reads verify only beyond it, so a hot log is not checksummed twice.
         self.verified_upto = 0
         self.corrupt_at: int | None = None
+        # Reserving disk ahead of the end (see preallocate.py): bytes per step, 0 for never,
+        # and how far this process has reserved.
+        self.preallocate = 0
+        self.allocated = size
 
     @property
     def name(self) -> str:
@@ -88,9 +94,15 @@ class Segment:
     def time_index_path(self) -> Path:
         return self.directory / (self.name + TIME_INDEX_SUFFIX)
 
+    def has_index_files(self) -> bool:
+        return self.index_path.exists() and self.time_index_path.exists()
+
     @classmethod
-    def create(cls, directory: Path, base_offset: int, first_index: int) -> Segment:
+    def create(
+        cls, directory: Path, base_offset: int, first_index: int, *, preallocate: int = 0
+    ) -> Segment:
         seg = cls(directory, base_offset, first_index, 0)
+        seg.preallocate = preallocate
         fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         os.fsync(fd)
         fsync_dir(directory)
@@ -126,19 +138,43 @@ class Segment:
     def write(self, buf: bytes | memoryview) -> None:
         """Append ``buf`` with one positioned write (retried only if the kernel writes short)."""
         assert self.fd is not None and self.writable, "append to a segment not opened for write"
-        view = memoryview(buf)
         position = self.size
-        while view:
-            n = os.pwrite(self.fd, view, position)
-            position += n
-            view = view[n:]
-        self.size = position
+        if position + len(buf) > self.allocated:
+            self._reserve(position + len(buf))
+        n = os.pwrite(self.fd, buf, position)
+        if n < len(buf):  # short write (a full disk, a signal): finish it or raise trying
+            view = memoryview(buf)[n:]
+            while view:
+                written = os.pwrite(self.fd, view, position + n)
+                n += written
+                view = view[written:]
+        self.size = position + n
+
+    def _reserve(self, end: int) -> None:
+        step = self.preallocate
+        if step <= 0:
+            self.allocated = 1 << 62  # never again
+            return
+        target = -(-end // step) * step
+        assert self.fd is not None
+        if preallocate.reserve(self.fd, self.allocated, target - self.allocated):
+            self.allocated = target
+        else:
+            self.preallocate, self.allocated = 0, 1 << 62  # unsupported here: stop trying
+
+    def release_reserved(self) -> None:
+        """Give back disk reserved past the end: called when the segment is sealed (and on
+        close), and harmless on a file that has no reservation, e.g. after a crash."""
+        if self.fd is not None and self.writable:
+            preallocate.release_beyond(self.fd, self.size)
+        self.allocated = self.size
 
     def truncate(self, position: int) -> None:
         fd = self.open(writable=True)
         os.ftruncate(fd, position)
         os.fsync(fd)
         self.size = position
+        self.allocated = position
         self.verified_upto = min(self.verified_upto, position)
 
     def remove_files(self) -> None:
