@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
+
+from crc32c import crc32c
 
 from raftmq.log import entry
 from raftmq.log.atomic_file import fsync_dir, read_atomic, write_atomic
@@ -72,8 +75,9 @@ class RecoveryReport:
         return not (self.truncated_bytes or self.rebuilt_indexes or self.removed_files)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
+    """What one append added. A named tuple: one is made per append on the write path."""
+
     first_index: int
     last_index: int
     base_offset: int
@@ -100,11 +104,16 @@ class Log:
         self.directory = directory
         self.config = config
         self._clock_ms = clock_ms
+        # Disk reserved ahead of the active segment's end, never more than a segment holds.
+        self._step = min(config.preallocate_bytes, config.segment_bytes)
         self._lock = threading.RLock()
         self._flush_done = threading.Condition(self._lock)
         self._flushing = False
         self._closed = False
         self._segments: list[Segment] = []
+        # Closed segments not yet fsynced and sealed (index files written): a roll leaves
+        # the old active segment here and the next flush seals it. Never in _open_cache.
+        self._unsealed: list[Segment] = []
         self._open_cache: OrderedDict[int, Segment] = OrderedDict()  # closed segments in memory
         self._terms: list[tuple[int, int]] = []  # (first index of term, term), ascending
         self.start_index = 1
@@ -177,8 +186,9 @@ class Log:
         if not self._segments:
             self._restart_empty()
         else:
-            self._check_closed_indexes()
-            self._recover_active()
+            first = self._first_unsealed()
+            self._check_closed_indexes(first)
+            self._recover_tail(first)
         if (
             self.next_index <= self.start_index
             and self._segments[-1].first_index < self.start_index
@@ -188,7 +198,7 @@ class Log:
             self._restart_empty()
         # What a crashed process wrote may still be only in the page cache: make it durable
         # before calling it durable, or this node could vote or ack on data a power loss
-        # would erase. One fsync of the active segment (closed ones were fsynced at roll).
+        # would erase. One fsync of the active segment (closed ones are sealed: durable).
         active = self._segments[-1]
         os.fsync(active.open(writable=True))
         self.durable_index = self.next_index - 1
@@ -215,6 +225,8 @@ class Log:
         assert pos in (0, len(self._segments) - 1), "only an end of the log can go"
         seg = self._segments.pop(pos)
         self._open_cache.pop(seg.first_index, None)
+        if seg in self._unsealed:
+            self._unsealed.remove(seg)
         seg.remove_files()
 
     def _restart_empty(self) -> None:
@@ -224,13 +236,28 @@ class Log:
             self._drop_segment(len(self._segments) - 1)
         self._open_cache.clear()
         self._terms.clear()
-        self._push_segment(Segment.create(self.directory, self.start_offset, self.start_index))
+        self._push_segment(
+            Segment.create(
+                self.directory, self.start_offset, self.start_index, preallocate=self._step
+            )
+        )
         self.next_index, self.next_offset = self.start_index, self.start_offset
         self._active_born_ms = self._clock_ms()
 
-    def _check_closed_indexes(self) -> None:
-        for seg in self._segments[:-1]:
-            if not (seg.index_path.exists() and seg.time_index_path.exists()):
+    def _first_unsealed(self) -> int:
+        """Position of the first segment recovery must rescan with CRCs: the active one and,
+        before it, closed ones that have no index files. Index files are written only after
+        their segment's fsync (``_seal``), so a crash between a roll and the flush that seals
+        leaves such a run at the tail; an index lost from a segment further back (a sealed
+        one follows it) is only rebuilt."""
+        pos = len(self._segments) - 1
+        while pos > 0 and not self._segments[pos - 1].has_index_files():
+            pos -= 1
+        return pos
+
+    def _check_closed_indexes(self, upto: int) -> None:
+        for seg in self._segments[:upto]:
+            if not seg.has_index_files():
                 self._rebuild_index(seg)
 
     def _rebuild_index(self, seg: Segment) -> None:
@@ -255,13 +282,61 @@ class Log:
         self.recovery.rebuilt_indexes.append(seg.name)
 
     def _recover_active(self) -> None:
-        """Scan the last segment with CRCs, rebuild its index, cut a torn or corrupt tail."""
-        seg = self._segments[-1]
+        """Rescan the last segment (it just became the active one again after a cut)."""
+        self._recover_tail(len(self._segments) - 1)
+
+    def _recover_tail(self, first: int) -> None:
+        """Scan the segments from ``first`` on with CRCs and contiguity checks, rebuild their
+        indexes, cut at the first torn or corrupt entry and delete every segment after the cut
+        (or after a gap between segments: a power loss can keep a new segment's file and lose
+        the end of an unsynced older one). Closed segments that pass are sealed."""
+        self._terms = [t for t in self._terms if t[0] < self._segments[first].first_index]
+        seg = self._segments[first]
+        self.next_index, self.next_offset = seg.first_index, seg.base_offset
+        pos = first
+        born = 0
+        while True:
+            seg = self._segments[pos]
+            clean, born = self._rescan(seg)
+            last = pos == len(self._segments) - 1
+            if last:
+                break
+            after = self._segments[pos + 1]
+            if clean and (after.first_index, after.base_offset) == (
+                self.next_index,
+                self.next_offset,
+            ):
+                pos += 1
+                continue
+            if clean:
+                self.recovery.truncation_reason = (
+                    f"segment {after.name} does not follow segment {seg.name}, which ends "
+                    f"before index {self.next_index}: its unsynced end was lost"
+                )
+            while len(self._segments) - 1 > pos:
+                dropped = self._segments[-1]
+                self.recovery.removed_files.append(dropped.name + LOG_SUFFIX)
+                self._drop_segment(len(self._segments) - 1)
+            break
+        for seg in self._segments[first:-1]:
+            if seg in self._unsealed:
+                continue  # a suffix cut made the active segment again; the next flush seals it
+            self._seal(seg)
+            seg.close_fd()
+        active = self._segments[-1]
+        active.preallocate = self._step
+        # Age rolls count from the first entry's time when it is plausible; a producer's old
+        # timestamps must not make every append after a restart roll a segment.
+        now = self._clock_ms()
+        self._active_born_ms = born if active.size and 0 < born <= now else now
+
+    def _rescan(self, seg: Segment) -> tuple[bool, int]:
+        """Scan one tail segment from ``next_index``/``next_offset``, rebuilding its index and
+        the terms; cut a bad tail. (False when it was cut, the first entry's timestamp)."""
         seg.open(writable=True)
         idx = SegmentIndex(seg.base_offset, seg.first_index)
         interval = self.config.index_interval_bytes
-        self._terms = [t for t in self._terms if t[0] < seg.first_index]
-        expect = [seg.first_index, seg.base_offset, self._terms[-1][1] if self._terms else 0]
+        expect = [self.next_index, self.next_offset, self._terms[-1][1] if self._terms else 0]
         born = [0]
 
         def observe(position: int, h: EntryHeader) -> str | None:
@@ -284,18 +359,15 @@ class Log:
         result = seg.scan(verify=True, on_entry=observe)
         if result.error is not None:
             dropped = seg.size - result.valid_end
-            self.recovery.truncated_bytes = dropped
-            self.recovery.truncated_entries = self._count_frames(seg, result.valid_end)
+            self.recovery.truncated_bytes += dropped
+            self.recovery.truncated_entries += self._count_frames(seg, result.valid_end)
             self.recovery.truncation_reason = f"segment {seg.name}: {result.error}"
             seg.truncate(result.valid_end)
         seg.verified_upto = seg.size
         seg.index = idx
         seg.remove_index_files()
         self.next_index, self.next_offset = expect[0], expect[1]
-        # Age rolls count from the first entry's time when it is plausible; a producer's old
-        # timestamps must not make every append after a restart roll a segment.
-        now = self._clock_ms()
-        self._active_born_ms = born[0] if result.entries and 0 < born[0] <= now else now
+        return result.error is None, born[0]
 
     @staticmethod
     def _count_frames(seg: Segment, position: int) -> int:
@@ -372,37 +444,41 @@ class Log:
         Raft index and offsets, and that terms do not decrease. Under the EVERY_BATCH policy
         the call returns once the entries are durable.
         """
-        data = bytes(buf) if not isinstance(buf, bytes) else buf
+        data = buf if type(buf) is bytes else bytes(buf)
+        config = self.config
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             headers = self._validate(data)
             seg = self._segments[-1]
             now = self._clock_ms()
+            size = len(data)
             if seg.size and (
-                seg.size + len(data) > self.config.segment_bytes
-                or now - self._active_born_ms >= self.config.segment_ms
+                seg.size + size > config.segment_bytes
+                or now - self._active_born_ms >= config.segment_ms
             ):
                 seg = self._roll()
             if seg.size == 0:
                 self._active_born_ms = now
-            assert seg.size + len(data) < (1 << 32), "segment would overflow u32 positions"
             base = seg.size
+            assert base + size < (1 << 32), "segment would overflow u32 positions"
             seg.write(data)
-            assert seg.index is not None
-            interval = self.config.index_interval_bytes
-            observe = seg.index.observe
+            index = seg.index
+            assert index is not None
+            interval = config.index_interval_bytes
             terms = self._terms
             for position, e_index, e_term, e_offset, max_ts in headers:
-                observe(base + position, e_index, e_offset, max_ts, interval)
+                index.observe(base + position, e_index, e_offset, max_ts, interval)
                 if not terms or e_term != terms[-1][1]:
                     terms.append((e_index, e_term))
-            seg.verified_upto = seg.size
-            first_index, first_offset = headers[0][1], headers[0][3]
+            seg.verified_upto = base + size
+            first_index = self.next_index
+            first_offset = self.next_offset
             self.next_index, self.next_offset = self._validated_next
             info = AppendInfo(
                 first_index, self.next_index - 1, first_offset, self.next_offset, len(headers)
             )
-        if self.config.flush_policy is FlushPolicy.EVERY_BATCH:
+        if config.flush_policy is FlushPolicy.EVERY_BATCH:
             self.flush()
         return info
 
@@ -419,10 +495,12 @@ class Log:
         end = len(data)
         view = memoryview(data)
         decode = entry.decode_header
+        crc_from = entry.CRC_FROM
         while position < end:
-            size, crc, _, _, e_index, e_term, e_offset, count, _, max_ts, *_ = decode(
+            length, crc, _, _, _, e_index, e_term, e_offset, count, _, max_ts, _, _, _, _ = decode(
                 view, position
             )
+            size = length + 4
             if size > limit:
                 raise EntryTooLargeError(
                     f"entry at byte {position} is {size} bytes; max.message.bytes is {limit}"
@@ -431,7 +509,7 @@ class Log:
                 raise InvalidEntryError(
                     f"entry at byte {position} needs {size} bytes, {end - position} given"
                 )
-            if not entry.crc_matches(view, position, size, crc):
+            if crc32c(view[position + crc_from : position + size]) != crc:
                 raise CorruptEntryError(
                     f"CRC mismatch in entry at byte {position} of the append (index {e_index})",
                     position=position,
@@ -455,23 +533,32 @@ class Log:
         return out
 
     def _roll(self) -> Segment:
-        """Close the active segment (fsync, seal and write its index) and start a new one."""
-        self._wait_no_flush()  # a group commit may be fsyncing the fd we are about to close
+        """Start a new active segment; the old one waits in ``_unsealed`` for the next flush.
+
+        Why not fsync here: under the INTERVAL policy the old segment can hold 128 MiB of
+        dirty pages, and the appender (a Raft round) would stall for the whole fsync. A
+        segment becomes closed-and-sealed only once it is durable (fsync, then index files),
+        so recovery can trust index files and rescans whatever has none.
+        """
         old = self._segments[-1]
         assert old.fd is not None and old.index is not None
-        os.fsync(old.fd)
-        self.durable_index = self.next_index - 1
-        if self.on_durable is not None:
-            self.on_durable(str(old.path), old.size)  # a closed segment is wholly durable
-        last = self._last_header(old)
-        old.index.seal(last.base_offset)
-        old.index.write(old.index_path, old.time_index_path)
-        self._write_terms()
-        old.close_fd()
-        self._cache_touch(old)
-        seg = Segment.create(self.directory, self.next_offset, self.next_index)
+        self._unsealed.append(old)
+        seg = Segment.create(
+            self.directory, self.next_offset, self.next_index, preallocate=self._step
+        )
         self._push_segment(seg)
         return seg
+
+    def _seal(self, seg: Segment) -> None:
+        """Make a closed segment durable, then write its index files: their presence is what
+        tells recovery the segment needs no rescan. Runs outside the lock, under _flushing."""
+        assert seg.index is not None, f"unsealed segment {seg.name} lost its index"
+        os.fsync(seg.open(writable=True))
+        if self.on_durable is not None:
+            self.on_durable(str(seg.path), seg.size)  # a sealed segment is wholly durable
+        seg.index.seal(self._last_header(seg).base_offset)
+        seg.index.write(seg.index_path, seg.time_index_path)
+        seg.release_reserved()
 
     def _last_header(self, seg: Segment) -> EntryHeader:
         assert seg.index is not None and seg.size > 0
@@ -495,7 +582,7 @@ class Log:
         """
         with self._lock:
             target = self.next_index - 1
-            while self.durable_index < target:
+            while self.durable_index < target or self._unsealed:
                 if self._flushing:
                     self._flush_done.wait()
                     continue
@@ -503,6 +590,7 @@ class Log:
                 self._flushing = True
                 active = self._segments[-1]
                 fd = active.fd
+                pending = list(self._unsealed)
                 covered = self.next_index - 1
                 # What this fdatasync covers, captured with ``covered``: appends made while
                 # the disk works may or may not be on it.
@@ -510,6 +598,8 @@ class Log:
                 assert fd is not None
                 self._lock.release()
                 try:
+                    for seg in pending:  # older segments first: the log stays a prefix
+                        self._seal(seg)
                     os.fdatasync(fd)
                     if self.on_durable is not None:
                         self.on_durable(durable_path, durable_size)
@@ -517,6 +607,12 @@ class Log:
                     self._lock.acquire()
                     self._flushing = False
                     self._flush_done.notify_all()
+                if pending:
+                    for seg in pending:
+                        self._unsealed.remove(seg)
+                        seg.close_fd()
+                        self._cache_touch(seg)
+                    self._write_terms()
                 self.durable_index = max(self.durable_index, min(covered, self.next_index - 1))
                 self._last_flush_ms = self._clock_ms()
 
@@ -743,6 +839,8 @@ class Log:
         return seg.index
 
     def _cache_touch(self, seg: Segment) -> None:
+        if seg in self._unsealed:
+            return  # its fd and in-memory index stay until the flush that seals it
         self._open_cache[seg.first_index] = seg
         self._open_cache.move_to_end(seg.first_index)
         while len(self._open_cache) > self.config.max_open_segments:
@@ -809,6 +907,8 @@ class Log:
             seg = self._segments[-1]
             assert seg is target, "the cut lies in the last remaining segment"
             self._open_cache.pop(seg.first_index, None)
+            if seg in self._unsealed:
+                self._unsealed.remove(seg)  # it is the active segment again
             seg.truncate(cut)
             seg.remove_index_files()
             del self._terms[bisect_right(self._terms, (index - 1, 1 << 62)) :]
@@ -953,6 +1053,7 @@ class Log:
             self.flush()
             self._wait_no_flush()
             self._write_terms()
+            self._segments[-1].release_reserved()
             for seg in self._segments:
                 seg.close_fd()
             self._closed = True

@@ -137,6 +137,80 @@ def test_corrupt_entry_in_active_tail_drops_it_and_everything_after(tmp_path: Pa
     log.close()
 
 
+ROLLING = LogConfig(flush_policy=FlushPolicy.INTERVAL, segment_bytes=2048)
+
+
+def test_a_roll_leaves_the_old_segment_unsealed_until_the_next_flush(tmp_path: Path) -> None:
+    """The appender never waits for a closed segment's fsync; the flush does it, then seals."""
+    log = Log.open(tmp_path, ROLLING)
+    fill(log, 8, 300)  # 374 bytes each: five fit in 2,048, so one roll after entry 5
+    first = segment_files(tmp_path)[0]
+    assert len(segment_files(tmp_path)) == 2
+    assert log.durable_index == 0
+    assert not first.with_suffix(INDEX_SUFFIX).exists()
+    assert log.read_by_index(1, BIG).entries == 8  # readable while unsealed
+
+    log.flush()
+    assert first.with_suffix(INDEX_SUFFIX).exists()
+    assert first.with_suffix(TIME_INDEX_SUFFIX).exists()
+    assert log.durable_index == 8
+    log.close()
+    reopened = Log.open(tmp_path, ROLLING)
+    assert reopened.recovery.clean
+    reopened.close()
+
+
+def test_power_loss_in_an_unsealed_segment_drops_the_segments_after_it(tmp_path: Path) -> None:
+    log = Log.open(tmp_path, ROLLING)
+    entries = fill(log, 3, 300)
+    log.flush()  # entries 1-3 durable
+    entries += fill(log, 5, 300)  # roll after entry 5: entries 6-8 in the second segment
+    abandon(log)
+    old, new = segment_files(tmp_path)
+    durable_end = sum(len(e) for e in entries[:3])
+    os.truncate(old, durable_end + 100)  # the power cut kept the new file but not old's end
+
+    log = Log.open(tmp_path, ROLLING)
+    rec = log.recovery
+    assert rec.truncated_bytes == 100 and rec.truncated_entries == 1
+    assert new.name in rec.removed_files and not new.exists()
+    assert log.next_index == 4 and log.durable_index == 3
+    assert log.read_by_index(1, BIG).data == b"".join(entries[:3])
+    assert old.with_suffix(INDEX_SUFFIX).exists() is False  # it is the active segment again
+    log.append(data_entry(4, 300))  # and the log goes on from there
+    log.close()
+
+
+def test_an_unsealed_segment_cut_at_an_entry_boundary_is_a_gap(tmp_path: Path) -> None:
+    log = Log.open(tmp_path, ROLLING)
+    entries = fill(log, 8, 300)
+    abandon(log)
+    old, new = segment_files(tmp_path)
+    os.truncate(old, sum(len(e) for e in entries[:4]))  # whole entries, but entry 5 is gone
+
+    log = Log.open(tmp_path, ROLLING)
+    rec = log.recovery
+    assert rec.truncated_bytes == 0
+    assert "does not follow" in (rec.truncation_reason or "")
+    assert new.name in rec.removed_files
+    assert log.next_index == 5
+    log.close()
+
+
+def test_unsealed_segments_that_survived_whole_are_sealed_on_open(tmp_path: Path) -> None:
+    log = Log.open(tmp_path, ROLLING)
+    entries = fill(log, 20, 300)
+    abandon(log)  # a process crash: the page cache kept every byte
+    closed = segment_files(tmp_path)[:-1]
+    assert len(closed) >= 2 and not any(p.with_suffix(INDEX_SUFFIX).exists() for p in closed)
+
+    log = Log.open(tmp_path, ROLLING)
+    assert log.recovery.truncation_reason is None and log.recovery.removed_files == []
+    assert all(p.with_suffix(INDEX_SUFFIX).exists() for p in closed)
+    assert log.read_by_index(1, BIG).data == b"".join(entries)
+    log.close()
+
+
 def test_clean_reopen_reports_nothing(scratch: Path) -> None:
     with Log.open(scratch, LogConfig(segment_bytes=2048)) as log:
         fill(log, 30, 200)

@@ -359,7 +359,7 @@ class LogMachine(RuleBasedStateMachine):
             active_size + len(buf) > self.config.segment_bytes
             or now - self.born >= self.config.segment_ms
         ):
-            self.durable = self.next_index - 1  # a roll fsyncs the closed segment
+            # A roll does not fsync: the closed segment stays unsealed until the next flush.
             self.segs.append((self.next_index, self.next_offset))
             active_size = 0
             event("append: rolled a segment")
@@ -665,10 +665,14 @@ class LogMachine(RuleBasedStateMachine):
         mode=st.sampled_from(["cut", "cut", "flip", "zeros", "none"]),
     )
     def crash(self, data: st.DataObject, mode: str) -> None:
-        """Die without flushing, then damage only the non-durable tail of the active segment,
-        the way a power cut may; reopen and compare with the model."""
+        """Die without flushing, then damage the non-durable tail of one segment, the way a
+        power cut may: the active one, or a closed one rolled since the last flush (unsealed,
+        so recovery rescans it and drops every segment after a cut). Reopen and compare."""
         assert self.log is not None
-        k = len(self.segs) - 1
+        last = len(self.segs) - 1
+        # Segments that may hold non-durable bytes: from the first holding a non-durable entry.
+        k0 = next((k for k in range(last) if self._seg_end(k) - 1 > self.durable), last)
+        k = data.draw(st.integers(k0, last), label="segment")
         active = self._seg_entries(k)
         seg_size = sum(e.size for e in active)
         durable_pos = sum(e.size for e in active if e.index <= self.durable)
@@ -681,7 +685,7 @@ class LogMachine(RuleBasedStateMachine):
         for e in active:
             starts.append(p)
             p += e.size
-        survivors = len(active)  # how many active entries survive
+        survivors = len(active)  # how many entries of the damaged segment survive
         exp_bytes = exp_entries = 0
         exact_entries = True
         if mode == "cut":
@@ -708,6 +712,12 @@ class LogMachine(RuleBasedStateMachine):
             with open(path, "ab") as f:
                 f.write(bytes(extra))
             exp_bytes, exp_entries = extra, 1
+        ends_early = bool(exp_bytes) or survivors < len(active)
+        dropped = (
+            [segment_name(base, first) + ".log" for first, base in self.segs[k + 1 :]]
+            if ends_early
+            else []
+        )
         self.log = Log.open(self.dir, self.config, clock_ms=self.clock)
         rec = self.log.recovery
         assert rec.truncated_bytes == exp_bytes, (rec, exp_bytes)
@@ -715,13 +725,18 @@ class LogMachine(RuleBasedStateMachine):
             assert rec.truncated_entries == exp_entries, (rec, exp_entries)
         else:
             assert rec.truncated_entries >= 1
-        assert (rec.truncation_reason is not None) == bool(exp_bytes)
+        assert (rec.truncation_reason is not None) == bool(exp_bytes or dropped), rec
         assert rec.rebuilt_indexes == []
-        if survivors < len(active):
-            lost = active[survivors].index
+        assert set(dropped) <= set(rec.removed_files), (rec, dropped)
+        if ends_early:
+            lost = active[survivors].index if survivors < len(active) else self._seg_end(k)
             assert lost > self.durable, "a durable entry was lost"
+            if lost < self.next_index:
+                event(f"crash ({mode}): lost entries")
+            if dropped:
+                event("crash: dropped segments after an unsealed one")
             self._drop_from(lost)
-            event(f"crash ({mode}): lost entries")
+            del self.segs[k + 1 :]
         if self._model_reopen():
             event("crash: restarted at the log start")
 
