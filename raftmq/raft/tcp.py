@@ -120,18 +120,43 @@ class TcpTransport:
                 continue
             try:
                 while p.urgent or p.bulk:
-                    batch: list[tuple[str, Outgoing]] = list(p.urgent)
-                    p.urgent.clear()
-                    budget = FRAME_TARGET_BYTES
-                    while p.bulk and (budget > 0 or not batch):
-                        group, m, size = p.bulk.popleft()
-                        p.bulk_bytes -= size
-                        budget -= size
-                        batch.append((group, m))
-                    writer.write(wire.encode_messages(batch))
+                    self._write_frame(p, writer)
                     await writer.drain()
             except (ConnectionError, OSError, RuntimeError):
                 self._disconnect(p, writer)
+
+    def flush(self) -> None:
+        """Write what is queued now rather than on the writer tasks' next turn.
+
+        The driver calls it before it blocks on an fsync, so a round's appends are on the
+        wire while the disk works; waiting for the writer task would put a whole fsync (and
+        a task switch) between a leader's append and its followers. Frames beyond what the
+        socket buffer takes stay queued for the writer task, which waits for the socket.
+        """
+        for p in self._peers.values():
+            writer = p.writer
+            if writer is None or not (p.urgent or p.bulk):
+                continue
+            try:
+                while (p.urgent or p.bulk) and (
+                    writer.transport.get_write_buffer_size() < FRAME_TARGET_BYTES
+                ):
+                    self._write_frame(p, writer)
+            except (ConnectionError, OSError, RuntimeError):
+                self._disconnect(p, writer)
+
+    @staticmethod
+    def _write_frame(p: _Peer, writer: asyncio.StreamWriter) -> None:
+        """One frame: every urgent message, then bulk ones up to the frame target."""
+        batch: list[tuple[str, Outgoing]] = list(p.urgent)
+        p.urgent.clear()
+        budget = FRAME_TARGET_BYTES
+        while p.bulk and (budget > 0 or not batch):
+            group, m, size = p.bulk.popleft()
+            p.bulk_bytes -= size
+            budget -= size
+            batch.append((group, m))
+        writer.write(wire.encode_messages(batch))
 
     # --- connections --------------------------------------------------------------------
 

@@ -37,6 +37,9 @@ class Transport(Protocol):
 
     def peer_alive(self, peer: int) -> bool: ...
 
+    def flush(self) -> None:
+        """Hand what ``send`` queued to the network now, before the caller blocks."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -107,6 +110,9 @@ class MemoryTransport:
 
     def peer_alive(self, peer: int) -> bool:
         return self.network.connected(self.node_id, peer)
+
+    def flush(self) -> None:
+        return None  # delivery is a loop callback: nothing blocks it for long
 
     async def start(self) -> None:
         return None

@@ -268,3 +268,55 @@ async def test_many_groups_started_together_elect_and_spread_their_leaders(tmp_p
     finally:
         for h in hosts.values():
             await h.stop()
+
+
+class _Inbox:
+    """A transport handler that only records what arrives."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[int, str, object]] = []
+
+    def on_messages(self, peer: int, batch) -> None:
+        self.messages += [(peer, group, m) for group, m in batch]
+
+    def on_peer_state(self, peer: int, alive: bool) -> None:
+        pass
+
+    def on_unreachable(self, peer: int) -> None:
+        pass
+
+
+async def test_transport_flush_puts_queued_messages_on_the_socket_at_once():
+    """The driver flushes before it blocks on an fsync: the append must already be in the
+    kernel then, not waiting for the writer task's next turn."""
+    import socket
+
+    from raftmq.raft.messages import Message, MsgType
+
+    ports = []
+    for _ in range(2):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        ports.append(s.getsockname()[1])
+        s.close()
+    addrs = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
+    inbox = {1: _Inbox(), 2: _Inbox()}
+    transports = {}
+    for node, addr in addrs.items():
+        peers = {p: a for p, a in addrs.items() if p != node}
+        transports[node] = TcpTransport(node, addr, peers, ping_interval=0.05, dead_after=0.5)
+        transports[node].set_handler(inbox[node])
+        await transports[node].start()
+    try:
+        await wait_for(lambda: transports[1].peer_alive(2), what="a connection")
+        peer = transports[1]._peers[2]
+        message = Message(MsgType.APP, src=1, dst=2, term=1, index=7, entries=b"x" * 1000)
+        transports[1].send(2, "g", message, urgent=False)
+        assert peer.bulk, "queued until someone writes it"
+        transports[1].flush()
+        assert not peer.bulk
+        assert peer.writer is not None and peer.writer.transport.get_write_buffer_size() == 0
+        await wait_for(lambda: any(m == message for _, _, m in inbox[2].messages), what="it")
+    finally:
+        for t in transports.values():
+            await t.close()
