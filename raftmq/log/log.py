@@ -594,7 +594,7 @@ class Log:
                 covered = self.next_index - 1
                 # What this fdatasync covers, captured with ``covered``: appends made while
                 # the disk works may or may not be on it.
-                durable_path, durable_size = str(active.path), active.size
+                durable_size = active.size
                 assert fd is not None
                 self._lock.release()
                 try:
@@ -602,7 +602,7 @@ class Log:
                         self._seal(seg)
                     os.fdatasync(fd)
                     if self.on_durable is not None:
-                        self.on_durable(durable_path, durable_size)
+                        self.on_durable(str(active.path), durable_size)
                 finally:
                     self._lock.acquire()
                     self._flushing = False

@@ -113,11 +113,14 @@ class PartitionReplica:
         return entry.parse_header(data).next_offset
 
     def _apply(self, committed: bytes, applied_to: int) -> None:
-        last = None
-        for last in entry.iter_headers(committed, verify=False):  # noqa: B007 - want the last
-            pass
-        if last is not None:
-            self._advance_hw(last.next_offset)
+        # Only the last entry matters (the high watermark follows it); walk the framing.
+        position, end, next_offset = 0, len(committed), -1
+        while position < end:
+            size, _, _, base_offset, count = entry.frame_at(committed, position)
+            next_offset = base_offset + count
+            position += size
+        if next_offset >= 0:
+            self._advance_hw(next_offset)
 
     def _on_snapshot(self, snap: SnapshotMeta, data: bytes) -> None:
         """A snapshot of a partition is its start point: everything before it is gone on

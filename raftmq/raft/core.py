@@ -657,7 +657,7 @@ class RaftCore:
             raise InvalidEntryError("empty proposal")
         for e in ents:
             if e.type not in _PROPOSABLE:
-                raise InvalidEntryError(f"{e.type.name} entries are made by Raft itself")
+                raise InvalidEntryError(f"{EntryType(e.type).name} entries are made by Raft itself")
             if e.index or e.term:
                 raise InvalidEntryError("proposals carry index and term 0")
         return self._append_entries(ents)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from crc32c import crc32c
+
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
+from raftmq.log.errors import CorruptEntryError, InvalidEntryError
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.storage import Storage
@@ -21,18 +24,38 @@ class Ent(NamedTuple):
 
     index: int
     term: int
-    type: EntryType
+    type: int  # an EntryType value (compares equal to the member)
     next_offset: int
     data: bytes
 
 
 def split(buf: bytes, *, verify: bool = False) -> list[Ent]:
-    """Cut concatenated entries apart; ``verify`` checks CRCs of bytes from the network."""
+    """Cut concatenated entries apart; ``verify`` checks CRCs of bytes from the network.
+
+    Plain header tuples, not :class:`entry.EntryHeader` objects: every append a follower
+    receives and every batch a leader sends passes through here."""
     view = memoryview(buf)
-    return [
-        Ent(h.index, h.term, h.type, h.next_offset, bytes(view[h.position : h.end]))
-        for h in entry.iter_headers(buf, verify=verify)
-    ]
+    out = []
+    position = 0
+    end = len(buf)
+    decode = entry.decode_header
+    crc_from = entry.CRC_FROM
+    while position < end:
+        length, crc, _, etype, _, index, term, base_offset, count, *_ = decode(view, position)
+        size = length + 4
+        if position + size > end:
+            raise InvalidEntryError(
+                f"entry at byte {position} needs {size} bytes, only {end - position} present"
+            )
+        if verify and crc32c(view[position + crc_from : position + size]) != crc:
+            raise CorruptEntryError(
+                f"CRC mismatch in entry at byte {position} (index {index})", position=position
+            )
+        out.append(
+            Ent(index, term, etype, base_offset + count, bytes(view[position : position + size]))
+        )
+        position += size
+    return out
 
 
 def join(ents: list[Ent]) -> bytes:
