@@ -4,6 +4,8 @@ errors to gRPC statuses with a sentence and machine-readable trailing metadata."
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
@@ -20,6 +22,8 @@ from raftmq.partition.replica import Acks, PartitionReplica
 
 if TYPE_CHECKING:
     from raftmq.broker.server import Broker
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 30_000
 MAX_TIMEOUT_MS = 300_000
@@ -42,7 +46,61 @@ _STATUS = {
     "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
     "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
     "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
 }
+
+
+MAX_STREAM_INFLIGHT = 1024
+"""Requests of one ProduceStream worked on at once; past it the stream is not read."""
+
+
+class Refusal(Exception):
+    """A request refused with a symbolic code (the ``raftmq-error`` vocabulary), a sentence,
+    and fields a client acts on. Unary calls turn it into a gRPC status with trailing
+    metadata; ProduceStream into a ProduceError in the answer."""
+
+    def __init__(self, code: str, message: str, **meta: object) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.meta = {k: v for k, v in meta.items() if v is not None}
+
+    @classmethod
+    def of(cls, exc: PartitionError, broker: Broker) -> Refusal:
+        if isinstance(exc, NotLeaderError):
+            leader = broker.spec.brokers.get(exc.leader)
+            if exc.leader == 0 or leader is None:
+                return cls("LEADER_NOT_AVAILABLE", str(exc))
+            return cls("NOT_LEADER", str(exc), leader_id=exc.leader, leader_address=leader.address)
+        if isinstance(exc, OffsetOutOfRangeError):
+            return cls(
+                exc.code,
+                str(exc),
+                log_start_offset=exc.start,
+                high_watermark=exc.high_watermark,
+            )
+        return cls(exc.code, str(exc))
+
+    def to_pb(self) -> pb.ProduceError:
+        return pb.ProduceError(
+            code=self.code,
+            message=self.message,
+            leader_id=int(self.meta.get("leader_id", 0)),  # type: ignore[call-overload]
+            leader_address=str(self.meta.get("leader_address", "")),
+        )
+
+
+async def _abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
+    metadata = [("raftmq-error", refusal.code)] + [
+        (f"raftmq-{k.replace('_', '-')}", str(v)) for k, v in refusal.meta.items()
+    ]
+    await context.abort(_STATUS[refusal.code], refusal.message, trailing_metadata=tuple(metadata))
+    raise AssertionError("unreachable: abort raises")
+
+
+def _at_most(name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise Refusal("INVALID_ARGUMENT", f"{name} {value} is over {limit}")
 
 
 class BrokerService(pb_grpc.BrokerServicer):
@@ -50,66 +108,21 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.broker = broker
         self._parked = asyncio.Semaphore(MAX_PARKED_FETCHES)
 
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, code: str, message: str, **meta: object
-    ) -> NoReturn:
-        metadata = [("raftmq-error", code)] + [
-            (f"raftmq-{k.replace('_', '-')}", str(v)) for k, v in meta.items() if v is not None
-        ]
-        await context.abort(_STATUS[code], message, trailing_metadata=tuple(metadata))
-        raise AssertionError("unreachable: abort raises")
-
-    async def _at_most(
-        self, context: grpc.aio.ServicerContext, name: str, value: int, limit: int
-    ) -> None:
-        if value > limit:
-            await self._abort(context, "INVALID_ARGUMENT", f"{name} {value} is over {limit}")
-
-    async def _fail(self, context: grpc.aio.ServicerContext, exc: PartitionError) -> NoReturn:
-        if isinstance(exc, NotLeaderError):
-            leader = self.broker.spec.brokers.get(exc.leader)
-            if exc.leader == 0 or leader is None:
-                await self._abort(context, "LEADER_NOT_AVAILABLE", str(exc))
-            await self._abort(
-                context,
-                "NOT_LEADER",
-                str(exc),
-                leader_id=exc.leader,
-                leader_address=leader.address,
-            )
-        if isinstance(exc, OffsetOutOfRangeError):
-            await self._abort(
-                context,
-                exc.code,
-                str(exc),
-                log_start_offset=exc.start,
-                high_watermark=exc.high_watermark,
-            )
-        await self._abort(context, exc.code, str(exc))
-
-    async def _replica(
-        self, context: grpc.aio.ServicerContext, topic: str, partition: int
-    ) -> PartitionReplica:
+    def _replica(self, topic: str, partition: int) -> PartitionReplica:
         if self.broker.stopping:
-            await self._abort(
-                context, "SHUTTING_DOWN", f"broker {self.broker.id} is shutting down; use another"
-            )
+            raise Refusal("SHUTTING_DOWN", f"broker {self.broker.id} is shutting down; use another")
         spec = self.broker.spec.topics.get(topic)
         if spec is None:
             if not TOPIC_NAME.match(topic):
-                await self._abort(
-                    context,
+                raise Refusal(
                     "INVALID_ARGUMENT",
                     f"{topic!r} is not a valid topic name: use 1-200 characters of "
                     "A-Z a-z 0-9 . _ -",
                 )
             known = ", ".join(sorted(self.broker.spec.topics)) or "none"
-            await self._abort(
-                context, "UNKNOWN_TOPIC", f"topic {topic!r} does not exist; known topics: {known}"
-            )
+            raise Refusal("UNKNOWN_TOPIC", f"topic {topic!r} does not exist; known topics: {known}")
         if partition >= spec.partitions:
-            await self._abort(
-                context,
+            raise Refusal(
                 "UNKNOWN_PARTITION",
                 f"topic {topic!r} has {spec.partitions} partitions (0 to {spec.partitions - 1}); "
                 f"there is no partition {partition}",
@@ -117,8 +130,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         replica = self.broker.replicas.get((topic, partition))
         if replica is None:
             owners = ", ".join(map(str, spec.replicas[partition]))
-            await self._abort(
-                context,
+            raise Refusal(
                 "NOT_HOSTED",
                 f"broker {self.broker.id} hosts no replica of {topic}/{partition}; "
                 f"its replicas are on brokers {owners}",
@@ -127,20 +139,19 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # --- RPCs ---------------------------------------------------------------------------
 
-    async def Produce(
-        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ProduceResponse:
-        replica = await self._replica(context, request.topic, request.partition)
+    async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+        """One produce request, for both Produce and ProduceStream; raises Refusal."""
+        replica = self._replica(request.topic, request.partition)
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
-        await self._at_most(context, "timeout_ms", timeout_ms, MAX_TIMEOUT_MS)
+        _at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS)
         try:
             acks = Acks(request.acks)
         except ValueError:
-            await self._abort(context, "INVALID_ARGUMENT", f"unknown acks value {request.acks}")
+            raise Refusal("INVALID_ARGUMENT", f"unknown acks value {request.acks}") from None
         try:
             result = await replica.produce(request.entries, acks, timeout_ms / 1000)
         except PartitionError as exc:
-            await self._fail(context, exc)
+            raise Refusal.of(exc, self.broker) from None
         return pb.ProduceResponse(
             base_offset=result.base_offset,
             last_offset=result.last_offset,
@@ -148,15 +159,79 @@ class BrokerService(pb_grpc.BrokerServicer):
             log_start_offset=replica.log_start_offset,
         )
 
+    async def Produce(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        try:
+            return await self._produce(request)
+        except Refusal as refusal:
+            await _abort(context, refusal)
+
+    async def ProduceStream(
+        self,
+        request_iterator: AsyncIterator[pb.ProduceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        """Read requests as they come and work on up to MAX_STREAM_INFLIGHT at once, each
+        in its own task; answer each as it finishes."""
+        answers: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
+        working: set[asyncio.Task[None]] = set()
+
+        async def work(request: pb.ProduceRequest) -> None:
+            try:
+                answer = await self._produce(request)
+            except Refusal as refusal:
+                answer = pb.ProduceResponse(base_offset=-1, last_offset=-1, error=refusal.to_pb())
+            except Exception as exc:  # a bug must not leave the client waiting forever
+                log.exception("ProduceStream request %d failed", request.request_id)
+                answer = pb.ProduceResponse(
+                    base_offset=-1,
+                    last_offset=-1,
+                    error=pb.ProduceError(code="INTERNAL", message=f"internal error: {exc!r}"),
+                )
+            finally:
+                slots.release()
+            answer.request_id = request.request_id
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(work(request))
+                    working.add(task)
+                    task.add_done_callback(working.discard)
+                while working:
+                    await asyncio.wait(set(working))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # re-raises what ended the reading, if anything did
+        finally:
+            reader.cancel()
+            for task in list(working):
+                task.cancel()
+
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        replica = await self._replica(context, request.topic, request.partition)
+        try:
+            return await self._fetch(request)
+        except Refusal as refusal:
+            await _abort(context, refusal)
+
+    async def _fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+        replica = self._replica(request.topic, request.partition)
         max_bytes = request.max_bytes or DEFAULT_FETCH_BYTES
-        await self._at_most(context, "max_bytes", max_bytes, MAX_FETCH_BYTES)
-        await self._at_most(context, "max_wait_ms", request.max_wait_ms, MAX_WAIT_MS)
+        _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES)
+        _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS)
         if request.offset < 0:
-            await self._abort(context, "INVALID_ARGUMENT", f"offset {request.offset} is negative")
+            raise Refusal("INVALID_ARGUMENT", f"offset {request.offset} is negative")
         wait = request.max_wait_ms / 1000
         try:
             if wait and not self._parked.locked():
@@ -165,7 +240,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             else:
                 result = replica.read(request.offset, max_bytes)
         except PartitionError as exc:
-            await self._fail(context, exc)
+            raise Refusal.of(exc, self.broker) from None
         next_offset = result.next_offset if result.entries else request.offset
         return pb.FetchResponse(
             entries=result.data,
@@ -178,7 +253,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
-        replica = await self._replica(context, request.topic, request.partition)
+        try:
+            replica = self._replica(request.topic, request.partition)
+        except Refusal as refusal:
+            await _abort(context, refusal)
         hw = replica.high_watermark
         which = request.WhichOneof("spec")
         if which == "timestamp_ms":
@@ -199,10 +277,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         names = list(request.topics) or sorted(spec.topics)
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
-            await self._abort(
+            await _abort(
                 context,
-                "UNKNOWN_TOPIC",
-                f"unknown topics: {', '.join(unknown)}; known: {', '.join(sorted(spec.topics))}",
+                Refusal(
+                    "UNKNOWN_TOPIC",
+                    f"unknown topics: {', '.join(unknown)}; "
+                    f"known: {', '.join(sorted(spec.topics))}",
+                ),
             )
         topics = []
         for name in names:

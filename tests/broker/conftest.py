@@ -101,6 +101,7 @@ SHARED_TOPICS = {
     "redirect": 1,
     "lo": 1,
     "acks": 1,
+    "stream": 2,
 }
 SHARED_SINGLE = {"solo": 3}
 

@@ -934,3 +934,93 @@ def test_acks_leader_and_acks_none(shared_cluster: LocalCluster, client: LowLeve
     # And the next acknowledged write continues after them.
     r = client.produce("acks", 0, batch([b"after"]), acks=pb.ACKS_ALL)
     assert r.base_offset == 6
+
+
+# --- 9. ProduceStream ----------------------------------------------------------------------------
+
+
+def _stream(address: str, requests: list[pb.ProduceRequest]) -> list[pb.ProduceResponse]:
+    """Send every request on one ProduceStream (all written before any answer is read, so
+    they are in flight together) and return the answers as they came."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.stream_stream(
+            "/raftmq.v1.Broker/ProduceStream",
+            request_serializer=pb.ProduceRequest.SerializeToString,
+            response_deserializer=pb.ProduceResponse.FromString,
+        )
+        return list(call(iter(requests), timeout=30))
+
+
+def test_produce_stream_answers_every_request_by_id(
+    shared_cluster: LocalCluster, client: LowLevelClient
+) -> None:
+    """Sixty requests in flight on one stream per leader: one answer each, matched by id;
+    the answers' offset ranges tile each partition, and the log holds each request's
+    records exactly at its range."""
+    leaders = client.refresh_leaders()
+    by_leader: dict[str, list[int]] = {}
+    for p in range(2):
+        by_leader.setdefault(leaders["stream", p].address, []).append(p)
+    placed: dict[int, list[tuple[int, list[bytes]]]] = {0: [], 1: []}
+    for address, parts in by_leader.items():
+        requests = {}
+        for i in range(60):
+            p = parts[i % len(parts)]
+            values = [f"s{p}-{i}-{k}".encode() for k in range(i % 3 + 1)]
+            requests[1000 + i] = (p, values)
+        answers = _stream(
+            address,
+            [
+                pb.ProduceRequest(topic="stream", partition=p, entries=batch(v), request_id=rid)
+                for rid, (p, v) in requests.items()
+            ],
+        )
+        assert sorted(a.request_id for a in answers) == sorted(requests)
+        assert not any(a.HasField("error") for a in answers)
+        for a in answers:
+            p, values = requests[a.request_id]
+            assert a.last_offset - a.base_offset + 1 == len(values)
+            placed[p].append((a.base_offset, values))
+    for p in range(2):
+        placed[p].sort()
+        expect = 0
+        for base, values in placed[p]:
+            assert base == expect, f"stream/{p}: a gap or overlap at offset {expect}"
+            expect += len(values)
+        records, _ = read_all(client, "stream", p)
+        assert [r.value for r in records] == [v for _, vs in placed[p] for v in vs]
+
+
+def test_produce_stream_refuses_one_request_and_goes_on(
+    shared_cluster: LocalCluster, client: LowLevelClient
+) -> None:
+    leader_id = leader_of(client, "stream", 0)
+    leader = address_of(shared_cluster, leader_id)
+    follower = address_of(shared_cluster, min(set(shared_cluster.spec.brokers) - {leader_id}))
+    good = batch([b"good"])
+    answers = _stream(
+        leader,
+        [
+            pb.ProduceRequest(topic="nope", partition=0, entries=good, request_id=1),
+            pb.ProduceRequest(topic="stream", partition=0, entries=corrupt(good), request_id=2),
+            pb.ProduceRequest(topic="stream", partition=9, entries=good, request_id=3),
+            pb.ProduceRequest(topic="stream", partition=0, entries=b"", request_id=4),
+            pb.ProduceRequest(topic="stream", partition=0, entries=good, request_id=5),
+        ],
+    )
+    by_id = {a.request_id: a for a in answers}
+    assert sorted(by_id) == [1, 2, 3, 4, 5]
+    assert by_id[1].error.code == "UNKNOWN_TOPIC" and "does not exist" in by_id[1].error.message
+    assert by_id[2].error.code == "CORRUPT_BATCH" and "CRC" in by_id[2].error.message
+    assert by_id[3].error.code == "UNKNOWN_PARTITION"
+    assert by_id[4].error.code == "INVALID_BATCH"
+    assert not by_id[5].HasField("error") and by_id[5].last_offset >= by_id[5].base_offset >= 0
+    for refused in (1, 2, 3, 4):
+        assert (by_id[refused].base_offset, by_id[refused].last_offset) == (-1, -1)
+    # A follower answers each request with the leader to go to.
+    (redirect,) = _stream(
+        follower, [pb.ProduceRequest(topic="stream", partition=0, entries=good, request_id=7)]
+    )
+    assert redirect.request_id == 7 and redirect.error.code == "NOT_LEADER"
+    assert redirect.error.leader_id == leader_id
+    assert redirect.error.leader_address == leader

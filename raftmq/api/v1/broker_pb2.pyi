@@ -24,30 +24,48 @@ EARLIEST: OffsetPosition
 LATEST: OffsetPosition
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("topic", "partition", "entries", "acks", "timeout_ms")
+    __slots__ = ("topic", "partition", "entries", "acks", "timeout_ms", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     entries: bytes
     acks: Acks
     timeout_ms: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., entries: _Optional[bytes] = ..., acks: _Optional[_Union[Acks, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., entries: _Optional[bytes] = ..., acks: _Optional[_Union[Acks, str]] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class ProduceError(_message.Message):
+    __slots__ = ("code", "message", "leader_id", "leader_address")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    leader_id: int
+    leader_address: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("base_offset", "last_offset", "high_watermark", "log_start_offset")
+    __slots__ = ("base_offset", "last_offset", "high_watermark", "log_start_offset", "request_id", "error")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     last_offset: int
     high_watermark: int
     log_start_offset: int
-    def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    request_id: int
+    error: ProduceError
+    def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes")

@@ -39,6 +39,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/raftmq.v1.Broker/ProduceStream',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/raftmq.v1.Broker/Fetch',
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
@@ -61,6 +66,22 @@ class BrokerServicer:
 
     def Produce(self, request, context):
         """Append entries to one partition. Only the partition's leader accepts them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Many produce requests over one long-lived stream, the way Kafka pipelines requests on
+        a connection: a unary call costs the broker about twice the CPU of a stream message
+        (about 300 against 130 us in Python with 16 KiB requests). Every request is answered
+        by exactly one response carrying its request_id, in any order (match them by id). A
+        refused request is answered with `error` set (the same codes as the unary call's
+        raftmq-error) and the stream stays open until the client closes its side or the
+        broker stops. At most 1024 requests of one stream are worked on at a time: past that
+        the broker stops reading the stream until one finishes (backpressure). Requests carry
+        no ordering promise among themselves: a producer that needs order within a partition
+        waits for an answer before sending the next request for that partition.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -93,6 +114,11 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
@@ -137,6 +163,33 @@ class Broker:
             request,
             target,
             '/raftmq.v1.Broker/Produce',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftmq.v1.Broker/ProduceStream',
             raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
             options,
