@@ -11,9 +11,12 @@ measured a minute apart mostly does not.
 Phases, per system:
 
 1. low-load latency: sequential acks=all publishes of ONE 1 KiB record (one in flight);
-2. publish throughput: 1 KiB records, batches of ``--batch`` records per raftmq Produce
-   (JetStream has no batch publish: one message, one ack), ``--inflight`` requests in
-   flight spread over ``--procs`` load processes, latency of each produce RPC / publish;
+2. publish throughput: 1 KiB records, batches of ``--batch`` records per raftmq produce
+   request (JetStream has no batch publish: one message, one ack), ``--inflight`` requests
+   in flight spread over ``--procs`` load processes, latency of each request / publish.
+   raftmq's requests go over one ProduceStream per leader and load process, as a producer
+   pipelines on a connection (``--unary`` sends one unary Produce call each instead); the
+   JetStream client likewise pipelines its asynchronous publishes on one connection;
 3. consume throughput: read everything back (raftmq: large Fetches from the leaders;
    JetStream: a durable pull consumer with ``fetch(batch=...)``), same number of processes.
 
@@ -90,6 +93,7 @@ class Plan:
     fetch_bytes: int
     nats_fetch_batch: int
     profile_dir: Path | None
+    stream: bool
 
     @classmethod
     def make(cls, args: argparse.Namespace) -> Plan:
@@ -108,6 +112,7 @@ class Plan:
             fetch_bytes=8 << 20,
             nats_fetch_batch=1000,
             profile_dir=Path(args.profile) if args.profile else None,
+            stream=not args.unary,
         )
 
 
@@ -285,9 +290,11 @@ async def raftmq_produce_worker(
     start_at: float,
     warmup: float,
     seconds: float,
+    stream: bool = False,
 ) -> Json:
-    """``inflight`` tasks, each sending acks=all Produce RPCs of ``batch`` records to one
-    partition's leader back to back; only replies inside the window are counted."""
+    """``inflight`` tasks, each sending acks=all produce requests of ``batch`` records to
+    one partition's leader back to back; only replies inside the window are counted. With
+    ``stream`` the requests go over one ProduceStream per leader instead of unary calls."""
     import grpc
 
     from raftmq.api.v1 import broker_pb2 as pb
@@ -315,16 +322,31 @@ async def raftmq_produce_worker(
     sent = 0
     errors: list[str] = []
 
+    streams = {addr: ProduceStreamer(stub) for addr, stub in stubs.items()} if stream else {}
+
     async def loop(i: int) -> None:
         nonlocal counted, sent
         k = i % len(targets)
         stub, req = stubs[targets[k][0]], requests[k]
+        streamer = streams.get(targets[k][0])
+        if streamer is not None:
+            req = pb.ProduceRequest()
+            req.CopyFrom(requests[k])  # each task owns one: request_id changes per send
         while True:
             t0 = time.monotonic()
             if t0 >= hi:
                 return
             try:
-                await stub.Produce(req, timeout=35)
+                if streamer is not None:
+                    answer = await streamer.produce(req)
+                    if answer.HasField("error"):
+                        errors.append(f"{answer.error.code}: {answer.error.message}")
+                        if len(errors) > 100:
+                            return
+                        await asyncio.sleep(0.05)
+                        continue
+                else:
+                    await stub.Produce(req, timeout=35)
             except grpc.aio.AioRpcError as exc:
                 errors.append(f"{exc.code().name}: {exc.details()}")
                 if len(errors) > 100:
@@ -343,9 +365,49 @@ async def raftmq_produce_worker(
         await asyncio.gather(*(loop(i) for i in range(inflight)))
         cpu = time.process_time() - cpu0
     finally:
+        for streamer in streams.values():
+            await streamer.close()
         for ch in channels.values():
             await ch.close()
     return _publish_result(counted, sent, latencies, errors, cpu, warmup + seconds)
+
+
+class ProduceStreamer:
+    """One ProduceStream to one broker: requests from many tasks, answers matched by id."""
+
+    def __init__(self, stub: Any) -> None:
+        self.call = stub.ProduceStream()
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 0
+        self.write_lock = asyncio.Lock()  # one write at a time on a gRPC stream
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for answer in self.call:
+                fut = self.waiting.pop(answer.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(answer)
+        finally:
+            for fut in self.waiting.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("the produce stream ended"))
+
+    async def produce(self, request: Any) -> Any:
+        self.next_id += 1
+        request.request_id = self.next_id
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[self.next_id] = fut
+        async with self.write_lock:
+            await self.call.write(request)
+        return await asyncio.wait_for(fut, 35)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.call.done_writing()
+        self.reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self.reader
 
 
 async def raftmq_consume_worker(
@@ -741,7 +803,8 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
 
         say(
             f"raftmq: publish {plan.warmup + plan.seconds:.0f} s, {plan.procs} procs, "
-            f"{plan.inflight} in flight, {plan.batch} records/RPC"
+            f"{plan.inflight} in flight, {plan.batch} records/request, "
+            + ("ProduceStream" if plan.stream else "unary Produce")
         )
         targets = [(by_part[p].address, p) for p in range(plan.partitions)]
         start_at = time.monotonic() + 3.0  # spawned processes need a moment to import
@@ -755,6 +818,7 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
                 "start_at": start_at,
                 "warmup": plan.warmup,
                 "seconds": plan.seconds,
+                "stream": plan.stream,
             }
             for i, n in enumerate(split(plan.inflight, plan.procs))
         ]
@@ -1210,6 +1274,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.0, help="measured publish seconds")
     ap.add_argument("--seq-count", type=int, default=0)
     ap.add_argument("--skip-nats", action="store_true")
+    ap.add_argument(
+        "--unary",
+        action="store_true",
+        help="publish with one unary Produce call per request instead of a ProduceStream",
+    )
     ap.add_argument(
         "--profile",
         default="",
