@@ -484,6 +484,19 @@ def test_round_trip_acks_all_keeps_order_and_contiguous_offsets(
             assert shared_cluster.spec.brokers[answer.broker_id].address == address
 
 
+def test_a_cluster_started_together_elects_the_preferred_replicas(
+    make_cluster: ClusterFactory,
+) -> None:
+    """Each partition's first replica campaigns as soon as it can reach a peer, so leaders
+    spread over the brokers instead of piling up where elections happen to fire first."""
+    cluster = make_cluster({"spread": 6})
+    with cluster.client() as c:
+        leaders = c.refresh_leaders()
+    replicas = cluster.spec.topics["spread"].replicas
+    got = {p: leaders["spread", p].broker_id for p in range(6)}
+    assert got == {p: replicas[p][0] for p in range(6)}, f"leaders {got}, replicas {replicas}"
+
+
 @pytest.mark.timeout(60)
 def test_concurrent_producers_each_keep_their_order(
     shared_cluster: LocalCluster, client: LowLevelClient
