@@ -608,6 +608,8 @@ class Log:
                     self._flushing = False
                     self._flush_done.notify_all()
                 if pending:
+                    # Every change that drops segments waits for the flush to finish, so
+                    # all of them are still here; only now may the cache close their fds.
                     for seg in pending:
                         self._unsealed.remove(seg)
                         seg.close_fd()
@@ -986,6 +988,7 @@ class Log:
         (Raft passes what is committed and applied). Returns how many were deleted."""
         with self._lock:
             self._check_open()
+            self._wait_no_flush()  # a flush may be sealing the segments we would delete
             now = self._clock_ms()
             deleted = 0
             total = sum(s.size for s in self._segments)
@@ -1039,8 +1042,8 @@ class Log:
 
             with self._lock:
                 result = seg.scan(verify=verify, on_entry=keep)
-                if seg is not self._segments[-1]:
-                    seg.close_fd()
+                if seg is not self._segments[-1] and seg not in self._unsealed:
+                    seg.close_fd()  # an unsealed one keeps its fd: a flush may be using it
             for position, h in found:
                 yield seg.name, position, h
             if result.error is not None:

@@ -211,6 +211,33 @@ def test_unsealed_segments_that_survived_whole_are_sealed_on_open(tmp_path: Path
     log.close()
 
 
+def test_retention_waits_for_a_flush_that_is_sealing(tmp_path: Path) -> None:
+    """Sealing runs outside the lock; deleting the segment under it would fail the flush."""
+    config = LogConfig(flush_policy=FlushPolicy.INTERVAL, segment_bytes=2048, retention_bytes=0)
+    log = Log.open(tmp_path, config)
+    fill(log, 8, 300)  # a roll after entry 5: the first segment waits to be sealed
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(path: str, size: int) -> None:
+        entered.set()
+        release.wait(5)
+
+    log.on_durable = hold
+    flusher = threading.Thread(target=log.flush)
+    flusher.start()
+    assert entered.wait(5)
+    deleted: list[int] = []
+    retention = threading.Thread(target=lambda: deleted.append(log.apply_retention()))
+    retention.start()
+    time.sleep(0.2)
+    assert not deleted, "retention deleted a segment that a flush was sealing"
+    release.set()
+    flusher.join(5)
+    retention.join(5)
+    assert deleted == [1] and log.start_index == 6
+    log.close()
+
+
 def test_clean_reopen_reports_nothing(scratch: Path) -> None:
     with Log.open(scratch, LogConfig(segment_bytes=2048)) as log:
         fill(log, 30, 200)
