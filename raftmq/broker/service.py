@@ -172,8 +172,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         request_iterator: AsyncIterator[pb.ProduceRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProduceResponse]:
-        """Read requests as they come and work on up to MAX_STREAM_INFLIGHT at once, each
-        in its own task; answer each as it finishes."""
+        """Read requests as they come and work on up to MAX_STREAM_INFLIGHT at once (counting
+        answers not yet sent), each in its own task; answer each as it finishes."""
         answers: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
         working: set[asyncio.Task[None]] = set()
@@ -190,8 +190,6 @@ class BrokerService(pb_grpc.BrokerServicer):
                     last_offset=-1,
                     error=pb.ProduceError(code="INTERNAL", message=f"internal error: {exc!r}"),
                 )
-            finally:
-                slots.release()
             answer.request_id = request.request_id
             answers.put_nowait(answer)
 
@@ -211,6 +209,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                # A slot is free only once its answer is sent: a client that writes but
+                # never reads stalls the stream instead of filling the broker's memory.
+                slots.release()
             await reader  # re-raises what ended the reading, if anything did
         finally:
             reader.cancel()

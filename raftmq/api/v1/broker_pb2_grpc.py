@@ -78,8 +78,9 @@ class BrokerServicer:
         by exactly one response carrying its request_id, in any order (match them by id). A
         refused request is answered with `error` set (the same codes as the unary call's
         raftmq-error) and the stream stays open until the client closes its side or the
-        broker stops. At most 1024 requests of one stream are worked on at a time: past that
-        the broker stops reading the stream until one finishes (backpressure). Requests carry
+        broker stops. At most 1024 requests of one stream are in progress at a time, counting
+        those whose answer is not yet sent: past that the broker stops reading the stream
+        (backpressure; a client must keep reading answers). Requests carry
         no ordering promise among themselves: a producer that needs order within a partition
         waits for an answer before sending the next request for that partition.
         """
