@@ -672,7 +672,11 @@ class LogMachine(RuleBasedStateMachine):
         last = len(self.segs) - 1
         # Segments that may hold non-durable bytes: from the first holding a non-durable entry.
         k0 = next((k for k in range(last) if self._seg_end(k) - 1 > self.durable), last)
-        k = data.draw(st.integers(k0, last), label="segment")
+        # A segment wholly below the log start is deleted on open, whatever its bytes.
+        live = next(
+            k for k in range(last + 1) if k == last or self.segs[k + 1][0] > self.start_index
+        )
+        k = data.draw(st.integers(max(k0, live), last), label="segment")
         active = self._seg_entries(k)
         seg_size = sum(e.size for e in active)
         durable_pos = sum(e.size for e in active if e.index <= self.durable)
