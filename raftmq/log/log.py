@@ -20,7 +20,7 @@ import os
 import struct
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -94,6 +94,9 @@ class ReadResult:
     first_index: int
     next_index: int
     next_offset: int
+
+
+_NO_BOUND = 1 << 62  # a stop bound no index or offset reaches
 
 
 class Log:
@@ -663,8 +666,9 @@ class Log:
                 pos,
                 lambda seg: self._index_of(seg).position_for_offset(offset),
                 lambda i, base, n: base + n <= offset or i < self.start_index,
-                lambda i, base, n: base + n > upper or (n == 0 and base >= upper),
                 max_bytes,
+                stop_index=_NO_BOUND,
+                stop_offset=upper,
             )
 
     def read_entries(self, lo: int, max_bytes: int, hi: int | None = None) -> bytes:
@@ -691,8 +695,9 @@ class Log:
                 pos,
                 lambda seg: self._index_of(seg).position_for_index(lo),
                 lambda i, base, n: i < lo,
-                lambda i, base, n: i >= upper,
                 max_bytes,
+                stop_index=upper,
+                stop_offset=_NO_BOUND,
             )
 
     def _collect(
@@ -700,15 +705,21 @@ class Log:
         pos: int,
         start_position: Callable[[Segment], int],
         skip: Callable[[int, int, int], bool],
-        stop: Callable[[int, int, int], bool],
         max_bytes: int,
+        *,
+        stop_index: int,
+        stop_offset: int,
     ) -> ReadResult:
-        """Whole entries from segment ``pos`` on. ``skip`` and ``stop`` see each entry's
-        (index, base offset, record count); only framing is decoded, and CRCs are checked
-        only past what this process already verified."""
+        """Whole entries from segment ``pos`` on. ``skip`` sees each entry's (index, base
+        offset, record count) until the first one wanted (``_seek`` places the reads there,
+        and what follows it is wanted too); the read stops before an entry with index
+        ``stop_index`` or holding offsets at or past ``stop_offset``. Only framing is
+        decoded, and CRCs are checked only past what this process already verified. The
+        bounds are numbers, not callables, because the inner loop runs once per entry."""
         pieces: list[bytes] = []
         total = entries = 0
         first_index = next_index = next_offset = -1
+        frame_at = entry.frame_at
         done = False
         first_segment = True
         while pos < len(self._segments) and not done:
@@ -728,6 +739,27 @@ class Log:
                     break
                 chunk = seg.pread(want, position)
                 size, _, index, base, count = self._frame(seg, chunk, 0, position)
+                after = self._entry_after(pos, seg, position + want)
+                if (
+                    after is not None
+                    and want <= max_bytes - total  # not the slack read for a first entry
+                    and seg.verified_upto >= position + want
+                    and after[0] <= stop_index
+                    and after[1] < stop_offset
+                    and (entries or not skip(index, base, count))
+                ):
+                    # Whole entries, all checked already, none near a bound: the index says
+                    # where they end, so the bytes go out without a walk over each entry.
+                    if first_index < 0:
+                        first_index = index
+                    entries += after[0] - index
+                    total += want
+                    next_index, next_offset = after
+                    pieces.append(chunk)
+                    position += want
+                    if total >= max_bytes:
+                        done = True
+                    continue
                 if size > len(chunk):
                     # The first entry is larger than the read: decide on it from its header,
                     # then read it whole if it is wanted.
@@ -736,7 +768,12 @@ class Log:
                     if skip(index, base, count):
                         position += size
                         continue
-                    if stop(index, base, count) or (entries and total + size > max_bytes):
+                    if (
+                        index >= stop_index
+                        or base + count > stop_offset
+                        or (count == 0 and base >= stop_offset)
+                        or (entries and total + size > max_bytes)
+                    ):
                         done = True
                         break
                     chunk = seg.pread(size, position)
@@ -744,28 +781,39 @@ class Log:
                 begin = None
                 end = len(chunk)
                 verified = seg.verified_upto - position
-                while end - p >= entry.HEADER_SIZE:
-                    size, crc, index, base, count = self._frame(seg, chunk, p, position)
-                    if p + size > end:
-                        break  # continues past this read: the next read starts here
-                    if skip(index, base, count):
+                header_size = entry.HEADER_SIZE
+                try:
+                    while end - p >= header_size:
+                        size, crc, index, base, count = frame_at(chunk, p)
+                        if p + size > end:
+                            break  # continues past this read: the next read starts here
+                        if begin is None and not entries and skip(index, base, count):
+                            p += size
+                            continue
+                        if (
+                            index >= stop_index
+                            or base + count > stop_offset
+                            or (count == 0 and base >= stop_offset)
+                            or (entries and total + size > max_bytes)
+                        ):
+                            done = True
+                            break
+                        if p >= verified and not entry.crc_matches(chunk, p, size, crc):
+                            raise self._corrupt(seg, position + p, "CRC mismatch")
+                        if begin is None:
+                            begin = p
+                            if first_index < 0:
+                                first_index = index
+                        entries += 1
+                        total += size
+                        next_index, next_offset = index + 1, base + count
                         p += size
-                        continue
-                    if stop(index, base, count) or (entries and total + size > max_bytes):
-                        done = True
-                        break
-                    if p >= verified and not entry.crc_matches(chunk, p, size, crc):
-                        raise self._corrupt(seg, position + p, "CRC mismatch")
-                    if begin is None:
-                        begin = p
-                        if first_index < 0:
-                            first_index = index
-                    entries += 1
-                    total += size
-                    next_index, next_offset = index + 1, base + count
-                    p += size
+                except InvalidEntryError as exc:
+                    raise self._corrupt(seg, position + p, str(exc)) from None
                 if begin is not None:
                     pieces.append(chunk if (begin, p) == (0, end) else chunk[begin:p])
+                if position <= seg.verified_upto < position + p:
+                    seg.verified_upto = position + p  # checked now: later reads skip it
                 assert p > 0 or done, "a read must advance or finish"
                 position += p
                 if total >= max_bytes:
@@ -795,6 +843,22 @@ class Log:
                 raise self._corrupt(seg, position, "no whole entry where one must start")
             position += p
         return position
+
+    def _entry_after(self, pos: int, seg: Segment, end: int) -> tuple[int, int] | None:
+        """(Raft index, base offset) of the entry that starts at byte ``end`` of segment
+        ``pos``, when the index or the segment's end says so without reading; else None."""
+        if end == seg.size:
+            if pos + 1 < len(self._segments):
+                following = self._segments[pos + 1]
+                return following.first_index, following.base_offset
+            return self.next_index, self.next_offset
+        idx = seg.index
+        if idx is None:
+            return None
+        k = bisect_left(idx.positions, end)
+        if k < len(idx.positions) and idx.positions[k] == end:
+            return idx.indexes[k], idx.offsets[k]
+        return None
 
     def _read_size(self, seg: Segment, position: int, budget: int, *, have: int) -> int:
         """Bytes to read from ``position``: up to the last index slot (an entry boundary)
