@@ -478,8 +478,9 @@ class RaftHost:
                     # the thread wins: the loop prepares the next round meanwhile.
                     self._persist(*need[0])
                 elif need:
-                    # Several: in parallel (the file system shares journal commits between
-                    # concurrent fsyncs), at most one job per pool thread.
+                    # Under load or for several groups: in the pool, in parallel (the file
+                    # system shares journal commits between concurrent fsyncs), at most one
+                    # job per pool thread.
                     jobs = self._pool_size
                     await asyncio.gather(
                         *(
