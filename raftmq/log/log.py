@@ -28,8 +28,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from raftmq.log import entry
 from raftmq.log.atomic_file import fsync_dir, read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
@@ -498,7 +496,6 @@ class Log:
         end = len(data)
         view = memoryview(data)
         decode = entry.decode_header
-        crc_from = entry.CRC_FROM
         while position < end:
             length, crc, _, _, _, e_index, e_term, e_offset, count, _, max_ts, _, _, _, _ = decode(
                 view, position
@@ -512,7 +509,7 @@ class Log:
                 raise InvalidEntryError(
                     f"entry at byte {position} needs {size} bytes, {end - position} given"
                 )
-            if crc32c(view[position + crc_from : position + size]) != crc:
+            if not entry.crc_matches(view, position, size, crc):
                 raise CorruptEntryError(
                     f"CRC mismatch in entry at byte {position} of the append (index {e_index})",
                     position=position,

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.storage import Storage
@@ -32,30 +29,13 @@ class Ent(NamedTuple):
 def split(buf: bytes, *, verify: bool = False) -> list[Ent]:
     """Cut concatenated entries apart; ``verify`` checks CRCs of bytes from the network.
 
-    Plain header tuples, not :class:`entry.EntryHeader` objects: every append a follower
+    Plain header tuples (:func:`entry.iter_fields`), not objects: every append a follower
     receives and every batch a leader sends passes through here."""
     view = memoryview(buf)
-    out = []
-    position = 0
-    end = len(buf)
-    decode = entry.decode_header
-    crc_from = entry.CRC_FROM
-    while position < end:
-        length, crc, _, etype, _, index, term, base_offset, count, *_ = decode(view, position)
-        size = length + 4
-        if position + size > end:
-            raise InvalidEntryError(
-                f"entry at byte {position} needs {size} bytes, only {end - position} present"
-            )
-        if verify and crc32c(view[position + crc_from : position + size]) != crc:
-            raise CorruptEntryError(
-                f"CRC mismatch in entry at byte {position} (index {index})", position=position
-            )
-        out.append(
-            Ent(index, term, etype, base_offset + count, bytes(view[position : position + size]))
-        )
-        position += size
-    return out
+    return [
+        Ent(f[5], f[6], f[3], f[7] + f[8], bytes(view[position : position + f[0] + 4]))
+        for position, f in entry.iter_fields(view, verify=verify)
+    ]
 
 
 def join(ents: list[Ent]) -> bytes:
