@@ -36,6 +36,11 @@ class LogConfig:
     flush_interval_ms: int = 1000
     max_open_segments: int = 256  # file handles + loaded indexes kept for closed segments
     preallocate_bytes: int = 16 * MIB  # disk reserved ahead of the active segment; 0 is off
+    # Appends smaller than this wait in memory (references, not copies) and reach the file
+    # together with one pwritev: before any read of them, flush, roll, truncate or close, or
+    # when this many bytes wait. 0 writes each append at once. A process crash loses what
+    # waits, as a power cut loses what is not fsynced: only flushed entries are durable.
+    write_behind_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         # Relative offsets and positions are stored as u32, so a segment stays under 2 GiB.
@@ -50,6 +55,7 @@ class LogConfig:
         _check_range("flush_interval_ms", self.flush_interval_ms, 1, 1 << 40)
         _check_range("max_open_segments", self.max_open_segments, 2, 1 << 20)
         _check_range("preallocate_bytes", self.preallocate_bytes, 0, 1 << 31)
+        _check_range("write_behind_bytes", self.write_behind_bytes, 0, 64 * MIB)
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:

@@ -179,7 +179,7 @@ class Log:
             self._remove_orphan(found.pop(0))
         for base_offset, first_index in found:
             seg = Segment(self.directory, base_offset, first_index, 0)
-            seg.size = seg.path.stat().st_size
+            seg.size = seg.written = seg.path.stat().st_size
             self._push_segment(seg)
         report.segments = len(self._segments)
 
@@ -463,7 +463,7 @@ class Log:
                 self._active_born_ms = now
             base = seg.size
             assert base + size < (1 << 32), "segment would overflow u32 positions"
-            seg.write(data)
+            seg.write(data, config.write_behind_bytes)
             index = seg.index
             assert index is not None
             interval = config.index_interval_bytes
@@ -542,6 +542,7 @@ class Log:
         """
         old = self._segments[-1]
         assert old.fd is not None and old.index is not None
+        old.drain()  # _seal fsyncs it outside the lock: its bytes must be in the file
         self._unsealed.append(old)
         seg = Segment.create(
             self.directory, self.next_offset, self.next_index, preallocate=self._step
@@ -587,8 +588,9 @@ class Log:
                     self._flush_done.wait()
                     continue
                 self._check_open()
-                self._flushing = True
                 active = self._segments[-1]
+                active.drain()  # may raise (EIO, ENOSPC): the bytes stay pending for a retry
+                self._flushing = True
                 fd = active.fd
                 pending = list(self._unsealed)
                 covered = self.next_index - 1

@@ -715,3 +715,76 @@ def test_truncate_suffix_at_the_first_index_of_the_last_segment_after_reopen(
         log.append(data_entry(3, 10))
     with Log.open(scratch, config) as log:
         assert log.recovery.clean and log.next_index == 4
+
+
+# --- write-behind ------------------------------------------------------------------------
+
+
+def test_small_appends_wait_in_memory_and_reach_the_file_together(scratch: Path) -> None:
+    """Under INTERVAL, appends below write_behind_bytes are not written one by one: the file
+    grows when enough wait, or when a read, flush or close needs them there."""
+    config = LogConfig(flush_policy=FlushPolicy.INTERVAL, write_behind_bytes=1000)
+    log = Log.open(scratch, config)
+    path = segment_files(scratch)[0]
+    first = fill(log, 3, 200)  # 274 bytes each: 822 wait
+    assert path.stat().st_size == 0
+    assert log.read_by_index(1, BIG).data == b"".join(first)  # a read drains them
+    assert path.stat().st_size == 822
+    fill(log, 3, 200)
+    assert path.stat().st_size == 822
+    fill(log, 1, 200)  # 4 x 274 = 1,096 waiting >= 1,000: one pwritev
+    assert path.stat().st_size == 7 * 274
+    fill(log, 2, 200)
+    log.flush()  # a flush writes before its fsync
+    assert path.stat().st_size == 9 * 274
+    assert log.durable_index == 9
+    fill(log, 1, 200)
+    log.close()  # and so does a close
+    assert path.stat().st_size == 10 * 274
+    reopened = Log.open(scratch, config)
+    assert reopened.recovery.clean and reopened.next_index == 11
+    reopened.close()
+
+
+def test_write_behind_never_reorders_with_truncation_or_roll(scratch: Path) -> None:
+    """A suffix cut and a roll both see the waiting bytes in the file first."""
+    config = LogConfig(
+        flush_policy=FlushPolicy.INTERVAL, segment_bytes=2048, write_behind_bytes=1 << 20
+    )
+    log = Log.open(scratch, config)
+    kept = fill(log, 4, 200)
+    fill(log, 2, 200)
+    log.truncate_suffix(5)  # entries 5 and 6 go; 1-4 stay, written
+    assert log.next_index == 5
+    assert segment_files(scratch)[0].stat().st_size == 4 * 274
+    more = fill(log, 6, 200)  # rolls after 7 entries of 274 bytes
+    assert len(segment_files(scratch)) == 2
+    assert segment_files(scratch)[0].stat().st_size == 7 * 274
+    assert log.read_by_index(1, BIG).data == b"".join(kept + more)
+    log.close()
+
+
+def test_a_failed_write_keeps_the_bytes_for_the_next_try(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An EIO or ENOSPC while draining raises to the caller that needed the bytes; they stay
+    pending at the same position, so a later flush writes them without a gap."""
+    import raftmq.log.segment as segment_module
+
+    config = LogConfig(flush_policy=FlushPolicy.INTERVAL, write_behind_bytes=1 << 20)
+    log = Log.open(scratch, config)
+    written = fill(log, 3, 200)
+    real = os.pwritev
+
+    def failing(fd: int, buffers: list[bytes], position: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segment_module.os, "pwritev", failing)
+    with pytest.raises(OSError, match="No space"):
+        log.flush()
+    assert log.durable_index == 0
+    monkeypatch.setattr(segment_module.os, "pwritev", real)
+    log.flush()
+    assert log.durable_index == 3
+    assert log.read_by_index(1, BIG).data == b"".join(written)
+    log.close()

@@ -140,7 +140,10 @@ MAX_BYTES = st.one_of(
 
 
 def _abandon(log: Log) -> None:
-    """Simulate the process dying: drop the file handles without flush or checkpoints."""
+    """Simulate the process dying: drop the file handles without flush or checkpoints.
+
+    Closing writes what write-behind kept back; a real death loses it instead, which is
+    the "cut" damage below at the file's written end (pending bytes are never durable)."""
     for seg in log._segments:
         seg.close_fd()
     log._closed = True
@@ -175,6 +178,7 @@ class LogMachine(RuleBasedStateMachine):
             [FlushPolicy.INTERVAL, FlushPolicy.INTERVAL, FlushPolicy.EVERY_BATCH]
         ),
         flush_interval=st.sampled_from([1, 500]),
+        write_behind=st.sampled_from([0, 500, 64 * 1024]),
     )
     def setup(
         self,
@@ -186,6 +190,7 @@ class LogMachine(RuleBasedStateMachine):
         max_open: int,
         policy: FlushPolicy,
         flush_interval: int,
+        write_behind: int,
     ) -> None:
         self.config = LogConfig(
             segment_bytes=segment_bytes,
@@ -197,6 +202,7 @@ class LogMachine(RuleBasedStateMachine):
             flush_policy=policy,
             flush_interval_ms=flush_interval,
             max_open_segments=max_open,
+            write_behind_bytes=write_behind,
         )
         self.log = Log.open(self.dir, self.config, clock_ms=self.clock)
         assert self.log.recovery.clean
