@@ -636,7 +636,9 @@ class Profiler:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / f"raftmq-leader-{phase}.txt"
         cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "-o", str(self.path)]
-        cmd += ["--rate", "200", "--nonblocking"] + (["--idle"] if idle else [])
+        # Under load only the GIL holder's samples say where the CPU goes (threads waiting
+        # in fdatasync count as busy otherwise); at low load the waits are the story.
+        cmd += ["--rate", "200", "--nonblocking"] + (["--idle"] if idle else ["--gil"])
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
