@@ -24,6 +24,9 @@ class Config:
     """Pipelining window per follower, in messages and in entry bytes."""
     max_apply_bytes: int = 4 << 20
     """Committed entry bytes handed to the application in one Ready."""
+    apply_entries: bool = True
+    """False where the log *is* the state (a partition): a Ready then says how far the
+    commit reached (``applied_to``) without reading the committed entries back."""
     pre_vote: bool = True
     check_quorum: bool = True
     seed: int = 0

@@ -74,6 +74,7 @@ class RaftCore:
         self.progress: dict[int, Progress] = {}
         self._votes: dict[int, bool] = {}
         self._msgs: list[Message] = []
+        self._bcast_due = False  # entries appended as leader, not yet sent (see _append_entries)
         self._read_states: list[ReadState] = []
         self._reads = ReadIndexQueue()
         self.election_elapsed = 0
@@ -538,7 +539,7 @@ class RaftCore:
         elif pr.state == ProgressState.REPLICATE:
             pr.inflights.free_le(m.index)
         if self._maybe_commit():
-            self._bcast_append()
+            self._bcast_due = True  # the new commit rides on the next round's appends
         elif was_paused or pr.next <= self.log.last_index:
             self._send_append(m.src, send_if_empty=False)
         if m.src == self.lead_transferee and pr.match == self.log.last_index:
@@ -639,7 +640,10 @@ class RaftCore:
             offset += rc
             stamped.append(Ent(index, self.term, e.type, offset, data))
         self.log.append(stamped)
-        self._bcast_append()
+        # Sent with the next Ready, not now: every proposal made before it then shares one
+        # append per follower (and one ack back) instead of one each. Nothing leaves
+        # earlier either way, since messages only go out through ready().
+        self._bcast_due = True
         return index
 
     def propose(self, buf: bytes) -> int:
@@ -807,6 +811,7 @@ class RaftCore:
             return False
         return bool(
             self._msgs
+            or self._bcast_due
             or self._read_states
             or self.log.unstable
             or (self.log.pending_snapshot is not None and not self._snapshot_handed)
@@ -817,6 +822,10 @@ class RaftCore:
 
     def ready(self) -> Ready:
         assert not self._ready_out, "advance the previous Ready first"
+        if self._bcast_due:
+            self._bcast_due = False
+            if self.role == Role.LEADER:
+                self._bcast_append()
         rd = Ready()
         soft = self._soft()
         if soft != self._prev_soft:
@@ -838,9 +847,12 @@ class RaftCore:
             rd.last_index = log.unstable[-1].index
             rd.last_term = log.unstable[-1].term
         if snap is None and log.committed > log.applied:
-            ents = log.entries(log.applied + 1, self.cfg.max_apply_bytes, log.committed + 1)
-            rd.committed_entries = join(ents)
-            rd.applied_to = ents[-1].index
+            if self.cfg.apply_entries:
+                ents = log.entries(log.applied + 1, self.cfg.max_apply_bytes, log.committed + 1)
+                rd.committed_entries = join(ents)
+                rd.applied_to = ents[-1].index
+            else:
+                rd.applied_to = log.committed
         # Leader messages may overtake the write unless this Ready changes term or vote.
         now_ok = hard.term == self._prev_hard.term and hard.vote == self._prev_hard.vote
         rd.sync = bool(rd.entries) or rd.snapshot is not None or not now_ok
@@ -863,7 +875,7 @@ class RaftCore:
             self.log.applied = max(self.log.applied, rd.snapshot.index)
         if rd.entries:
             self.log.stable_to(rd.last_index, rd.last_term)
-        if rd.committed_entries:
+        if rd.snapshot is None and rd.applied_to:
             assert rd.applied_to > self.log.applied
             self.log.applied = rd.applied_to
         if self.role == Role.LEADER:
@@ -871,7 +883,7 @@ class RaftCore:
             me = self.progress[self.id]
             me.maybe_update(self.log.unstable_offset - 1)
             if self._maybe_commit():
-                self._bcast_append()
+                self._bcast_due = True
         self._check_invariants()
 
 

@@ -210,6 +210,8 @@ class RaftHost:
         resume applying at the last known commit point instead of re-reading the whole log
         through ``apply``. That point comes from a small unsynced file written about once a
         second; it may be stale (then a little is re-applied) but never ahead of the commit.
+        Their ``apply`` gets no bytes (``b""``), only the index the commit reached: reading
+        committed entries back from the log would be a copy of every entry for nothing.
         """
         if name in self.groups:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
@@ -237,7 +239,9 @@ class RaftHost:
         # of a node campaigned on the same tick, so thousands of groups started together
         # split their votes in lockstep forever and all leaders landed on one node.
         cfg = dataclasses.replace(
-            self._core_cfg, seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode())
+            self._core_cfg,
+            seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode()),
+            apply_entries=replay,
         )
         core = RaftCore(cfg, log_, hard_state=hs, membership=membership, applied=applied)
         group = RaftGroup(
@@ -524,7 +528,7 @@ class RaftHost:
             group.on_soft_state(rd.soft_state)
         if rd.snapshot is not None:
             self._install_snapshot(group, rd.snapshot, rd.snapshot_data)
-        if rd.committed_entries and group.apply is not None:
+        if rd.snapshot is None and rd.applied_to and group.apply is not None:
             group.apply(rd.committed_entries, rd.applied_to)
         if rd.entries and group.waiters:
             self._resolve(group, rd.last_index, local_only=True)

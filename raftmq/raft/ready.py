@@ -62,7 +62,8 @@ class Ready:
     snapshot_data: bytes = b""
     committed_entries: bytes = b""
     applied_to: int = 0
-    """Index of the last entry in ``committed_entries`` (or of the snapshot)."""
+    """Index of the last entry in ``committed_entries`` (or of the snapshot; or, with
+    ``Config.apply_entries`` off, of the last committed entry, whose bytes are not read)."""
     send_now: list[Message] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     read_states: list[ReadState] = field(default_factory=list)

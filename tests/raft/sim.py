@@ -608,6 +608,15 @@ class Sim:
         return [self.nodes[i] for i in sorted(m.members) if i in self.nodes]
 
     def run(self) -> Sim:
+        try:
+            return self._run()
+        except SafetyViolation:
+            raise
+        except AssertionError as exc:  # a core's own invariant: report it with the replay
+            self.fail(f"a core assertion failed: {exc!r}")
+            raise  # unreachable: fail raises
+
+    def _run(self) -> Sim:
         chaos_ticks = self.p.ticks
         rounds = self.p.cold_restarts + 1
         for r in range(rounds):

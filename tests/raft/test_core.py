@@ -702,3 +702,37 @@ def test_restart_from_a_configuration_checkpoint_skips_the_scan():
     )
     assert core.membership == new
     assert reads and min(reads) == conf_index + 1
+
+
+def test_proposals_between_readies_share_one_append_per_follower():
+    """A leader sends what was proposed since its last Ready in one AppendEntries per
+    follower, not one per proposal: under load that divides messages and acks."""
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1]
+    for _ in range(5):
+        ld.core.propose(data_entry())
+    rd = ld.core.ready()
+    apps = [m for m in rd.send_now + rd.messages if m.type == MsgType.APP]
+    assert sorted(m.dst for m in apps) == [2, 3]
+    assert all(len(split(m.entries)) == 5 for m in apps)
+    persist(ld, rd)
+    net.queue += apps
+    net.pump()
+    assert ld.core.commit == ld.core.log.last_index
+
+
+def test_without_apply_entries_a_ready_reports_the_commit_but_reads_no_entries():
+    """Partitions: the log is the state, so reading committed entries back is wasted."""
+    net = cluster(3, apply_entries=False)
+    net.elect(1)
+    for _ in range(3):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    for p in net.peers.values():
+        last = p.core.log.last_index
+        assert p.core.log.applied == p.core.commit == last == 4  # no-op + three
+        reported = [rd.applied_to for rd in p.readies if rd.applied_to]
+        assert reported and reported[-1] == last and reported == sorted(reported)
+        assert not any(rd.committed_entries for rd in p.readies)
+        assert p.applied == []
