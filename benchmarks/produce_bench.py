@@ -373,36 +373,60 @@ async def raftmq_produce_worker(
 
 
 class ProduceStreamer:
-    """One ProduceStream to one broker: requests from many tasks, answers matched by id."""
+    """One ProduceStream to one broker: requests from many tasks, answers matched by id.
+
+    Requests made while a write is on its way go out together in the next message, as
+    Kafka's producer packs the batches ready for one broker into one request: under load
+    a message carries many requests, at low load each goes alone and at once."""
+
+    MAX_PER_MESSAGE = 256
 
     def __init__(self, stub: Any) -> None:
+        from raftmq.api.v1 import broker_pb2 as pb
+
+        self.pb = pb
         self.call = stub.ProduceStream()
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self.next_id = 0
-        self.write_lock = asyncio.Lock()  # one write at a time on a gRPC stream
+        self.queued: list[Any] = []
+        self.wake = asyncio.Event()
         self.reader = asyncio.create_task(self._read())
+        self.writer = asyncio.create_task(self._write())
 
     async def _read(self) -> None:
         try:
-            async for answer in self.call:
-                fut = self.waiting.pop(answer.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(answer)
+            async for message in self.call:
+                for answer in message.responses:
+                    fut = self.waiting.pop(answer.request_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(answer)
         finally:
             for fut in self.waiting.values():
                 if not fut.done():
                     fut.set_exception(ConnectionError("the produce stream ended"))
+
+    async def _write(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.queued:
+                now = self.queued[: self.MAX_PER_MESSAGE]
+                del self.queued[: self.MAX_PER_MESSAGE]
+                await self.call.write(self.pb.ProduceStreamRequest(requests=now))
 
     async def produce(self, request: Any) -> Any:
         self.next_id += 1
         request.request_id = self.next_id
         fut = asyncio.get_running_loop().create_future()
         self.waiting[self.next_id] = fut
-        async with self.write_lock:
-            await self.call.write(request)
+        self.queued.append(request)
+        self.wake.set()
         return await asyncio.wait_for(fut, 35)
 
     async def close(self) -> None:
+        self.writer.cancel()
+        with contextlib.suppress(BaseException):
+            await self.writer
         with contextlib.suppress(Exception):
             await self.call.done_writing()
         self.reader.cancel()

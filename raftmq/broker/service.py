@@ -52,6 +52,8 @@ _STATUS = {
 
 MAX_STREAM_INFLIGHT = 1024
 """Requests of one ProduceStream worked on at once; past it the stream is not read."""
+MAX_STREAM_ANSWERS = 256
+"""Answers in one ProduceStream message at most (they are small: offsets and an id)."""
 
 
 class Refusal(Exception):
@@ -169,11 +171,12 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def ProduceStream(
         self,
-        request_iterator: AsyncIterator[pb.ProduceRequest],
+        request_iterator: AsyncIterator[pb.ProduceStreamRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.ProduceResponse]:
+    ) -> AsyncIterator[pb.ProduceStreamResponse]:
         """Read requests as they come and work on up to MAX_STREAM_INFLIGHT at once (counting
-        answers not yet sent), each in its own task; answer each as it finishes."""
+        answers not yet sent), each in its own task; send the answers that are ready
+        together, in one message."""
         answers: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
         working: set[asyncio.Task[None]] = set()
@@ -195,11 +198,12 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.create_task(work(request))
-                    working.add(task)
-                    task.add_done_callback(working.discard)
+                async for message in request_iterator:
+                    for request in message.requests:
+                        await slots.acquire()
+                        task = asyncio.create_task(work(request))
+                        working.add(task)
+                        task.add_done_callback(working.discard)
                 while working:
                     await asyncio.wait(set(working))
             finally:
@@ -207,11 +211,22 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         reader = asyncio.create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
+            ended = False
+            while not ended:
+                answer = await answers.get()
+                ready: list[pb.ProduceResponse] = []
+                while answer is not None:
+                    ready.append(answer)
+                    if len(ready) == MAX_STREAM_ANSWERS or answers.empty():
+                        break
+                    answer = answers.get_nowait()
+                ended = answer is None
+                if ready:
+                    yield pb.ProduceStreamResponse(responses=ready)
                 # A slot is free only once its answer is sent: a client that writes but
                 # never reads stalls the stream instead of filling the broker's memory.
-                slots.release()
+                for _ in ready:
+                    slots.release()
             await reader  # re-raises what ended the reading, if anything did
         finally:
             reader.cancel()

@@ -952,24 +952,33 @@ def test_acks_leader_and_acks_none(shared_cluster: LocalCluster, client: LowLeve
 # --- 9. ProduceStream ----------------------------------------------------------------------------
 
 
-def _stream(address: str, requests: list[pb.ProduceRequest]) -> list[pb.ProduceResponse]:
-    """Send every request on one ProduceStream (all written before any answer is read, so
-    they are in flight together) and return the answers as they came."""
+def _stream(
+    address: str, requests: list[pb.ProduceRequest], bunches: tuple[int, ...] = (1, 7)
+) -> list[pb.ProduceResponse]:
+    """Send every request on one ProduceStream, in messages of ``bunches`` requests then
+    one with the rest, and an empty message (all written before any answer is read, so
+    they are in flight together); return the answers as they came."""
+    messages = []
+    rest = list(requests)
+    for n in bunches:
+        messages.append(pb.ProduceStreamRequest(requests=rest[:n]))
+        rest = rest[n:]
+    messages += [pb.ProduceStreamRequest(requests=rest), pb.ProduceStreamRequest()]
     with grpc.insecure_channel(address) as channel:
         call = channel.stream_stream(
             "/raftmq.v1.Broker/ProduceStream",
-            request_serializer=pb.ProduceRequest.SerializeToString,
-            response_deserializer=pb.ProduceResponse.FromString,
+            request_serializer=pb.ProduceStreamRequest.SerializeToString,
+            response_deserializer=pb.ProduceStreamResponse.FromString,
         )
-        return list(call(iter(requests), timeout=30))
+        return [a for message in call(iter(messages), timeout=30) for a in message.responses]
 
 
 def test_produce_stream_answers_every_request_by_id(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    """Sixty requests in flight on one stream per leader: one answer each, matched by id;
-    the answers' offset ranges tile each partition, and the log holds each request's
-    records exactly at its range."""
+    """Sixty requests in flight on one stream per leader, most of them several to a
+    message: one answer each, matched by id; the answers' offset ranges tile each
+    partition, and the log holds each request's records exactly at its range."""
     leaders = client.refresh_leaders()
     by_leader: dict[str, list[int]] = {}
     for p in range(2):

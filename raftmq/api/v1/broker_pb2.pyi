@@ -39,6 +39,18 @@ class ProduceRequest(_message.Message):
     request_id: int
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., entries: _Optional[bytes] = ..., acks: _Optional[_Union[Acks, str]] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
+class ProduceStreamRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ProduceRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ProduceRequest, _Mapping]]] = ...) -> None: ...
+
+class ProduceStreamResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[ProduceResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[ProduceResponse, _Mapping]]] = ...) -> None: ...
+
 class ProduceError(_message.Message):
     __slots__ = ("code", "message", "leader_id", "leader_address")
     CODE_FIELD_NUMBER: _ClassVar[int]
