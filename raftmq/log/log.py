@@ -727,7 +727,13 @@ class Log:
                 self._cache_touch(seg)  # bound open descriptors on reads across segments
             position = start_position(seg) if first_segment else 0
             if not entries:
-                position = self._seek(seg, position, skip)
+                # The index knows the entry at its slot: when that one is wanted (as for a
+                # consumer reading on from the last read's end), no seek read is needed.
+                # Counting it as a data entry is a guess; if it is a control entry to
+                # skip, the walk below skips it.
+                at = self._entry_after(pos, seg, position) if position < seg.size else None
+                if at is None or skip(at[0], at[1], 1):
+                    position = self._seek(seg, position, skip)
             first_segment = False
             while position < seg.size and not done:
                 if seg.corrupt_at is not None and position >= seg.corrupt_at:
@@ -742,13 +748,20 @@ class Log:
                 if (
                     after is not None
                     and want <= max_bytes - total  # not the slack read for a first entry
-                    and seg.verified_upto >= position + want
                     and after[0] <= stop_index
                     and after[1] < stop_offset
                     and (entries or not skip(index, base, count))
                 ):
-                    # Whole entries, all checked already, none near a bound: the index says
-                    # where they end, so the bytes go out without a walk over each entry.
+                    # Whole entries, none near a bound: the index says where they end, so
+                    # the bytes go out without the bounded walk below; those this process
+                    # has not checked yet get a lean CRC walk first.
+                    verified = seg.verified_upto
+                    if verified < position + want:
+                        bad = entry.first_bad_entry(chunk, max(0, verified - position))
+                        if bad is not None:
+                            raise self._corrupt(seg, position + bad[0], bad[1])
+                        if verified >= position:
+                            seg.verified_upto = position + want
                     if first_index < 0:
                         first_index = index
                     entries += after[0] - index
