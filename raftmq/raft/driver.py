@@ -219,7 +219,18 @@ class RaftHost:
         path.mkdir(parents=True, exist_ok=True)
         config = log_config or LogConfig()
         sync = config.flush_policy is FlushPolicy.EVERY_BATCH
-        log_ = Log.open(path, dataclasses.replace(config, flush_policy=FlushPolicy.INTERVAL))
+        # An INTERVAL group acknowledges once the write is done, so its writes go straight
+        # to the kernel: the page cache survives a crash of this process (as Kafka counts
+        # on), bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge
+        # after the round's flush, which writes them out first anyway.
+        log_ = Log.open(
+            path,
+            dataclasses.replace(
+                config,
+                flush_policy=FlushPolicy.INTERVAL,
+                write_behind_bytes=config.write_behind_bytes if sync else 0,
+            ),
+        )
         if not log_.recovery.clean:
             log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
         saved = _load_snapshot_meta(path / SNAPSHOT_META_FILE)

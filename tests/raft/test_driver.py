@@ -320,3 +320,35 @@ async def test_transport_flush_puts_queued_messages_on_the_socket_at_once():
     finally:
         for t in transports.values():
             await t.close()
+
+
+async def test_an_interval_group_writes_through_to_the_page_cache(tmp_path):
+    """An INTERVAL group acknowledges after the write, not the fsync: what it acknowledged
+    must be in the file (the page cache survives this process dying), never held back in
+    the process by write-behind. EVERY_BATCH groups keep write-behind: a round's flush
+    writes everything out before anything is acknowledged."""
+    from raftmq.log.config import FlushPolicy
+
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    interval = LogConfig(segment_bytes=256 * 1024, flush_policy=FlushPolicy.INTERVAL)
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, **FAST)
+        host.open_group("g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=interval)
+        host.open_group("s", tmp_path / f"n{node}" / "s", MEMBERS, log_config=SMALL)
+        await host.start()
+        hosts[node] = host
+    try:
+        for host in hosts.values():
+            assert host.groups["g"].log.config.write_behind_bytes == 0
+            assert host.groups["s"].log.config.write_behind_bytes > 0
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        await propose_to_leader(hosts, batch(1), 5)
+        for host in hosts.values():
+            log = host.groups["g"].log
+            await wait_for(lambda log=log: log.next_index > 5, what="the entries everywhere")
+            files = sorted(log.directory.glob("*.log"))
+            assert sum(f.stat().st_size for f in files) == log.size_bytes
+    finally:
+        for host in hosts.values():
+            await host.stop()
