@@ -171,6 +171,7 @@ class RaftCore:
         for node in self.membership.members | {self.id}:
             self.progress[node] = self._new_progress(node, last + 1)
         self.pending_conf_index = 0
+        self._bcast_due = False  # appends owed as the old leader go to no one now
 
     def _new_progress(self, node: int, next_index: int) -> Progress:
         inflights = Inflights(self.cfg.max_inflight_msgs, self.cfg.max_inflight_bytes)
