@@ -5,6 +5,7 @@ and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data, wait f
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -103,6 +104,10 @@ class LocalCluster:
                 str(self.cluster_path),
                 "--data",
                 str(self.data),
+                # Brokers run in their own session, so a Ctrl-C reaches only this process,
+                # which stops them in order; they stop by themselves if it dies.
+                "--parent-pid",
+                str(os.getpid()),
                 *self.broker_args,
             ]
             cmd += self.per_broker_args.get(bid, [])

@@ -220,8 +220,17 @@ class Broker:
             await asyncio.sleep(0.02)
 
 
-async def run(broker: Broker) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
+PARENT_CHECK_SECONDS = 0.5
+
+
+async def run(broker: Broker, *, parent_pid: int | None = None) -> None:
+    """Run until SIGTERM or SIGINT, or until process ``parent_pid`` is no longer this
+    process's parent; then stop gracefully.
+
+    Why the parent watch: a local cluster starts its brokers in their own session, so a
+    terminal closing or a SIGKILL of ``raftmq dev`` reaches none of them, and they would
+    run on, holding ports and data folders, with nobody left to stop them.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -230,5 +239,17 @@ async def run(broker: Broker) -> None:
     await broker.start()
     tune_gc()
     print(f"broker {broker.id} ready", flush=True)
+    watch = None
+    if parent_pid is not None:
+        watch = loop.create_task(_stop_when_orphaned(broker.id, parent_pid, stop))
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     await broker.stop(graceful=True)
+
+
+async def _stop_when_orphaned(broker_id: int, parent_pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(PARENT_CHECK_SECONDS)
+    log.warning("broker %d: its parent (pid %d) exited; stopping", broker_id, parent_pid)
+    stop.set()

@@ -102,6 +102,14 @@ def broker(
             "SEGMENT.durable, so the chaos harness can simulate a power loss."
         ),
     ] = False,
+    parent_pid: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Also stop (cleanly) when the process with this id is no longer this "
+            "broker's parent; 'raftmq dev' sets it, so its brokers never outlive it.",
+        ),
+    ] = None,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly)."""
@@ -128,7 +136,7 @@ def broker(
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
-    asyncio.run(run(node))
+    asyncio.run(run(node, parent_pid=parent_pid))
 
 
 # --- dev -----------------------------------------------------------------------------
