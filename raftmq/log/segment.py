@@ -149,8 +149,7 @@ class Segment:
 
     def write(self, buf: bytes, write_behind: int) -> None:
         """Append ``buf``: kept in memory until ``write_behind`` bytes wait (0: write now),
-        then all of them
-        go to the kernel with one ``pwritev``.
+        then all of them go to the kernel with one ``pwritev``.
 
         Why: a write system call costs about as much for 64 KiB as for 16 KiB here, so small
         appends (a 16 KiB batch, a follower's one-entry round) pay mostly for the call. The
