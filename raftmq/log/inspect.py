@@ -17,7 +17,7 @@ from pathlib import Path
 from raftmq.log.atomic_file import read_atomic
 from raftmq.log.entry import EntryHeader
 from raftmq.log.log import START_CHECKPOINT, TERMS_CHECKPOINT
-from raftmq.log.segment import LOG_SUFFIX, Segment, parse_segment_name
+from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
 
 _OFFSET_SLOT = struct.Struct(">III")
 _TIME_SLOT = struct.Struct(">qI")
@@ -106,9 +106,7 @@ def verify_folder(directory: Path) -> FolderReport:
     expect: tuple[int, int, int] | None = None  # next index, next offset, last term
     # Closed segments at the tail without index files were rolled but not yet sealed (the
     # flush after a roll fsyncs them, then writes their index): normal for a running log.
-    sealed_below = len(segments) - 1
-    while sealed_below > 0 and not segments[sealed_below - 1].has_index_files():
-        sealed_below -= 1
+    sealed_below = first_unsealed(segments)
     for i, seg in enumerate(segments):
         report = _verify_segment(seg, expect, closed=i < sealed_below)
         reports.append(report)

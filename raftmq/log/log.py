@@ -41,7 +41,7 @@ from raftmq.log.errors import (
     OutOfRangeError,
 )
 from raftmq.log.index import SegmentIndex
-from raftmq.log.segment import LOG_SUFFIX, Segment, parse_segment_name
+from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
 
 START_CHECKPOINT = "log-start.checkpoint"
 TERMS_CHECKPOINT = "terms.checkpoint"
@@ -187,7 +187,7 @@ class Log:
         if not self._segments:
             self._restart_empty()
         else:
-            first = self._first_unsealed()
+            first = first_unsealed(self._segments)  # recovery rescans from here, with CRCs
             self._check_closed_indexes(first)
             self._recover_tail(first)
         if (
@@ -244,17 +244,6 @@ class Log:
         )
         self.next_index, self.next_offset = self.start_index, self.start_offset
         self._active_born_ms = self._clock_ms()
-
-    def _first_unsealed(self) -> int:
-        """Position of the first segment recovery must rescan with CRCs: the active one and,
-        before it, closed ones that have no index files. Index files are written only after
-        their segment's fsync (``_seal``), so a crash between a roll and the flush that seals
-        leaves such a run at the tail; an index lost from a segment further back (a sealed
-        one follows it) is only rebuilt."""
-        pos = len(self._segments) - 1
-        while pos > 0 and not self._segments[pos - 1].has_index_files():
-            pos -= 1
-        return pos
 
     def _check_closed_indexes(self, upto: int) -> None:
         for seg in self._segments[:upto]:

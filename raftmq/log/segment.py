@@ -38,6 +38,18 @@ def parse_segment_name(stem: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+def first_unsealed(segments: list[Segment]) -> int:
+    """Position of the first segment without a durable, sealed past: the last one (active)
+    and, before it, the run of closed ones that have no index files. Index files are
+    written only after their segment's fsync, so a roll not yet followed by a flush (or a
+    crash in between) leaves such a run at the tail; an index missing further back (a
+    sealed segment follows it) was lost some other way and is only rebuilt."""
+    pos = len(segments) - 1
+    while pos > 0 and not segments[pos - 1].has_index_files():
+        pos -= 1
+    return pos
+
+
 @dataclass(slots=True)
 class ScanResult:
     """How far a scan got: ``valid_end`` is the byte after the last good entry."""
