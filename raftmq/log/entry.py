@@ -260,8 +260,7 @@ def entry_size_at(buf: bytes | bytearray | memoryview, position: int) -> int:
 
 
 def crc_ok(buf: bytes | bytearray | memoryview, header: EntryHeader) -> bool:
-    view = memoryview(buf)[header.position + _CRC_FROM : header.end]
-    return crc32c(view) == header.crc
+    return crc_matches(buf, header.position, header.size, header.crc)
 
 
 def iter_fields(
