@@ -27,6 +27,8 @@ from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService
 from raftmq.log.config import LogConfig
 from raftmq.partition.replica import PartitionReplica, group_name
 from raftmq.raft.driver import RaftHost
+from raftmq.raft.errors import RaftError
+from raftmq.raft.progress import ProgressState
 from raftmq.raft.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
@@ -76,11 +78,13 @@ class Broker:
         election_tick: int = 10,
         listen: tuple[str, int] | None = None,
         retention_check_seconds: float = 60.0,
+        leader_rebalance_seconds: float = 5.0,
         durability_markers: bool = False,
     ) -> None:
         """``listen`` binds the client service elsewhere than the address the cluster file
-        advertises (clients of a chaos test reach it through a proxy). ``durability_markers``
-        is for tests only: see :func:`durability_marker_writer`."""
+        advertises (clients of a chaos test reach it through a proxy).
+        ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
+        ``durability_markers`` is for tests only: see :func:`durability_marker_writer`."""
         if broker_id not in spec.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file (ids: {sorted(spec.brokers)})"
@@ -105,9 +109,11 @@ class Broker:
         self.stopping = False
         self.listen = listen or (me.host, me.port)
         self.retention_check_seconds = retention_check_seconds
+        self.leader_rebalance_seconds = leader_rebalance_seconds
         self.durability_markers = durability_markers
         self._retention_task: asyncio.Task[None] | None = None
         self._prefer_task: asyncio.Task[None] | None = None
+        self._rebalance_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -136,6 +142,8 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._retention_task = loop.create_task(self._retention_loop())
         self._prefer_task = loop.create_task(self._campaign_where_preferred())
+        if self.leader_rebalance_seconds > 0:
+            self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         log.info(
             "broker %d serving clients on %s:%d, raft on %s:%d, %d replicas",
             self.id,
@@ -150,7 +158,7 @@ class Broker:
         if graceful:
             await self._hand_over_leadership(transfer_wait)
         self.stopping = True
-        for task in (self._retention_task, self._prefer_task):
+        for task in (self._retention_task, self._prefer_task, self._rebalance_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -180,8 +188,9 @@ class Broker:
         most of the produce load while the others idle (seen as 4 of 6 leaders on one
         broker in the produce benchmark). Replica lists rotate the first broker, so this
         spreads leaders evenly. It only starts elections a timeout would start anyway, and
-        pre-vote keeps it from disturbing a leader that is already there; leaders lost
-        later stay where elections put them (rebalancing belongs to the controller)."""
+        pre-vote keeps it from disturbing a leader that is already there. A group whose
+        preferred broker started too late, or came back after a failure, is handed back by
+        its leader: see :meth:`_restore_preferred_leaders`."""
         pending = {
             group_name(r.topic, r.partition): r
             for r in self.replicas.values()
@@ -196,6 +205,46 @@ class Broker:
                     self.host.campaign(name)
                     del pending[name]
             await asyncio.sleep(0.02)
+
+    async def _restore_preferred_leaders(self) -> None:
+        """Every ``leader_rebalance_seconds``, hand each group this broker leads back to its
+        preferred replica (the first in its list) when that replica is reachable and in
+        sync, as Kafka's automatic preferred-leader election does.
+
+        Why: leaders that an election put elsewhere (the preferred broker started a little
+        late, or failed and came back) otherwise stay there for good, and one broker ends
+        up carrying the load of several. Why two checks in a row: a broker that is
+        stopping hands its groups away and is gone within seconds, and must not get them
+        straight back; nor should a replica whose link flaps pull leadership to and fro.
+        The transfer itself waits until the replica holds the whole log, and the group
+        takes no proposals meanwhile (an election timeout at most); producers retry."""
+        ready_before: set[str] = set()
+        while not self.stopping:
+            await asyncio.sleep(self.leader_rebalance_seconds)
+            ready_now: set[str] = set()
+            for r in self.replicas.values():
+                preferred = r.replicas[0]
+                if preferred == self.id or not r.is_leader or self.stopping:
+                    continue
+                core = r.group.core
+                pr = core.progress.get(preferred)
+                if (
+                    pr is None
+                    or pr.state != ProgressState.REPLICATE
+                    or pr.match < core.log.committed
+                    or not self.transport.peer_alive(preferred)
+                ):
+                    continue
+                name = group_name(r.topic, r.partition)
+                if name not in ready_before:
+                    ready_now.add(name)
+                    continue
+                log.info("handing %s back to its preferred leader, broker %d", name, preferred)
+                try:
+                    self.host.transfer_leadership(name, preferred)
+                except RaftError as exc:  # lost leadership meanwhile, or a transfer under way
+                    log.info("no hand-back of %s: %s", name, exc)
+            ready_before = ready_now
 
     async def _hand_over_leadership(self, wait: float) -> None:
         """Move each partition this broker leads to a live follower that is caught up, so

@@ -91,6 +91,14 @@ def broker(
     retention_check_ms: Annotated[
         int, typer.Option(min=100, help="How often retention runs.")
     ] = 60_000,
+    leader_rebalance_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="How often a leader checks whether to hand a partition back to its "
+            "preferred (first-listed) replica, once that replica is in sync (0: never).",
+        ),
+    ] = 5_000,
     tick_ms: Annotated[int, typer.Option(min=5, max=1000, help="Raft tick length in ms.")] = 100,
     election_ticks: Annotated[
         int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
@@ -132,6 +140,7 @@ def broker(
                 retention_ms=retention_ms,
             ),
             retention_check_seconds=retention_check_ms / 1000,
+            leader_rebalance_seconds=leader_rebalance_ms / 1000,
             durability_markers=durability_markers,
         )
     except (ClusterFileError, ValueError) as exc:

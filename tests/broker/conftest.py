@@ -71,9 +71,10 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Clu
         *,
         single_replica: dict[str, int] | None = None,
         election_ticks: int = 10,
+        broker_args: tuple[str, ...] = (),
     ) -> LocalCluster:
         data = tmp_path / f"cluster-{len(clusters)}"
-        args = ["--tick-ms", "20", "--election-ticks", str(election_ticks)]
+        args = ["--tick-ms", "20", "--election-ticks", str(election_ticks), *broker_args]
         cluster = LocalCluster(
             data, cluster_spec(topics, single_replica=single_replica), broker_args=args
         )

@@ -484,17 +484,29 @@ def test_round_trip_acks_all_keeps_order_and_contiguous_offsets(
             assert shared_cluster.spec.brokers[answer.broker_id].address == address
 
 
-def test_a_cluster_started_together_elects_the_preferred_replicas(
-    make_cluster: ClusterFactory,
-) -> None:
-    """Each partition's first replica campaigns as soon as it can reach a peer, so leaders
-    spread over the brokers instead of piling up where elections happen to fire first."""
-    cluster = make_cluster({"spread": 6})
-    with cluster.client() as c:
-        leaders = c.refresh_leaders()
+def test_leaders_settle_on_the_preferred_replicas(make_cluster: ClusterFactory) -> None:
+    """Each partition's first replica campaigns as soon as it can reach a peer, and a leader
+    that an election put elsewhere (the preferred broker started late, or came back after a
+    crash) hands the partition back once that broker is in sync: leaders spread over the
+    brokers instead of piling up where elections happened to fire first."""
+    cluster = make_cluster({"spread": 6}, broker_args=("--leader-rebalance-ms", "300"))
     replicas = cluster.spec.topics["spread"].replicas
-    got = {p: leaders["spread", p].broker_id for p in range(6)}
-    assert got == {p: replicas[p][0] for p in range(6)}, f"leaders {got}, replicas {replicas}"
+    preferred = {p: replicas[p][0] for p in range(6)}
+
+    def leaders() -> dict[int, int]:
+        with cluster.client() as c:
+            found = c.refresh_leaders()
+        return {p: found["spread", p].broker_id for p in range(6) if ("spread", p) in found}
+
+    wait_until(lambda: leaders() == preferred, 15, "leaders on the preferred replicas")
+    # Broker 1 crashes: its partitions move to brokers 2 and 3, and come back once it
+    # has restarted and caught up.
+    cluster.kill(1)
+    wait_until(
+        lambda: len(got := leaders()) == 6 and 1 not in got.values(), 15, "leaders without 1"
+    )
+    cluster.start(1)
+    wait_until(lambda: leaders() == preferred, 20, "leaders back on the preferred replicas")
 
 
 @pytest.mark.timeout(60)
