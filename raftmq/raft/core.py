@@ -17,7 +17,7 @@ from raftmq.raft.config import Config
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.log_view import CompactedError, Ent, RaftLog, join, split
-from raftmq.raft.membership import Membership
+from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import CAMPAIGN_TRANSFER, Message, MsgType, SnapshotMeta
 from raftmq.raft.progress import Inflights, Progress, ProgressState
 from raftmq.raft.read_only import ReadIndexQueue
@@ -40,17 +40,17 @@ class RaftCore:
         *,
         hard_state: HardState,
         membership: Membership,
-        membership_index: int | None = None,
+        history: ConfigHistory | None = None,
         applied: int | None = None,
     ) -> None:
         """Restart from durable state.
 
-        ``membership`` is the configuration as of ``membership_index`` (default
-        ``storage.start_index - 1``: the bootstrap configuration, or the one saved with
-        the last snapshot); CONFIG entries after that index are replayed on top of it.
-        A driver that checkpoints the latest committed configuration passes its index to
-        avoid scanning the whole log at boot; snapshot metadata for an index below it then
-        names that (later) configuration, which the receiver's replay of the log corrects.
+        ``membership`` is the configuration at ``storage.start_index - 1`` (the bootstrap
+        configuration, or the one saved with the last snapshot); CONFIG entries after it
+        are replayed on top of it, which reads the whole log. A driver that saved
+        :meth:`config_history` passes it as ``history`` (its end clamped to the log's last
+        index and at or below the commit), and only the log after the history's end is
+        read; the history must then name ``membership`` at the log's start.
         ``applied`` defaults to the snapshot point: the application is rebuilt by
         re-applying the log.
         """
@@ -67,9 +67,15 @@ class RaftCore:
         self.vote = hard_state.vote
         self.lead = NONE
         self.role = Role.FOLLOWER
-        base = start - 1 if membership_index is None else membership_index
-        assert start - 1 <= base <= storage.last_index, "checkpointed configuration not in log"
         self._history: list[tuple[int, Membership]] = [(start - 1, membership)]
+        base = start - 1
+        if history is not None:
+            base = history.through
+            assert start - 1 <= base <= min(storage.last_index, hard_state.commit), (
+                f"configuration history through {base} is not in the committed log"
+            )
+            assert history.as_of(start - 1) == membership, "history disagrees at the start"
+            self._history += [(i, m) for i, m in history.changes if i > start - 1]
         self._replay_configs(storage, base + 1)
         self.progress: dict[int, Progress] = {}
         self._votes: dict[int, bool] = {}
@@ -128,6 +134,27 @@ class RaftCore:
         configuration may need it to elect the leader that commits its removal.
         """
         return self.id in self.membership.voters or self.id in self._history[-1][1].voters
+
+    def config_history(self) -> ConfigHistory | None:
+        """The committed configurations from the log's start through the last committed
+        index that storage already holds, for the driver to save next to its commit hint
+        (see :class:`ConfigHistory`); None while a received snapshot awaits persistence.
+
+        Why not through the commit index: entries accepted but not yet handed to storage
+        may replace a conflicting suffix of it, and a restart must never count those old
+        entries, which a crash would leave behind, as committed.
+        """
+        log = self.log
+        if log.pending_snapshot is not None:
+            return None
+        through = min(log.committed, log.unstable_offset - 1)
+        start = log.first_index - 1
+        keep = 0
+        for k, (i, _) in enumerate(self._history):
+            if i <= start:
+                keep = k
+        changes = tuple((i, m) for i, m in self._history[keep:] if i <= through)
+        return ConfigHistory(through, changes)
 
     def membership_at(self, index: int) -> Membership:
         """The committed configuration in force at ``index`` (for a snapshot's metadata)."""

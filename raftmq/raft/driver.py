@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from crc32c import crc32c
+
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
@@ -37,7 +39,7 @@ from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
 from raftmq.raft.errors import NotLeaderError, OutcomeUnknownError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
-from raftmq.raft.membership import Membership
+from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
 from raftmq.raft.transport import Outgoing, Transport
@@ -75,7 +77,7 @@ ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
 SnapshotDataFn = Callable[[], bytes]
 _SNAP_META = struct.Struct(">qqq")
-_COMMIT_HINT = struct.Struct(">qq")  # the commit index twice: a torn write cannot match
+_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
 
 
 def _save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
@@ -91,12 +93,27 @@ def _load_snapshot_meta(path: Path) -> SnapshotMeta | None:
     return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
 
 
-def _read_commit_hint(path: Path) -> int:
+def _encode_commit_hint(history: ConfigHistory) -> bytes:
+    payload = history.encode()
+    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
+
+
+def _read_commit_hint(path: Path) -> ConfigHistory | None:
+    """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
     try:
-        a, b = _COMMIT_HINT.unpack(path.read_bytes())
-    except (OSError, struct.error):
-        return 0
-    return a if a == b and a >= 0 else 0
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _HINT_HEAD.size:
+        return None
+    size, crc = _HINT_HEAD.unpack_from(raw)
+    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
+    if len(payload) != size or crc32c(payload) != crc:
+        return None
+    try:
+        return ConfigHistory.decode(payload)
+    except ValueError:
+        return None
 
 
 SoftStateFn = Callable[[SoftState], None]
@@ -238,13 +255,28 @@ class RaftHost:
             membership = saved.membership  # CONFIG entries below the start are gone
         hs = hardstate.load(path / HARD_STATE_FILE)
         commit = hs.commit
-        if not replay:
-            commit = max(commit, _read_commit_hint(path / COMMIT_HINT_FILE))
+        hint = None if replay else _read_commit_hint(path / COMMIT_HINT_FILE)
+        if hint is not None:
+            commit = max(commit, hint.through)
         # Never trust a commit index beyond the durable log (a torn tail may have been cut):
         # entries at or below a once-known commit that are still present are the committed
         # ones, because a log only ever loses a suffix.
         commit = max(min(commit, log_.last_index), log_.start_index - 1)
         hs = HardState(hs.term, hs.vote, commit)
+        history = None
+        if hint is not None:
+            through = min(hint.through, log_.last_index)
+            start = log_.start_index - 1
+            if through > start and hint.as_of(start) == membership:
+                changes = tuple((i, m) for i, m in hint.changes if i <= through)
+                history = ConfigHistory(through, changes)
+            elif through > start:
+                log.warning(
+                    "group %s on node %d: saved configurations disagree with the log's start;"
+                    " reading the whole log for CONFIG entries",
+                    name,
+                    self.node_id,
+                )
         applied = None if replay else commit
         # Each group draws its own election timeouts: with one seed per node, every group
         # of a node campaigned on the same tick, so thousands of groups started together
@@ -254,7 +286,9 @@ class RaftHost:
             seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode()),
             apply_entries=replay,
         )
-        core = RaftCore(cfg, log_, hard_state=hs, membership=membership, applied=applied)
+        core = RaftCore(
+            cfg, log_, hard_state=hs, membership=membership, history=history, applied=applied
+        )
         group = RaftGroup(
             name,
             core,
@@ -289,11 +323,28 @@ class RaftHost:
         """Propose an encoded entry; the future gives its index once committed and applied
         here (or, with ``durable_locally``, once this leader's own write of it is durable),
         or fails with NotLeaderError / ProposalDroppedError."""
+        group = self._group_for_proposal(name)
+        index = group.core.propose(entry_bytes)  # raises NotLeaderError with the leader hint
+        return self._wait_for(group, index, durable_locally=durable_locally)
+
+    def propose_membership(self, name: str, membership: Membership) -> asyncio.Future[int]:
+        """Propose a configuration change (one voter at a time); the future gives the CONFIG
+        entry's index once committed and applied here. The new configuration is in force
+        on each node as soon as it appends the entry."""
+        group = self._group_for_proposal(name)
+        index = group.core.propose_membership(membership)
+        return self._wait_for(group, index, durable_locally=False)
+
+    def _group_for_proposal(self, name: str) -> RaftGroup:
         if self.failed is not None:
             raise ProposalDroppedError(f"node {self.node_id} stopped: {self.failed!r}")
         group = self.groups[name]
         self._unquiesce(group)
-        index = group.core.propose(entry_bytes)  # raises NotLeaderError with the leader hint
+        return group
+
+    def _wait_for(
+        self, group: RaftGroup, index: int, *, durable_locally: bool
+    ) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         group.waiters[index] = (group.core.term, fut, durable_locally)
         self._mark(group)
@@ -559,17 +610,24 @@ class RaftHost:
             group.on_snapshot(snap, data)
 
     def _write_commit_hint(self, group: RaftGroup) -> None:
-        """Overwrite the 16-byte hint in place, without fsync: rewriting the file (truncate
-        + write) makes ext4 flush it, which stalled the event loop for tens of ms."""
+        """Save the commit point with the configurations committed up to it (the core's
+        :meth:`~RaftCore.config_history`), so a restart neither re-applies what was applied
+        nor reads the whole log for CONFIG entries.
+
+        Overwritten in place, without fsync: rewriting the file (truncate + write) makes
+        ext4 flush it, which stalled the event loop for tens of ms. A torn write fails its
+        CRC and only costs the next restart the longer way."""
         if group.hinted_commit < 0:
             return
-        commit = group.core.log.committed
+        history = group.core.config_history()
+        if history is None or history.through <= group.hinted_commit:
+            return
         if group.hint_fd is None:
             group.hint_fd = os.open(
                 group.directory / COMMIT_HINT_FILE, os.O_RDWR | os.O_CREAT, 0o644
             )
-        os.pwrite(group.hint_fd, _COMMIT_HINT.pack(commit, commit), 0)
-        group.hinted_commit = commit
+        os.pwrite(group.hint_fd, _encode_commit_hint(history), 0)
+        group.hinted_commit = history.through
 
     def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:
         if not group.waiters:

@@ -66,3 +66,70 @@ class Membership:
         Learner changes never affect quorums, so any number of them may ride along.
         """
         return len(self.voters ^ old.voters) <= 1
+
+
+_HISTORY_HEAD = struct.Struct(">qI")  # through, change count
+_CHANGE_HEAD = struct.Struct(">qH")  # index, membership payload length
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigHistory:
+    """The committed configurations of a log from its start through index ``through``:
+    ``changes`` lists (index, configuration) ascending, the first in force at the log's
+    start, the rest one per committed CONFIG entry after it, up to ``through``.
+
+    Why: a restart must know the configuration at the end of the log, and without this it
+    reads the whole log to find CONFIG entries. A saved history lets it read only what
+    lies after ``through``. Committed entries never change and a log only ever loses a
+    suffix, so a history stays true for any later log once ``through`` is clamped to that
+    log's last index: it needs no fsync, and a lost or stale copy only means more reading.
+    """
+
+    through: int
+    changes: tuple[tuple[int, Membership], ...]
+
+    def __post_init__(self) -> None:
+        assert self.changes, "a history starts with the configuration at the log's start"
+        indexes = [i for i, _ in self.changes]
+        assert indexes == sorted(set(indexes)), f"history indexes not ascending: {indexes}"
+        assert indexes[-1] <= self.through, "a history holds nothing past its end"
+
+    def as_of(self, index: int) -> Membership | None:
+        """The configuration in force at ``index`` (None when the history starts later)."""
+        found = None
+        for i, m in self.changes:
+            if i > index:
+                break
+            found = m
+        return found
+
+    def encode(self) -> bytes:
+        out = bytearray(_HISTORY_HEAD.pack(self.through, len(self.changes)))
+        for index, m in self.changes:
+            payload = m.encode()
+            out += _CHANGE_HEAD.pack(index, len(payload))
+            out += payload
+        return bytes(out)
+
+    @staticmethod
+    def decode(buf: bytes | memoryview) -> ConfigHistory:
+        """Raises ValueError on anything malformed (callers then read the whole log)."""
+        try:
+            through, count = _HISTORY_HEAD.unpack_from(buf, 0)
+            pos = _HISTORY_HEAD.size
+            changes = []
+            for _ in range(count):
+                index, size = _CHANGE_HEAD.unpack_from(buf, pos)
+                pos += _CHANGE_HEAD.size
+                if pos + size > len(buf):
+                    raise ValueError("configuration history is cut short")
+                changes.append((index, Membership.decode(buf[pos : pos + size])))
+                pos += size
+        except (struct.error, AssertionError) as exc:
+            raise ValueError(f"configuration history is malformed: {exc}") from None
+        if pos != len(buf):
+            raise ValueError(f"configuration history has {len(buf) - pos} trailing bytes")
+        indexes = [i for i, _ in changes]
+        if not changes or indexes != sorted(set(indexes)) or indexes[-1] > through:
+            raise ValueError("configuration history is not an ascending list up to its end")
+        return ConfigHistory(through, tuple(changes))

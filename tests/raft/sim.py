@@ -35,6 +35,7 @@ from raftmq.raft import (
     write_to_storage,
 )
 from raftmq.raft.log_view import split
+from raftmq.raft.membership import ConfigHistory
 
 
 class SafetyViolation(AssertionError):
@@ -69,6 +70,10 @@ class Node:
     verified_to: int = 0
     complete_term: int = 0
     complete_to: int = 0
+    histories: list[ConfigHistory] = field(default_factory=list)
+    """Configuration histories saved (unsynced, as the driver's commit hint) since start."""
+    saved_history: ConfigHistory | None = None
+    """The one a crash left on disk."""
 
     @property
     def up(self) -> bool:
@@ -186,7 +191,18 @@ class Sim:
             node.app_state = b""
         node.app_index = st.start_index - 1
         node.verified_to = node.complete_to = 0
-        node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base)
+        # As the driver: a saved history, clamped to the log, skips reading it for CONFIG
+        # entries and vouches for a commit index up to its end.
+        history = None
+        saved = node.saved_history
+        start = st.start_index - 1
+        if saved is not None and min(saved.through, st.last_index) > start:
+            through = min(saved.through, st.last_index)
+            if saved.as_of(start) == base:
+                history = ConfigHistory(through, tuple(c for c in saved.changes if c[0] <= through))
+                hs = HardState(hs.term, hs.vote, max(hs.commit, through))
+        node.histories = []
+        node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base, history=history)
         node.pending = None
 
     def fail(self, what: str) -> None:
@@ -276,6 +292,10 @@ class Sim:
                 self.fail(f"read index {rs.index} below commit {floor} seen before the read")
         node.pending = None
         core.advance(rd)
+        if self.rng.random() < 0.2:
+            saved = core.config_history()
+            if saved is not None:
+                node.histories = [*node.histories[-2:], saved]
 
     def _apply(self, node: Node, index: int, data: bytes) -> None:
         if index != node.app_index + 1:
@@ -329,6 +349,9 @@ class Sim:
         keep = self.rng.randint(0, node.storage.unsynced_ops) if self.p.torn else 0
         self.log(f"crash {node.id} keeping {keep} of {node.storage.unsynced_ops} unsynced writes")
         node.storage.crash(keep)
+        # Unsynced in-place writes: any version written may be the one on disk, or a torn
+        # one (no history), or none of them reached the disk (the older file stays).
+        node.saved_history = self.rng.choice([None, node.saved_history, *node.histories])
         node.core = None
         node.pending = None
 

@@ -19,6 +19,7 @@ from raftmq.raft import (
     Role,
 )
 from raftmq.raft.log_view import split
+from raftmq.raft.membership import ConfigHistory
 from raftmq.raft.messages import CAMPAIGN_TRANSFER
 from raftmq.raft.progress import ProgressState
 from tests.raft.harness import (
@@ -678,7 +679,7 @@ def test_pre_vote_applies_the_election_restriction():
     assert p.core.term == 2
 
 
-def test_restart_from_a_configuration_checkpoint_skips_the_scan():
+def test_restart_from_a_configuration_history_reads_only_what_follows_it():
     net = cluster(3)
     net.elect(1)
     ld = net.peers[1].core
@@ -688,6 +689,12 @@ def test_restart_from_a_configuration_checkpoint_skips_the_scan():
         ld.propose(data_entry())
     net.pump()
     p = net.peers[2]
+    history = p.core.config_history()
+    assert history is not None and history.through == p.core.commit
+    assert history.changes == ((0, Membership(frozenset({1, 2, 3}))), (conf_index, new))
+    for _ in range(3):
+        ld.propose(data_entry())
+    net.pump()
     p.storage.crash()
     reads: list[int] = []
     original = p.storage.read_entries
@@ -698,10 +705,49 @@ def test_restart_from_a_configuration_checkpoint_skips_the_scan():
 
     p.storage.read_entries = spy  # type: ignore[method-assign]
     core = RaftCore(
-        Config(id=2), p.storage, hard_state=p.hs, membership=new, membership_index=conf_index
+        Config(id=2),
+        p.storage,
+        hard_state=p.hs,
+        membership=Membership(frozenset({1, 2, 3})),
+        history=history,
     )
     assert core.membership == new
-    assert reads and min(reads) == conf_index + 1
+    assert reads and min(reads) == history.through + 1
+    # A history that names another configuration at the log's start is a driver's bug.
+    with pytest.raises(AssertionError, match="disagrees"):
+        RaftCore(Config(id=2), p.storage, hard_state=p.hs, membership=new, history=history)
+
+
+def test_a_configuration_history_survives_its_encoding_and_refuses_damage():
+    a = Membership(frozenset({1, 2, 3}))
+    b = Membership(frozenset({1, 2, 3}), frozenset({4}))
+    h = ConfigHistory(40, ((7, a), (12, b)))
+    raw = h.encode()
+    assert ConfigHistory.decode(raw) == h
+    assert h.as_of(6) is None and h.as_of(7) == a and h.as_of(11) == a and h.as_of(40) == b
+    for bad in (raw[:-1], raw + b"\0", raw[:4], ConfigHistory(11, ((7, a),)).encode()[:12]):
+        with pytest.raises(ValueError):
+            ConfigHistory.decode(bad)
+    backwards = bytearray(raw)
+    backwards[12:20] = (13).to_bytes(8, "big")  # first change after the second
+    with pytest.raises(ValueError, match="ascending"):
+        ConfigHistory.decode(bytes(backwards))
+
+
+def test_the_saved_history_stops_before_entries_storage_does_not_hold_yet():
+    """A follower that accepted entries replacing a conflicting suffix of its storage must
+    not save a history (the driver's commit hint) past them: a crash before they reach
+    storage would leave the old entries there, under a commit index that covers them."""
+    st = MemoryStorage()
+    preload(st, [1, 1, 1, 1, 1])
+    f = make(2, {1, 2, 3}, storage=st)
+    f.core.step(app(1, 2, 2, 2, 1, [stamped(i, 2) for i in (3, 4, 5, 6)], commit=6))
+    assert f.core.commit == 6 and f.storage.last_index == 5  # index 3-5 still the old ones
+    history = f.core.config_history()
+    assert history is not None and history.through == 2
+    flush(f)
+    history = f.core.config_history()
+    assert history is not None and history.through == 6
 
 
 def test_proposals_between_readies_share_one_append_per_follower():

@@ -352,3 +352,76 @@ async def test_an_interval_group_writes_through_to_the_page_cache(tmp_path):
     finally:
         for host in hosts.values():
             await host.stop()
+
+
+async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_path, monkeypatch):
+    """Groups whose state is their log save their committed configurations with the commit
+    hint, so a restart finds the configuration in force without reading the whole log for
+    CONFIG entries; a saved point past the log's end (a torn tail) is clamped to it."""
+    from raftmq.raft import driver as driver_mod
+    from raftmq.raft.core import RaftCore
+
+    def open_cluster() -> dict[int, RaftHost]:
+        hosts = {}
+        for node in (1, 2, 3):
+            host = RaftHost(node, net.transport(node), seed=node, **FAST)
+            host.open_group(
+                "g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=SMALL, replay=False
+            )
+            hosts[node] = host
+        return hosts
+
+    net = MemoryNetwork()
+    hosts = open_cluster()
+    for host in hosts.values():
+        await host.start()
+    new = Membership(frozenset({1, 2, 3}), frozenset({4}))  # a learner that never shows up
+    try:
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        leader = leader_of(hosts)
+        assert leader is not None
+        conf_index = await leader.propose_membership("g", new)
+        await propose_to_leader(hosts, batch(1), 40)
+        last = leader.groups["g"].core.log.last_index
+        for host in hosts.values():
+            g = host.groups["g"]
+            await wait_for(lambda g=g: g.core.commit == last, what="the commit everywhere")
+    finally:
+        for host in hosts.values():
+            await host.stop()
+    hint_path = tmp_path / "n2" / "g" / driver_mod.COMMIT_HINT_FILE
+    saved = driver_mod._read_commit_hint(hint_path)
+    assert saved is not None and saved.through == last
+    assert saved.changes == ((0, MEMBERS), (conf_index, new))
+    # Node 3's hint claims more than its log holds, as after losing an unsynced tail.
+    hint3 = tmp_path / "n3" / "g" / driver_mod.COMMIT_HINT_FILE
+    bigger = driver_mod.ConfigHistory(last + 1000, saved.changes)
+    hint3.write_bytes(driver_mod._encode_commit_hint(bigger))
+
+    scans: list[int] = []
+    original = RaftCore._replay_configs
+
+    def spy(self, storage, lo):
+        scans.append(lo)
+        return original(self, storage, lo)
+
+    monkeypatch.setattr(RaftCore, "_replay_configs", spy)
+    hosts = open_cluster()
+    try:
+        assert scans == [last + 1] * 3
+        for host in hosts.values():
+            core = host.groups["g"].core
+            assert core.membership == new and core.commit == last
+    finally:
+        for host in hosts.values():
+            await host.stop()
+    # A hint that is torn or of another format is no hint: the whole log is read.
+    hint_path.write_bytes(hint_path.read_bytes()[:-1])
+    scans.clear()
+    hosts = open_cluster()
+    try:
+        assert scans[1] == 1
+        assert hosts[2].groups["g"].core.membership == new
+    finally:
+        for host in hosts.values():
+            await host.stop()
