@@ -796,7 +796,8 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
     try:
         say(f"raftmq: starting 3 brokers in {data}")
         cluster.start()
-        leaders = cluster.wait_for_leaders(timeout=60)
+        # Preferred leaders: spread evenly, and no hand-back moves one mid-measurement.
+        leaders = cluster.wait_for_leaders(timeout=60, preferred=True)
         by_part = {p: leaders[(TOPIC, p)] for p in range(plan.partitions)}
         pids["raftmq"] = [p.pid for p in cluster.procs.values()]
         leader_pid = cluster.procs[by_part[0].broker_id].pid

@@ -152,19 +152,34 @@ class LocalCluster:
     def client(self) -> LowLevelClient:
         return LowLevelClient(self.addresses)
 
-    def wait_for_leaders(self, timeout: float = 30.0, among: set[int] | None = None) -> dict:
-        """Block until every partition reports a leader (optionally one of ``among``)."""
+    def wait_for_leaders(
+        self, timeout: float = 30.0, among: set[int] | None = None, *, preferred: bool = False
+    ) -> dict:
+        """Block until every partition reports a leader (optionally one of ``among``; with
+        ``preferred``, its first-listed replica, where leader rebalancing puts it once that
+        replica is in sync: then no hand-back will move it later)."""
         wanted = {(t.name, p) for t in self.spec.topics.values() for p in range(t.partitions)}
+        first = {
+            (t.name, p): replicas[0]
+            for t in self.spec.topics.values()
+            for p, replicas in enumerate(t.replicas)
+        }
         deadline = time.monotonic() + timeout
         with LowLevelClient(self.addresses, retries=1) as client:
             while True:
                 leaders = client.refresh_leaders(timeout=1.0)
-                good = {k for k, v in leaders.items() if among is None or v.broker_id in among}
+                good = {
+                    k
+                    for k, v in leaders.items()
+                    if (among is None or v.broker_id in among)
+                    and (not preferred or v.broker_id == first[k])
+                }
                 if wanted <= good:
                     return leaders
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"partitions without a leader after {timeout:.0f} s: "
+                        f"partitions without {'their preferred' if preferred else 'a'} leader"
+                        f" after {timeout:.0f} s: "
                         f"{sorted(wanted - good)}; see {self.data}/broker-*.log"
                     )
                 time.sleep(0.05)

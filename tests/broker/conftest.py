@@ -15,7 +15,10 @@ from raftmq.broker.local_cluster import LocalCluster, local_spec
 
 # The shared cluster tests no failover: a longer election timeout keeps a loaded machine's
 # scheduling hiccups from moving leaders under tests that talk to a leader directly.
-SHARED_BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "30"]
+# Leader hand-backs scaled down like the ticks; test clusters start once every partition is
+# led by its preferred replica, so none moves mid-test unless the test kills a broker.
+REBALANCE_ARGS = ["--leader-rebalance-ms", "500"]
+SHARED_BROKER_ARGS = ["--tick-ms", "20", "--election-ticks", "30", *REBALANCE_ARGS]
 LEADER_TIMEOUT = 30.0
 LOG_TAIL_LINES = 40
 
@@ -62,8 +65,8 @@ ClusterFactory = Callable[..., LocalCluster]
 @pytest.fixture
 def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
     """``make_cluster({"t": 1})`` starts a fresh 3-broker cluster in tmp_path (20 ms ticks,
-    an election timeout of ``election_ticks``) and waits until every partition has a leader;
-    it is killed after the test."""
+    an election timeout of ``election_ticks``) and waits until every partition is led by its
+    preferred replica; it is killed after the test."""
     clusters: list[LocalCluster] = []
 
     def make(
@@ -71,16 +74,15 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Clu
         *,
         single_replica: dict[str, int] | None = None,
         election_ticks: int = 10,
-        broker_args: tuple[str, ...] = (),
     ) -> LocalCluster:
         data = tmp_path / f"cluster-{len(clusters)}"
-        args = ["--tick-ms", "20", "--election-ticks", str(election_ticks), *broker_args]
+        args = ["--tick-ms", "20", "--election-ticks", str(election_ticks), *REBALANCE_ARGS]
         cluster = LocalCluster(
             data, cluster_spec(topics, single_replica=single_replica), broker_args=args
         )
         clusters.append(cluster)
         cluster.start()
-        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT)
+        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)
         return cluster
 
     yield make
@@ -120,7 +122,7 @@ def shared_cluster(
     )
     try:
         cluster.start()
-        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT)
+        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)
         yield cluster
     finally:
         if request.session.testsfailed > failed_before:
