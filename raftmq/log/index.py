@@ -4,6 +4,9 @@ Both hold one slot per ``index.interval.bytes`` of log, so a lookup is a binary 
 followed by a scan of at most one interval. Slots are relative to the segment's base
 offset and first Raft index and stored as u32, which is why a segment stays under 2 GiB.
 
+In memory the slots stay relative too, as arrays of u32: then loading a file is a
+byte swap and three slices in C, not a loop over tens of thousands of slots.
+
 The active segment's indexes live only in memory (it is rescanned on open anyway); a
 segment's index files are written once, atomically and with a CRC, when it is closed. A
 missing or damaged file is therefore never trusted: it is rebuilt from the segment.
@@ -12,6 +15,7 @@ missing or damaged file is therefore never trusted: it is rebuilt from the segme
 from __future__ import annotations
 
 import struct
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from pathlib import Path
@@ -20,10 +24,15 @@ from raftmq.log.atomic_file import read_atomic, write_atomic
 
 _OFFSET_SLOT = struct.Struct(">III")  # relative offset, relative Raft index, byte position
 _TIME_SLOT = struct.Struct(">qI")  # max timestamp so far, relative offset
+_SWAP = sys.byteorder == "little"  # the files are big-endian
+assert array("I").itemsize == 4 and array("q").itemsize == 8
 
 
 class SegmentIndex:
-    """Offset and time slots of one segment, with the running state needed to extend them."""
+    """Offset and time slots of one segment, with the running state needed to extend them.
+
+    ``offsets``, ``indexes`` and ``time_offsets`` are relative to the segment's base offset
+    and first index; ``positions`` are byte positions; ``time_stamps`` are absolute."""
 
     __slots__ = (
         "base_offset",
@@ -40,11 +49,11 @@ class SegmentIndex:
     def __init__(self, base_offset: int, first_index: int) -> None:
         self.base_offset = base_offset
         self.first_index = first_index
-        self.offsets = array("q")
-        self.indexes = array("q")
-        self.positions = array("q")
+        self.offsets = array("I")
+        self.indexes = array("I")
+        self.positions = array("I")
         self.time_stamps = array("q")
-        self.time_offsets = array("q")
+        self.time_offsets = array("I")
         self.last_slot_position = -1
         self.max_timestamp = -1
 
@@ -57,22 +66,22 @@ class SegmentIndex:
         if self.last_slot_position >= 0 and position - self.last_slot_position < interval:
             return
         self.last_slot_position = position
-        self.offsets.append(base_offset)
-        self.indexes.append(index)
+        self.offsets.append(base_offset - self.base_offset)
+        self.indexes.append(index - self.first_index)
         self.positions.append(position)
         if not self.time_stamps or self.max_timestamp > self.time_stamps[-1]:
             self.time_stamps.append(self.max_timestamp)
-            self.time_offsets.append(base_offset)
+            self.time_offsets.append(base_offset - self.base_offset)
 
     def position_for_offset(self, offset: int) -> int:
         """Byte position of a slot at or before the entry holding ``offset``."""
         # Entries sharing a base offset are control entries followed by at most one data
         # entry, so the last slot at or below ``offset`` never lies past the entry holding it.
-        slot = bisect_right(self.offsets, offset) - 1
+        slot = bisect_right(self.offsets, offset - self.base_offset) - 1
         return self.positions[slot] if slot >= 0 else 0
 
     def position_for_index(self, index: int) -> int:
-        slot = bisect_right(self.indexes, index) - 1
+        slot = bisect_right(self.indexes, index - self.first_index) - 1
         return self.positions[slot] if slot >= 0 else 0
 
     def position_for_timestamp(self, timestamp: int) -> int | None:
@@ -87,6 +96,13 @@ class SegmentIndex:
         slot = bisect_left(self.offsets, self.time_offsets[t]) - 1
         return self.positions[slot] if slot >= 0 else 0
 
+    def entry_at(self, position: int) -> tuple[int, int] | None:
+        """(Raft index, base offset) of the entry at ``position`` when a slot marks one there."""
+        k = bisect_left(self.positions, position)
+        if k < len(self.positions) and self.positions[k] == position:
+            return self.first_index + self.indexes[k], self.base_offset + self.offsets[k]
+        return None
+
     def truncate_to_position(self, position: int) -> None:
         """Forget slots at or after ``position``; the caller rescans to restore the maxima."""
         keep = bisect_left(self.positions, position)
@@ -100,19 +116,17 @@ class SegmentIndex:
             not self.time_stamps or self.max_timestamp > self.time_stamps[-1]
         ):
             self.time_stamps.append(self.max_timestamp)
-            self.time_offsets.append(last_base_offset)
+            self.time_offsets.append(last_base_offset - self.base_offset)
 
     # --- files -------------------------------------------------------------------------
 
     def write(self, offset_path: Path, time_path: Path) -> None:
-        buf = bytearray()
-        for o, i, p in zip(self.offsets, self.indexes, self.positions, strict=True):
-            buf += _OFFSET_SLOT.pack(o - self.base_offset, i - self.first_index, p)
-        write_atomic(offset_path, bytes(buf))
-        tbuf = bytearray()
-        for ts, o in zip(self.time_stamps, self.time_offsets, strict=True):
-            tbuf += _TIME_SLOT.pack(ts, o - self.base_offset)
-        write_atomic(time_path, bytes(tbuf))
+        write_atomic(offset_path, _interleave_words(self.offsets, self.indexes, self.positions))
+        # A big-endian i64 is two big-endian u32 words, high word first.
+        stamps = array("I")
+        stamps.frombytes(self.time_stamps.tobytes())
+        low, high = (stamps[0::2], stamps[1::2]) if _SWAP else (stamps[1::2], stamps[0::2])
+        write_atomic(time_path, _interleave_words(high, low, self.time_offsets))
 
     @classmethod
     def load(
@@ -126,22 +140,51 @@ class SegmentIndex:
             return None
         if len(raw) % _OFFSET_SLOT.size or len(traw) % _TIME_SLOT.size:
             return None
-        idx = cls(base_offset, first_index)
-        prev = (-1, -1, -1)
-        for ro, ri, p in _OFFSET_SLOT.iter_unpack(raw):
-            if ro < prev[0] or ri <= prev[1] or p <= prev[2] or p >= size:
-                return None
-            prev = (ro, ri, p)
-            idx.offsets.append(base_offset + ro)
-            idx.indexes.append(first_index + ri)
-            idx.positions.append(p)
-        for ts, ro in _TIME_SLOT.iter_unpack(traw):
-            if idx.time_stamps and ts <= idx.time_stamps[-1]:
-                return None
-            idx.time_stamps.append(ts)
-            idx.time_offsets.append(base_offset + ro)
-        if size and not idx.positions:
+        offsets, indexes, positions = _split_words(raw)
+        if positions and (
+            positions[-1] >= size
+            or not _ascending(offsets)
+            or not _ascending(indexes, strictly=True)
+            or not _ascending(positions, strictly=True)
+        ):
             return None
-        idx.last_slot_position = idx.positions[-1] if idx.positions else -1
-        idx.max_timestamp = idx.time_stamps[-1] if idx.time_stamps else -1
+        high, low, time_offsets = _split_words(traw)
+        words = array("I", bytes(4 * 2 * len(low)))
+        words[0::2], words[1::2] = (low, high) if _SWAP else (high, low)
+        stamps = array("q")
+        stamps.frombytes(words.tobytes())
+        if not _ascending(stamps, strictly=True):
+            return None
+        if size and not positions:
+            return None
+        idx = cls(base_offset, first_index)
+        idx.offsets, idx.indexes, idx.positions = offsets, indexes, positions
+        idx.time_stamps, idx.time_offsets = stamps, time_offsets
+        idx.last_slot_position = positions[-1] if positions else -1
+        idx.max_timestamp = stamps[-1] if stamps else -1
         return idx
+
+
+def _interleave_words(a: array, b: array, c: array) -> bytes:
+    """Three columns of u32 as big-endian rows (a, b, c)."""
+    rows = array("I", bytes(4 * 3 * len(a)))
+    rows[0::3], rows[1::3], rows[2::3] = a, b, c
+    if _SWAP:
+        rows.byteswap()
+    return rows.tobytes()
+
+
+def _split_words(raw: bytes) -> tuple[array, array, array]:
+    """Big-endian rows of three u32 as three columns."""
+    rows = array("I")
+    rows.frombytes(raw)
+    if _SWAP:
+        rows.byteswap()
+    return rows[0::3], rows[1::3], rows[2::3]
+
+
+def _ascending(values: array, *, strictly: bool = False) -> bool:
+    as_list = values.tolist()
+    if as_list != sorted(as_list):
+        return False
+    return not strictly or len(set(as_list)) == len(as_list)

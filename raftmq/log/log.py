@@ -20,7 +20,7 @@ import os
 import struct
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -853,13 +853,7 @@ class Log:
                 following = self._segments[pos + 1]
                 return following.first_index, following.base_offset
             return self.next_index, self.next_offset
-        idx = seg.index
-        if idx is None:
-            return None
-        k = bisect_left(idx.positions, end)
-        if k < len(idx.positions) and idx.positions[k] == end:
-            return idx.indexes[k], idx.offsets[k]
-        return None
+        return None if seg.index is None else seg.index.entry_at(end)
 
     def _read_size(self, seg: Segment, position: int, budget: int, *, have: int) -> int:
         """Bytes to read from ``position``: up to the last index slot (an entry boundary)
