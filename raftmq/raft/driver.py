@@ -265,17 +265,14 @@ class RaftHost:
         hs = HardState(hs.term, hs.vote, commit)
         history = None
         if hint is not None:
-            through = min(hint.through, log_.last_index)
-            start = log_.start_index - 1
-            if through > start and hint.as_of(start) == membership:
-                changes = tuple((i, m) for i, m in hint.changes if i <= through)
-                history = ConfigHistory(through, changes)
-            elif through > start:
+            try:
+                history = hint.for_log(log_.start_index - 1, log_.last_index, membership)
+            except ValueError as exc:
                 log.warning(
-                    "group %s on node %d: saved configurations disagree with the log's start;"
-                    " reading the whole log for CONFIG entries",
+                    "group %s on node %d: %s; reading the whole log for CONFIG entries",
                     name,
                     self.node_id,
+                    exc,
                 )
         applied = None if replay else commit
         # Each group draws its own election timeouts: with one seed per node, every group

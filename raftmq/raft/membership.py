@@ -12,6 +12,7 @@ Ids are sorted ascending; the sets are disjoint.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _COUNT = struct.Struct(">H")
@@ -89,10 +90,19 @@ class ConfigHistory:
     changes: tuple[tuple[int, Membership], ...]
 
     def __post_init__(self) -> None:
-        assert self.changes, "a history starts with the configuration at the log's start"
-        indexes = [i for i, _ in self.changes]
-        assert indexes == sorted(set(indexes)), f"history indexes not ascending: {indexes}"
-        assert indexes[-1] <= self.through, "a history holds nothing past its end"
+        assert _well_formed(self.through, self.changes), f"malformed history {self}"
+
+    def for_log(self, start: int, last_index: int, at_start: Membership) -> ConfigHistory | None:
+        """This history as it holds for a log of entries ``start + 1 .. last_index`` whose
+        configuration at ``start`` is ``at_start``: its end clamped to the log's. None when
+        that leaves nothing after the start; ValueError when the history names another
+        configuration at the start (it describes some other log)."""
+        through = min(self.through, last_index)
+        if through <= start:
+            return None
+        if self.as_of(start) != at_start:
+            raise ValueError("saved configurations disagree with the log's start")
+        return ConfigHistory(through, tuple(c for c in self.changes if c[0] <= through))
 
     def as_of(self, index: int) -> Membership | None:
         """The configuration in force at ``index`` (None when the history starts later)."""
@@ -129,7 +139,12 @@ class ConfigHistory:
             raise ValueError(f"configuration history is malformed: {exc}") from None
         if pos != len(buf):
             raise ValueError(f"configuration history has {len(buf) - pos} trailing bytes")
-        indexes = [i for i, _ in changes]
-        if not changes or indexes != sorted(set(indexes)) or indexes[-1] > through:
+        if not _well_formed(through, changes):
             raise ValueError("configuration history is not an ascending list up to its end")
         return ConfigHistory(through, tuple(changes))
+
+
+def _well_formed(through: int, changes: Sequence[tuple[int, Membership]]) -> bool:
+    """At least one change, indexes strictly ascending, none past ``through``."""
+    indexes = [i for i, _ in changes]
+    return bool(indexes) and indexes == sorted(set(indexes)) and indexes[-1] <= through

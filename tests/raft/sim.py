@@ -194,13 +194,11 @@ class Sim:
         # As the driver: a saved history, clamped to the log, skips reading it for CONFIG
         # entries and vouches for a commit index up to its end.
         history = None
-        saved = node.saved_history
-        start = st.start_index - 1
-        if saved is not None and min(saved.through, st.last_index) > start:
-            through = min(saved.through, st.last_index)
-            if saved.as_of(start) == base:
-                history = ConfigHistory(through, tuple(c for c in saved.changes if c[0] <= through))
-                hs = HardState(hs.term, hs.vote, max(hs.commit, through))
+        if node.saved_history is not None:
+            with contextlib.suppress(ValueError):
+                history = node.saved_history.for_log(st.start_index - 1, st.last_index, base)
+        if history is not None:
+            hs = HardState(hs.term, hs.vote, max(hs.commit, history.through))
         node.histories = []
         node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base, history=history)
         node.pending = None

@@ -725,6 +725,12 @@ def test_a_configuration_history_survives_its_encoding_and_refuses_damage():
     raw = h.encode()
     assert ConfigHistory.decode(raw) == h
     assert h.as_of(6) is None and h.as_of(7) == a and h.as_of(11) == a and h.as_of(40) == b
+    # Clamped to a shorter log, dropping what it no longer holds; nothing past a later start.
+    assert h.for_log(7, 11, a) == ConfigHistory(11, ((7, a),))
+    assert h.for_log(9, 100, a) == h
+    assert h.for_log(40, 100, b) is None
+    with pytest.raises(ValueError, match="disagree"):
+        h.for_log(7, 100, b)
     for bad in (raw[:-1], raw + b"\0", raw[:4], ConfigHistory(11, ((7, a),)).encode()[:12]):
         with pytest.raises(ValueError):
             ConfigHistory.decode(bad)
