@@ -66,8 +66,9 @@ class _Malformed:
     def __init__(self, message_type: type[Message], exc: Exception) -> None:
         self.refusal = Refusal(
             "MALFORMED_REQUEST",
-            f"the request is not a valid {message_type.DESCRIPTOR.full_name} message "
-            f"({exc}); build it from raftmq/api/v1/broker.proto",
+            f"the request bytes are not a valid protobuf encoding of "
+            f"{message_type.DESCRIPTOR.full_name} ({exc}); build it from "
+            "raftmq/api/v1/broker.proto",
         )
 
 
@@ -417,7 +418,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         if unknown:
             raise Refusal(
                 "UNKNOWN_TOPIC",
-                f"unknown topics: {name_list(unknown)}; known: {name_list(sorted(spec.topics))}",
+                f"unknown topics: {name_list(unknown, 5)}; known: {name_list(sorted(spec.topics))}",
             )
         topics = []
         for name in names:
