@@ -22,6 +22,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.cluster_file import TOPIC_NAME
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
+from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
 
@@ -43,6 +44,10 @@ FETCH_OVERHEAD_BYTES = 64 << 10
 """What a FetchResponse adds to its entries (fields, framing), with room to spare."""
 CLIENT_DEFAULT_RECEIVE_BYTES = 4 << 20
 """gRPC's default receive limit in most languages (Java, Go, Node.js, C++)."""
+assert (
+    DEFAULT_FETCH_BYTES + LogConfig().max_message_bytes + FETCH_OVERHEAD_BYTES
+    <= CLIENT_DEFAULT_RECEIVE_BYTES
+), "a Fetch with the default max_bytes must fit a gRPC client's default receive limit"
 MAX_WAIT_MS = 60_000
 MAX_PARKED_FETCHES = 10_000
 
@@ -414,6 +419,13 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.MetadataResponse:
         spec = self.broker.spec
         names = list(request.topics) or sorted(spec.topics)
+        invalid = [n for n in names if not TOPIC_NAME.fullmatch(n)]
+        if invalid:
+            raise Refusal(
+                "INVALID_ARGUMENT",
+                f"{name_list(invalid, 5)} are not valid topic names: use 1-200 characters of "
+                "A-Z a-z 0-9 . _ -",
+            )
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
             raise Refusal(

@@ -242,8 +242,9 @@ class PartitionReplica:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ProduceTimeoutError(
-                        "the partition has too much data in flight; the request timed out "
-                        "waiting for room. Slow down or raise timeout_ms."
+                        f"the partition has {self._inflight_bytes} bytes of writes in flight, "
+                        f"its limit is {MAX_INFLIGHT_BYTES} bytes, and the request timed out "
+                        "waiting for room; nothing was written. Slow down or raise timeout_ms."
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._inflight_free.wait(), remaining)
