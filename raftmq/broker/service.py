@@ -152,36 +152,23 @@ def _streaming(
 
 
 def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
-    """Register ``service`` as raftmq.v1.Broker on ``server`` (the generated stubs and
-    messages unchanged; only the deserializers and the error handling are ours)."""
-    handlers = {
-        "Produce": grpc.unary_unary_rpc_method_handler(
-            _unary("Produce", service.Produce),
-            request_deserializer=_deserializer(pb.ProduceRequest),
-            response_serializer=pb.ProduceResponse.SerializeToString,
-        ),
-        "ProduceStream": grpc.stream_stream_rpc_method_handler(
-            _streaming("ProduceStream", service.ProduceStream),
-            request_deserializer=_deserializer(pb.ProduceStreamRequest),
-            response_serializer=pb.ProduceStreamResponse.SerializeToString,
-        ),
-        "Fetch": grpc.unary_unary_rpc_method_handler(
-            _unary("Fetch", service.Fetch),
-            request_deserializer=_deserializer(pb.FetchRequest),
-            response_serializer=pb.FetchResponse.SerializeToString,
-        ),
-        "ListOffsets": grpc.unary_unary_rpc_method_handler(
-            _unary("ListOffsets", service.ListOffsets),
-            request_deserializer=_deserializer(pb.ListOffsetsRequest),
-            response_serializer=pb.ListOffsetsResponse.SerializeToString,
-        ),
-        "Metadata": grpc.unary_unary_rpc_method_handler(
-            _unary("Metadata", service.Metadata),
-            request_deserializer=_deserializer(pb.MetadataRequest),
-            response_serializer=pb.MetadataResponse.SerializeToString,
-        ),
-    }
-    assert set(handlers) == set(pb.DESCRIPTOR.services_by_name["Broker"].methods_by_name)
+    """Register ``service`` as raftmq.v1.Broker on ``server``: one handler per method of
+    the proto's service, with the generated message classes (stubs stay unchanged); only
+    the deserializers and the error handling are ours."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Broker"].methods:
+        behaviour = getattr(service, method.name)
+        if method.client_streaming:
+            assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
+            make, handle = grpc.stream_stream_rpc_method_handler, _streaming(method.name, behaviour)
+        else:
+            assert not method.server_streaming, f"{method.name}: only bidi streams are wrapped"
+            make, handle = grpc.unary_unary_rpc_method_handler, _unary(method.name, behaviour)
+        handlers[method.name] = make(
+            handle,
+            request_deserializer=_deserializer(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import LowLevelClient, error_of
 from raftmq.log import entry
@@ -72,6 +73,14 @@ class BrokerLogs:
         bad = [line for line in text.splitlines() if re.search(r" (ERROR|CRITICAL) ", line)]
         assert not bad, "ERROR lines in the broker log:\n" + "\n".join(bad)
         return text
+
+
+def at_leader(
+    cluster: LocalCluster, client: LowLevelClient, topic: str, partition: int = 0
+) -> tuple[str, pb_grpc.BrokerStub, BrokerLogs]:
+    """The address and a stub of the partition's leader, and a watch on the brokers' logs."""
+    leader = address_of(cluster, leader_of(client, topic, partition))
+    return leader, client.stub(leader), BrokerLogs(cluster)
 
 
 def raw_call(address: str, method: str, data: bytes) -> grpc.RpcError:
@@ -156,8 +165,7 @@ async def test_a_bug_is_internal_with_one_logged_traceback(
 def test_malformed_request_bytes_are_refused_not_internal(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    leader = address_of(shared_cluster, leader_of(client, "bad"))
-    logs = BrokerLogs(shared_cluster)
+    leader, _, logs = at_leader(shared_cluster, client, "bad")
     bad_utf8_topic = b"\x0a\x02\xff\xfe"  # field 1 (topic): two bytes that are not UTF-8
     for method in ("Produce", "Fetch", "ListOffsets", "Metadata"):
         for data in (b"\xff\xff\xff", bad_utf8_topic, b"\x0a\x05ab"):
@@ -170,8 +178,7 @@ def test_malformed_request_bytes_are_refused_not_internal(
 def test_a_malformed_stream_message_ends_the_stream_with_a_code(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    leader = address_of(shared_cluster, leader_of(client, "stream", 0))
-    logs = BrokerLogs(shared_cluster)
+    leader, _, logs = at_leader(shared_cluster, client, "stream", 0)
     good = pb.ProduceStreamRequest(
         requests=[pb.ProduceRequest(topic="stream", partition=0, entries=batch([b"m"]))]
     ).SerializeToString()
@@ -195,9 +202,7 @@ def test_a_malformed_stream_message_ends_the_stream_with_a_code(
 def test_names_need_a_true_end_anchor_and_are_echoed_short(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    leader = address_of(shared_cluster, leader_of(client, "bad"))
-    stub = client.stub(leader)
-    logs = BrokerLogs(shared_cluster)
+    _, stub, logs = at_leader(shared_cluster, client, "bad")
     huge = "x" * (1 << 20)
     for name in ("bad\n", "bad\n\n", "\nbad", huge + "!"):
         for call in (
@@ -237,9 +242,7 @@ def test_list_offsets_refuses_an_unknown_position_or_no_spec(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
     client.produce("lo", 0, batch([b"a"]))
-    leader = address_of(shared_cluster, leader_of(client, "lo"))
-    stub = client.stub(leader)
-    logs = BrokerLogs(shared_cluster)
+    _, stub, logs = at_leader(shared_cluster, client, "lo")
     for fields in ({"position": 7}, {"position": -1}, {}):
         request = pb.ListOffsetsRequest(topic="lo", partition=0, **fields)  # type: ignore[arg-type]
         err = rpc_error(lambda r=request: stub.ListOffsets(r, timeout=RPC_TIMEOUT))
@@ -258,9 +261,7 @@ def test_list_offsets_refuses_an_unknown_position_or_no_spec(
 def test_messages_name_the_limit_and_speak_the_clients_language(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    leader = address_of(shared_cluster, leader_of(client, "bad"))
-    stub = client.stub(leader)
-    logs = BrokerLogs(shared_cluster)
+    leader, stub, logs = at_leader(shared_cluster, client, "bad")
     err = rpc_error(
         lambda: stub.Fetch(pb.FetchRequest(topic="bad", max_bytes=70_000_000), timeout=RPC_TIMEOUT)
     )
@@ -383,8 +384,7 @@ def test_a_refused_stream_answer_carries_the_partitions_offsets(
 def test_a_client_cancelling_its_stream_leaves_no_error_in_the_log(
     shared_cluster: LocalCluster, client: LowLevelClient
 ) -> None:
-    leader = address_of(shared_cluster, leader_of(client, "stream", 0))
-    logs = BrokerLogs(shared_cluster)
+    leader, _, logs = at_leader(shared_cluster, client, "stream", 0)
     for round_ in range(3):
         answered = threading.Event()
         hold = threading.Event()
