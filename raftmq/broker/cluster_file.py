@@ -22,7 +22,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+TOPIC_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")
+r"""Valid topic names. ``\Z``, not ``$``: ``$`` also matches before a final newline, which
+let "demo\n" through; callers use ``fullmatch`` all the same."""
 
 
 class ClusterFileError(ValueError):
@@ -87,7 +89,7 @@ def parse(raw: dict, where: str = "cluster file") -> ClusterSpec:
     topics: dict[str, TopicSpec] = {}
     for t in raw.get("topics", []):
         name = str(t.get("name", ""))
-        if not TOPIC_NAME.match(name):
+        if not TOPIC_NAME.fullmatch(name):
             raise ClusterFileError(
                 f"{where}: topic name {name!r} must be 1-200 characters of A-Z a-z 0-9 . _ -"
             )

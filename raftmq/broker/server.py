@@ -20,10 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.runtime import tune_gc, tune_malloc
-from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService
+from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.log.config import LogConfig
 from raftmq.partition.replica import PartitionReplica, group_name
 from raftmq.raft.driver import RaftHost
@@ -136,7 +135,7 @@ class Broker:
                 ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
             ]
         )
-        pb_grpc.add_BrokerServicer_to_server(BrokerService(self), self._server)
+        add_to_server(BrokerService(self), self._server)
         self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
         loop = asyncio.get_running_loop()

@@ -1,23 +1,29 @@
 """The client-facing gRPC service (raftmq.v1.Broker): validates every field, maps partition
-errors to gRPC statuses with a sentence and machine-readable trailing metadata."""
+errors to gRPC statuses with a sentence and machine-readable trailing metadata (the table
+is in raftmq.broker.errors).
+
+Every RPC is registered through :func:`add_to_server`, not the generated registration:
+its request deserializers let a method refuse bytes that are not a valid message
+(MALFORMED_REQUEST) instead of gRPC answering INTERNAL, and its wrappers turn a Refusal
+into a status with trailers and anything unexpected into one INTERNAL answer and one log
+line with the traceback (a bug of ours, never the client's mistake)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.cluster_file import TOPIC_NAME
-from raftmq.partition.errors import (
-    NotLeaderError,
-    OffsetOutOfRangeError,
-    PartitionError,
-)
+from raftmq.broker.errors import Refusal, abort, name_list, shorten
+from raftmq.log.config import LogConfig
+from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
 
 if TYPE_CHECKING:
@@ -28,27 +34,22 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_MS = 30_000
 MAX_TIMEOUT_MS = 300_000
 DEFAULT_FETCH_BYTES = 1 << 20
+"""What a Fetch with max_bytes 0 reads at most. With one entry of the default max.message.bytes
+(1 MiB) over it and the message overhead, the answer fits the 4 MiB that gRPC clients in
+other languages receive by default (FETCH_OVERHEAD_BYTES, broker.proto's Fetch comment)."""
 MAX_FETCH_BYTES = 64 << 20
+"""The largest max_bytes a Fetch may ask for; a client asking for it must raise its receive
+limit to max_bytes + max.message.bytes + FETCH_OVERHEAD_BYTES."""
+FETCH_OVERHEAD_BYTES = 64 << 10
+"""What a FetchResponse adds to its entries (fields, framing), with room to spare."""
+CLIENT_DEFAULT_RECEIVE_BYTES = 4 << 20
+"""gRPC's default receive limit in most languages (Java, Go, Node.js, C++)."""
+assert (
+    DEFAULT_FETCH_BYTES + LogConfig().max_message_bytes + FETCH_OVERHEAD_BYTES
+    <= CLIENT_DEFAULT_RECEIVE_BYTES
+), "a Fetch with the default max_bytes must fit a gRPC client's default receive limit"
 MAX_WAIT_MS = 60_000
 MAX_PARKED_FETCHES = 10_000
-
-_STATUS = {
-    "UNKNOWN_TOPIC": grpc.StatusCode.NOT_FOUND,
-    "UNKNOWN_PARTITION": grpc.StatusCode.NOT_FOUND,
-    "NOT_HOSTED": grpc.StatusCode.NOT_FOUND,
-    "NOT_LEADER": grpc.StatusCode.FAILED_PRECONDITION,
-    "LEADER_NOT_AVAILABLE": grpc.StatusCode.UNAVAILABLE,
-    "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
-    "INVALID_BATCH": grpc.StatusCode.INVALID_ARGUMENT,
-    "CORRUPT_BATCH": grpc.StatusCode.INVALID_ARGUMENT,
-    "BATCH_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
-    "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
-
 
 MAX_STREAM_INFLIGHT = 1024
 """Requests of one ProduceStream worked on at once; past it the stream is not read."""
@@ -56,56 +57,129 @@ MAX_STREAM_ANSWERS = 256
 """Answers in one ProduceStream message at most (they are small: offsets and an id)."""
 
 
-class Refusal(Exception):
-    """A request refused with a symbolic code (the ``raftmq-error`` vocabulary), a sentence,
-    and fields a client acts on. Unary calls turn it into a gRPC status with trailing
-    metadata; ProduceStream into a ProduceError in the answer."""
-
-    def __init__(self, code: str, message: str, **meta: object) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.meta = {k: v for k, v in meta.items() if v is not None}
-
-    @classmethod
-    def of(cls, exc: PartitionError, broker: Broker) -> Refusal:
-        if isinstance(exc, NotLeaderError):
-            leader = broker.spec.brokers.get(exc.leader)
-            if exc.leader == 0 or leader is None:
-                return cls("LEADER_NOT_AVAILABLE", str(exc))
-            return cls("NOT_LEADER", str(exc), leader_id=exc.leader, leader_address=leader.address)
-        if isinstance(exc, OffsetOutOfRangeError):
-            return cls(
-                exc.code,
-                str(exc),
-                log_start_offset=exc.start,
-                high_watermark=exc.high_watermark,
-            )
-        return cls(exc.code, str(exc))
-
-    def to_pb(self) -> pb.ProduceError:
-        return pb.ProduceError(
-            code=self.code,
-            message=self.message,
-            leader_id=int(self.meta.get("leader_id", 0)),  # type: ignore[call-overload]
-            leader_address=str(self.meta.get("leader_address", "")),
+def _at_most(name: str, value: int, limit: int, unit: str = "") -> None:
+    if value > limit:
+        raise Refusal(
+            "INVALID_ARGUMENT", f"{name} {value} is over this broker's limit of {limit}{unit}"
         )
 
 
-async def _abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
-    metadata = [("raftmq-error", refusal.code)] + [
-        (f"raftmq-{k.replace('_', '-')}", str(v)) for k, v in refusal.meta.items()
-    ]
-    await context.abort(_STATUS[refusal.code], refusal.message, trailing_metadata=tuple(metadata))
-    raise AssertionError("unreachable: abort raises")
+class _Malformed:
+    """What the deserializer hands a method for request bytes that are not a valid message:
+    the method refuses it (MALFORMED_REQUEST) as it refuses any other bad field."""
+
+    def __init__(self, message_type: type[Message], exc: Exception) -> None:
+        self.refusal = Refusal(
+            "MALFORMED_REQUEST",
+            f"the request bytes are not a valid protobuf encoding of "
+            f"{message_type.DESCRIPTOR.full_name} ({exc}); build it from "
+            "raftmq/api/v1/broker.proto",
+        )
 
 
-def _at_most(name: str, value: int, limit: int) -> None:
-    if value > limit:
-        raise Refusal("INVALID_ARGUMENT", f"{name} {value} is over {limit}")
+def _deserializer(message_type: type[Message]) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(message_type, exc)
+
+    return parse
+
+
+def _well_formed(request: object) -> None:
+    if isinstance(request, _Malformed):
+        raise request.refusal
+
+
+def _internal(rpc: str, exc: BaseException) -> Refusal:
+    log.error("%s failed on a bug of the broker", rpc, exc_info=exc)
+    return Refusal(
+        "INTERNAL",
+        f"internal error in {rpc} ({type(exc).__name__}); this is a bug in the broker, "
+        "not in the request: its log has the details",
+    )
+
+
+def _unary(
+    rpc: str, method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
+    async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            _well_formed(request)
+            return await method(request, context)
+        except Refusal as refusal:
+            failure = refusal
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            failure = _internal(rpc, exc)
+        await abort(context, failure)
+
+    return handle
+
+
+def _streaming(
+    rpc: str,
+    method: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]],
+) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]]:
+    async def checked(requests: AsyncIterator[object]) -> AsyncIterator[object]:
+        async for request in requests:
+            _well_formed(request)
+            yield request
+
+    async def handle(
+        requests: AsyncIterator[object], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
+        try:
+            async for answer in method(checked(requests), context):
+                yield answer
+            return
+        except Refusal as refusal:
+            failure = refusal
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            if context.cancelled() or context.done():
+                # The client went away (cancelled, or its deadline passed): nothing to
+                # answer and nothing wrong with the broker.
+                log.debug("%s ended by the client: %r", rpc, exc)
+                return
+            failure = _internal(rpc, exc)
+        await abort(context, failure)
+
+    return handle
+
+
+def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
+    """Register ``service`` as raftmq.v1.Broker on ``server``: one handler per method of
+    the proto's service, with the generated message classes (stubs stay unchanged); only
+    the deserializers and the error handling are ours."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Broker"].methods:
+        behaviour = getattr(service, method.name)
+        if method.client_streaming:
+            assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
+            make, handle = grpc.stream_stream_rpc_method_handler, _streaming(method.name, behaviour)
+        else:
+            assert not method.server_streaming, f"{method.name}: only bidi streams are wrapped"
+            make, handle = grpc.unary_unary_rpc_method_handler, _unary(method.name, behaviour)
+        handlers[method.name] = make(
+            handle,
+            request_deserializer=_deserializer(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "raftmq.v1.Broker"
 
 
 class BrokerService(pb_grpc.BrokerServicer):
+    """The RPCs. Each returns its answer or raises Refusal; :func:`add_to_server` turns that
+    into the call's status (or, in ProduceStream, into the request's answer)."""
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._parked = asyncio.Semaphore(MAX_PARKED_FETCHES)
@@ -115,14 +189,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise Refusal("SHUTTING_DOWN", f"broker {self.broker.id} is shutting down; use another")
         spec = self.broker.spec.topics.get(topic)
         if spec is None:
-            if not TOPIC_NAME.match(topic):
+            if not TOPIC_NAME.fullmatch(topic):
                 raise Refusal(
                     "INVALID_ARGUMENT",
-                    f"{topic!r} is not a valid topic name: use 1-200 characters of "
+                    f"{shorten(topic)} is not a valid topic name: use 1-200 characters of "
                     "A-Z a-z 0-9 . _ -",
                 )
-            known = ", ".join(sorted(self.broker.spec.topics)) or "none"
-            raise Refusal("UNKNOWN_TOPIC", f"topic {topic!r} does not exist; known topics: {known}")
+            known = name_list(sorted(self.broker.spec.topics))
+            raise Refusal(
+                "UNKNOWN_TOPIC", f"topic {shorten(topic)} does not exist; known topics: {known}"
+            )
         if partition >= spec.partitions:
             raise Refusal(
                 "UNKNOWN_PARTITION",
@@ -139,21 +215,28 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         return replica
 
+    def _refusal(self, exc: PartitionError) -> Refusal:
+        return Refusal.of(exc, self.broker)
+
     # --- RPCs ---------------------------------------------------------------------------
 
     async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         """One produce request, for both Produce and ProduceStream; raises Refusal."""
         replica = self._replica(request.topic, request.partition)
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
-        _at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS)
+        _at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
         try:
             acks = Acks(request.acks)
         except ValueError:
-            raise Refusal("INVALID_ARGUMENT", f"unknown acks value {request.acks}") from None
+            raise Refusal(
+                "INVALID_ARGUMENT",
+                f"unknown acks value {request.acks}; use ACKS_ALL (0), ACKS_LEADER (1) or "
+                "ACKS_NONE (2)",
+            ) from None
         try:
             result = await replica.produce(request.entries, acks, timeout_ms / 1000)
         except PartitionError as exc:
-            raise Refusal.of(exc, self.broker) from None
+            raise self._refusal(exc) from None
         return pb.ProduceResponse(
             base_offset=result.base_offset,
             last_offset=result.last_offset,
@@ -164,10 +247,20 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
-        try:
-            return await self._produce(request)
-        except Refusal as refusal:
-            await _abort(context, refusal)
+        return await self._produce(request)
+
+    def _refused(self, request: pb.ProduceRequest, refusal: Refusal) -> pb.ProduceResponse:
+        """A ProduceStream request's answer for a refusal, with the partition's offsets as
+        this broker knows them (-1 when it hosts no replica of it)."""
+        replica = self.broker.replicas.get((request.topic, request.partition))
+        return pb.ProduceResponse(
+            base_offset=-1,
+            last_offset=-1,
+            high_watermark=replica.high_watermark if replica else -1,
+            log_start_offset=replica.log_start_offset if replica else -1,
+            request_id=request.request_id,
+            error=refusal.to_pb(),
+        )
 
     async def ProduceStream(
         self,
@@ -176,40 +269,58 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> AsyncIterator[pb.ProduceStreamResponse]:
         """Read requests as they come and work on up to MAX_STREAM_INFLIGHT at once (counting
         answers not yet sent), each in its own task; send the answers that are ready
-        together, in one message."""
+        together, in one message. A request whose request_id is still in progress on this
+        stream is refused at once (DUPLICATE_REQUEST_ID): answers are matched by id, so two
+        would be ambiguous. A message that is not valid protobuf ends the stream with
+        MALFORMED_REQUEST once the requests in progress are answered."""
         answers: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_INFLIGHT)
         working: set[asyncio.Task[None]] = set()
+        in_progress: set[int] = set()
 
         async def work(request: pb.ProduceRequest) -> None:
             try:
                 answer = await self._produce(request)
+                answer.request_id = request.request_id
             except Refusal as refusal:
-                answer = pb.ProduceResponse(base_offset=-1, last_offset=-1, error=refusal.to_pb())
+                answer = self._refused(request, refusal)
             except Exception as exc:  # a bug must not leave the client waiting forever
-                log.exception("ProduceStream request %d failed", request.request_id)
-                answer = pb.ProduceResponse(
-                    base_offset=-1,
-                    last_offset=-1,
-                    error=pb.ProduceError(code="INTERNAL", message=f"internal error: {exc!r}"),
-                )
-            answer.request_id = request.request_id
+                answer = self._refused(request, _internal("ProduceStream", exc))
+            in_progress.discard(request.request_id)
             answers.put_nowait(answer)
 
         async def read() -> None:
             try:
-                async for message in request_iterator:
-                    for request in message.requests:
-                        await slots.acquire()
-                        task = asyncio.create_task(work(request))
-                        working.add(task)
-                        task.add_done_callback(working.discard)
+                try:
+                    async for message in request_iterator:
+                        for request in message.requests:
+                            await slots.acquire()
+                            if request.request_id in in_progress:
+                                refusal = Refusal(
+                                    "DUPLICATE_REQUEST_ID",
+                                    f"request_id {request.request_id} is already in progress "
+                                    "on this stream; give each request in progress its own id",
+                                )
+                                answers.put_nowait(self._refused(request, refusal))
+                                continue
+                            in_progress.add(request.request_id)
+                            task = asyncio.create_task(work(request))
+                            working.add(task)
+                            task.add_done_callback(working.discard)
+                except Refusal:
+                    # A malformed message: answer what is in progress, then end the stream.
+                    while working:
+                        await asyncio.wait(set(working))
+                    raise
                 while working:
                     await asyncio.wait(set(working))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        # Whatever ends the reader (the client cancelling, say) is looked at below or, if
+        # the stream ends first, here: never "Task exception was never retrieved".
+        reader.add_done_callback(_retrieve)
         try:
             ended = False
             while not ended:
@@ -236,16 +347,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        try:
-            return await self._fetch(request)
-        except Refusal as refusal:
-            await _abort(context, refusal)
-
-    async def _fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
         replica = self._replica(request.topic, request.partition)
         max_bytes = request.max_bytes or DEFAULT_FETCH_BYTES
-        _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES)
-        _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS)
+        _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES, " bytes")
+        _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS, " ms")
         if request.offset < 0:
             raise Refusal("INVALID_ARGUMENT", f"offset {request.offset} is negative")
         wait = request.max_wait_ms / 1000
@@ -256,7 +361,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             else:
                 result = replica.read(request.offset, max_bytes)
         except PartitionError as exc:
-            raise Refusal.of(exc, self.broker) from None
+            raise self._refusal(exc) from None
         next_offset = result.next_offset if result.entries else request.offset
         return pb.FetchResponse(
             entries=result.data,
@@ -269,21 +374,31 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
-        try:
-            replica = self._replica(request.topic, request.partition)
-        except Refusal as refusal:
-            await _abort(context, refusal)
-        hw = replica.high_watermark
+        replica = self._replica(request.topic, request.partition)
         which = request.WhichOneof("spec")
-        if which == "timestamp_ms":
-            found = replica.log.offset_for_timestamp(request.timestamp_ms)
-            offset = hw if found is None else min(found, hw)
-        elif request.position == pb.LATEST:
-            offset = hw
-        else:
-            offset = replica.log_start_offset
+        try:
+            if which == "timestamp_ms":
+                offset = replica.offset_for_timestamp(request.timestamp_ms)
+            elif which == "position" and request.position == pb.LATEST:
+                offset = replica.high_watermark
+            elif which == "position" and request.position == pb.EARLIEST:
+                offset = replica.log_start_offset
+            elif which == "position":
+                raise Refusal(
+                    "INVALID_ARGUMENT",
+                    f"unknown position {request.position}; use EARLIEST (0) or LATEST (1)",
+                )
+            else:
+                raise Refusal(
+                    "INVALID_ARGUMENT",
+                    "the request sets neither position nor timestamp_ms; set one of them",
+                )
+        except PartitionError as exc:
+            raise self._refusal(exc) from None
         return pb.ListOffsetsResponse(
-            offset=offset, log_start_offset=replica.log_start_offset, high_watermark=hw
+            offset=offset,
+            log_start_offset=replica.log_start_offset,
+            high_watermark=replica.high_watermark,
         )
 
     async def Metadata(
@@ -291,15 +406,18 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.MetadataResponse:
         spec = self.broker.spec
         names = list(request.topics) or sorted(spec.topics)
+        invalid = [n for n in names if not TOPIC_NAME.fullmatch(n)]
+        if invalid:
+            raise Refusal(
+                "INVALID_ARGUMENT",
+                f"{name_list(invalid, 5)} are not valid topic names: use 1-200 characters of "
+                "A-Z a-z 0-9 . _ -",
+            )
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
-            await _abort(
-                context,
-                Refusal(
-                    "UNKNOWN_TOPIC",
-                    f"unknown topics: {', '.join(unknown)}; "
-                    f"known: {', '.join(sorted(spec.topics))}",
-                ),
+            raise Refusal(
+                "UNKNOWN_TOPIC",
+                f"unknown topics: {name_list(unknown, 5)}; known: {name_list(sorted(spec.topics))}",
             )
         topics = []
         for name in names:
@@ -320,3 +438,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.MetadataResponse(
             cluster=spec.name, brokers=brokers, topics=topics, broker_id=self.broker.id
         )
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a finished task's exception as seen (it is re-raised where it matters)."""
+    if not task.cancelled():
+        task.exception()

@@ -175,7 +175,10 @@ def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Hea
         fields
     )
     if length > MAX_ENTRY_BYTES - 4:
-        raise InvalidEntryError(f"entry at byte {position} declares {length} bytes, over the cap")
+        raise InvalidEntryError(
+            f"entry at byte {position} declares {length + 4} bytes, over the format's limit "
+            f"of {MAX_ENTRY_BYTES} bytes per entry"
+        )
     if magic != MAGIC:
         raise InvalidEntryError(f"unknown entry format version {magic} at byte {position}")
     if length != _LENGTH_BIAS + payload_length:

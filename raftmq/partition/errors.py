@@ -50,3 +50,32 @@ class OffsetOutOfRangeError(PartitionError):
         super().__init__(message)
         self.start = start
         self.high_watermark = high_watermark
+
+
+class CorruptDataError(PartitionError):
+    """This replica's stored copy of a range failed its checksum (a disk problem, not the
+    client's): the client reads the range from another replica (``leader``, when known and
+    not this broker) or retries later, once the replica has restored it."""
+
+    code = "CORRUPT_DATA"
+
+    def __init__(self, message: str, leader: int = 0) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class ReplicaFailedError(PartitionError):
+    """This broker's replica of the partition is failed (quarantined) after an error in its
+    own log or storage; the other partitions on the broker are unaffected. The client
+    retries on another replica or later."""
+
+    code = "REPLICA_FAILED"
+
+    def __init__(self, topic: str, partition: int, reason: str) -> None:
+        super().__init__(
+            f"this broker's replica of {topic}/{partition} has failed ({reason}); "
+            "use another replica or retry later"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.reason = reason

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -23,6 +24,7 @@ from raftmq.log.log import Log, ReadResult
 from raftmq.partition.errors import (
     BatchTooLargeError,
     CorruptBatchError,
+    CorruptDataError,
     InvalidBatchError,
     NotLeaderError,
     OffsetOutOfRangeError,
@@ -35,9 +37,15 @@ from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.ready import SoftState
 
+log = logging.getLogger(__name__)
+
 MAX_ENTRIES_PER_PRODUCE = 10_000
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Bytes proposed but not yet answered, per partition: past it producers wait (backpressure)."""
+CORRUPT_PROBE_ENTRIES = 256
+"""How many entries a read that met a corrupt one walks, one by one, to name its offset."""
+MAX_CORRUPT_REPORTED = 1024
+"""Corrupt places remembered per replica so each is logged once, not on every retry."""
 
 
 class Acks(IntEnum):
@@ -74,6 +82,7 @@ class PartitionReplica:
         self._hw_event = asyncio.Event()
         self._inflight_bytes = 0
         self._inflight_free = asyncio.Condition()
+        self._corrupt_reported: set[tuple[str, int]] = set()
         self.leader_term = 0
         self.group: RaftGroup = host.open_group(
             group_name(topic, partition),
@@ -189,7 +198,15 @@ class PartitionReplica:
             except raft_errors.ProposalDroppedError as exc:
                 # Refused before anything was appended (e.g. a leadership transfer is under
                 # way): definite, and the client should retry at the next leader.
-                raise NotLeaderError(self.topic, self.partition, 0, str(exc)) from None
+                raise NotLeaderError(
+                    self.topic, self.partition, 0, f"nothing was written: {exc}"
+                ) from None
+            except CorruptEntryError as exc:
+                raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
+            except InvalidEntryError as exc:
+                # The Raft core's own check of what it is handed; validate() should have
+                # caught it first, and a client must still get a refusal, not a crash.
+                raise InvalidBatchError(f"malformed batch: {exc}") from None
             last = core.log.next_offset - 1
             if acks == Acks.NONE:
                 future.add_done_callback(_consume_exception)
@@ -209,7 +226,12 @@ class PartitionReplica:
                 ) from None
             except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
                 # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
-                raise NotLeaderError(self.topic, self.partition, self.leader_id, str(exc)) from None
+                raise NotLeaderError(
+                    self.topic,
+                    self.partition,
+                    self.leader_id,
+                    f"the write was not kept, a retry cannot duplicate it: {exc}",
+                ) from None
             return ProduceResult(base, last)
         finally:
             await self._release(size)
@@ -220,8 +242,9 @@ class PartitionReplica:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ProduceTimeoutError(
-                        "the partition has too much data in flight; the request timed out "
-                        "waiting for room. Slow down or raise timeout_ms."
+                        f"the partition has {self._inflight_bytes} bytes of writes in flight, "
+                        f"its limit is {MAX_INFLIGHT_BYTES} bytes, and the request timed out "
+                        "waiting for room; nothing was written. Slow down or raise timeout_ms."
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._inflight_free.wait(), remaining)
@@ -247,10 +270,60 @@ class PartitionReplica:
             )
         try:
             return self.group.log.read(offset, max_bytes, upper_offset=hw)
+        except CorruptEntryError as exc:
+            raise self._corrupt(exc, offset, hw) from None
         except LogError as exc:
             if hasattr(exc, "start"):
                 raise OffsetOutOfRangeError(str(exc), start, hw) from None
             raise
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first committed offset whose entry's max timestamp is at or after
+        ``timestamp_ms``, or the high watermark when none is."""
+        hw = self.high_watermark
+        try:
+            found = self.group.log.offset_for_timestamp(timestamp_ms)
+        except CorruptEntryError as exc:
+            raise self._corrupt(exc, self.log_start_offset, hw) from None
+        return hw if found is None else min(found, hw)
+
+    def _corrupt(self, exc: CorruptEntryError, offset: int, hw: int) -> CorruptDataError:
+        """The client's error for a stored entry that failed its checksum on a read, with
+        the offset it starts at (found by reading on entry by entry: corruption is rare,
+        so the walk costs nothing in the common case), logged once as a WARNING: a disk
+        problem, not the client's, and no traceback to add."""
+        bad = offset
+        log_ = self.group.log
+        with contextlib.suppress(LogError):
+            for _ in range(CORRUPT_PROBE_ENTRIES):
+                result = log_.read(bad, 1, upper_offset=hw)
+                if not result.entries or result.next_offset >= hw:
+                    break
+                bad = result.next_offset
+        me = self._host.node_id
+        leader = self.leader_id
+        if leader and leader != me:
+            where = f"fetch them from the leader, broker {leader}, or another replica"
+        else:
+            where = "fetch them from another replica or retry later"
+        place = (exc.segment, exc.position)
+        if (
+            place not in self._corrupt_reported
+            and len(self._corrupt_reported) < MAX_CORRUPT_REPORTED
+        ):
+            self._corrupt_reported.add(place)
+            log.warning(
+                "%s/%d: stored entry from offset %d failed its checksum (%s)",
+                self.topic,
+                self.partition,
+                bad,
+                exc,
+            )
+        return CorruptDataError(
+            f"offsets from {bad} of {self.topic}/{self.partition} failed their checksum on "
+            f"broker {me} (segment {exc.segment or '?'} byte {exc.position}): {where}",
+            leader,
+        )
 
     async def fetch(
         self, offset: int, max_bytes: int, min_bytes: int, max_wait: float

@@ -686,12 +686,17 @@ class RaftCore:
             raise ProposalDroppedError("leadership transfer in progress")
         ents = split(buf, verify=True)
         if not ents:
-            raise InvalidEntryError("empty proposal")
+            raise InvalidEntryError("the request holds no entries")
         for e in ents:
             if e.type not in _PROPOSABLE:
-                raise InvalidEntryError(f"{EntryType(e.type).name} entries are made by Raft itself")
+                raise InvalidEntryError(
+                    f"an entry is of type {EntryType(e.type).name}, which only Raft itself writes"
+                )
             if e.index or e.term:
-                raise InvalidEntryError("proposals carry index and term 0")
+                raise InvalidEntryError(
+                    f"an entry has index {e.index} and term {e.term}; a producer leaves both 0 "
+                    "(the leader assigns them)"
+                )
         return self._append_entries(ents)
 
     def propose_membership(self, new: Membership) -> int:

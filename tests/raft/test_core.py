@@ -309,7 +309,7 @@ def test_stamped_proposal_is_refused():
     p = make(1, {1})
     p.core.campaign()
     flush(p)
-    with pytest.raises(Exception, match="index and term 0"):
+    with pytest.raises(Exception, match="a producer leaves both 0"):
         p.core.propose(stamped(9, 9))
 
 
