@@ -46,6 +46,7 @@ _STATUS = {
     "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
     "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
     "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
+    "REPLICA_FAILED": grpc.StatusCode.UNAVAILABLE,
     "INTERNAL": grpc.StatusCode.INTERNAL,
 }
 
@@ -105,6 +106,20 @@ def _at_most(name: str, value: int, limit: int) -> None:
         raise Refusal("INVALID_ARGUMENT", f"{name} {value} is over {limit}")
 
 
+_REPLICA_STATE = {
+    "ok": pb.REPLICA_OK,
+    "catching_up": pb.REPLICA_CATCHING_UP,
+    "failed": pb.REPLICA_FAILED,
+}
+
+
+def _replica_status(replica: PartitionReplica) -> list[pb.ReplicaStatus]:
+    return [
+        pb.ReplicaStatus(broker_id=broker_id, state=_REPLICA_STATE[state], reason=reason)
+        for broker_id, (state, reason) in replica.replica_states().items()
+    ]
+
+
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -137,6 +152,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 f"broker {self.broker.id} hosts no replica of {topic}/{partition}; "
                 f"its replicas are on brokers {owners}",
             )
+        try:
+            replica.check_serving()
+        except PartitionError as exc:
+            raise Refusal.of(exc, self.broker) from None
         return replica
 
     # --- RPCs ---------------------------------------------------------------------------
@@ -313,6 +332,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                         replicas=list(replicas),
                         leader_term=replica.leader_term if replica else 0,
                         high_watermark=replica.high_watermark if replica else -1,
+                        replica_status=_replica_status(replica) if replica else [],
                     )
                 )
             topics.append(pb.TopicInfo(name=name, partitions=parts))

@@ -20,7 +20,7 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 72 << 20),
     ("grpc.max_send_message_length", 72 << 20),
 ]
-RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED"}
+RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED", "REPLICA_FAILED"}
 
 
 class ClientError(Exception):
