@@ -118,9 +118,19 @@ def broker(
             "broker's parent; 'raftmq dev' sets it, so its brokers never outlive it.",
         ),
     ] = None,
+    inject_host_fault_after_ms: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            hidden=True,
+            help="Test only: make the Raft host fail this long after start, as if its own "
+            "loop broke, to test that the broker then exits with status 3.",
+        ),
+    ] = None,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
-    leaderships over and stops cleanly)."""
+    leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
+    partition: those are quarantined and reopened), so that a supervisor restarts it."""
     from raftmq.broker.server import Broker, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -142,10 +152,15 @@ def broker(
             retention_check_seconds=retention_check_ms / 1000,
             leader_rebalance_seconds=leader_rebalance_ms / 1000,
             durability_markers=durability_markers,
+            inject_host_fault_after_s=(
+                None if inject_host_fault_after_ms is None else inject_host_fault_after_ms / 1000
+            ),
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
-    asyncio.run(run(node, parent_pid=parent_pid))
+    status = asyncio.run(run(node, parent_pid=parent_pid))
+    if status:
+        raise typer.Exit(status)
 
 
 # --- dev -----------------------------------------------------------------------------
