@@ -318,6 +318,21 @@ def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:
     return ok
 
 
+def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
+    """The brokers to ask: ``--bootstrap`` if given, else those of ``--data``'s cluster file
+    (exits 2 with what to do when there is neither)."""
+    if bootstrap:
+        return [a.strip() for a in bootstrap.split(",") if a.strip()]
+    path = data / CLUSTER_FILE
+    if not path.exists():
+        raise _fail(
+            f"No cluster file at {path}. Start a local cluster first with 'raftmq dev' "
+            "(or 'make dev'), or pass --bootstrap host:port.",
+            2,
+        )
+    return [b.address for b in cluster_file.load(path).brokers.values()]
+
+
 def demo(
     data: Annotated[
         Path, typer.Option(help="Data folder of a running 'raftmq dev' cluster.")
@@ -329,17 +344,7 @@ def demo(
 ) -> None:
     """Produce records to the running cluster with acks=all, consume them back, and check
     they are exactly what was written, in order. Exits 1 if anything is off."""
-    if bootstrap:
-        addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
-    else:
-        path = data / CLUSTER_FILE
-        if not path.exists():
-            raise _fail(
-                f"No cluster file at {path}. Start a local cluster first with 'raftmq dev' "
-                "(or 'make dev'), or pass --bootstrap host:port.",
-                2,
-            )
-        addresses = [b.address for b in cluster_file.load(path).brokers.values()]
+    addresses = cluster_addresses(data, bootstrap)
     with LowLevelClient(addresses) as client:
         try:
             ok = _demo(client, records)
@@ -349,4 +354,4 @@ def demo(
         raise typer.Exit(1)
 
 
-__all__ = ["broker", "demo", "dev"]
+__all__ = ["broker", "cluster_addresses", "demo", "dev"]
