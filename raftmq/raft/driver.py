@@ -714,7 +714,7 @@ class RaftHost:
         group.failure = _reason(what, exc)
         log.error(
             "group %s on node %d: %s; it is quarantined (the other groups run on) and is "
-            "reopened from disk in %.0f s",
+            "reopened from disk in %.1f s",
             group.name,
             self.node_id,
             group.failure,
@@ -774,7 +774,7 @@ class RaftHost:
                     group.retry_s = min(RETRY_MAX_S, group.retry_s * 2)
                     group.failure = _reason("reopening from disk", exc)
                     log.error(
-                        "group %s on node %d: %s; next try in %.0f s",
+                        "group %s on node %d: %s; next try in %.1f s",
                         group.name,
                         self.node_id,
                         group.failure,
@@ -865,7 +865,7 @@ class RaftHost:
                     failed += part
             for group, exc in failed:
                 # Persist before send: its acks and votes of this round are never sent.
-                self._quarantine(group, "persist (fsync)", exc)
+                self._quarantine(group, "persist", exc)
             for group, rd in round_:
                 if group.failure is None:
                     try:

@@ -6,7 +6,12 @@ host, and its owner hears of it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +175,76 @@ async def test_a_failure_outside_any_group_fails_the_host_and_tells_its_owner(
             host.propose("x", batch(2))
     finally:
         await host.stop()
+
+
+async def _emfile_scenario(tmp: Path) -> dict[str, object]:
+    """Run in a child process (the limit is process-wide): three nodes, groups "a" (small
+    segments: it must open files to roll) and "b" (never rolls). With RLIMIT_NOFILE at the
+    files already open, "a" fails with EMFILE while "b" commits on; with the limit back, "a"
+    is reopened and commits again."""
+    import resource
+
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, **FAST)
+        host.open_group("a", tmp / f"n{node}" / "a", MEMBERS, log_config=TINY, replay=False)
+        host.open_group("b", tmp / f"n{node}" / "b", MEMBERS, replay=False)
+        hosts[node] = host
+    for host in hosts.values():
+        await host.start()
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out: dict[str, object] = {}
+    try:
+        for g in ("a", "b"):
+            await wait_for(lambda g=g: leader_of(hosts, g) is not None, what=f"a leader of {g}")
+        await propose_some(hosts, "a", 5, 0)
+        await propose_some(hosts, "b", 5, 0)
+        await asyncio.sleep(1.5)  # every commit hint file is open by now
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), limits[1]))
+        leader = leader_of(hosts, "a")
+        assert leader is not None
+        with contextlib.suppress(Exception):
+            for i in range(1000):
+                await leader.propose("a", batch(i))
+        out["reasons"] = [h.status("a").failed for h in hosts.values()]
+        await propose_some(hosts, "b", 20, 100)
+        out["b_commit_while_a_failed"] = [h.status("b").commit for h in hosts.values()]
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        await wait_for(lambda: all("a" in h.groups for h in hosts.values()), 10.0, "reopen")
+        await propose_some(hosts, "a", 10, 5000)
+        want = committed_entries(leader_of(hosts, "a"), "a")  # type: ignore[arg-type]
+        await wait_for(
+            lambda: all(committed_entries(h, "a") == want for h in hosts.values()),
+            what="every node to hold a's committed entries",
+        )
+        out["a_recovered"] = True
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        for host in hosts.values():
+            await host.stop()
+    return out
+
+
+def test_emfile_quarantines_the_group_that_needed_a_file_and_it_recovers(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import asyncio, json, sys; from pathlib import Path; "
+        "import tests.raft.test_driver_isolation as t; "
+        "t.driver_mod.RETRY_FIRST_S = 0.2; t.driver_mod.RETRY_MAX_S = 0.4; "
+        "print(json.dumps(asyncio.run(t._emfile_scenario(Path(sys.argv[1])))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    failed = [r for r in out["reasons"] if r]
+    assert failed and all("Too many open files" in r for r in failed), out
+    assert all(c >= 25 for c in out["b_commit_while_a_failed"]), out
+    assert out["a_recovered"]
