@@ -318,6 +318,17 @@ def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:
     return ok
 
 
+RunningClusterData = Annotated[
+    Path, typer.Option("--data", help="Data folder of a running 'raftmq dev' cluster.")
+]
+BootstrapAddresses = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap", help="Broker addresses host:port,... instead of --data's cluster file."
+    ),
+]
+
+
 def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
     """The brokers to ask: ``--bootstrap`` if given, else those of ``--data``'s cluster file
     (exits 2 with what to do when there is neither)."""
@@ -334,12 +345,8 @@ def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
 
 
 def demo(
-    data: Annotated[
-        Path, typer.Option(help="Data folder of a running 'raftmq dev' cluster.")
-    ] = DEFAULT_DATA,
-    bootstrap: Annotated[
-        str, typer.Option(help="Broker addresses host:port,... instead of --data's cluster file.")
-    ] = "",
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
     records: Annotated[int, typer.Option(min=1, max=10_000_000, help="How many records.")] = 3000,
 ) -> None:
     """Produce records to the running cluster with acks=all, consume them back, and check
@@ -354,4 +361,11 @@ def demo(
         raise typer.Exit(1)
 
 
-__all__ = ["broker", "cluster_addresses", "demo", "dev"]
+__all__ = [
+    "BootstrapAddresses",
+    "RunningClusterData",
+    "broker",
+    "cluster_addresses",
+    "demo",
+    "dev",
+]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Annotated
 
 import grpc
@@ -19,7 +18,13 @@ import typer
 from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.cli.cluster_cmd import DEFAULT_DATA, cluster_addresses, console
+from raftmq.cli.cluster_cmd import (
+    DEFAULT_DATA,
+    BootstrapAddresses,
+    RunningClusterData,
+    cluster_addresses,
+    console,
+)
 from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
 
 RPC_TIMEOUT_S = 3.0
@@ -64,6 +69,9 @@ class ClusterHealth:
     brokers: list[BrokerHealth]
     partitions: list[PartitionHealth]
     problems: list[str]
+    """What makes the status fail (exit 1): failed replicas, partitions without a leader."""
+    warnings: list[str]
+    """What an operator should know but does not fail it: brokers not serving."""
 
     @property
     def ok(self) -> bool:
@@ -87,7 +95,12 @@ def collect(client: LowLevelClient) -> ClusterHealth:
             entry.error = str(error_of(exc))
         brokers.append(entry)
     partitions = [_merge(t.name, p, answers) for t in first.topics for p in t.partitions]
-    return ClusterHealth(first.cluster, brokers, partitions, _problems(brokers, partitions))
+    warnings = [
+        f"Broker {b.id} at {b.address} is {b.health}" + (f": {b.error}" if b.error else ".")
+        for b in brokers
+        if b.health != "SERVING"
+    ]
+    return ClusterHealth(first.cluster, brokers, partitions, _problems(partitions), warnings)
 
 
 def _merge(
@@ -127,7 +140,7 @@ def _merge(
     return PartitionHealth(topic, info.partition, leader, term, hw, replicas)
 
 
-def _problems(brokers: list[BrokerHealth], partitions: list[PartitionHealth]) -> list[str]:
+def _problems(partitions: list[PartitionHealth]) -> list[str]:
     problems = [
         f"Partition {p.topic}/{p.partition} has no leader." for p in partitions if p.leader is None
     ]
@@ -170,17 +183,15 @@ def render(health: ClusterHealth) -> None:
         console.print(
             f"[green]Every partition has a leader and none of its {count} replicas failed.[/]"
         )
+    for warning in health.warnings:
+        console.print(f"[yellow]{warning}[/]", highlight=False)
     for problem in health.problems:
         console.print(f"[red]{problem}[/]", highlight=False)
 
 
 def status(
-    data: Annotated[
-        Path, typer.Option(help="Data folder of a running 'raftmq dev' cluster.")
-    ] = DEFAULT_DATA,
-    bootstrap: Annotated[
-        str, typer.Option(help="Broker addresses host:port,... instead of --data's cluster file.")
-    ] = "",
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the status as JSON instead of tables.")
     ] = False,
@@ -195,7 +206,10 @@ def status(
                 console.print(f"Asking the brokers at {', '.join(addresses)} how they are...")
             health = collect(client)
         except ClientError as exc:  # no broker answered: say so in a sentence
-            message = f"No broker of the cluster answered ({exc})."
+            message = (
+                f"None of the brokers at {', '.join(addresses)} answered; is the cluster "
+                f"running? ({exc})"
+            )
             if as_json:
                 print(json.dumps({"ok": False, "problems": [message]}))
                 raise typer.Exit(1) from None

@@ -42,6 +42,13 @@ MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Bytes proposed but not yet answered, per partition: past it producers wait (backpressure)."""
 
 
+_LEADER_DOING = {
+    ProgressState.PROBE: "is probing where its log ends (no recent answer, or it diverged)",
+    ProgressState.REPLICATE: "is sending it entries",
+    ProgressState.SNAPSHOT: "is sending it a snapshot",
+}
+
+
 class Acks(IntEnum):
     ALL = 0
     LEADER = 1
@@ -133,8 +140,8 @@ class PartitionReplica:
             else:
                 states[peer] = (
                     "catching_up",
-                    f"holds entries up to {pr.match}; the commit is at {st.commit} "
-                    f"(replication {pr.state.value})",
+                    f"holds entries up to {pr.match} of the commit at {st.commit}; the leader "
+                    + _LEADER_DOING[pr.state],
                 )
         return states
 
