@@ -583,7 +583,7 @@ class RaftHost:
         return self.failed
 
     def inject_host_fault(self, exc: BaseException) -> None:
-        """Test only (``raftmq broker --test-host-fault-after-ms``): make the ready loop
+        """Test only (``raftmq broker --inject-host-fault-after-ms``): make the ready loop
         fail with ``exc`` at its next round, as a host-level fault would."""
         self._injected_fault = exc
         self._wake.set()
