@@ -4,6 +4,12 @@ for Raft traffic, and the gRPC server for clients.
 Shutdown is graceful on SIGTERM/SIGINT: leadership moves to another live replica first,
 then clients are refused, then the logs are flushed and closed. A SIGKILL needs nothing:
 the logs recover their tails and Raft catches the replica up.
+
+Failures stay small: an error in one partition's log quarantines that replica alone (the
+Raft host reopens it from disk with backoff, and Metadata says it failed and why). If the
+Raft host itself fails, the broker cannot serve anything: it exits with status 3
+(crash-only) so that a supervisor restarts it, instead of living on as a zombie.
+grpc.health.v1 says SERVING only while the host runs and the broker is not stopping.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.runtime import tune_gc, tune_malloc
@@ -31,6 +38,11 @@ from raftmq.raft.progress import ProgressState
 from raftmq.raft.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
+
+HOST_FAILED_EXIT = 3
+"""Exit status of a broker whose Raft host failed (not one partition: the host itself)."""
+HEALTH_SERVICES = ("", "raftmq.v1.Broker")
+"""grpc.health.v1 service names a broker reports: the whole server, and the Broker API."""
 
 GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
@@ -79,11 +91,14 @@ class Broker:
         retention_check_seconds: float = 60.0,
         leader_rebalance_seconds: float = 5.0,
         durability_markers: bool = False,
+        inject_host_fault_after_s: float | None = None,
     ) -> None:
         """``listen`` binds the client service elsewhere than the address the cluster file
         advertises (clients of a chaos test reach it through a proxy).
         ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
-        ``durability_markers`` is for tests only: see :func:`durability_marker_writer`."""
+        ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
+        ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
+        start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`)."""
         if broker_id not in spec.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file (ids: {sorted(spec.brokers)})"
@@ -110,6 +125,9 @@ class Broker:
         self.retention_check_seconds = retention_check_seconds
         self.leader_rebalance_seconds = leader_rebalance_seconds
         self.durability_markers = durability_markers
+        self.inject_host_fault_after_s = inject_host_fault_after_s
+        self.health = health.aio.HealthServicer()
+        self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
         self._prefer_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -136,9 +154,16 @@ class Broker:
             ]
         )
         add_to_server(BrokerService(self), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         loop = asyncio.get_running_loop()
+        self._watch_task = loop.create_task(self._not_serving_once_the_host_fails())
+        if self.inject_host_fault_after_s is not None:
+            fault = RuntimeError("injected host fault (--inject-host-fault-after-ms, tests only)")
+            loop.call_later(self.inject_host_fault_after_s, self.host.inject_host_fault, fault)
         self._retention_task = loop.create_task(self._retention_loop())
         self._prefer_task = loop.create_task(self._campaign_where_preferred())
         if self.leader_rebalance_seconds > 0:
@@ -153,11 +178,17 @@ class Broker:
             len(self.replicas),
         )
 
+    async def _not_serving_once_the_host_fails(self) -> None:
+        await self.host.wait_failed()
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING, and it stays so
+
     async def stop(self, *, graceful: bool = True, transfer_wait: float = 3.0) -> None:
+        await self.health.enter_graceful_shutdown()
         if graceful:
             await self._hand_over_leadership(transfer_wait)
         self.stopping = True
-        for task in (self._retention_task, self._prefer_task, self._rebalance_task):
+        tasks = (self._retention_task, self._prefer_task, self._rebalance_task, self._watch_task)
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -201,7 +232,8 @@ class Broker:
                 if r.group.leader:
                     del pending[name]  # someone leads (maybe us): leave it be
                 elif any(self.transport.peer_alive(p) for p in r.replicas if p != self.id):
-                    self.host.campaign(name)
+                    with contextlib.suppress(RaftError):  # e.g. its replica failed meanwhile
+                        self.host.campaign(name)
                     del pending[name]
             await asyncio.sleep(0.02)
 
@@ -225,16 +257,16 @@ class Broker:
                 preferred = r.replicas[0]
                 if preferred == self.id or not r.is_leader or self.stopping:
                     continue
-                core = r.group.core
-                pr = core.progress.get(preferred)
+                name = group_name(r.topic, r.partition)
+                st = self.host.status(name)
+                pr = st.progress.get(preferred)
                 if (
                     pr is None
                     or pr.state != ProgressState.REPLICATE
-                    or pr.match < core.log.committed
+                    or pr.match < st.commit
                     or not self.transport.peer_alive(preferred)
                 ):
                     continue
-                name = group_name(r.topic, r.partition)
                 if name not in ready_before:
                     ready_now.add(name)
                     continue
@@ -250,13 +282,13 @@ class Broker:
         producers see a short redirect instead of an election timeout."""
         led = [r for r in self.replicas.values() if r.is_leader]
         for r in led:
-            core = r.group.core
+            st = self.host.status(group_name(r.topic, r.partition))
             # The most caught-up live follower; the core brings it fully up to date before
             # telling it to campaign, so it need not match the log at this very moment.
             candidates = sorted(
                 (pr.match, peer)
-                for peer, pr in core.progress.items()
-                if peer != self.id and self.transport.peer_alive(peer)
+                for peer, pr in st.progress.items()
+                if self.transport.peer_alive(peer)
             )
             if candidates:
                 with contextlib.suppress(Exception):
@@ -269,11 +301,15 @@ class Broker:
 
 
 PARENT_CHECK_SECONDS = 0.5
+STOP_AFTER_FAILURE_S = 10.0
+"""How long a broker whose host failed tries to close its files before it exits anyway."""
 
 
-async def run(broker: Broker, *, parent_pid: int | None = None) -> None:
+async def run(broker: Broker, *, parent_pid: int | None = None) -> int:
     """Run until SIGTERM or SIGINT, or until process ``parent_pid`` is no longer this
-    process's parent; then stop gracefully.
+    process's parent; then stop gracefully and return 0. If the Raft host fails meanwhile,
+    stop at once and return HOST_FAILED_EXIT: the process must exit, not live on unable to
+    serve while it still answers Metadata.
 
     Why the parent watch: a local cluster starts its brokers in their own session, so a
     terminal closing or a SIGKILL of ``raftmq dev`` reaches none of them, and they would
@@ -290,10 +326,30 @@ async def run(broker: Broker, *, parent_pid: int | None = None) -> None:
     watch = None
     if parent_pid is not None:
         watch = loop.create_task(_stop_when_orphaned(broker.id, parent_pid, stop))
-    await stop.wait()
+    host_failed = loop.create_task(broker.host.wait_failed())
+    stopped = loop.create_task(stop.wait())
+    await asyncio.wait({host_failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if watch is not None:
         watch.cancel()
+    if host_failed.done():
+        stopped.cancel()
+        exc = host_failed.result()
+        log.error(
+            "broker %d: its Raft host failed (%s: %s), so it can serve no partition; exiting "
+            "with status %d so that a supervisor restarts it",
+            broker.id,
+            type(exc).__name__,
+            exc,
+            HOST_FAILED_EXIT,
+        )
+        try:
+            await asyncio.wait_for(broker.stop(graceful=False), STOP_AFTER_FAILURE_S)
+        except Exception as stop_exc:  # crash-only: exiting matters, a clean close does not
+            log.warning("broker %d: stopping after the failure: %r", broker.id, stop_exc)
+        return HOST_FAILED_EXIT
+    host_failed.cancel()
     await broker.stop(graceful=True)
+    return 0
 
 
 async def _stop_when_orphaned(broker_id: int, parent_pid: int, stop: asyncio.Event) -> None:

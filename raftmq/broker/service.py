@@ -176,6 +176,20 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
 SERVICE = "raftmq.v1.Broker"
 
 
+_REPLICA_STATE = {
+    "ok": pb.REPLICA_OK,
+    "catching_up": pb.REPLICA_CATCHING_UP,
+    "failed": pb.REPLICA_FAILED,
+}
+
+
+def _replica_status(replica: PartitionReplica) -> list[pb.ReplicaStatus]:
+    return [
+        pb.ReplicaStatus(broker_id=broker_id, state=_REPLICA_STATE[state], reason=reason)
+        for broker_id, (state, reason) in replica.replica_states().items()
+    ]
+
+
 class BrokerService(pb_grpc.BrokerServicer):
     """The RPCs. Each returns its answer or raises Refusal; :func:`add_to_server` turns that
     into the call's status (or, in ProduceStream, into the request's answer)."""
@@ -213,6 +227,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 f"broker {self.broker.id} hosts no replica of {topic}/{partition}; "
                 f"its replicas are on brokers {owners}",
             )
+        try:
+            replica.check_serving()
+        except PartitionError as exc:
+            raise Refusal.of(exc, self.broker) from None
         return replica
 
     def _refusal(self, exc: PartitionError) -> Refusal:
@@ -431,6 +449,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                         replicas=list(replicas),
                         leader_term=replica.leader_term if replica else 0,
                         high_watermark=replica.high_watermark if replica else -1,
+                        replica_status=_replica_status(replica) if replica else [],
                     )
                 )
             topics.append(pb.TopicInfo(name=name, partitions=parts))

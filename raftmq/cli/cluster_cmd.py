@@ -118,9 +118,19 @@ def broker(
             "broker's parent; 'raftmq dev' sets it, so its brokers never outlive it.",
         ),
     ] = None,
+    inject_host_fault_after_ms: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            hidden=True,
+            help="Test only: make the Raft host fail this long after start, as if its own "
+            "loop broke, to test that the broker then exits with status 3.",
+        ),
+    ] = None,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
-    leaderships over and stops cleanly)."""
+    leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
+    partition: those are quarantined and reopened), so that a supervisor restarts it."""
     from raftmq.broker.server import Broker, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -142,10 +152,15 @@ def broker(
             retention_check_seconds=retention_check_ms / 1000,
             leader_rebalance_seconds=leader_rebalance_ms / 1000,
             durability_markers=durability_markers,
+            inject_host_fault_after_s=(
+                None if inject_host_fault_after_ms is None else inject_host_fault_after_ms / 1000
+            ),
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
-    asyncio.run(run(node, parent_pid=parent_pid))
+    status = asyncio.run(run(node, parent_pid=parent_pid))
+    if status:
+        raise typer.Exit(status)
 
 
 # --- dev -----------------------------------------------------------------------------
@@ -317,30 +332,42 @@ def _read_range(client: LowLevelClient, p: int, written: list[tuple[int, bytes]]
     return out
 
 
+RunningClusterData = Annotated[
+    Path, typer.Option("--data", help="Data folder of a running 'raftmq dev' cluster.")
+]
+BootstrapAddresses = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap", help="Broker addresses host:port,... instead of --data's cluster file."
+    ),
+]
+
+
+def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
+    """The brokers to ask: ``--bootstrap`` if given, else those of ``--data``'s cluster file
+    (exits 2 with what to do when there is neither)."""
+    if bootstrap:
+        return [a.strip() for a in bootstrap.split(",") if a.strip()]
+    path = data / CLUSTER_FILE
+    if not path.exists():
+        raise _fail(
+            f"No cluster file at {path}. Start a local cluster first with 'raftmq dev' "
+            "(or 'make dev'), or pass --bootstrap host:port.",
+            2,
+        )
+    return [b.address for b in cluster_file.load(path).brokers.values()]
+
+
 def demo(
-    data: Annotated[
-        Path, typer.Option(help="Data folder of a running 'raftmq dev' cluster.")
-    ] = DEFAULT_DATA,
-    bootstrap: Annotated[
-        str, typer.Option(help="Broker addresses host:port,... instead of --data's cluster file.")
-    ] = "",
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
     records: Annotated[int, typer.Option(min=1, max=10_000_000, help="How many records.")] = 3000,
 ) -> None:
     """Produce records to the running cluster with acks=all, consume them back, and check
     they are exactly what was written, in order. Each run tags its records with its own
     id and checks only those, so demos and other writers can share the topic. Exits 1 if
     anything is off, saying which partition and offset."""
-    if bootstrap:
-        addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
-    else:
-        path = data / CLUSTER_FILE
-        if not path.exists():
-            raise _fail(
-                f"No cluster file at {path}. Start a local cluster first with 'raftmq dev' "
-                "(or 'make dev'), or pass --bootstrap host:port.",
-                2,
-            )
-        addresses = [b.address for b in cluster_file.load(path).brokers.values()]
+    addresses = cluster_addresses(data, bootstrap)
     with LowLevelClient(addresses) as client:
         try:
             ok = _demo(client, records)
@@ -350,4 +377,11 @@ def demo(
         raise typer.Exit(1)
 
 
-__all__ = ["broker", "demo", "dev"]
+__all__ = [
+    "BootstrapAddresses",
+    "RunningClusterData",
+    "broker",
+    "cluster_addresses",
+    "demo",
+    "dev",
+]

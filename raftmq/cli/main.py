@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd
+from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, status_cmd
 
 app = typer.Typer(
     name="raftmq",
@@ -19,6 +19,7 @@ app.add_typer(chaos_cmd.app, name="chaos")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(cluster_cmd.broker)
+app.command()(status_cmd.status)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
@@ -20,7 +21,8 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 72 << 20),
     ("grpc.max_send_message_length", 72 << 20),
 ]
-RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED"}
+BROKER_SERVICE = "raftmq.v1.Broker"
+RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED", "REPLICA_FAILED"}
 
 
 class ClientError(Exception):
@@ -72,11 +74,22 @@ class LowLevelClient:
         self._brokers: dict[int, str] = {}
 
     def stub(self, address: str) -> pb_grpc.BrokerStub:
+        return pb_grpc.BrokerStub(self._channel(address))
+
+    def _channel(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
             self._channels[address] = channel
-        return pb_grpc.BrokerStub(channel)
+        return channel
+
+    def health(self, address: str, *, service: str = BROKER_SERVICE, timeout: float = 2.0) -> str:
+        """The grpc.health.v1 status of ``service`` at ``address``: "SERVING" while its
+        Raft host runs, "NOT_SERVING" once it failed or the broker is stopping. Raises
+        grpc.RpcError when the broker does not answer."""
+        stub = health_pb2_grpc.HealthStub(self._channel(address))
+        answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
 
     def close(self) -> None:
         for channel in self._channels.values():

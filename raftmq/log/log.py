@@ -16,6 +16,7 @@ appends continue while the disk works and one fsync serves every waiter that arr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
@@ -1119,6 +1120,22 @@ class Log:
             for seg in self._segments:
                 seg.close_fd()
             self._closed = True
+
+    def abandon(self) -> None:
+        """Close every descriptor without flushing or writing anything: for a log whose
+        write or fsync failed, which its owner reopens from disk.
+
+        Why not :meth:`close`: it fsyncs, and a second fsync on a descriptor whose fsync
+        failed can report success for pages the kernel already dropped (PostgreSQL's
+        "fsyncgate"); the next :meth:`open` re-reads and re-checks what is really there."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for seg in self._segments:
+                seg.pending.clear()  # kept-back writes: never acknowledged, never written
+                with contextlib.suppress(OSError):
+                    seg.close_fd()
 
     def _check_open(self) -> None:
         if self._closed:

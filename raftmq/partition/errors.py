@@ -34,13 +34,37 @@ class OutcomeUnknownError(PartitionError):
 class NotLeaderError(PartitionError):
     code = "NOT_LEADER"
 
-    def __init__(self, topic: str, partition: int, leader: int, detail: str = "") -> None:
-        who = f"broker {leader}" if leader else "not known yet (an election is under way)"
-        super().__init__(
-            f"this broker is not the leader of {topic}/{partition}; the leader is {who}"
-            + (f" ({detail})" if detail else "")
-        )
+    def __init__(
+        self, topic: str, partition: int, leader: int, detail: str = "", *, failed: str = ""
+    ) -> None:
+        """``failed``: why this broker's replica is quarantined, if it is (then it does not
+        know the leader, and saying an election is under way would not be the truth)."""
+        if failed:
+            who = f"broker {leader}" if leader else "not known here"
+            text = (
+                f"this broker's replica of {topic}/{partition} failed: {failed}; "
+                f"the leader is {who}"
+            )
+        else:
+            who = f"broker {leader}" if leader else "not known yet (an election is under way)"
+            text = f"this broker is not the leader of {topic}/{partition}; the leader is {who}"
+        super().__init__(text + (f" ({detail})" if detail else ""))
         self.leader = leader
+
+
+class ReplicaFailedError(PartitionError):
+    """This broker's replica is quarantined after an error in its log, storage or apply; it
+    is reopened from disk with backoff. Nothing of the request was done: retry on another
+    replica (a fetch) or at the partition's leader (a produce), or later."""
+
+    code = "REPLICA_FAILED"
+
+    def __init__(self, topic: str, partition: int, reason: str) -> None:
+        super().__init__(
+            f"this broker's replica of {topic}/{partition} failed: {reason}; it is being "
+            "reopened from disk. Use another replica or the partition's leader, or retry later."
+        )
+        self.reason = reason
 
 
 class OffsetOutOfRangeError(PartitionError):
@@ -62,20 +86,3 @@ class CorruptDataError(PartitionError):
     def __init__(self, message: str, leader: int = 0) -> None:
         super().__init__(message)
         self.leader = leader
-
-
-class ReplicaFailedError(PartitionError):
-    """This broker's replica of the partition is failed (quarantined) after an error in its
-    own log or storage; the other partitions on the broker are unaffected. The client
-    retries on another replica or later."""
-
-    code = "REPLICA_FAILED"
-
-    def __init__(self, topic: str, partition: int, reason: str) -> None:
-        super().__init__(
-            f"this broker's replica of {topic}/{partition} has failed ({reason}); "
-            "use another replica or retry later"
-        )
-        self.topic = topic
-        self.partition = partition
-        self.reason = reason

@@ -30,12 +30,14 @@ from raftmq.partition.errors import (
     OffsetOutOfRangeError,
     OutcomeUnknownError,
     ProduceTimeoutError,
+    ReplicaFailedError,
 )
 from raftmq.raft import errors as raft_errors
 from raftmq.raft.driver import RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
-from raftmq.raft.ready import SoftState
+from raftmq.raft.progress import ProgressState
+from raftmq.raft.ready import Role, SoftState
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ CORRUPT_PROBE_ENTRIES = 256
 """How many entries a read that met a corrupt one walks, one by one, to name its offset."""
 MAX_CORRUPT_REPORTED = 1024
 """Corrupt places remembered per replica so each is logged once, not on every retry."""
+
+
+_LEADER_DOING = {
+    ProgressState.PROBE: "is probing where its log ends (no recent answer, or it diverged)",
+    ProgressState.REPLICATE: "is sending it entries",
+    ProgressState.SNAPSHOT: "is sending it a snapshot",
+}
 
 
 class Acks(IntEnum):
@@ -114,6 +123,48 @@ class PartitionReplica:
     def log_start_offset(self) -> int:
         return self.group.log.start_offset
 
+    @property
+    def state(self) -> tuple[str, str]:
+        """("ok" | "catching_up" | "failed", why): this replica as it sees itself. A
+        follower is catching up when its leader has committed past its log's end; how far
+        behind each follower is, only the leader knows (:meth:`RaftHost.status`)."""
+        st = self._host.status(self.group.name)
+        if st.failed is not None:
+            return "failed", st.failed
+        if st.role != Role.LEADER and st.leader_commit > st.last_index:
+            return "catching_up", (
+                f"holds entries up to {st.last_index}; the leader has committed {st.leader_commit}"
+            )
+        return "ok", ""
+
+    def replica_states(self) -> dict[int, tuple[str, str]]:
+        """Broker id -> (state, why) for this replica and, on the leader, each follower:
+        "ok" once its log matches the commit, else "catching_up" (how far, and the
+        leader's progress state for it)."""
+        states = {self._host.node_id: self.state}
+        st = self._host.status(self.group.name)
+        for peer, pr in sorted(st.progress.items()):
+            if pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
+                states[peer] = ("ok", "")
+            else:
+                states[peer] = (
+                    "catching_up",
+                    f"holds entries up to {pr.match} of the commit at {st.commit}; the leader "
+                    + _LEADER_DOING[pr.state],
+                )
+        return states
+
+    def check_serving(self) -> None:
+        """Raise ReplicaFailedError while this replica is quarantined."""
+        failure = self.group.failure
+        if failure is not None:
+            raise ReplicaFailedError(self.topic, self.partition, failure)
+
+    def _not_leader(self, leader: int, detail: str = "") -> NotLeaderError:
+        return NotLeaderError(
+            self.topic, self.partition, leader, detail, failed=self.group.failure or ""
+        )
+
     def _offset_after(self, index: int) -> int:
         log = self.group.log
         if index < log.start_index:
@@ -181,8 +232,9 @@ class PartitionReplica:
         """Propose the request's entries as one proposal: they are appended together in one
         term or not at all, so one answer covers them and a refusal proves none was kept."""
         self.validate(entries)
+        self.check_serving()
         if not self.is_leader:
-            raise NotLeaderError(self.topic, self.partition, self.leader_id)
+            raise self._not_leader(self.leader_id)
         size = len(entries)
         deadline = time.monotonic() + timeout
         await self._reserve(size, deadline)
@@ -194,13 +246,13 @@ class PartitionReplica:
                     self.group.name, entries, durable_locally=acks == Acks.LEADER
                 )
             except raft_errors.NotLeaderError as exc:
-                raise NotLeaderError(self.topic, self.partition, exc.leader) from None
+                raise self._not_leader(exc.leader) from None
+            except raft_errors.GroupFailedError as exc:
+                raise ReplicaFailedError(self.topic, self.partition, exc.reason) from None
             except raft_errors.ProposalDroppedError as exc:
                 # Refused before anything was appended (e.g. a leadership transfer is under
                 # way): definite, and the client should retry at the next leader.
-                raise NotLeaderError(
-                    self.topic, self.partition, 0, f"nothing was written: {exc}"
-                ) from None
+                raise self._not_leader(0, f"nothing was written: {exc}") from None
             except CorruptEntryError as exc:
                 raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
             except InvalidEntryError as exc:
@@ -220,17 +272,15 @@ class PartitionReplica:
                     "it may or may not have been committed"
                 ) from None
             except raft_errors.OutcomeUnknownError as exc:
+                who = "this broker's replica" if self.group.failure else "the broker"
                 raise OutcomeUnknownError(
-                    f"the broker stopped before the write was confirmed ({exc}); it may or may "
+                    f"{who} stopped before the write was confirmed ({exc}); it may or may "
                     "not have been committed"
                 ) from None
             except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
                 # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
-                raise NotLeaderError(
-                    self.topic,
-                    self.partition,
-                    self.leader_id,
-                    f"the write was not kept, a retry cannot duplicate it: {exc}",
+                raise self._not_leader(
+                    self.leader_id, f"the write was not kept, a retry cannot duplicate it: {exc}"
                 ) from None
             return ProduceResult(base, last)
         finally:
@@ -259,6 +309,7 @@ class PartitionReplica:
 
     def read(self, offset: int, max_bytes: int) -> ReadResult:
         """Committed entries from ``offset``; OffsetOutOfRangeError names the valid range."""
+        self.check_serving()
         hw = self.high_watermark
         start = self.log_start_offset
         if not start <= offset <= hw:

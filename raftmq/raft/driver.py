@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import struct
 import time
@@ -37,10 +38,16 @@ from raftmq.log.log import Log
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
-from raftmq.raft.errors import NotLeaderError, OutcomeUnknownError, ProposalDroppedError
+from raftmq.raft.errors import (
+    GroupFailedError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    ProposalDroppedError,
+)
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.progress import ProgressState
 from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
 from raftmq.raft.transport import Outgoing, Transport
 
@@ -72,6 +79,12 @@ INLINE_FSYNC_AFTER_IDLE = 0.0005
 """Seconds the ready loop must have waited for work before it fsyncs a lone group itself."""
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
+RETRY_FIRST_S = 1.0
+"""A quarantined group is reopened from disk after this long, then after twice as long..."""
+RETRY_MAX_S = 60.0
+"""...up to this; a group that stays healthy this long starts again at RETRY_FIRST_S."""
+MAX_REASON_CHARS = 300
+"""A failure reason is echoed in Metadata and status tables: long paths are cut."""
 
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
@@ -154,14 +167,56 @@ class RaftGroup:
         self.idle_ticks = 0
         self.last_seen = (0, 0)  # (last index, commit) at the previous tick
         self.in_round = False
+        # Failure isolation: why this group is quarantined (None while it runs), when it is
+        # next reopened, and what it was opened with (a reopen reads the disk like a restart).
+        self.failure: str | None = None
+        self.retry_s = RETRY_FIRST_S
+        self.recovered_at = -math.inf
+        self.opened_with: tuple[Membership, LogConfig, bool] | None = None
+        self.leader_commit = 0
+        """The highest commit a leader's append has told this follower: beyond its log end,
+        it is catching up."""
 
     @property
     def is_leader(self) -> bool:
-        return self.core.role == Role.LEADER
+        return self.failure is None and self.core.role == Role.LEADER
 
     @property
     def leader(self) -> int:
-        return self.core.lead
+        """The leader this member knows of; 0 when none, or when it is quarantined (it no
+        longer hears from the group, so what it knew may be stale)."""
+        return 0 if self.failure is not None else self.core.lead
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """A copy of what a leader knows of one follower."""
+
+    match: int
+    state: ProgressState
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """A snapshot of one group on this node, for health reports: callers read this
+    instead of the core's own fields."""
+
+    leader: int
+    term: int
+    commit: int
+    last_index: int
+    role: Role
+    failed: str | None
+    """Why this node's member is quarantined, or None while it runs."""
+    leader_commit: int
+    """On a follower: the highest commit its leader has told it (0 if none yet)."""
+    progress: dict[int, PeerProgress]
+    """On a leader: each follower's progress (empty otherwise)."""
+
+
+def _reason(what: str, exc: BaseException) -> str:
+    text = f"{what} failed: {type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 class RaftHost:
@@ -190,6 +245,10 @@ class RaftHost:
             seed=seed,
         )
         self.groups: dict[str, RaftGroup] = {}
+        """The groups that run. A quarantined group moves to ``quarantined`` until it is
+        reopened, so ticks, messages and peer events pass it by."""
+        self.quarantined: dict[str, RaftGroup] = {}
+        self._recoveries: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[RaftGroup] = set()
         self._wake = asyncio.Event()
         self._pool = ThreadPoolExecutor(max_workers=fsync_threads, thread_name_prefix="fsync")
@@ -199,6 +258,8 @@ class RaftHost:
         self.rounds = 0
         self.fsyncs = 0
         self.failed: BaseException | None = None
+        self._failed_event = asyncio.Event()
+        self._injected_fault: BaseException | None = None
         transport.set_handler(self)
 
     # --- groups -------------------------------------------------------------------------
@@ -230,11 +291,32 @@ class RaftHost:
         Their ``apply`` gets no bytes (``b""``), only the index the commit reached: reading
         committed entries back from the log would be a copy of every entry for nothing.
         """
-        if name in self.groups:
+        if name in self.groups or name in self.quarantined:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
         config = log_config or LogConfig()
+        core, log_, hs = self._load(name, path, membership, config, replay)
+        group = RaftGroup(
+            name,
+            core,
+            log_,
+            path,
+            sync=config.flush_policy is FlushPolicy.EVERY_BATCH,
+            apply=apply,
+            on_soft_state=on_soft_state,
+            on_snapshot=on_snapshot,
+            snapshot_data=snapshot_data,
+        )
+        group.opened_with = (membership, config, replay)
+        self._attach(group, hs)
+        return group
+
+    def _load(
+        self, name: str, path: Path, membership: Membership, config: LogConfig, replay: bool
+    ) -> tuple[RaftCore, Log, HardState]:
+        """Open a group's log and state from ``path``: at start (:meth:`open_group`) and
+        when a quarantined group is reopened (:meth:`_reopen`), the same way."""
+        path.mkdir(parents=True, exist_ok=True)
         sync = config.flush_policy is FlushPolicy.EVERY_BATCH
         # An INTERVAL group acknowledges once the write is done, so its writes go straight
         # to the kernel: the page cache survives a crash of this process (as Kafka counts
@@ -248,6 +330,16 @@ class RaftHost:
                 write_behind_bytes=config.write_behind_bytes if sync else 0,
             ),
         )
+        try:
+            core, hs = self._load_core(name, path, log_, membership, replay)
+        except BaseException:
+            log_.abandon()  # nothing was written: give its descriptors back at once
+            raise
+        return core, log_, hs
+
+    def _load_core(
+        self, name: str, path: Path, log_: Log, membership: Membership, replay: bool
+    ) -> tuple[RaftCore, HardState]:
         if not log_.recovery.clean:
             log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
         saved = _load_snapshot_meta(path / SNAPSHOT_META_FILE)
@@ -286,22 +378,28 @@ class RaftHost:
         core = RaftCore(
             cfg, log_, hard_state=hs, membership=membership, history=history, applied=applied
         )
-        group = RaftGroup(
-            name,
-            core,
-            log_,
-            path,
-            sync=sync,
-            apply=apply,
-            on_soft_state=on_soft_state,
-            on_snapshot=on_snapshot,
-            snapshot_data=snapshot_data,
-        )
+        return core, hs
+
+    def _attach(self, group: RaftGroup, hs: HardState) -> None:
+        """Let a freshly loaded group run: its saved state is ``hs``."""
+        replay = group.opened_with is None or group.opened_with[2]
         group.saved_hard = hs
-        group.hinted_commit = commit if not replay else -1
-        self.groups[name] = group
+        group.hinted_commit = hs.commit if not replay else -1
+        self.groups[group.name] = group
         self._mark(group)
-        return group
+
+    def _close_group(self, group: RaftGroup, *, clean: bool) -> None:
+        """Close a group's files: on stop ``clean`` (the commit hint saved, the log flushed);
+        when quarantined, without a flush or a write (see :meth:`Log.abandon`)."""
+        if clean:
+            self._write_commit_hint(group)
+        if group.hint_fd is not None:
+            fd, group.hint_fd = group.hint_fd, None
+            os.close(fd)
+        if clean:
+            group.log.close()
+        else:
+            group.log.abandon()
 
     def _mark(self, group: RaftGroup) -> None:
         self._dirty.add(group)
@@ -335,9 +433,41 @@ class RaftHost:
     def _group_for_proposal(self, name: str) -> RaftGroup:
         if self.failed is not None:
             raise ProposalDroppedError(f"node {self.node_id} stopped: {self.failed!r}")
-        group = self.groups[name]
+        group = self._live(name)
         self._unquiesce(group)
         return group
+
+    def _live(self, name: str) -> RaftGroup:
+        """The running group ``name``; GroupFailedError while it is quarantined."""
+        group = self.groups.get(name)
+        if group is None:
+            failed = self.quarantined.get(name)
+            if failed is not None and failed.failure is not None:
+                raise GroupFailedError(name, failed.failure)
+            raise KeyError(f"group {name!r} is not open on node {self.node_id}")
+        return group
+
+    def status(self, name: str) -> GroupStatus:
+        """Where group ``name`` stands on this node (a copy: safe to keep)."""
+        group = self.groups.get(name) or self.quarantined[name]
+        core = group.core
+        leading = group.is_leader
+        return GroupStatus(
+            leader=group.leader,
+            term=core.term,
+            commit=core.log.committed,
+            last_index=group.log.last_index,
+            role=core.role if group.failure is None else Role.FOLLOWER,
+            failed=group.failure,
+            leader_commit=group.leader_commit,
+            progress={
+                peer: PeerProgress(pr.match, pr.state)
+                for peer, pr in core.progress.items()
+                if peer != self.node_id
+            }
+            if leading
+            else {},
+        )
 
     def _wait_for(
         self, group: RaftGroup, index: int, *, durable_locally: bool
@@ -353,20 +483,27 @@ class RaftHost:
 
         A follower that later needs entries below the start gets a snapshot (for a
         partition: just the start point, since its state is the log itself)."""
-        group = self.groups[name]
-        deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
-        if deleted:
-            _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, group.core.snapshot_meta())
+        group = self.groups.get(name)
+        if group is None:
+            return 0  # quarantined: retention runs again once it is reopened
+        try:
+            deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
+            if deleted:
+                meta = group.core.snapshot_meta()
+                _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
+        except Exception as exc:
+            self._quarantine(group, "retention", exc)
+            return 0
         return deleted
 
     def campaign(self, name: str) -> None:
-        group = self.groups[name]
+        group = self._live(name)
         self._unquiesce(group)
         group.core.campaign()
         self._mark(group)
 
     def transfer_leadership(self, name: str, to: int) -> None:
-        group = self.groups[name]
+        group = self._live(name)
         self._unquiesce(group)
         group.core.transfer_leadership(to)
         self._mark(group)
@@ -377,22 +514,29 @@ class RaftHost:
         for name, m in batch:
             group = self.groups.get(name)
             if group is None:
-                continue  # a group this node does not host (yet): Raft treats it as loss
-            if isinstance(m, tuple):
-                self._on_quiesce(group, m)
+                # A group this node does not host (yet), or one it quarantined: Raft treats
+                # it as loss.
                 continue
-            if group.quiesced and m.type in _LATE_RESPONSES:
-                # Answers to the heartbeat before the quiesce notice: they wake the group
-                # only if they make work (a follower turned out to be behind), or the two
-                # sides would wake each other forever.
+            try:
+                if isinstance(m, tuple):
+                    self._on_quiesce(group, m)
+                    continue
+                if m.type == MsgType.APP and m.commit > group.leader_commit:
+                    group.leader_commit = m.commit
+                if group.quiesced and m.type in _LATE_RESPONSES:
+                    # Answers to the heartbeat before the quiesce notice: they wake the group
+                    # only if they make work (a follower turned out to be behind), or the two
+                    # sides would wake each other forever.
+                    group.core.step(m)
+                    if group.core.has_ready():
+                        self._unquiesce(group)
+                        self._mark(group)
+                    continue
+                self._unquiesce(group)
                 group.core.step(m)
-                if group.core.has_ready():
-                    self._unquiesce(group)
-                    self._mark(group)
-                continue
-            self._unquiesce(group)
-            group.core.step(m)
-            self._mark(group)
+                self._mark(group)
+            except Exception as exc:
+                self._quarantine(group, "step", exc)
 
     def _on_quiesce(self, group: RaftGroup, notice: tuple[int, int, int, int, int]) -> None:
         src, _, term, commit, last = notice
@@ -423,6 +567,26 @@ class RaftHost:
         await self.transport.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
+        for task in self._tasks:
+            task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A loop that ends by an error (not one group's: those are caught and quarantine
+        that group) leaves the host unable to go on."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    async def wait_failed(self) -> BaseException:
+        """Return once the host itself failed (never for one group's failure), with why."""
+        await self._failed_event.wait()
+        assert self.failed is not None
+        return self.failed
+
+    def inject_host_fault(self, exc: BaseException) -> None:
+        """Test only (``raftmq broker --inject-host-fault-after-ms``): make the ready loop
+        fail with ``exc`` at its next round, as a host-level fault would."""
+        self._injected_fault = exc
+        self._wake.set()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -430,16 +594,18 @@ class RaftHost:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A loop that ended by an error already failed the host (_loop_ended).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for task in self._recoveries.values():
+            task.cancel()
         await self.transport.close()
         self._fail_waiters("the node is shutting down")
         for group in self.groups.values():
-            self._write_commit_hint(group)
-            if group.hint_fd is not None:
-                os.close(group.hint_fd)
-                group.hint_fd = None
-            group.log.close()
+            self._close_group(group, clean=True)
+        for group in self.quarantined.values():
+            with contextlib.suppress(Exception):
+                self._close_group(group, clean=False)
         self._pool.shutdown(wait=True)
 
     async def _tick_loop(self) -> None:
@@ -447,19 +613,25 @@ class RaftHost:
         while not self._stopping:
             next_at += self.tick_seconds
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            for group in self.groups.values():
-                if group.quiesced or self._maybe_quiesce(group):
-                    continue
-                group.core.tick()
-                if group.core.has_ready():
-                    self._mark(group)
-                if not group.sync:
-                    group.log.flush_if_due()  # INTERVAL logs: cheap check, fsync when due
+            for group in list(self.groups.values()):  # a failing group leaves the dict
+                try:
+                    if group.quiesced or self._maybe_quiesce(group):
+                        continue
+                    group.core.tick()
+                    if group.core.has_ready():
+                        self._mark(group)
+                    if not group.sync:
+                        group.log.flush_if_due()  # INTERVAL logs: cheap check, fsync when due
+                except Exception as exc:
+                    self._quarantine(group, "tick or interval flush", exc)
             now = time.monotonic()
-            for group in self.groups.values():
+            for group in list(self.groups.values()):
                 if 0 <= group.hinted_commit < group.core.log.committed and now >= group.hint_due:
                     group.hint_due = now + COMMIT_HINT_SECONDS
-                    self._write_commit_hint(group)
+                    try:
+                        self._write_commit_hint(group)
+                    except Exception as exc:
+                        self._quarantine(group, "commit hint write", exc)
 
     def _maybe_quiesce(self, group: RaftGroup) -> bool:
         """Quiesce an idle, fully replicated leader's group; True when it did.
@@ -491,76 +663,229 @@ class RaftHost:
         return True
 
     def _fail(self, exc: BaseException) -> None:
-        """A node that cannot read or persist its log must not acknowledge anything more:
-        stop it loudly and fail every waiting proposal."""
-        log.error("node %d: Raft driver stopped: %r", self.node_id, exc)
+        """The host itself cannot go on (its transport or its loops failed, not one group):
+        stop it loudly and fail every waiting proposal. Its owner (the broker) watches
+        :meth:`wait_failed` and exits, so a supervisor restarts it (crash-only)."""
+        if self.failed is not None:
+            return
+        log.error(
+            "node %d: Raft host stopped: %s: %s",
+            self.node_id,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
         self.failed = exc
         self._stopping = True
+        self._wake.set()
         self._fail_waiters(f"node stopped: {exc!r}")
+        self._failed_event.set()
 
     def _fail_waiters(self, why: str) -> None:
         """Every pending proposal's outcome is unknown once this node stops: another leader
         may still commit it."""
         for group in self.groups.values():
-            for _, fut, _ in group.waiters.values():
-                if not fut.done():
-                    fut.set_exception(OutcomeUnknownError(why))
-            group.waiters.clear()
+            self._fail_group_waiters(group, why)
+
+    @staticmethod
+    def _fail_group_waiters(group: RaftGroup, why: str) -> None:
+        for _, fut, _ in group.waiters.values():
+            if not fut.done():
+                fut.set_exception(OutcomeUnknownError(why))
+        group.waiters.clear()
+
+    # --- failure isolation --------------------------------------------------------------
+
+    def _quarantine(self, group: RaftGroup, what: str, exc: BaseException) -> None:
+        """An error inside one group (its core, log, storage, apply): stop that group alone
+        and reopen it from disk later, while every other group runs on.
+
+        It leaves ``groups``, so it is neither ticked nor stepped, and messages for it are
+        dropped (loss, to its peers); a group in this round neither sends its acks nor
+        applies. A leader first tells its most caught-up live follower to campaign at once,
+        so the group is led again within a round trip instead of an election timeout."""
+        if group.failure is not None or self.groups.get(group.name) is not group:
+            return
+        now = time.monotonic()
+        if now - group.recovered_at > RETRY_MAX_S:
+            group.retry_s = RETRY_FIRST_S
+        else:  # failed again soon after its reopen: back off further
+            group.retry_s = min(RETRY_MAX_S, group.retry_s * 2)
+        group.failure = _reason(what, exc)
+        log.error(
+            "group %s on node %d: %s; it is quarantined (the other groups run on) and is "
+            "reopened from disk in %.1f s",
+            group.name,
+            self.node_id,
+            group.failure,
+            group.retry_s,
+            exc_info=exc,
+        )
+        del self.groups[group.name]
+        self.quarantined[group.name] = group
+        self._dirty.discard(group)
+        try:
+            self._hand_away(group)
+        except Exception as hand_exc:  # the core may be what broke: its followers will elect
+            log.warning("group %s on node %d: no hand-over: %r", group.name, self.node_id, hand_exc)
+        # Appends this leader sent may still commit under the next leader: outcome unknown.
+        self._fail_group_waiters(group, f"replica failed: {group.failure}")
+        if not self._stopping:
+            task = asyncio.get_running_loop().create_task(self._recover(group))
+            self._recoveries[group.name] = task
+
+    def _hand_away(self, group: RaftGroup) -> None:
+        """If ``group`` was led here, send TimeoutNow to its most caught-up live follower.
+
+        Safe whatever that follower holds: TimeoutNow only starts an election, which the
+        vote rules decide; at worst another follower wins it after an election timeout."""
+        core = group.core
+        if core.role != Role.LEADER:
+            return
+        live = [
+            (pr.match, peer)
+            for peer, pr in core.progress.items()
+            if peer != self.node_id
+            and peer in core.membership.voters
+            and self.transport.peer_alive(peer)
+        ]
+        if not live:
+            return
+        to = max(live)[1]
+        log.info("group %s on node %d: handing leadership to node %d", group.name, self.node_id, to)
+        timeout_now = Message(MsgType.TIMEOUT_NOW, self.node_id, to, core.term)
+        self.transport.send(to, group.name, timeout_now, urgent=True)
+        self.transport.flush()
+
+    async def _recover(self, group: RaftGroup) -> None:
+        """Close a quarantined group's files, then reopen it from disk with exponential
+        backoff until it opens (recovery re-reads and re-checks what is really there)."""
+        try:
+            while group.in_round:  # its write or fsync may still run in the pool
+                await asyncio.sleep(0.01)
+            with contextlib.suppress(Exception):
+                self._close_group(group, clean=False)
+            while not self._stopping:
+                await asyncio.sleep(group.retry_s)
+                try:
+                    self._reopen(group)
+                    return
+                except Exception as exc:
+                    group.retry_s = min(RETRY_MAX_S, group.retry_s * 2)
+                    group.failure = _reason("reopening from disk", exc)
+                    log.error(
+                        "group %s on node %d: %s; next try in %.1f s",
+                        group.name,
+                        self.node_id,
+                        group.failure,
+                        group.retry_s,
+                    )
+        finally:
+            self._recoveries.pop(group.name, None)
+
+    def _reopen(self, group: RaftGroup) -> None:
+        assert group.opened_with is not None and group.failure is not None
+        membership, config, replay = group.opened_with
+        core, log_, hs = self._load(group.name, group.directory, membership, config, replay)
+        log_.on_durable = group.log.on_durable
+        group.core, group.log = core, log_
+        group.waiters.clear()
+        group.hint_fd = None
+        group.quiesced = False
+        group.idle_ticks = 0
+        group.last_seen = (0, 0)
+        group.leader_commit = 0
+        log.info(
+            "group %s on node %d: reopened from disk (it had failed: %s); it rejoins its group",
+            group.name,
+            self.node_id,
+            group.failure,
+        )
+        group.failure = None
+        group.recovered_at = time.monotonic()
+        del self.quarantined[group.name]
+        self._attach(group, hs)
+
+    # --- the ready loop -----------------------------------------------------------------
 
     async def _ready_loop(self) -> None:
+        """Rounds of every dirty group's Ready. An error in one group's part of a round
+        quarantines that group (see :meth:`_quarantine`); an error anywhere else (the
+        transport, the pool) ends the loop, and the host fails (:meth:`_loop_ended`)."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
             waited = time.perf_counter()
             await self._wake.wait()
+            if self._injected_fault is not None:
+                raise self._injected_fault
             idle = time.perf_counter() - waited >= INLINE_FSYNC_AFTER_IDLE
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
             round_: list[tuple[RaftGroup, Ready]] = []
-            try:
-                for group in dirty:
+            for group in dirty:
+                if group.failure is not None:
+                    continue
+                try:
                     if group.core.has_ready():
                         rd = group.core.ready()
                         group.in_round = True
-                        self._send(group, rd.send_now)
                         round_.append((group, rd))
-            except Exception as exc:
-                self._fail(exc)
-                raise
+                        self._send(group, rd.send_now)
+                except Exception as exc:
+                    self._quarantine(group, "ready", exc)
             if not round_:
                 continue
             self.rounds += 1
-            try:
-                self.transport.flush()  # the leaders' appends leave before we block on disk
-                for group, rd in round_:
-                    write_to_storage(group.log, rd)
-                need = [(group, rd) for group, rd in round_ if rd.must_sync()]
-                if len(need) == 1 and idle:
-                    # Low load (the loop was idle, one group to make durable): fsync here.
-                    # Handing it to a thread and back costs two wake-ups, measured at ~0.4
-                    # ms per round on a busy 2-core machine, more than the fsync. Under load
-                    # the thread wins: the loop prepares the next round meanwhile.
-                    self._persist(*need[0])
-                elif need:
-                    # Under load or for several groups: in the pool, in parallel (the file
-                    # system shares journal commits between concurrent fsyncs), at most one
-                    # job per pool thread.
-                    jobs = self._pool_size
-                    await asyncio.gather(
-                        *(
-                            loop.run_in_executor(self._pool, self._persist_all, need[k::jobs])
-                            for k in range(min(jobs, len(need)))
-                        )
-                    )
-            except Exception as exc:
-                self._fail(exc)
-                raise
+            self.transport.flush()  # the leaders' appends leave before we block on disk
             for group, rd in round_:
-                self._finish(group, rd)
+                if group.failure is None:
+                    try:
+                        write_to_storage(group.log, rd)
+                    except Exception as exc:
+                        self._quarantine(group, "write", exc)
+            need = [(group, rd) for group, rd in round_ if group.failure is None and rd.must_sync()]
+            failed: list[tuple[RaftGroup, Exception]] = []
+            if len(need) == 1 and idle:
+                # Low load (the loop was idle, one group to make durable): fsync here.
+                # Handing it to a thread and back costs two wake-ups, measured at ~0.4
+                # ms per round on a busy 2-core machine, more than the fsync. Under load
+                # the thread wins: the loop prepares the next round meanwhile.
+                failed = self._persist_all(need)
+            elif need:
+                # Under load or for several groups: in the pool, in parallel (the file
+                # system shares journal commits between concurrent fsyncs), at most one
+                # job per pool thread.
+                jobs = self._pool_size
+                for part in await asyncio.gather(
+                    *(
+                        loop.run_in_executor(self._pool, self._persist_all, need[k::jobs])
+                        for k in range(min(jobs, len(need)))
+                    )
+                ):
+                    failed += part
+            for group, exc in failed:
+                # Persist before send: its acks and votes of this round are never sent.
+                self._quarantine(group, "persist", exc)
+            for group, rd in round_:
+                if group.failure is None:
+                    try:
+                        self._finish(group, rd)
+                    except Exception as exc:
+                        self._quarantine(group, "apply", exc)
+                group.in_round = False
             self.transport.flush()
 
-    def _persist_all(self, work: list[tuple[RaftGroup, Ready]]) -> None:
+    def _persist_all(
+        self, work: list[tuple[RaftGroup, Ready]]
+    ) -> list[tuple[RaftGroup, Exception]]:
+        """Persist each group's Ready; returns the groups that failed, with their errors."""
+        failed = []
         for group, rd in work:
-            self._persist(group, rd)
+            try:
+                self._persist(group, rd)
+            except Exception as exc:
+                failed.append((group, exc))
+        return failed
 
     def _persist(self, group: RaftGroup, rd: Ready) -> None:
         """Make this Ready's entries and term/vote durable (in the fsync pool, or on the

@@ -22,3 +22,12 @@ class ProposalDroppedError(RaftError):
 class OutcomeUnknownError(RaftError):
     """This node stopped before it learnt whether a proposal committed: another leader may
     still commit it, so the caller must treat the write as possibly done."""
+
+
+class GroupFailedError(RaftError):
+    """This node's member of the group is quarantined after an error in its log, storage or
+    apply (``reason`` says which); the driver reopens it from disk with backoff."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"group {name} failed here: {reason}")
+        self.reason = reason

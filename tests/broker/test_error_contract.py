@@ -465,6 +465,16 @@ def test_a_corrupt_stored_entry_is_data_loss_and_the_broker_serves_on(tmp_path: 
         logs = BrokerLogs(cluster)
         address = spec.brokers[victim].address
         with cluster.client() as c:
+            # Leaders may be known before the victim's own gRPC port answers a new channel.
+            deadline = time.monotonic() + LEADER_TIMEOUT
+            while True:
+                try:
+                    offsets(c, address, "other")
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
             err = rpc_error(lambda: c.fetch("cd", 0, 0, address=address))
             assert_error(
                 err, grpc.StatusCode.DATA_LOSS, "CORRUPT_DATA", "checksum", f"broker {victim}"

@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftmq/api/v1/broker.proto\x12\traftmq.v1\"\x8a\x01\n\x0eProduceRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\x1d\n\x04\x61\x63ks\x18\x04 \x01(\x0e\x32\x0f.raftmq.v1.Acks\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"C\n\x14ProduceStreamRequest\x12+\n\x08requests\x18\x01 \x03(\x0b\x32\x19.raftmq.v1.ProduceRequest\"F\n\x15ProduceStreamResponse\x12-\n\tresponses\x18\x01 \x03(\x0b\x32\x1a.raftmq.v1.ProduceResponse\"X\n\x0cProduceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\"\xa9\x01\n\x0fProduceResponse\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x13\n\x0blast_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.raftmq.v1.ProduceError\"{\n\x0c\x46\x65tchRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\r\x12\x11\n\tmin_bytes\x18\x06 \x01(\r\"z\n\rFetchResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x04 \x01(\x03\x12\x11\n\tbroker_id\x18\x05 \x01(\x05\"\x85\x01\n\x12ListOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12-\n\x08position\x18\x03 \x01(\x0e\x32\x19.raftmq.v1.OffsetPositionH\x00\x12\x16\n\x0ctimestamp_ms\x18\x04 \x01(\x03H\x00\x42\x06\n\x04spec\"W\n\x13ListOffsetsResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\"!\n\x0fMetadataRequest\x12\x0e\n\x06topics\x18\x01 \x03(\t\"4\n\nBrokerInfo\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\"t\n\rPartitionInfo\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x13\n\x0bleader_term\x18\x04 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\"G\n\tTopicInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\npartitions\x18\x02 \x03(\x0b\x32\x18.raftmq.v1.PartitionInfo\"\x84\x01\n\x10MetadataResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.raftmq.v1.BrokerInfo\x12$\n\x06topics\x18\x03 \x03(\x0b\x32\x14.raftmq.v1.TopicInfo\x12\x11\n\tbroker_id\x18\x04 \x01(\x05*4\n\x04\x41\x63ks\x12\x0c\n\x08\x41\x43KS_ALL\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\r\n\tACKS_NONE\x10\x02**\n\x0eOffsetPosition\x12\x0c\n\x08\x45\x41RLIEST\x10\x00\x12\n\n\x06LATEST\x10\x01\x32\xf1\x02\n\x06\x42roker\x12@\n\x07Produce\x12\x19.raftmq.v1.ProduceRequest\x1a\x1a.raftmq.v1.ProduceResponse\x12V\n\rProduceStream\x12\x1f.raftmq.v1.ProduceStreamRequest\x1a .raftmq.v1.ProduceStreamResponse(\x01\x30\x01\x12:\n\x05\x46\x65tch\x12\x17.raftmq.v1.FetchRequest\x1a\x18.raftmq.v1.FetchResponse\x12L\n\x0bListOffsets\x12\x1d.raftmq.v1.ListOffsetsRequest\x1a\x1e.raftmq.v1.ListOffsetsResponse\x12\x43\n\x08Metadata\x12\x1a.raftmq.v1.MetadataRequest\x1a\x1b.raftmq.v1.MetadataResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftmq/api/v1/broker.proto\x12\traftmq.v1\"\x8a\x01\n\x0eProduceRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x0c\x12\x1d\n\x04\x61\x63ks\x18\x04 \x01(\x0e\x32\x0f.raftmq.v1.Acks\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\"C\n\x14ProduceStreamRequest\x12+\n\x08requests\x18\x01 \x03(\x0b\x32\x19.raftmq.v1.ProduceRequest\"F\n\x15ProduceStreamResponse\x12-\n\tresponses\x18\x01 \x03(\x0b\x32\x1a.raftmq.v1.ProduceResponse\"X\n\x0cProduceError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\"\xa9\x01\n\x0fProduceResponse\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x13\n\x0blast_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.raftmq.v1.ProduceError\"{\n\x0c\x46\x65tchRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\r\x12\x11\n\tmin_bytes\x18\x06 \x01(\r\"z\n\rFetchResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x04 \x01(\x03\x12\x11\n\tbroker_id\x18\x05 \x01(\x05\"\x85\x01\n\x12ListOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12-\n\x08position\x18\x03 \x01(\x0e\x32\x19.raftmq.v1.OffsetPositionH\x00\x12\x16\n\x0ctimestamp_ms\x18\x04 \x01(\x03H\x00\x42\x06\n\x04spec\"W\n\x13ListOffsetsResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x02 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x03 \x01(\x03\"!\n\x0fMetadataRequest\x12\x0e\n\x06topics\x18\x01 \x03(\t\"4\n\nBrokerInfo\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\"\xa6\x01\n\rPartitionInfo\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x13\n\x0bleader_term\x18\x04 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x30\n\x0ereplica_status\x18\x06 \x03(\x0b\x32\x18.raftmq.v1.ReplicaStatus\"Z\n\rReplicaStatus\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.raftmq.v1.ReplicaState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"G\n\tTopicInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\npartitions\x18\x02 \x03(\x0b\x32\x18.raftmq.v1.PartitionInfo\"\x84\x01\n\x10MetadataResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.raftmq.v1.BrokerInfo\x12$\n\x06topics\x18\x03 \x03(\x0b\x32\x14.raftmq.v1.TopicInfo\x12\x11\n\tbroker_id\x18\x04 \x01(\x05*4\n\x04\x41\x63ks\x12\x0c\n\x08\x41\x43KS_ALL\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\r\n\tACKS_NONE\x10\x02**\n\x0eOffsetPosition\x12\x0c\n\x08\x45\x41RLIEST\x10\x00\x12\n\n\x06LATEST\x10\x01*j\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x0e\n\nREPLICA_OK\x10\x01\x12\x17\n\x13REPLICA_CATCHING_UP\x10\x02\x12\x12\n\x0eREPLICA_FAILED\x10\x03\x32\xf1\x02\n\x06\x42roker\x12@\n\x07Produce\x12\x19.raftmq.v1.ProduceRequest\x1a\x1a.raftmq.v1.ProduceResponse\x12V\n\rProduceStream\x12\x1f.raftmq.v1.ProduceStreamRequest\x1a .raftmq.v1.ProduceStreamResponse(\x01\x30\x01\x12:\n\x05\x46\x65tch\x12\x17.raftmq.v1.FetchRequest\x1a\x18.raftmq.v1.FetchResponse\x12L\n\x0bListOffsets\x12\x1d.raftmq.v1.ListOffsetsRequest\x1a\x1e.raftmq.v1.ListOffsetsResponse\x12\x43\n\x08Metadata\x12\x1a.raftmq.v1.MetadataRequest\x1a\x1b.raftmq.v1.MetadataResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.api.v1.broker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACKS']._serialized_start=1474
-  _globals['_ACKS']._serialized_end=1526
-  _globals['_OFFSETPOSITION']._serialized_start=1528
-  _globals['_OFFSETPOSITION']._serialized_end=1570
+  _globals['_ACKS']._serialized_start=1617
+  _globals['_ACKS']._serialized_end=1669
+  _globals['_OFFSETPOSITION']._serialized_start=1671
+  _globals['_OFFSETPOSITION']._serialized_end=1713
+  _globals['_REPLICASTATE']._serialized_start=1715
+  _globals['_REPLICASTATE']._serialized_end=1821
   _globals['_PRODUCEREQUEST']._serialized_start=42
   _globals['_PRODUCEREQUEST']._serialized_end=180
   _globals['_PRODUCESTREAMREQUEST']._serialized_start=182
@@ -57,12 +59,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_METADATAREQUEST']._serialized_end=1092
   _globals['_BROKERINFO']._serialized_start=1094
   _globals['_BROKERINFO']._serialized_end=1146
-  _globals['_PARTITIONINFO']._serialized_start=1148
-  _globals['_PARTITIONINFO']._serialized_end=1264
-  _globals['_TOPICINFO']._serialized_start=1266
-  _globals['_TOPICINFO']._serialized_end=1337
-  _globals['_METADATARESPONSE']._serialized_start=1340
-  _globals['_METADATARESPONSE']._serialized_end=1472
-  _globals['_BROKER']._serialized_start=1573
-  _globals['_BROKER']._serialized_end=1942
+  _globals['_PARTITIONINFO']._serialized_start=1149
+  _globals['_PARTITIONINFO']._serialized_end=1315
+  _globals['_REPLICASTATUS']._serialized_start=1317
+  _globals['_REPLICASTATUS']._serialized_end=1407
+  _globals['_TOPICINFO']._serialized_start=1409
+  _globals['_TOPICINFO']._serialized_end=1480
+  _globals['_METADATARESPONSE']._serialized_start=1483
+  _globals['_METADATARESPONSE']._serialized_end=1615
+  _globals['_BROKER']._serialized_start=1824
+  _globals['_BROKER']._serialized_end=2193
 # @@protoc_insertion_point(module_scope)

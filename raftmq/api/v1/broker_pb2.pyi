@@ -17,11 +17,22 @@ class OffsetPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EARLIEST: _ClassVar[OffsetPosition]
     LATEST: _ClassVar[OffsetPosition]
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_OK: _ClassVar[ReplicaState]
+    REPLICA_CATCHING_UP: _ClassVar[ReplicaState]
+    REPLICA_FAILED: _ClassVar[ReplicaState]
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
 EARLIEST: OffsetPosition
 LATEST: OffsetPosition
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_OK: ReplicaState
+REPLICA_CATCHING_UP: ReplicaState
+REPLICA_FAILED: ReplicaState
 
 class ProduceRequest(_message.Message):
     __slots__ = ("topic", "partition", "entries", "acks", "timeout_ms", "request_id")
@@ -148,18 +159,30 @@ class BrokerInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark")
+    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark", "replica_status")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_STATUS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     leader_id: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
     leader_term: int
     high_watermark: int
-    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+    replica_status: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ..., replica_status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("broker_id", "state", "reason")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    state: ReplicaState
+    reason: str
+    def __init__(self, broker_id: _Optional[int] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
     __slots__ = ("name", "partitions")
