@@ -202,3 +202,36 @@ def test_truncate_log_leaves_a_prefix_the_log_recovers(tmp_path):
         assert 0 <= log.last_index < whole
         kept = log.read_by_index(log.start_index, 1 << 20).data if log.last_index else b""
         assert sum(1 for _ in entry.iter_headers(kept)) <= log.last_index
+
+
+def test_bit_rot_disk_loss_and_a_low_file_limit_lose_nothing_and_heal(tmp_path):
+    """The three faults of issue 10 in one short schedule: every replica ends repaired and
+    byte-identical, every broker healthy, nothing acknowledged lost."""
+    out = tmp_path / "run"
+    options = ChaosOptions(
+        out=out, duration=40, faults=["corrupt", "disk-loss", "fd-pressure"], seed=2, producers=3
+    )
+    assert "--segment-bytes" in options.broker_args()
+    result = run(options, say=lambda _line: None)
+    _assert_clean(result, out, min_acked=100)
+    faults = json.loads((out / "faults.json").read_text())
+    started = " | ".join(f["value"] for f in faults if f["status"] == "start")
+    assert "flipped in chaos-" in started, started
+    assert "disk loss on node" in started, started
+    assert "open-file limit" in started, started
+    assert result.get("health").status == "ok"
+    assert result.get("leaderless").status == "ok"
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", [1, 2])
+def test_long_schedule_of_disk_faults_loses_nothing(tmp_path, seed):
+    out = tmp_path / f"run-{seed}"
+    options = ChaosOptions(
+        out=out,
+        duration=120,
+        faults=["corrupt", "disk-loss", "fd-pressure", "kill", "partition"],
+        seed=seed,
+    )
+    result = run(options, say=print)
+    _assert_clean(result, out, min_acked=1000)
