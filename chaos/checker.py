@@ -222,6 +222,10 @@ class _History:
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
         self.faults: list[Op] = []
+        self.leaders: dict[int, list[Op]] = defaultdict(list)  # partition -> monitor's ops
+        self.statuses: list[Op] = []
+        self.range_hw: dict[tuple[int, int], int] = {}
+        self.last_time = 0.0
         self.other: dict[str, int] = defaultdict(int)
         self.malformed: list[Op] = []
         self.send_status: dict[str, str] = {}
@@ -239,6 +243,7 @@ class _History:
 
         for op in ops:
             kind = op.kind
+            self.last_time = max(self.last_time, op.end)
             if kind == "send":
                 self._add_send(op)
             elif kind in ("read", "final"):
@@ -260,6 +265,10 @@ class _History:
                 self.recoveries.append(op)
             elif kind == "fault":
                 self.faults.append(op)
+            elif kind == "leader":
+                self.leaders[op.partition].append(op)
+            elif kind == "status":
+                self.statuses.append(op)
             else:
                 self.other[kind] += 1
 
@@ -305,6 +314,8 @@ class _History:
         self.replicas[op.partition].add(op.replica)
         # Several reads of one replica: the lowest start is what it was shown to hold.
         self.replica_start[key] = min(op.offset, self.replica_start.get(key, op.offset))
+        if op.hw is not None:
+            self.range_hw[key] = max(op.hw, self.range_hw.get(key, op.hw))
 
     def _add_reset(self, op: Op) -> None:
         try:
@@ -897,6 +908,99 @@ def check_recovery(h: _History, opts: CheckOptions) -> CheckReport:
     )
 
 
+def check_leaderless(h: _History, opts: CheckOptions) -> CheckReport:
+    """9. No partition was without a leader for longer than the recovery limit, faults or
+    not: an election takes a timeout or two, and even a majority killed for a fault's
+    hold comes back within it. From the monitor's ``leader`` ops (which brokers claim to
+    lead each partition, whenever that changed); a span with no claim lasts until the next
+    op of that partition or the end of the history."""
+    f = _Findings("leaderless-too-long")
+    longest = 0.0
+    for partition, ops in sorted(h.leaders.items()):
+        ops = sorted(ops, key=_start)
+        for i, op in enumerate(ops):
+            if op.value:
+                continue
+            until = ops[i + 1].start if i + 1 < len(ops) else h.last_time
+            span = until - op.start
+            longest = max(longest, span)
+            if span > opts.recovery_limit_s:
+                f.add(
+                    "leaderless-too-long",
+                    {
+                        "partition": partition,
+                        "from_s": round(op.start, 3),
+                        "seconds": round(span, 3),
+                        "explanation": f"partition {partition} had no leader for {span:.1f} s "
+                        f"from {op.start:.1f} s, over the limit of {opts.recovery_limit_s:g} s",
+                    },
+                )
+    return f.report(
+        "leaderless",
+        f"no partition was without a leader for more than {opts.recovery_limit_s:g} s",
+        {"partitions": len(h.leaders), "longest_leaderless_s": round(longest, 3)},
+        applicable=bool(h.leaders),
+    )
+
+
+def check_health(h: _History, opts: CheckOptions) -> CheckReport:
+    """10. After healing, every broker says it serves and every replica says it is sound,
+    and none says so falsely: a replica that reports ok while its final high watermark is
+    behind the other replicas' is a broker alive but failed without saying so. From the
+    ``status`` ops recorded after the final reads."""
+    f = _Findings("not-serving", "replica-failed", "silent-failure")
+    best_hw: dict[int, int] = {}
+    for (p, _), hw in h.range_hw.items():
+        best_hw[p] = max(hw, best_hw.get(p, hw))
+    replicas = 0
+    for op in h.statuses:
+        who = op.replica
+        if op.partition < 0:
+            if op.value != "SERVING":
+                f.add(
+                    "not-serving",
+                    {
+                        "broker": who,
+                        "health": op.value,
+                        "explanation": f"broker {who} answers health {op.value} after healing",
+                    },
+                )
+            continue
+        replicas += 1
+        p = op.partition
+        if op.value == "REPLICA_FAILED":
+            f.add(
+                "replica-failed",
+                {
+                    "partition": p,
+                    "replica": who,
+                    "reason": op.error,
+                    "explanation": f"replica {who} of partition {p} is still failed after "
+                    f"healing: {op.error}",
+                },
+            )
+            continue
+        hw = h.range_hw.get((p, who if who is not None else -1))
+        if op.value == "REPLICA_OK" and hw is not None and hw < best_hw.get(p, hw):
+            f.add(
+                "silent-failure",
+                {
+                    "partition": p,
+                    "replica": who,
+                    "replica_hw": hw,
+                    "best_hw": best_hw[p],
+                    "explanation": f"replica {who} of partition {p} says it is ok, but its "
+                    f"high watermark {hw} stayed behind {best_hw[p]}",
+                },
+            )
+    return f.report(
+        "health",
+        "after healing every broker serves, every replica is sound, and none says so falsely",
+        {"brokers": sum(1 for op in h.statuses if op.partition < 0), "replicas": replicas},
+        applicable=bool(h.statuses),
+    )
+
+
 CHECKS: list[CheckFn] = [
     check_lost,
     check_replicas,
@@ -906,6 +1010,8 @@ CHECKS: list[CheckFn] = [
     check_order,
     check_consumer_groups,
     check_recovery,
+    check_leaderless,
+    check_health,
 ]
 """The checks, in report order. A new check is a function ``(_History, CheckOptions) ->
 CheckReport`` appended here."""

@@ -32,6 +32,13 @@ Kinds:
 - ``fault``: the nemesis started (``status`` ``start``) or ended (``end``) a fault;
   ``value`` describes it (a power loss, ``unsynced``, says how many un-fsynced bytes it
   dropped: "... N un-fsynced bytes dropped ...").
+- ``leader``: the monitor saw the set of brokers that claim to lead ``partition`` change;
+  ``value`` lists their ids ("2", "1,3" while an old leader has not yet noticed, "" when
+  none does).
+- ``status``: after the final reads, what broker ``replica`` says of itself: with
+  ``partition`` -1 its grpc.health.v1 answer (``SERVING``, ``NOT_SERVING``, or
+  ``UNREACHABLE``); otherwise the state it reports for its replica of that partition
+  (``REPLICA_OK``, ``REPLICA_CATCHING_UP``, ``REPLICA_FAILED``) and, in ``error``, why.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import struct
 import time
@@ -19,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.cluster import TOPIC, ChaosCluster
+from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.log import entry
+from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 
 CATEGORIES = (
     "partition",
@@ -31,6 +35,9 @@ CATEGORIES = (
     "hung",
     "snapshot",
     "unsynced",
+    "corrupt",
+    "disk-loss",
+    "fd-pressure",
 )
 
 DURABLE_SUFFIX = ".durable"
@@ -41,6 +48,19 @@ _DURABLE = struct.Struct(">q")
 SNAPSHOT_HOLD = (8.0, 10.0)
 """How long a ``snapshot`` fault keeps its follower cut off: long enough for the others'
 retention (aggressive in runs with this fault, see ``chaos.run``) to delete what it lacks."""
+
+
+FD_PRESSURE_LIMIT = 128
+"""RLIMIT_NOFILE (soft and hard) of a broker restarted by the ``fd-pressure`` fault: below
+the 1,024 many hosts default to, and far below what a file per segment would need once
+its partitions have rolled a few segments each (the chaos runs with ``corrupt`` or
+``fd-pressure`` use small segments)."""
+
+
+IN_SYNC_OFFSETS = 500
+"""How far apart the replicas' high watermarks may be for the ``disk-loss`` fault to count
+them in sync: far more than a follower lags under the workload (tens of records), far less
+than a replica rejoining after a wipe is behind."""
 
 
 @dataclass
@@ -68,6 +88,9 @@ class Nemesis:
         self.direct = LowLevelClient([chaos.direct_address(i) for i in chaos.nodes], retries=1)
         self.killed: set[int] = set()
         self.paused: set[int] = set()
+        self.corrupted: set[tuple[str, int]] = set()
+        """(partition directory name, Raft index) of every entry the ``corrupt`` fault
+        flipped a bit in, on whichever replica: never a second replica's copy."""
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -125,7 +148,7 @@ class Nemesis:
     def next_fault(self) -> Fault:
         """Draw and start the next fault."""
         category = self.rng.choice(self.categories)
-        return getattr(self, f"_start_{category}")()
+        return getattr(self, f"_start_{category.replace('-', '_')}")()
 
     def _start_partition(self) -> Fault:
         nodes = self.chaos.nodes
@@ -285,6 +308,97 @@ class Nemesis:
             hold=hold,
         )
 
+    def _start_corrupt(self) -> Fault:
+        """Bit rot on one replica: SIGKILL a node, flip one bit in the payload of an entry of
+        a sealed segment of one partition, restart it. Only ever one replica's copy of an
+        entry: the others hold it, so it can be (and must be) repaired from them. The
+        restart matters: a running broker has already checked its closed segments' CRCs
+        once, so the flip is found by the next read after the restart, or by the scrubber."""
+        victim = self.rng.choice(self.chaos.nodes)
+        self.chaos.cluster.kill(victim)
+        self.killed.add(victim)
+        flipped = flip_bit(self.chaos.data / f"broker-{victim}", self.rng, self.corrupted)
+
+        def heal() -> None:
+            self.chaos.cluster.start(victim)
+            self.killed.discard(victim)
+
+        what = flipped or "nothing to corrupt yet (no sealed segment)"
+        return Fault("corrupt", f"bit rot on node {victim}: {what}", heal, targets=[victim])
+
+    def _start_disk_loss(self) -> Fault:
+        """A follower comes back with a wiped or truncated data directory (a replaced or
+        restored disk): it lost entries it had acknowledged, and must catch up without
+        voting or counting toward a commit until it holds them again.
+
+        The victim is a node whose partitions' other replicas are all in sync (each answers
+        the leader's high watermark), so at most one replica of a partition is ever behind
+        for this reason: a majority that lost its disks has lost data in any system."""
+        victim = self._in_sync_victim()
+        if victim is None:
+            return Fault(
+                "disk-loss", "disk loss skipped: some replica is still catching up", lambda: None
+            )
+        shape = self.rng.choice(["wipe-broker", "wipe-partition", "truncate-partition"])
+        self.chaos.cluster.kill(victim)
+        self.killed.add(victim)
+        broker_dir = self.chaos.data / f"broker-{victim}"
+        if shape == "wipe-broker":
+            shutil.rmtree(broker_dir, ignore_errors=True)
+            what = f"data directory {broker_dir.name} wiped"
+        else:
+            partition = self.rng.randrange(self.chaos.partitions)
+            directory = broker_dir / f"{TOPIC}-{partition}"
+            if shape == "wipe-partition":
+                shutil.rmtree(directory, ignore_errors=True)
+                what = f"partition {partition}'s directory wiped"
+            else:
+                kept = truncate_log(directory, self.rng)
+                what = f"partition {partition}'s log cut back to its first {kept} bytes"
+
+        def heal() -> None:
+            self.chaos.cluster.start(victim)
+            self.killed.discard(victim)
+
+        return Fault(shape, f"disk loss on node {victim}: {what}", heal, targets=[victim])
+
+    def _in_sync_victim(self) -> int | None:
+        """A node to take a disk from, chosen only when every replica of every partition
+        answers a high watermark within IN_SYNC_OFFSETS of the others (so no replica is
+        still rejoining after an earlier disk loss; followers learn the commit a little
+        after the leader, so under load they never all answer the same)."""
+        for p in range(self.chaos.partitions):
+            marks = []
+            for r in self.chaos.replicas(p):
+                if r in self.killed or r in self.paused:
+                    return None
+                try:
+                    resp = self.direct.stub(self.chaos.direct_address(r)).ListOffsets(
+                        pb.ListOffsetsRequest(topic=TOPIC, partition=p, position=pb.LATEST),
+                        timeout=2,
+                    )
+                except Exception:
+                    return None
+                marks.append(resp.high_watermark)
+            if max(marks) - min(marks) > IN_SYNC_OFFSETS:
+                return None
+        return self.rng.choice(self.chaos.nodes)
+
+    def _start_fd_pressure(self) -> Fault:
+        """Restart one node with a low open-file limit (soft and hard): a broker must bound
+        its open files by what the limit allows and go on serving every partition, or say
+        clearly why it cannot; it must never live on half-dead. It keeps that limit until a
+        later fault restarts it."""
+        victim = self.rng.choice(self.chaos.nodes)
+        self.chaos.cluster.stop(victim)
+        self.chaos.cluster.start(victim, open_files_limit=FD_PRESSURE_LIMIT)
+        return Fault(
+            "fd-pressure",
+            f"node {victim} restarted with an open-file limit of {FD_PRESSURE_LIMIT}",
+            lambda: None,
+            targets=[victim],
+        )
+
     # --- schedule ----------------------------------------------------------------------
 
     def durations(self, fault: Fault | None = None) -> tuple[float, float]:
@@ -331,6 +445,73 @@ def lose_unsynced(broker_dir: Path) -> tuple[int, int]:
             dropped += size - durable
             files += 1
     return dropped, files
+
+
+def sealed_segments(directory: Path) -> list[Path]:
+    """The segment files of one partition directory that have index files (sealed: fsynced
+    and closed), oldest first."""
+    return sorted(
+        seg for seg in directory.glob(f"*{LOG_SUFFIX}") if seg.with_suffix(INDEX_SUFFIX).exists()
+    )
+
+
+def flip_bit(broker_dir: Path, rng: random.Random, corrupted: set[tuple[str, int]]) -> str:
+    """Flip one bit inside the payload of one entry of a sealed segment under
+    ``broker_dir`` (the broker must be dead), skipping entries whose copy on another
+    replica was flipped before; say what was flipped ("" when nothing could be).
+
+    The payload, not the header: a flipped length would make the rest of the segment
+    unreadable, which is a different fault (a torn segment) than bit rot in one entry."""
+    candidates = [seg for d in sorted(broker_dir.glob(f"{TOPIC}-*")) for seg in sealed_segments(d)]
+    rng.shuffle(candidates)
+    for seg in candidates:
+        data = seg.read_bytes()
+        headers = [
+            h
+            for h in entry.iter_headers(data, verify=False)
+            if h.payload_length > 0 and (seg.parent.name, h.index) not in corrupted
+        ]
+        if not headers:
+            continue
+        h = rng.choice(headers)
+        position = h.position + entry.HEADER_SIZE + rng.randrange(h.payload_length)
+        bit = rng.randrange(8)
+        with open(seg, "r+b") as f:
+            f.seek(position)
+            byte = f.read(1)[0]
+            f.seek(position)
+            f.write(bytes([byte ^ (1 << bit)]))
+            f.flush()
+            os.fsync(f.fileno())
+        corrupted.add((seg.parent.name, h.index))
+        return (
+            f"bit {bit} of byte {position} flipped in {seg.parent.name}/{seg.name} "
+            f"(entry at index {h.index}, offsets {h.base_offset}-{h.last_offset})"
+        )
+    return ""
+
+
+def truncate_log(directory: Path, rng: random.Random) -> int:
+    """Cut one partition's log back to a random earlier entry boundary, as a disk restored
+    from an old backup would leave it: later segments are deleted, the one holding the
+    cut is truncated and loses its index files (recovery rebuilds them). Returns the
+    bytes kept in the segment that was cut."""
+    segments = sorted(directory.glob(f"*{LOG_SUFFIX}"))
+    if not segments:
+        return 0
+    cut = rng.randrange(len(segments))
+    for seg in segments[cut + 1 :]:
+        for path in directory.glob(seg.stem + ".*"):
+            path.unlink()
+    seg = segments[cut]
+    data = seg.read_bytes()
+    ends = [h.end for h in entry.iter_headers(data, verify=False)]
+    boundaries = [0, *ends[:-1]]
+    keep = rng.choice(boundaries)
+    os.truncate(seg, keep)
+    for suffix in (INDEX_SUFFIX, ".timeindex"):
+        seg.with_suffix(suffix).unlink(missing_ok=True)
+    return keep
 
 
 def now() -> float:

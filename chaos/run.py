@@ -13,6 +13,7 @@ from pathlib import Path
 from chaos import checker, history, report
 from chaos.cluster import TOPIC, ChaosCluster
 from chaos.history import Op
+from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
@@ -36,6 +37,10 @@ class ChaosOptions:
     """Small segments and aggressive retention; None: only when ``snapshot`` is a fault,
     since only a follower behind the leader's log start needs a snapshot."""
     segment_bytes: int = 2048
+    sealed_segment_bytes: int = 16384
+    """Segment size in runs with ``corrupt`` or ``fd-pressure`` (and no retention): small,
+    so partitions seal segments within seconds (bit rot is put into sealed ones) and hold
+    many segment files (more than an open-file limit allows at one each)."""
     retention_bytes: int = 8192
     retention_check_ms: int = 250
 
@@ -69,6 +74,8 @@ class ChaosOptions:
                 "--retention-check-ms",
                 str(self.retention_check_ms),
             ]
+        elif {"corrupt", "fd-pressure"} & set(self.faults):
+            args += ["--segment-bytes", str(self.sealed_segment_bytes)]
         if "unsynced" in self.faults:
             # The ``unsynced`` fault cuts segments back to what the last fsync covered.
             args.append("--durability-markers")
@@ -89,6 +96,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         broker_args=options.broker_args(),
     )
     nemesis: Nemesis | None = None
+    monitor: Monitor | None = None
     recorder = Recorder()
     try:
         chaos.cluster.start()
@@ -98,7 +106,9 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             advertised, TOPIC, options.partitions, recorder, producers=options.producers
         )
         nemesis = Nemesis(chaos, options.seed, options.faults)
+        monitor = Monitor({i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder)
         recorder.t0 = time.monotonic()
+        monitor.start()
         workload.start()
         time.sleep(min(3.0, options.duration / 10))
         while recorder.now() < options.duration:
@@ -145,9 +155,13 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         say(f"recovered in {recovery:.1f} s" if recovery >= 0 else "did not recover")
         time.sleep(1.0)
         workload.finish()
+        monitor.stop()
         say("reading every partition from every replica")
         _final_reads(chaos, recorder, options)
+        monitor.record_status()
     finally:
+        if monitor is not None:
+            monitor.close()
         if nemesis is not None:
             nemesis.close()
         chaos.close()

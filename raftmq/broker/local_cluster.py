@@ -89,7 +89,10 @@ class LocalCluster:
     def log_path(self, broker_id: int) -> Path:
         return self.data / f"broker-{broker_id}.log"
 
-    def start(self, broker_id: int | None = None) -> None:
+    def start(self, broker_id: int | None = None, *, open_files_limit: int | None = None) -> None:
+        """Start one broker (or every one not running). ``open_files_limit`` starts it with
+        that RLIMIT_NOFILE, soft and hard, as a host with a low limit would (the chaos
+        harness's ``fd-pressure`` fault)."""
         for bid in [broker_id] if broker_id else list(self.spec.brokers):
             if bid in self.procs and self.procs[bid].poll() is None:
                 continue
@@ -111,9 +114,16 @@ class LocalCluster:
                 *self.broker_args,
             ]
             cmd += self.per_broker_args.get(bid, [])
+            if open_files_limit is not None:
+                # prlimit(1) (util-linux) rather than a preexec_fn: forking a process that
+                # runs gRPC threads to call setrlimit in the child is not safe.
+                cmd = ["prlimit", f"--nofile={open_files_limit}:{open_files_limit}", "--", *cmd]
             with open(self.log_path(bid), "ab") as logfile:
                 self.procs[bid] = subprocess.Popen(
-                    cmd, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
 
     def signal(self, broker_id: int, sig: signal.Signals) -> None:

@@ -22,7 +22,10 @@ def run(
         typer.Option(
             help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
             "hung, snapshot (a follower cut off until it must catch up from a snapshot), unsynced "
-            "(power loss: SIGKILL and cut every file to its last fsynced size)."
+            "(power loss: SIGKILL and cut every file to its last fsynced size), corrupt (a bit "
+            "flipped in a sealed segment of one replica), disk-loss (a node back with a wiped or "
+            "cut-back data directory), fd-pressure (a node restarted with an open-file limit "
+            "of 128)."
         ),
     ] = "partition,kill,pause,latency",
     seed: Annotated[int, typer.Option(help="Makes the fault schedule reproducible.")] = 0,

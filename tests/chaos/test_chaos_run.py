@@ -145,3 +145,93 @@ def test_digest_range_leaves_out_control_entries_at_its_edges():
     assert not _in_common_range(_header(20, 0), 10, 20)
     assert not _in_common_range(_header(18, 3), 10, 20)
     assert not _in_common_range(_header(8, 3), 10, 20)
+
+
+def _partition_log(tmp_path: Path, entries: int = 60) -> Path:
+    """A real partition directory with several sealed segments of small entries."""
+    from raftmq.log.config import FlushPolicy, LogConfig
+    from raftmq.log.log import Log
+    from raftmq.log.records import Record, build_batch
+
+    directory = tmp_path / "broker-1" / "chaos-0"
+    config = LogConfig(segment_bytes=1024, flush_policy=FlushPolicy.EVERY_BATCH)
+    with Log.open(directory, config) as log:
+        for i in range(entries):
+            batch = build_batch([Record(None, f"value-{i}".encode() * 4, 1_700_000_000_000)])
+            log.append(entry.stamp(batch, index=i + 1, term=1, base_offset=i))
+    return directory
+
+
+def test_flip_bit_corrupts_one_entry_of_a_sealed_segment_once(tmp_path):
+    import random
+
+    from chaos.nemesis import flip_bit, sealed_segments
+
+    directory = _partition_log(tmp_path)
+    sealed = sealed_segments(directory)
+    assert len(sealed) >= 3
+    before = {seg: seg.read_bytes() for seg in directory.glob("*.log")}
+    corrupted: set[tuple[str, int]] = set()
+    said = flip_bit(tmp_path / "broker-1", random.Random(3), corrupted)
+    assert "flipped in chaos-0/" in said
+    changed = [seg for seg, data in before.items() if seg.read_bytes() != data]
+    assert len(changed) == 1 and changed[0] in sealed
+    bad = [
+        h
+        for h in entry.iter_headers(changed[0].read_bytes(), verify=False)
+        if not entry.crc_ok(changed[0].read_bytes(), h)
+    ]
+    assert [("chaos-0", h.index) for h in bad] == sorted(corrupted)
+    # A later flip never picks an entry whose copy was flipped before.
+    for seed in range(20):
+        flip_bit(tmp_path / "broker-1", random.Random(seed), corrupted)
+    assert len(corrupted) == 21
+
+
+def test_truncate_log_leaves_a_prefix_the_log_recovers(tmp_path):
+    import random
+
+    from chaos.nemesis import truncate_log
+    from raftmq.log.log import Log
+
+    directory = _partition_log(tmp_path)
+    with Log.open(directory) as log:
+        whole = log.last_index
+    truncate_log(directory, random.Random(5))
+    with Log.open(directory) as log:
+        assert 0 <= log.last_index < whole
+        kept = log.read_by_index(log.start_index, 1 << 20).data if log.last_index else b""
+        assert sum(1 for _ in entry.iter_headers(kept)) <= log.last_index
+
+
+def test_bit_rot_disk_loss_and_a_low_file_limit_lose_nothing_and_heal(tmp_path):
+    """The three faults of issue 10 in one short schedule: every replica ends repaired and
+    byte-identical, every broker healthy, nothing acknowledged lost."""
+    out = tmp_path / "run"
+    options = ChaosOptions(
+        out=out, duration=40, faults=["corrupt", "disk-loss", "fd-pressure"], seed=2, producers=3
+    )
+    assert "--segment-bytes" in options.broker_args()
+    result = run(options, say=lambda _line: None)
+    _assert_clean(result, out, min_acked=100)
+    faults = json.loads((out / "faults.json").read_text())
+    started = " | ".join(f["value"] for f in faults if f["status"] == "start")
+    assert "flipped in chaos-" in started, started
+    assert "disk loss on node" in started, started
+    assert "open-file limit" in started, started
+    assert result.get("health").status == "ok"
+    assert result.get("leaderless").status == "ok"
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", [1, 2])
+def test_long_schedule_of_disk_faults_loses_nothing(tmp_path, seed):
+    out = tmp_path / f"run-{seed}"
+    options = ChaosOptions(
+        out=out,
+        duration=120,
+        faults=["corrupt", "disk-loss", "fd-pressure", "kill", "partition"],
+        seed=seed,
+    )
+    result = run(options, say=print)
+    _assert_clean(result, out, min_acked=1000)

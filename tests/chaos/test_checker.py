@@ -41,6 +41,8 @@ ALL_CHECKS = (
     "order",
     "consumer-groups",
     "recovery",
+    "leaderless",
+    "health",
 )
 
 
@@ -72,9 +74,21 @@ def recovery(seconds: str = "2.5", status: str = "ok") -> Op:
     return Op("recovery", "nemesis", value=seconds, status=status, start=150.0, end=152.5)
 
 
+def leader(p: int, leaders: str, t: float) -> Op:
+    return Op("leader", "monitor", p, leaders, start=t, end=t)
+
+
+def status(broker: int, p: int, value: str, reason: str | None = None) -> Op:
+    return Op(
+        "status", f"status-{broker}", p, value, start=210, end=210, replica=broker, error=reason
+    )
+
+
 def clean(n: int = N, partitions: tuple[int, ...] = PARTITIONS) -> list[Op]:
-    """A history that keeps every promise: acks, in-order reads, identical finals."""
+    """A history that keeps every promise: acks, in-order reads, identical finals, a
+    leader all along, every broker serving and every replica sound at the end."""
     ops = [Op("fault", "nemesis", value="partition {1} from {2,3}", status="start", start=1)]
+    ops += [leader(p, "1", 0.5) for p in partitions]
     for p in partitions:
         ops += [send(p, i, i, t=10.0 * i + p) for i in range(n)]
         ops += [read(p, i, val(p, i), hw=i + 1, t=10.0 * i + p + 1) for i in range(n)]
@@ -84,6 +98,9 @@ def clean(n: int = N, partitions: tuple[int, ...] = PARTITIONS) -> list[Op]:
         for r in REPLICAS:
             ops += [final(p, i, val(p, i), n, r) for i in range(n)]
             ops.append(digest(p, n, r))
+    for r in REPLICAS:
+        ops.append(status(r, -1, "SERVING"))
+        ops += [status(r, p, "REPLICA_OK") for p in partitions]
     return ops
 
 
@@ -705,3 +722,66 @@ def test_malformed_range_and_reset_ops_are_counted() -> None:
     assert result.summary["malformed_ops"] == 2
     assert result.summary["unknown_kinds"] == {}
     assert_only(result)
+
+
+# --------------------------------------------------------------------------- 9. leaderless
+
+
+def test_a_short_leaderless_span_is_fine() -> None:
+    ops = [*clean(), leader(0, "", 20.0), leader(0, "2", 21.5)]
+    result = check(ops)
+    assert_only(result)
+    assert result.get("leaderless").counts["longest_leaderless_s"] == 1.5
+
+
+def test_a_partition_leaderless_past_the_limit_is_reported() -> None:
+    ops = [*clean(), leader(1, "", 20.0), leader(1, "3", 60.0)]
+    result = check(ops, recovery_limit_s=30)
+    assert_only(result, "leaderless")
+    assert count(result, "leaderless", "leaderless-too-long") == 1
+    assert (
+        "partition 1 had no leader for 40.0 s"
+        in result.get("leaderless").examples[0]["explanation"]
+    )
+
+
+def test_a_partition_leaderless_until_the_end_counts_to_the_last_op() -> None:
+    ops = [*clean(), leader(0, "", 100.0)]  # the history ends at 210 s (status ops)
+    result = check(ops, recovery_limit_s=30)
+    assert_only(result, "leaderless")
+
+
+def test_two_claimed_leaders_are_not_leaderless() -> None:
+    ops = [*clean(), leader(0, "1,2", 20.0), leader(0, "2", 80.0)]
+    assert_only(check(ops, recovery_limit_s=30))
+
+
+# --------------------------------------------------------------------------- 10. health
+
+
+def test_a_broker_not_serving_after_healing_is_reported() -> None:
+    ops = without(clean(), status(2, -1, "SERVING"))
+    result = check([*ops, status(2, -1, "NOT_SERVING")])
+    assert_only(result, "health")
+    assert count(result, "health", "not-serving") == 1
+
+
+def test_a_replica_still_failed_after_healing_is_reported() -> None:
+    ops = without(clean(), status(3, 1, "REPLICA_OK"))
+    result = check([*ops, status(3, 1, "REPLICA_FAILED", "log: CRC mismatch at byte 4096")])
+    assert_only(result, "health")
+    assert "CRC mismatch" in result.get("health").examples[0]["explanation"]
+
+
+def test_a_replica_that_says_ok_while_behind_is_a_silent_failure() -> None:
+    ranges = [
+        Op("range", f"final-{r}", 0, None, 0, "ok", 200, 200, hw=N if r != 2 else N - 2, replica=r)
+        for r in REPLICAS
+    ]
+    result = check([*clean(), *ranges])
+    assert "health" in {c.name for c in result.checks if c.status == VIOLATED}
+    assert count(result, "health", "silent-failure") == 1
+    # The same replica saying it is catching up is the truth, not a silent failure.
+    ops = without(clean(), status(2, 0, "REPLICA_OK"))
+    honest = check([*ops, *ranges, status(2, 0, "REPLICA_CATCHING_UP")])
+    assert count(honest, "health", "silent-failure") == 0
