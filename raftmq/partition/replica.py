@@ -17,13 +17,10 @@ from pathlib import Path
 
 from raftmq.log import entry
 from raftmq.log.config import LogConfig
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError, LogError
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log, ReadResult
+from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
-    BatchTooLargeError,
-    CorruptBatchError,
-    InvalidBatchError,
     NotLeaderError,
     OffsetOutOfRangeError,
     OutcomeUnknownError,
@@ -35,7 +32,6 @@ from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.ready import SoftState
 
-MAX_ENTRIES_PER_PRODUCE = 10_000
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Bytes proposed but not yet answered, per partition: past it producers wait (backpressure)."""
 
@@ -70,6 +66,7 @@ class PartitionReplica:
         self.partition = partition
         self.replicas = replicas
         self.max_entry_bytes = log_config.max_message_bytes
+        self.max_future_ms = log_config.message_timestamp_after_max_ms
         self._host = host
         self._hw_event = asyncio.Event()
         self._inflight_bytes = 0
@@ -142,31 +139,14 @@ class PartitionReplica:
     # --- produce ----------------------------------------------------------------------
 
     def validate(self, entries: bytes) -> None:
-        """Check every header and CRC of a producer's buffer, so a refusal names the batch
-        and its problem; nothing is decoded beyond the 74-byte headers."""
-        if not entries:
-            raise InvalidBatchError("the produce request holds no entries")
-        count = 0
-        try:
-            for h in entry.iter_headers(entries):
-                if h.type != EntryType.DATA:
-                    raise InvalidBatchError(
-                        f"entry {count} is a {h.type.name} entry; producers send DATA entries"
-                    )
-                if h.size > self.max_entry_bytes:
-                    raise BatchTooLargeError(
-                        f"entry {count} is {h.size} bytes; this topic's max.message.bytes "
-                        f"is {self.max_entry_bytes}. Send smaller batches."
-                    )
-                count += 1
-                if count > MAX_ENTRIES_PER_PRODUCE:
-                    raise InvalidBatchError(
-                        f"more than {MAX_ENTRIES_PER_PRODUCE} entries in one produce request"
-                    )
-        except CorruptEntryError as exc:
-            raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
-        except InvalidEntryError as exc:
-            raise InvalidBatchError(f"malformed batch: {exc}") from None
+        """Refuse a producer's request unless every entry is consumable as it stands (client
+        edge: batch_check); nothing is decoded beyond headers and record length prefixes."""
+        check_produce(
+            entries,
+            max_entry_bytes=self.max_entry_bytes,
+            max_future_ms=self.max_future_ms,
+            now_ms=int(time.time() * 1000),
+        )
 
     async def produce(self, entries: bytes, acks: Acks, timeout: float) -> ProduceResult:
         """Propose the request's entries as one proposal: they are appended together in one
