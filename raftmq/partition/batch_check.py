@@ -83,8 +83,8 @@ def _check_entry(
             (k, v) for k, v in (("index", index), ("term", term), ("base_offset", base_offset)) if v
         )
         raise refuse(
-            f"{field} is {value}; the broker assigns offsets, so producers send index, term "
-            "and base_offset 0"
+            f"{field} is {value}; the broker assigns offsets; send {field} 0 (index, term "
+            "and base_offset are all 0 in a produced entry)"
         )
     codec = attributes & entry.CODEC_MASK
     if codec:
