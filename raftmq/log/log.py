@@ -525,7 +525,11 @@ class Log:
     def _validate(self, data: bytes) -> list[_Validated]:
         """Check every entry of an append; (position, index, term, base offset, max
         timestamp, next offset) of each. Plain tuples: this runs once per entry on the
-        write path."""
+        write path.
+
+        Trust boundary: the peer edge. A follower's append of what its leader replicates is
+        checked here (framing, CRC, contiguity); the records themselves were checked once, at
+        the client edge, by the leader that took them (raftmq/partition/batch_check.py)."""
         if not data:
             raise InvalidEntryError("nothing to append: the buffer holds no entry")
         index, offset = self.next_index, self.next_offset
@@ -850,6 +854,8 @@ class Log:
                         ):
                             done = True
                             break
+                        # Trust boundary: the disk read. Bytes not yet checked by this
+                        # process are CRC-checked before they are served.
                         if p >= verified and not entry.crc_matches(chunk, p, size, crc):
                             raise self._corrupt(seg, position + p, "CRC mismatch")
                         if begin is None:
