@@ -175,7 +175,10 @@ def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Hea
         fields
     )
     if length > MAX_ENTRY_BYTES - 4:
-        raise InvalidEntryError(f"entry at byte {position} declares {length} bytes, over the cap")
+        raise InvalidEntryError(
+            f"entry at byte {position} declares a length of {length} bytes; the format caps an "
+            f"entry at {MAX_ENTRY_BYTES} bytes (length {MAX_ENTRY_BYTES - 4})"
+        )
     if magic != MAGIC:
         raise InvalidEntryError(f"unknown entry format version {magic} at byte {position}")
     if length != _LENGTH_BIAS + payload_length:
