@@ -11,12 +11,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
 from raftmq.log import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.entry import EntryType
+from raftmq.log.errors import InvalidEntryError
 from raftmq.log.inspect import describe, iter_entries, segment_files, verify_folder
 from raftmq.log.log import Log
 from raftmq.log.records import Record, build_batch, decode_records, iter_records
@@ -88,12 +90,7 @@ def dump(
             d = describe(h)
             table.add_row(name[-8:], str(position), *(str(d[k]) for k in columns[2:]))
             if records and h.type == EntryType.DATA:
-                data = _entry_bytes(folder, name, position, h.size)
-                for rec in decode_records(data, entry.parse_header(data)):
-                    lines.append(
-                        f"  offset {rec.offset} ts {rec.timestamp} key {rec.key!r} "
-                        f"value {_short(rec.value)} headers {list(rec.headers)}"
-                    )
+                lines += _record_lines(_entry_bytes(folder, name, position, h.size), name, position)
             shown += 1
             if shown >= limit:
                 break
@@ -101,6 +98,23 @@ def dump(
         console.print(table)
         for line in lines:
             console.print(line, highlight=False)
+
+
+def _record_lines(data: bytes, segment: str, position: int) -> list[str]:
+    """One line per record of a DATA entry, or one problem line when they cannot be decoded
+    (a dump shows what is there; ``raftmq log verify`` reports it as a problem)."""
+    try:
+        decoded = decode_records(data, entry.parse_header(data))
+    except InvalidEntryError as exc:
+        return [
+            f"  [red]problem:[/] the records of the entry at byte {position} of {segment} "
+            f"cannot be decoded: {escape(str(exc))}"
+        ]
+    return [
+        f"  offset {rec.offset} ts {rec.timestamp} key {rec.key!r} "
+        f"value {_short(rec.value)} headers {list(rec.headers)}"
+        for rec in decoded
+    ]
 
 
 def _entry_bytes(folder: Path, segment: str, position: int, size: int) -> bytes:
@@ -117,8 +131,9 @@ def _short(value: bytes | None) -> str:
 
 @app.command()
 def verify(folder: Folder) -> None:
-    """Check every entry's CRC, the continuity of indexes, offsets and terms, and every index
-    file. Exits 1 and names each problem with its segment and byte position if anything is off."""
+    """Check every entry's CRC, the continuity of indexes, offsets and terms, every index file,
+    and that every DATA entry's records decode. Exits 1 and names each problem with its segment
+    and byte position if anything is off."""
     _require_folder(folder)
     report = verify_folder(folder)
     table = Table(title=f"verify {folder}")
@@ -143,7 +158,7 @@ def verify(folder: Folder) -> None:
     if not report.ok:
         console.print("[red]The folder has problems (listed above).[/]")
         raise typer.Exit(1)
-    console.print("[green]Every CRC, index file and sequence checks out.[/]")
+    console.print("[green]Every CRC, index file, sequence and record checks out.[/]")
 
 
 @app.command()

@@ -31,6 +31,9 @@ class LogConfig:
     retention_ms: int = 14 * DAY_MS  # retention.ms; -1 keeps forever
     retention_bytes: int = -1  # retention.bytes; -1 is unlimited
     max_message_bytes: int = 1 * MIB  # max.message.bytes: one entry, header included
+    # message.timestamp.after.max.ms: how far past the broker's clock a produced entry's
+    # max_timestamp may lie (a clock far ahead would make time lookups answer wrong offsets)
+    message_timestamp_after_max_ms: int = 60 * 60 * 1000
     index_interval_bytes: int = 4096  # index.interval.bytes: density of the sparse indexes
     flush_policy: FlushPolicy = FlushPolicy.EVERY_BATCH
     flush_interval_ms: int = 1000
@@ -51,6 +54,9 @@ class LogConfig:
         if self.retention_bytes != -1:
             _check_range("retention_bytes", self.retention_bytes, 0, 1 << 62)
         _check_range("max_message_bytes", self.max_message_bytes, 128, MAX_ENTRY_BYTES)
+        _check_range(
+            "message_timestamp_after_max_ms", self.message_timestamp_after_max_ms, 0, 1 << 62
+        )
         _check_range("index_interval_bytes", self.index_interval_bytes, 1, 1 << 30)
         _check_range("flush_interval_ms", self.flush_interval_ms, 1, 1 << 40)
         _check_range("max_open_segments", self.max_open_segments, 2, 1 << 20)

@@ -176,8 +176,8 @@ def decode_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Hea
     )
     if length > MAX_ENTRY_BYTES - 4:
         raise InvalidEntryError(
-            f"entry at byte {position} declares {length + 4} bytes, over the format's limit "
-            f"of {MAX_ENTRY_BYTES} bytes per entry"
+            f"entry at byte {position} declares a length of {length} bytes; the format caps an "
+            f"entry at {MAX_ENTRY_BYTES} bytes (length {MAX_ENTRY_BYTES - 4})"
         )
     if magic != MAGIC:
         raise InvalidEntryError(f"unknown entry format version {magic} at byte {position}")

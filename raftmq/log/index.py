@@ -66,6 +66,8 @@ class SegmentIndex:
         if self.last_slot_position >= 0 and position - self.last_slot_position < interval:
             return
         self.last_slot_position = position
+        assert 0 <= base_offset - self.base_offset < 1 << 32, "relative offset past u32: roll"
+        assert 0 <= index - self.first_index < 1 << 32, "relative index past u32: roll"
         self.offsets.append(base_offset - self.base_offset)
         self.indexes.append(index - self.first_index)
         self.positions.append(position)

@@ -7,6 +7,7 @@ itself, with the same entry and index codecs, and reports instead of repairing.
 
 from __future__ import annotations
 
+import os
 import struct
 from array import array
 from bisect import bisect_left
@@ -15,9 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftmq.log.atomic_file import read_atomic
-from raftmq.log.entry import EntryHeader
+from raftmq.log.entry import HEADER_SIZE, EntryHeader, EntryType
+from raftmq.log.errors import InvalidEntryError
 from raftmq.log.log import START_CHECKPOINT, TERMS_CHECKPOINT
+from raftmq.log.records import check_records
 from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
+
+MAX_RECORD_PROBLEMS = 10
+"""Entries with undecodable records named per segment; past it only their number is given."""
 
 _OFFSET_SLOT = struct.Struct(">III")
 _TIME_SLOT = struct.Struct(">qI")
@@ -94,7 +100,8 @@ def iter_entries(directory: Path, *, verify: bool = True) -> Iterator[tuple[str,
 
 
 def verify_folder(directory: Path) -> FolderReport:
-    """Check every CRC, the continuity of indexes, offsets and terms, and every index file."""
+    """Check every CRC, the continuity of indexes, offsets and terms, every index file, and
+    that every DATA entry's records decode."""
     problems: list[str] = []
     start = read_start(directory)
     if start is None:
@@ -136,6 +143,7 @@ def _verify_segment(
             f"segment ends before index {expect[0]} offset {expect[1]}"
         )
     positions = array("q")
+    data_entries: list[EntryHeader] = []
     state = [seg.first_index, seg.base_offset, expect[2] if expect else 0]
 
     def check(position: int, h: EntryHeader) -> str | None:
@@ -149,6 +157,8 @@ def _verify_segment(
         if report.entries == 0:
             report.first_term = h.term
         positions.append(position)
+        if h.type == EntryType.DATA:
+            data_entries.append(h)
         report.entries += 1
         report.records += h.record_count
         report.max_timestamp = max(report.max_timestamp, h.max_timestamp)
@@ -163,9 +173,36 @@ def _verify_segment(
     report.last_index -= 1
     if result.error is not None:
         report.problems.append(f"{result.error} (segment {seg.name}, byte {result.valid_end})")
+    _verify_records(seg, report, data_entries)
     if closed:
         _verify_index_files(seg, report, positions)
     return report
+
+
+def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[EntryHeader]) -> None:
+    """Check the records of every DATA entry whose CRC checked out: a CRC proves the bytes are
+    what was written, not that a consumer can read them (an entry written before the broker
+    checked records, or by another writer, may not decode)."""
+    bad = 0
+    with open(seg.path, "rb") as f:
+        fd = f.fileno()
+        for h in data_entries:
+            payload = os.pread(fd, h.payload_length, h.position + HEADER_SIZE)
+            try:
+                check_records(
+                    payload, 0, len(payload), h.record_count, h.first_timestamp, h.max_timestamp
+                )
+            except InvalidEntryError as exc:
+                bad += 1
+                if bad <= MAX_RECORD_PROBLEMS:
+                    report.problems.append(
+                        f"entry at byte {h.position} (index {h.index}) has records that cannot "
+                        f"be decoded: {exc} (segment {seg.name}, byte {h.position})"
+                    )
+    if bad > MAX_RECORD_PROBLEMS:
+        report.problems.append(
+            f"{bad - MAX_RECORD_PROBLEMS} more entries with undecodable records in {seg.name}"
+        )
 
 
 def _verify_index_files(seg: Segment, report: SegmentReport, positions: array) -> None:

@@ -96,6 +96,27 @@ class ReadResult:
 
 
 _NO_BOUND = 1 << 62  # a stop bound no index or offset reaches
+_U32_SPAN = 1 << 32  # index slots hold offsets and indexes relative to the segment as u32
+
+_Validated = tuple[int, int, int, int, int, int]
+"""One checked entry of an append: (position in the append, index, term, base offset, max
+timestamp, next offset)."""
+
+
+def _fitting(seg: Segment, headers: list[_Validated], start: int) -> int:
+    """The end of the run of ``headers`` from ``start`` whose offsets and indexes fit
+    ``seg``'s u32 relative slots (every offset an entry covers, not just its base)."""
+    base_offset, first_index = seg.base_offset, seg.first_index
+
+    def fits(h: _Validated) -> bool:
+        return h[5] - base_offset <= _U32_SPAN and h[1] - first_index < _U32_SPAN
+
+    if fits(headers[-1]):  # offsets and indexes only grow: the usual case in one test
+        return len(headers)
+    k = start
+    while k < len(headers) and fits(headers[k]):
+        k += 1
+    return k
 
 
 class Log:
@@ -441,31 +462,35 @@ class Log:
             if self._closed:
                 self._check_open()
             headers = self._validate(data)
+            final_next = self._validated_next
+            first_index = self.next_index
+            first_offset = self.next_offset
             seg = self._segments[-1]
             now = self._clock_ms()
-            size = len(data)
             if seg.size and (
-                seg.size + size > config.segment_bytes
+                seg.size + len(data) > config.segment_bytes
                 or now - self._active_born_ms >= config.segment_ms
             ):
                 seg = self._roll()
-            if seg.size == 0:
-                self._active_born_ms = now
-            base = seg.size
-            assert base + size < (1 << 32), "segment would overflow u32 positions"
-            seg.write(data, config.write_behind_bytes)
-            index = seg.index
-            assert index is not None
-            interval = config.index_interval_bytes
-            terms = self._terms
-            for position, e_index, e_term, e_offset, max_ts in headers:
-                index.observe(base + position, e_index, e_offset, max_ts, interval)
-                if not terms or e_term != terms[-1][1]:
-                    terms.append((e_index, e_term))
-            seg.verified_upto = base + size
-            first_index = self.next_index
-            first_offset = self.next_offset
-            self.next_index, self.next_offset = self._validated_next
+            start = 0
+            while start < len(headers):
+                stop = _fitting(seg, headers, start)
+                if stop == start:
+                    # Its offsets or indexes would not fit the segment's u32 relative slots:
+                    # roll instead of overflowing (a fresh segment always fits one entry).
+                    assert seg.size, "an entry does not fit even an empty segment"
+                    seg = self._roll()
+                    continue
+                if seg.size == 0:
+                    self._active_born_ms = now
+                if start == 0 and stop == len(headers):
+                    chunk = data  # the usual case: the whole append goes to one segment
+                else:
+                    end = headers[stop][0] if stop < len(headers) else len(data)
+                    chunk = data[headers[start][0] : end]
+                self._write_entries(seg, chunk, headers, start, stop)
+                start = stop
+            assert (self.next_index, self.next_offset) == final_next
             info = AppendInfo(
                 first_index, self.next_index - 1, first_offset, self.next_offset, len(headers)
             )
@@ -473,9 +498,39 @@ class Log:
             self.flush()
         return info
 
-    def _validate(self, data: bytes) -> list[tuple[int, int, int, int, int]]:
+    def _write_entries(
+        self, seg: Segment, chunk: bytes, headers: list[_Validated], start: int, stop: int
+    ) -> None:
+        """Write ``chunk``, the entries ``headers[start:stop]``, to the active segment and
+        index them."""
+        base = seg.size
+        size = len(chunk)
+        assert base + size < (1 << 32), "segment would overflow u32 positions"
+        seg.write(chunk, self.config.write_behind_bytes)
+        index = seg.index
+        assert index is not None
+        interval = self.config.index_interval_bytes
+        terms = self._terms
+        shift = base - headers[start][0]  # chunk positions are relative to the append
+        for k in range(start, stop):
+            position, e_index, e_term, e_offset, max_ts, _ = headers[k]
+            index.observe(shift + position, e_index, e_offset, max_ts, interval)
+            if not terms or e_term != terms[-1][1]:
+                terms.append((e_index, e_term))
+        seg.verified_upto = base + size
+        last = headers[stop - 1]
+        # The invariant append keeps by rolling: relative offsets and indexes fit u32.
+        assert last[5] - seg.base_offset <= _U32_SPAN and last[1] - seg.first_index < _U32_SPAN
+        self.next_index, self.next_offset = last[1] + 1, last[5]
+
+    def _validate(self, data: bytes) -> list[_Validated]:
         """Check every entry of an append; (position, index, term, base offset, max
-        timestamp) of each. Plain tuples: this runs once per entry on the write path."""
+        timestamp, next offset) of each. Plain tuples: this runs once per entry on the
+        write path.
+
+        Trust boundary: the peer edge. A follower's append of what its leader replicates is
+        checked here (framing, CRC, contiguity); the records themselves were checked once, at
+        the client edge, by the leader that took them (raftmq/partition/batch_check.py)."""
         if not data:
             raise InvalidEntryError("nothing to append: the buffer holds no entry")
         index, offset = self.next_index, self.next_offset
@@ -516,8 +571,8 @@ class Log:
                 raise InvalidEntryError(
                     f"entry at byte {position} has term {e_term}, below the log's term {term}"
                 )
-            out.append((position, e_index, e_term, e_offset, max_ts))
             index, offset, term = e_index + 1, e_offset + count, e_term
+            out.append((position, e_index, e_term, e_offset, max_ts, offset))
             position += size
         self._validated_next = (index, offset)
         return out
@@ -800,6 +855,8 @@ class Log:
                         ):
                             done = True
                             break
+                        # Trust boundary: the disk read. Bytes not yet checked by this
+                        # process are CRC-checked before they are served.
                         if p >= verified and not entry.crc_matches(chunk, p, size, crc):
                             raise self._corrupt(seg, position + p, "CRC mismatch")
                         if begin is None:

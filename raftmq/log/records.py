@@ -1,5 +1,6 @@
 """The records inside a DATA entry's payload: built by producers, read by consumers and
-tools, never by the broker's produce or fetch path.
+tools. The broker never decodes them, but checks their framing on produce
+(:func:`check_records`, which reads only the length prefixes).
 
 Layout (docs/format.md, "Records"): each record is a varint length followed by attributes,
 timestamp delta and offset delta (relative to the entry header), key, value and headers.
@@ -86,6 +87,223 @@ def _get_bytes(c: _Cursor) -> bytes | None:
     return data
 
 
+_U64 = 1 << 64
+
+
+class _VarintError(InvalidEntryError):
+    """A malformed varint; :func:`check_records` says which record holds it."""
+
+
+def _uvarint_at(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the unsigned varint at ``pos``, which must end before
+    ``end``: at most 10 bytes and a value that fits 64 bits, as protobuf and Kafka define it."""
+    if pos < end:
+        b = buf[pos]
+        if b < 0x80:  # the usual one-byte case, without the loop
+            return b, pos + 1
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise _VarintError("a varint is cut short")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise _VarintError("a varint is longer than 10 bytes")
+    if result >= _U64:
+        raise _VarintError("a varint does not fit 64 bits")
+    return result, pos
+
+
+_MIN_RECORD_BYTES = 6  # attributes, timestamp delta, offset delta, key, value, header count
+
+
+def _refuse_length(raw: int, n: int, field: str) -> None:
+    """A zigzag length ``raw`` that is negative: refuse it unless it is -1 (null)."""
+    if raw != 1:
+        raise InvalidEntryError(
+            f"record {n} has {field} length {(raw >> 1) ^ -1}; a length is -1 (null) or more"
+        )
+
+
+def _refuse_record_start(
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    pos: int,
+    end: int,
+    n: int,
+    length: int,
+    record_count: int,
+) -> None:
+    """Raise the error for a record whose length or attributes are wrong, or that should not
+    be there at all (the slow path of :func:`check_records`)."""
+    if n == record_count:
+        raise InvalidEntryError(
+            f"record_count is {record_count} but the payload holds more records "
+            f"(record {n} starts at payload byte {pos - start})"
+        )
+    if pos + length > end:
+        raise InvalidEntryError(
+            f"record {n} declares {length} bytes but only {end - pos} remain in the payload"
+        )
+    if length < _MIN_RECORD_BYTES:
+        raise InvalidEntryError(
+            f"record {n} declares {length} bytes; a record takes at least {_MIN_RECORD_BYTES}"
+        )
+    raise InvalidEntryError(
+        f"record {n} has attributes {buf[pos]}; record attributes are reserved and must be 0"
+    )
+
+
+def _walk_headers(buf: bytes | bytearray | memoryview, pos: int, stop: int, n: int) -> int:
+    """Check the header count and headers of record ``n`` starting at ``pos``; the position
+    after them."""
+    count, pos = _uvarint_at(buf, pos, stop)
+    if count > MAX_HEADERS:
+        raise InvalidEntryError(
+            f"record {n} declares {count} headers; a record carries at most {MAX_HEADERS}"
+        )
+    for _ in range(count):
+        size, pos = _uvarint_at(buf, pos, stop)
+        if pos + size > stop:
+            raise InvalidEntryError(f"record {n}'s header name runs past its end")
+        try:
+            str(buf[pos : pos + size], "utf-8")
+        except UnicodeDecodeError:
+            raise InvalidEntryError(f"record {n} has a header name that is not UTF-8") from None
+        raw, pos = _uvarint_at(buf, pos + size, stop)
+        if raw & 1:
+            _refuse_length(raw, n, "header value")
+        else:
+            pos += raw >> 1
+            if pos > stop:
+                raise InvalidEntryError(f"record {n}'s header value runs past its end")
+    return pos
+
+
+def check_records(
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    record_count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+) -> None:
+    """Check that ``buf[start:end]``, the payload of a DATA entry whose header declares
+    ``record_count``, ``first_timestamp`` and ``max_timestamp``, holds exactly that many
+    well-framed records (docs/format.md, "Records"); raise InvalidEntryError saying what is
+    wrong otherwise.
+
+    This is the one definition of record framing. The broker runs it on every produced
+    entry without creating an object per record or copying a key or value (it reads only
+    the varints and skips the bytes they measure, as Kafka's broker does), and
+    :func:`decode_records` runs it before decoding: what a broker accepts a consumer can
+    read, and what a consumer refuses no broker accepted.
+
+    Rules: records fill the payload exactly and each record's fields fill its length
+    exactly; record ``i`` has offset delta ``i``; the first record's timestamp delta is 0
+    (``first_timestamp`` is its timestamp); ``max_timestamp`` equals the largest record
+    timestamp; no record timestamp is negative; record attributes are 0; key and value
+    lengths are -1 (null) or more; at most MAX_HEADERS headers; header names are UTF-8.
+    """
+    # The hot loop of the produce path: one-byte varints are read inline, and a record's
+    # fields are walked optimistically and compared with its declared length once at the
+    # end (positions only move forward, so a field that ran past it is caught there).
+    uv = _uvarint_at
+    pos = start
+    n = 0
+    top = low = 0  # largest and smallest timestamp delta seen
+    try:
+        while pos < end:
+            b = buf[pos]
+            if b < 0x80:
+                length = b
+                pos += 1
+            else:
+                length, pos = uv(buf, pos, end)
+            stop = pos + length
+            if stop > end or n == record_count or length < _MIN_RECORD_BYTES or buf[pos]:
+                _refuse_record_start(buf, start, pos, end, n, length, record_count)
+            b = buf[pos + 1]
+            if b < 0x80:
+                raw = b
+                pos += 2
+            else:
+                raw, pos = uv(buf, pos + 1, end)
+            delta = (raw >> 1) ^ -(raw & 1)
+            if delta > top:
+                top = delta
+            elif delta < low:
+                low = delta
+            b = buf[pos]
+            if b < 0x80:
+                offset_delta = b
+                pos += 1
+            else:
+                offset_delta, pos = uv(buf, pos, end)
+            if offset_delta != n or (n == 0 and delta != 0):
+                raise InvalidEntryError(
+                    f"record {n} has offset delta {offset_delta}; record i must have offset delta i"
+                    if offset_delta != n
+                    else f"record 0 has timestamp delta {delta}; first_timestamp is the first "
+                    "record's timestamp, so its delta must be 0"
+                )
+            b = buf[pos]  # key length
+            if b < 0x80:
+                raw = b
+                pos += 1
+            else:
+                raw, pos = uv(buf, pos, end)
+            if raw & 1:  # negative: only -1 (null) is allowed
+                _refuse_length(raw, n, "key")
+            else:
+                pos += raw >> 1
+            b = buf[pos]  # value length
+            if b < 0x80:
+                raw = b
+                pos += 1
+            else:
+                raw, pos = uv(buf, pos, end)
+            if raw & 1:
+                _refuse_length(raw, n, "value")
+            else:
+                pos += raw >> 1
+            b = buf[pos]
+            if b:  # headers: rare, so read carefully
+                pos = _walk_headers(buf, pos, stop, n)
+            else:
+                pos += 1
+            if pos != stop:
+                raise InvalidEntryError(
+                    f"record {n} declares {length} bytes but its fields "
+                    + (
+                        f"end {stop - pos} bytes before that"
+                        if pos < stop
+                        else "run past that length"
+                    )
+                )
+            n += 1
+    except _VarintError as exc:
+        raise InvalidEntryError(f"record {n}: {exc}") from None
+    except IndexError:
+        raise InvalidEntryError(f"record {n}'s fields run past the end of the payload") from None
+    if n != record_count:
+        raise InvalidEntryError(f"record_count is {record_count} but the payload holds {n} records")
+    if first_timestamp + top != max_timestamp:
+        raise InvalidEntryError(
+            f"max_timestamp is {max_timestamp} but the largest record timestamp is "
+            f"{first_timestamp + top}; max_timestamp must equal it"
+        )
+    if first_timestamp + low < 0:
+        raise InvalidEntryError(
+            f"a record has timestamp {first_timestamp + low}; timestamps are ms since the "
+            "epoch and cannot be negative"
+        )
+
+
 def encode_records(records: Sequence[Record], *, base_timestamp: int) -> bytes:
     """The payload for ``records``; timestamps are stored as deltas from ``base_timestamp``."""
     out = bytearray()
@@ -118,10 +336,25 @@ def build_batch(
     base_sequence: int = entry.NO_SEQUENCE,
     attributes: int = 0,
 ) -> bytes:
-    """A producer's DATA entry for ``records`` (index, term and offset left for the leader)."""
+    """A producer's DATA entry for ``records`` (index, term and offset left for the leader).
+
+    ``attributes`` must be 0: no compression codec is implemented (the codec bits are
+    reserved, and a broker refuses them), and the log-append-time bit is the broker's."""
     if not records:
         raise ValueError("a batch needs at least one record")
+    if attributes & entry.CODEC_MASK:
+        raise ValueError(
+            f"attributes {attributes:#x} select compression codec {attributes & entry.CODEC_MASK}; "
+            "no codec is implemented yet, so the codec bits are reserved and must be 0"
+        )
+    if attributes:
+        raise ValueError(
+            f"attributes {attributes:#x}: the log-append-time bit is set by the broker, and no "
+            "other bit is defined; producers send 0"
+        )
     stamps = [r.timestamp for r in records]
+    if min(stamps) < 0:
+        raise ValueError(f"record timestamp {min(stamps)} is negative; use ms since the epoch")
     first = stamps[0]
     return entry.encode(
         encode_records(records, base_timestamp=first),
@@ -140,6 +373,9 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
     if header.type != EntryType.DATA:
         return []
     payload = entry.payload_of(buf, header)
+    check_records(
+        payload, 0, len(payload), header.record_count, header.first_timestamp, header.max_timestamp
+    )
     c = _Cursor(payload, 0, len(payload))
     records = []
     while c.pos < c.end:
@@ -161,15 +397,12 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
             n = _get_uvarint(inner)
             if inner.pos + n > inner.end:
                 raise InvalidEntryError("header name runs past the end of the record")
-            name = bytes(inner.buf[inner.pos : inner.pos + n]).decode()
+            name = str(inner.buf[inner.pos : inner.pos + n], "utf-8")  # checked UTF-8
             inner.pos += n
             headers.append((name, _get_bytes(inner)))
         records.append(Record(key, value, ts, tuple(headers), offset))
         c.pos = stop
-    if len(records) != header.record_count:
-        raise InvalidEntryError(
-            f"entry declares {header.record_count} records but its payload holds {len(records)}"
-        )
+    assert len(records) == header.record_count, "check_records let a count mismatch through"
     return records
 
 

@@ -42,3 +42,43 @@ def test_a_folder_that_is_not_a_partition_gets_a_sentence(tmp_path: Path):
     result = run("log", "verify", str(tmp_path))
     assert result.returncode == 2
     assert "holds no segment files" in result.stdout
+
+
+def test_verify_and_dump_name_an_entry_whose_records_cannot_be_decoded(tmp_path: Path):
+    """Its CRC is right (it was written so), but its header claims 3 records and its payload
+    holds 2: verify fails naming segment and byte, dump --records says so instead of
+    crashing."""
+    from raftmq.log import entry
+    from raftmq.log.config import LogConfig
+    from raftmq.log.log import Log
+    from raftmq.log.records import Record, build_batch, encode_records
+
+    folder = tmp_path / "p0"
+    with Log.open(folder, LogConfig()) as log:
+        good = build_batch([Record(b"k", b"fine", 5)])
+        log.append(entry.stamp(good, index=1, term=1, base_offset=0))
+        payload = encode_records([Record(None, b"a", 5), Record(None, b"b", 5)], base_timestamp=5)
+        bad_at = log.segments()[0][3]
+        log.append(
+            entry.encode(
+                payload,
+                index=2,
+                term=1,
+                base_offset=1,
+                record_count=3,
+                first_timestamp=5,
+                max_timestamp=5,
+            )
+        )
+    segment = sorted(folder.glob("*.log"))[0].stem
+    result = run("log", "verify", str(folder))
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # the table may wrap the sentence
+    assert f"entry at byte {bad_at} (index 2) has records that cannot be decoded" in out
+    assert "record_count is 3" in out and segment in out
+    assert "checks out" not in out
+    dump = run("log", "dump", str(folder), "--records")
+    assert dump.returncode == 0, dump.stdout + dump.stderr
+    assert "value b'fine'" in dump.stdout
+    assert f"problem: the records of the entry at byte {bad_at} of {segment}" in dump.stdout
+    assert "Traceback" not in dump.stdout + dump.stderr

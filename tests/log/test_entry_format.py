@@ -67,5 +67,5 @@ def test_refusals_name_the_problem():
         entry.encode(b"x", record_count=0)
     huge = bytearray(good)
     struct.pack_into(">I", huge, 0, entry.MAX_ENTRY_BYTES)
-    with pytest.raises(InvalidEntryError, match="bytes per entry"):
+    with pytest.raises(InvalidEntryError, match="caps an entry at 67108864 bytes"):
         entry.parse_header(bytes(huge))
