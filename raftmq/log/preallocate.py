@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 import threading
 from collections.abc import Callable
 
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
-_PUNCH_HOLE = 0x02  # FALLOC_FL_PUNCH_HOLE (must be combined with KEEP_SIZE)
-_FREE_TO = 1 << 40  # how far past the end a release reaches: any reservation we made
 
 
 def _load_fallocate() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -60,8 +59,15 @@ def reserve(fd: int, offset: int, length: int) -> bool:
 
 
 def release_beyond(fd: int, size: int) -> None:
-    """Free whatever was reserved past ``size`` (the file's end); a no-op if nothing was."""
-    _call(fd, _KEEP_SIZE | _PUNCH_HOLE, size, _FREE_TO)
+    """Free whatever was reserved past ``size``, which must be the file's size: a no-op if
+    nothing was.
+
+    By truncating to the same size, not by punching a hole: ext4 returns success for a
+    hole punched at or past the end of the file and frees nothing (seen on Linux 6.18), so
+    every sealed segment kept its last reservation; a truncation frees all blocks past the
+    end, preallocated ones included."""
+    assert os.fstat(fd).st_size == size, "releasing a reservation must not move the end"
+    os.ftruncate(fd, size)
 
 
 MIB = 1024 * 1024

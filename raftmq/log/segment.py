@@ -267,6 +267,7 @@ class Segment:
         """Give back disk reserved past the end: called when the segment is sealed (and on
         close and open), and harmless on a file that has no reservation."""
         if self.writable:
+            self.drain()  # the file must end where the segment does
             with HANDLES.using(self) as fd:
                 preallocate.release_beyond(fd, self.size)
         self._give_back()
