@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -70,13 +71,17 @@ class LocalCluster:
         *,
         broker_args: list[str] | None = None,
         per_broker_args: dict[int, list[str]] | None = None,
+        nofile: int | None = None,
     ) -> None:
         """``per_broker_args`` adds arguments to one broker's command line (chaos passes
-        ``--peers`` and ``--listen`` to route traffic through proxies)."""
+        ``--peers`` and ``--listen`` to route traffic through proxies). ``nofile`` starts
+        the brokers with that open-file limit, soft and hard (so they cannot raise it), as
+        on a host whose default is low."""
         self.data = data
         self.spec = spec
         self.broker_args = broker_args or []
         self.per_broker_args = per_broker_args or {}
+        self.nofile = nofile
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
@@ -113,8 +118,17 @@ class LocalCluster:
             cmd += self.per_broker_args.get(bid, [])
             with open(self.log_path(bid), "ab") as logfile:
                 self.procs[bid] = subprocess.Popen(
-                    cmd, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self._limit_files if self.nofile else None,
                 )
+
+    def _limit_files(self) -> None:
+        """In the child, before exec: only async-signal-safe work (one system call)."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def signal(self, broker_id: int, sig: signal.Signals) -> None:
         proc = self.procs.get(broker_id)
