@@ -162,12 +162,9 @@ class Segment:
                 HANDLES.close(self)
             self.writable = writable
 
-    def fsync(self, *, data_only: bool = False) -> None:
+    def fsync(self) -> None:
         with HANDLES.using(self) as fd:
-            if data_only:
-                os.fdatasync(fd)
-            else:
-                os.fsync(fd)
+            os.fsync(fd)
 
     def close_fd(self) -> None:
         if self.pending:
