@@ -84,9 +84,10 @@ def durability_marker_writer() -> Callable[[str, int], None]:
     return _MARKERS.write
 
 
-def open_files_note(replicas: int) -> str:
+def open_files_note(replicas: int) -> tuple[str, bool]:
     """Raise this process's open-file limit to the hard limit, cap the segment handles by
-    it, and say so in one line, warning when the cap is too low for ``replicas`` logs."""
+    it, and say so in one line; True beside it when the cap is too low for ``replicas``
+    logs (the line then says what to do)."""
     soft, hard = raise_nofile_limit()
     cap = cap_for_limit(soft)
     HANDLES.set_cap(cap)
@@ -97,8 +98,8 @@ def open_files_note(replicas: int) -> str:
             f"{note}: TOO LOW for {replicas} replicas (under {HANDLES_PER_REPLICA} per "
             "replica): segment files will be reopened constantly; raise the hard limit "
             "(ulimit -Hn, LimitNOFILE=) or host fewer partitions here"
-        )
-    return f"{note}, enough for {replicas} replicas"
+        ), True
+    return f"{note}, enough for {replicas} replicas", False
 
 
 class Broker:
@@ -161,11 +162,13 @@ class Broker:
             if self.id in replicas
         ]
         # Before any log opens: the cap decides how many segment files stay open.
-        self.open_files_note = open_files_note(len(hosted))
-        if "TOO LOW" in self.open_files_note:
-            log.warning("broker %d: %s", self.id, self.open_files_note)
-        else:
-            log.info("broker %d: %s", self.id, self.open_files_note)
+        self.open_files_note, too_low = open_files_note(len(hosted))
+        log.log(
+            logging.WARNING if too_low else logging.INFO,
+            "broker %d: %s",
+            self.id,
+            self.open_files_note,
+        )
         for topic, p, replicas in hosted:
             directory = self.data_dir / f"{topic.name}-{p}"
             self.replicas[topic.name, p] = PartitionReplica(
