@@ -70,13 +70,17 @@ class LocalCluster:
         *,
         broker_args: list[str] | None = None,
         per_broker_args: dict[int, list[str]] | None = None,
+        nofile: int | None = None,
     ) -> None:
         """``per_broker_args`` adds arguments to one broker's command line (chaos passes
-        ``--peers`` and ``--listen`` to route traffic through proxies)."""
+        ``--peers`` and ``--listen`` to route traffic through proxies). ``nofile`` starts
+        the brokers with that open-file limit, soft and hard (so they cannot raise it), as
+        on a host whose default is low."""
         self.data = data
         self.spec = spec
         self.broker_args = broker_args or []
         self.per_broker_args = per_broker_args or {}
+        self.nofile = nofile
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
@@ -90,9 +94,11 @@ class LocalCluster:
         return self.data / f"broker-{broker_id}.log"
 
     def start(self, broker_id: int | None = None, *, open_files_limit: int | None = None) -> None:
-        """Start one broker (or every one not running). ``open_files_limit`` starts it with
-        that RLIMIT_NOFILE, soft and hard, as a host with a low limit would (the chaos
-        harness's ``fd-pressure`` fault)."""
+        """Start one broker (or every one not running). ``open_files_limit`` (default: the
+        cluster's ``nofile``) starts it with that RLIMIT_NOFILE, soft and hard, as a host
+        with a low limit would (the chaos harness's ``fd-pressure`` fault)."""
+        if open_files_limit is None:
+            open_files_limit = self.nofile
         for bid in [broker_id] if broker_id else list(self.spec.brokers):
             if bid in self.procs and self.procs[bid].poll() is None:
                 continue

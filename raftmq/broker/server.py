@@ -20,7 +20,9 @@ import logging
 import os
 import signal
 import struct
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.log.config import LogConfig
+from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
 from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import RaftError
@@ -51,29 +54,63 @@ PREFER_WINDOW_SECONDS = 10.0
 
 DURABLE_SUFFIX = ".durable"
 _DURABLE = struct.Struct(">q")
-_MARKERS_KEPT = 4
+_MARKERS_KEPT = 64
+"""Marker descriptors kept open by the whole process (not per log): a broker with 1,000
+logs would otherwise hold thousands, beside the segment cap (see handles.py)."""
+
+
+class _MarkerFiles:
+    """The durability markers' descriptors, least recently used first, shared by every log
+    of the process and used from the fsync threads (hence the lock)."""
+
+    def __init__(self, kept: int) -> None:
+        self._lock = threading.Lock()
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._kept = kept
+
+    def write(self, path: str, size: int) -> None:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = os.open(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fds[path] = fd
+                while len(self._fds) > self._kept:
+                    os.close(self._fds.popitem(last=False)[1])
+            else:
+                self._fds.move_to_end(path)
+            os.pwrite(fd, _DURABLE.pack(size), 0)
+
+
+_MARKERS = _MarkerFiles(_MARKERS_KEPT)
 
 
 def durability_marker_writer() -> Callable[[str, int], None]:
-    """A ``Log.on_durable`` hook for one log (test-only, ``--durability-markers``): writes
-    each fsynced size into ``<segment file>.durable`` so the chaos harness can cut the
-    segment back to it after a SIGKILL, simulating a power loss that drops un-fsynced data.
+    """A ``Log.on_durable`` hook (test-only, ``--durability-markers``): writes each fsynced
+    size into ``<segment file>.durable`` so the chaos harness can cut the segment back to
+    it after a SIGKILL, simulating a power loss that drops un-fsynced data.
 
-    No fsync: the marker only has to outlive the SIGKILL, so the page cache is enough. One
-    descriptor per segment, opened once; only the newest few are kept open (the hook is
-    called for the active segment, and for the one a roll just closed)."""
-    fds: dict[str, int] = {}
+    No fsync: the marker only has to outlive the SIGKILL, so the page cache is enough.
+    The descriptors are a bounded LRU for the whole process: the hook is called for each
+    log's active segment, and for the one a roll just closed."""
+    return _MARKERS.write
 
-    def write(path: str, size: int) -> None:
-        fd = fds.get(path)
-        if fd is None:
-            fd = os.open(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
-            fds[path] = fd
-            while len(fds) > _MARKERS_KEPT:
-                os.close(fds.pop(next(iter(fds))))
-        os.pwrite(fd, _DURABLE.pack(size), 0)
 
-    return write
+def open_files_note(replicas: int) -> tuple[str, bool]:
+    """Raise this process's open-file limit to the hard limit, cap the segment handles by
+    it, and say so in one line; True beside it when the cap is too low for ``replicas``
+    logs (the line then says what to do)."""
+    soft, hard = raise_nofile_limit()
+    cap = cap_for_limit(soft)
+    HANDLES.set_cap(cap)
+    hard_text = "unlimited" if hard < 0 else str(hard)
+    note = f"open files: limit {soft} (hard {hard_text}), segment handle cap {cap}"
+    if cap < HANDLES_PER_REPLICA * replicas:
+        return (
+            f"{note}: TOO LOW for {replicas} replicas (under {HANDLES_PER_REPLICA} per "
+            "replica): segment files will be reopened constantly; raise the hard limit "
+            "(ulimit -Hn, LimitNOFILE=) or host fewer partitions here"
+        ), True
+    return f"{note}, enough for {replicas} replicas", False
 
 
 class Broker:
@@ -132,15 +169,28 @@ class Broker:
         self._prefer_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
+        self.open_files_note = ""
 
     async def start(self) -> None:
-        for topic in self.spec.topics.values():
-            for p, replicas in enumerate(topic.replicas):
-                if self.id in replicas:
-                    directory = self.data_dir / f"{topic.name}-{p}"
-                    self.replicas[topic.name, p] = PartitionReplica(
-                        self.host, topic.name, p, directory, list(replicas), self.log_config
-                    )
+        hosted = [
+            (topic, p, replicas)
+            for topic in self.spec.topics.values()
+            for p, replicas in enumerate(topic.replicas)
+            if self.id in replicas
+        ]
+        # Before any log opens: the cap decides how many segment files stay open.
+        self.open_files_note, too_low = open_files_note(len(hosted))
+        log.log(
+            logging.WARNING if too_low else logging.INFO,
+            "broker %d: %s",
+            self.id,
+            self.open_files_note,
+        )
+        for topic, p, replicas in hosted:
+            directory = self.data_dir / f"{topic.name}-{p}"
+            self.replicas[topic.name, p] = PartitionReplica(
+                self.host, topic.name, p, directory, list(replicas), self.log_config
+            )
         if self.durability_markers:
             # Before the host starts: no fsync of this run may go unreported.
             for replica in self.replicas.values():
@@ -322,6 +372,7 @@ async def run(broker: Broker, *, parent_pid: int | None = None) -> int:
     tune_malloc()
     await broker.start()
     tune_gc()
+    print(f"broker {broker.id}: {broker.open_files_note}", flush=True)
     print(f"broker {broker.id} ready", flush=True)
     watch = None
     if parent_pid is not None:

@@ -41,7 +41,9 @@ from raftmq.log.errors import (
     NotContiguousError,
     OutOfRangeError,
 )
+from raftmq.log.handles import HANDLES
 from raftmq.log.index import SegmentIndex
+from raftmq.log.preallocate import BUDGET, Pacer
 from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
 
 START_CHECKPOINT = "log-start.checkpoint"
@@ -127,8 +129,10 @@ class Log:
         self.directory = directory
         self.config = config
         self._clock_ms = clock_ms
-        # Disk reserved ahead of the active segment's end, never more than a segment holds.
-        self._step = min(config.preallocate_bytes, config.segment_bytes)
+        # Disk reserved ahead of the active segment's end, paced by this log's recent
+        # writes, never more than a segment holds (see preallocate.py).
+        step = min(config.preallocate_bytes, config.segment_bytes)
+        self._pacer = Pacer(step, clock_ms, BUDGET) if step > 0 else None
         self._lock = threading.RLock()
         self._flush_done = threading.Condition(self._lock)
         self._flushing = False
@@ -222,8 +226,11 @@ class Log:
         # What a crashed process wrote may still be only in the page cache: make it durable
         # before calling it durable, or this node could vote or ack on data a power loss
         # would erase. One fsync of the active segment (closed ones are sealed: durable).
+        # What a crashed process had reserved past its end is given back here.
         active = self._segments[-1]
-        os.fsync(active.open(writable=True))
+        active.set_writable(True)
+        active.fsync()
+        active.release_reserved()
         self.durable_index = self.next_index - 1
         self._drop_terms_below_start()
         self._write_terms()
@@ -260,9 +267,7 @@ class Log:
         self._open_cache.clear()
         self._terms.clear()
         self._push_segment(
-            Segment.create(
-                self.directory, self.start_offset, self.start_index, preallocate=self._step
-            )
+            Segment.create(self.directory, self.start_offset, self.start_index, pacer=self._pacer)
         )
         self.next_index, self.next_offset = self.start_index, self.start_offset
         self._active_born_ms = self._clock_ms()
@@ -334,9 +339,9 @@ class Log:
             if seg in self._unsealed:
                 continue  # a suffix cut made the active segment again; the next flush seals it
             self._seal(seg)
-            seg.close_fd()
+            seg.set_writable(False)
         active = self._segments[-1]
-        active.preallocate = self._step
+        active.pacer = self._pacer
         # Age rolls count from the first entry's time when it is plausible; a producer's old
         # timestamps must not make every append after a restart roll a segment.
         now = self._clock_ms()
@@ -345,7 +350,7 @@ class Log:
     def _rescan(self, seg: Segment) -> tuple[bool, int]:
         """Scan one tail segment from ``next_index``/``next_offset``, rebuilding its index and
         the terms; cut a bad tail. (False when it was cut, the first entry's timestamp)."""
-        seg.open(writable=True)
+        seg.set_writable(True)
         idx = SegmentIndex(seg.base_offset, seg.first_index)
         interval = self.config.index_interval_bytes
         expect = [self.next_index, self.next_offset, self._terms[-1][1] if self._terms else 0]
@@ -586,12 +591,10 @@ class Log:
         so recovery can trust index files and rescans whatever has none.
         """
         old = self._segments[-1]
-        assert old.fd is not None and old.index is not None
+        assert old.index is not None
         old.drain()  # _seal fsyncs it outside the lock: its bytes must be in the file
         self._unsealed.append(old)
-        seg = Segment.create(
-            self.directory, self.next_offset, self.next_index, preallocate=self._step
-        )
+        seg = Segment.create(self.directory, self.next_offset, self.next_index, pacer=self._pacer)
         self._push_segment(seg)
         return seg
 
@@ -599,7 +602,7 @@ class Log:
         """Make a closed segment durable, then write its index files: their presence is what
         tells recovery the segment needs no rescan. Runs outside the lock, under _flushing."""
         assert seg.index is not None, f"unsealed segment {seg.name} lost its index"
-        os.fsync(seg.open(writable=True))
+        seg.fsync()
         if self.on_durable is not None:
             self.on_durable(str(seg.path), seg.size)  # a sealed segment is wholly durable
         seg.index.seal(self._last_header(seg).base_offset)
@@ -635,14 +638,14 @@ class Log:
                 self._check_open()
                 active = self._segments[-1]
                 active.drain()  # may raise (EIO, ENOSPC): the bytes stay pending for a retry
+                # Pinned: no other log's open may close it while the fdatasync runs.
+                fd = HANDLES.pin(active)
                 self._flushing = True
-                fd = active.fd
                 pending = list(self._unsealed)
                 covered = self.next_index - 1
                 # What this fdatasync covers, captured with ``covered``: appends made while
                 # the disk works may or may not be on it.
                 durable_size = active.size
-                assert fd is not None
                 self._lock.release()
                 try:
                     for seg in pending:  # older segments first: the log stays a prefix
@@ -651,6 +654,7 @@ class Log:
                     if self.on_durable is not None:
                         self.on_durable(str(active.path), durable_size)
                 finally:
+                    HANDLES.unpin(active)
                     self._lock.acquire()
                     self._flushing = False
                     self._flush_done.notify_all()
@@ -659,7 +663,7 @@ class Log:
                     # all of them are still here; only now may the cache close their fds.
                     for seg in pending:
                         self._unsealed.remove(seg)
-                        seg.close_fd()
+                        seg.set_writable(False)
                         self._cache_touch(seg)
                     self._write_terms()
                 self.durable_index = max(self.durable_index, min(covered, self.next_index - 1))

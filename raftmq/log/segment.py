@@ -17,6 +17,7 @@ from raftmq.log import entry, preallocate
 from raftmq.log.atomic_file import fsync_dir
 from raftmq.log.entry import HEADER_SIZE, EntryHeader
 from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+from raftmq.log.handles import HANDLES
 from raftmq.log.index import SegmentIndex
 
 SCAN_CHUNK = 4 * 1024 * 1024
@@ -62,6 +63,7 @@ class ScanResult:
 
 class Segment:
     __slots__ = (
+        "accounted",
         "allocated",
         "base_offset",
         "corrupt_at",
@@ -69,9 +71,11 @@ class Segment:
         "fd",
         "first_index",
         "index",
+        "pacer",
         "pending",
-        "preallocate",
+        "pins",
         "size",
+        "ticket",
         "verified_upto",
         "writable",
         "written",
@@ -82,17 +86,25 @@ class Segment:
         self.base_offset = base_offset
         self.first_index = first_index
         self.size = size
+        # The descriptor belongs to the process's handle cache (handles.py): it may be
+        # closed whenever no call pins it, and is reopened on the next use. ``writable``
+        # is the segment's role, not the descriptor's: True while the file may still be
+        # written (active, or closed but not sealed yet), so it is opened read-write.
         self.fd: int | None = None
+        self.pins = 0
         self.writable = False
         self.index: SegmentIndex | None = None
         # Bytes below this position were CRC-checked by this process (appended here, or
         # scanned); reads verify only beyond it, so a hot log is not checksummed twice.
         self.verified_upto = 0
         self.corrupt_at: int | None = None
-        # Reserving disk ahead of the end (see preallocate.py): bytes per step, 0 for never,
-        # and how far this process has reserved.
-        self.preallocate = 0
+        # Reserving disk ahead of the end (see preallocate.py): the log's pacer (None:
+        # never), how far this process has reserved, the budget ticket held for it, and
+        # how much of the file the pacer has been told about.
+        self.pacer: preallocate.Pacer | None = None
         self.allocated = size
+        self.ticket = 0
+        self.accounted = size
         # Write-behind (see ``write``): appended bytes not yet handed to the kernel, and the
         # file's end; ``size`` counts both.
         self.pending: list[bytes] = []
@@ -119,37 +131,54 @@ class Segment:
 
     @classmethod
     def create(
-        cls, directory: Path, base_offset: int, first_index: int, *, preallocate: int = 0
+        cls,
+        directory: Path,
+        base_offset: int,
+        first_index: int,
+        *,
+        pacer: preallocate.Pacer | None = None,
     ) -> Segment:
         seg = cls(directory, base_offset, first_index, 0)
-        seg.preallocate = preallocate
+        seg.pacer = pacer
         fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        os.fsync(fd)
-        fsync_dir(directory)
-        seg.fd, seg.writable = fd, True
+        try:
+            os.fsync(fd)
+            fsync_dir(directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        seg.writable = True
+        HANDLES.adopt(seg, fd)
         seg.index = SegmentIndex(base_offset, first_index)
         return seg
 
-    def open(self, *, writable: bool) -> int:
-        if self.fd is not None and (self.writable or not writable):
-            return self.fd
-        self.close_fd()
-        self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
-        self.writable = writable
-        return self.fd
+    def set_writable(self, writable: bool) -> None:
+        """Change the segment's role (sealed: read-only; active again after a cut: written).
+        The caller holds the log's lock with no flush running, so nothing pins the old
+        descriptor; the next use opens the file in the new mode."""
+        if writable != self.writable:
+            if self.fd is not None:
+                self.drain()
+                HANDLES.close(self)
+            self.writable = writable
+
+    def fsync(self) -> None:
+        with HANDLES.using(self) as fd:
+            os.fsync(fd)
 
     def close_fd(self) -> None:
-        if self.fd is not None:
-            if self.pending:
-                self.drain()  # appended bytes are never dropped by closing
-            os.close(self.fd)
-            self.fd = None
+        if self.pending:
+            self.drain()  # appended bytes are never dropped by closing
+        HANDLES.close(self)
 
     def pread(self, length: int, position: int) -> bytes:
         if position + length > self.written:
             self.drain()
-        fd = self.open(writable=False)
-        data = os.pread(fd, length, position)
+        fd = HANDLES.pin(self)
+        try:
+            data = os.pread(fd, length, position)
+        finally:
+            HANDLES.unpin(self)
         if len(data) != length:
             raise CorruptEntryError(
                 f"segment {self.name} is shorter than expected: wanted {length} bytes at "
@@ -168,7 +197,7 @@ class Segment:
         bytes are the caller's own immutable objects, not copies. Every path that needs them
         in the file (a read reaching them, fsync, roll, truncate, close) calls ``drain`` first.
         """
-        assert self.fd is not None and self.writable, "append to a segment not opened for write"
+        assert self.writable, "append to a sealed segment"
         end = self.size + len(buf)
         if end > self.allocated:
             self._reserve(end)
@@ -183,52 +212,79 @@ class Segment:
         pending = self.pending
         if not pending:
             return
-        assert self.fd is not None and self.writable, "pending bytes on a read-only segment"
+        assert self.writable, "pending bytes on a read-only segment"
         position = self.written
-        if len(pending) == 1:
-            n = os.pwrite(self.fd, pending[0], position)
-        else:
-            n = os.pwritev(self.fd, pending, position)
-        total = self.size - position
-        if n < total:  # short write (a full disk, a signal): finish it or raise trying
-            view = memoryview(b"".join(pending))[n:]
-            while view:
-                written = os.pwrite(self.fd, view, position + n)
-                n += written
-                view = view[written:]
+        fd = HANDLES.pin(self)
+        try:
+            if len(pending) == 1:
+                n = os.pwrite(fd, pending[0], position)
+            else:
+                n = os.pwritev(fd, pending, position)
+            total = self.size - position
+            if n < total:  # short write (a full disk, a signal): finish it or raise trying
+                view = memoryview(b"".join(pending))[n:]
+                while view:
+                    written = os.pwrite(fd, view, position + n)
+                    n += written
+                    view = view[written:]
+        finally:
+            HANDLES.unpin(self)
         pending.clear()
         self.written = self.size
 
     def _reserve(self, end: int) -> None:
-        step = self.preallocate
-        if step <= 0:
+        """An append reaches past the reservation: ask the log's pacer for the next one
+        (sized by the log's recent writes) and reserve it from here."""
+        pacer = self.pacer
+        if pacer is None:
             self.allocated = 1 << 62  # never again
             return
-        target = -(-end // step) * step
-        assert self.fd is not None
-        if preallocate.reserve(self.fd, self.allocated, target - self.allocated):
-            self.allocated = target
+        self._give_back()  # the old reservation is used up
+        want = pacer.want(end - self.accounted)
+        self.accounted = end
+        grant = pacer.budget.take(want) if want else 0
+        if not grant:
+            self.allocated = end  # nothing reserved: decide again at the next append
+            return
+        with HANDLES.using(self) as fd:
+            ok = preallocate.reserve(fd, self.allocated, end + grant - self.allocated)
+        if ok:
+            self.allocated, self.ticket = end + grant, grant
         else:
-            self.preallocate, self.allocated = 0, 1 << 62  # unsupported here: stop trying
+            pacer.budget.give(grant)
+            self.pacer, self.allocated = None, 1 << 62  # unsupported here: stop trying
+
+    def _give_back(self) -> None:
+        if self.ticket:
+            assert self.pacer is not None
+            self.pacer.budget.give(self.ticket)
+            self.ticket = 0
 
     def release_reserved(self) -> None:
         """Give back disk reserved past the end: called when the segment is sealed (and on
-        close), and harmless on a file that has no reservation, e.g. after a crash."""
-        if self.fd is not None and self.writable:
-            preallocate.release_beyond(self.fd, self.size)
-        self.allocated = self.size
+        close and open), and harmless on a file that has no reservation."""
+        if self.writable:
+            self.drain()  # the file must end where the segment does
+            with HANDLES.using(self) as fd:
+                preallocate.release_beyond(fd, self.size)
+        self._give_back()
+        self.allocated = self.accounted = self.size
 
     def truncate(self, position: int) -> None:
         self.drain()
-        fd = self.open(writable=True)
-        os.ftruncate(fd, position)
-        os.fsync(fd)
+        self.set_writable(True)
+        with HANDLES.using(self) as fd:
+            os.ftruncate(fd, position)  # frees whatever was reserved past it, too
+            os.fsync(fd)
+        self._give_back()
         self.size = self.written = position
-        self.allocated = position
+        self.allocated = self.accounted = position
         self.verified_upto = min(self.verified_upto, position)
 
     def remove_files(self) -> None:
-        self.close_fd()
+        self.pending.clear()  # the file goes: nothing of it needs writing
+        HANDLES.close(self)
+        self._give_back()
         for path in (self.path, self.index_path, self.time_index_path):
             path.unlink(missing_ok=True)
         fsync_dir(self.directory)
@@ -247,7 +303,19 @@ class Segment:
         """Walk the entries from ``start`` in bounded chunks, stopping at the first entry that
         is torn, fails its CRC, or that ``on_entry`` refuses (it returns a reason)."""
         self.drain()
-        fd = self.open(writable=self.writable)
+        fd = HANDLES.pin(self)
+        try:
+            return self._scan(fd, verify, on_entry, start)
+        finally:
+            HANDLES.unpin(self)
+
+    def _scan(
+        self,
+        fd: int,
+        verify: bool,
+        on_entry: Callable[[int, EntryHeader], str | None],
+        start: int,
+    ) -> ScanResult:
         size = os.fstat(fd).st_size
         position, count, last = start, 0, None
         want = SCAN_CHUNK

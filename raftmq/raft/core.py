@@ -643,14 +643,16 @@ class RaftCore:
 
     def _bcast_heartbeat(self, ctx: bytes = b"") -> None:
         for node in sorted(self.progress):
-            if node == self.id:
-                continue
-            pr = self.progress[node]
-            # Never tell a follower to commit past what it is known to hold.
-            commit = min(pr.match, self.log.committed)
-            self._send(
-                Message(MsgType.HEARTBEAT, self.id, node, self.term, commit=commit, context=ctx)
-            )
+            if node != self.id:
+                self._send(self.heartbeat_for(node, ctx))
+
+    def heartbeat_for(self, to: int, ctx: bytes = b"") -> Message:
+        """A leader's heartbeat to ``to``. Public for the driver, which probes a follower
+        it believes dead at a low rate while the group is quiesced (see docs/driver.md)."""
+        assert self.role == Role.LEADER and to != self.id
+        # Never tell a follower to commit past what it is known to hold.
+        commit = min(self.progress[to].match, self.log.committed)
+        return Message(MsgType.HEARTBEAT, self.id, to, self.term, commit=commit, context=ctx)
 
     # ------------------------------------------------------------------ proposals
     def _control(self, etype: EntryType, payload: bytes) -> Ent:

@@ -85,6 +85,9 @@ RETRY_MAX_S = 60.0
 """...up to this; a group that stays healthy this long starts again at RETRY_FIRST_S."""
 MAX_REASON_CHARS = 300
 """A failure reason is echoed in Metadata and status tables: long paths are cut."""
+DEAD_PEER_PROBE_SECONDS = 3.0
+"""How often a quiesced leader sends a heartbeat to each follower the transport reported
+dead when the group quiesced (instead of one every tick, or none)."""
 
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
@@ -162,8 +165,10 @@ class RaftGroup:
         self.waiters: dict[int, tuple[int, asyncio.Future[int], bool]] = {}
         self.hinted_commit = 0
         self.hint_due = 0.0
-        self.hint_fd: int | None = None
         self.quiesced = False
+        # Followers the transport called dead when this (leader's) group quiesced: they
+        # get a heartbeat every DEAD_PEER_PROBE_SECONDS while it stays quiesced.
+        self.probe_peers: tuple[int, ...] = ()
         self.idle_ticks = 0
         self.last_seen = (0, 0)  # (last index, commit) at the previous tick
         self.in_round = False
@@ -393,10 +398,6 @@ class RaftHost:
         when quarantined, without a flush or a write (see :meth:`Log.abandon`)."""
         if clean:
             self._write_commit_hint(group)
-        if group.hint_fd is not None:
-            fd, group.hint_fd = group.hint_fd, None
-            os.close(fd)
-        if clean:
             group.log.close()
         else:
             group.log.abandon()
@@ -408,6 +409,7 @@ class RaftHost:
     def _unquiesce(self, group: RaftGroup) -> None:
         if group.quiesced:
             group.quiesced = False
+            group.probe_peers = ()
             group.idle_ticks = 0
 
     # --- public requests ----------------------------------------------------------------
@@ -527,8 +529,9 @@ class RaftHost:
                     # Answers to the heartbeat before the quiesce notice: they wake the group
                     # only if they make work (a follower turned out to be behind), or the two
                     # sides would wake each other forever.
+                    # A probed follower's answer means it is back: wake to catch it up.
                     group.core.step(m)
-                    if group.core.has_ready():
+                    if group.core.has_ready() or m.src in group.probe_peers:
                         self._unquiesce(group)
                         self._mark(group)
                     continue
@@ -610,9 +613,13 @@ class RaftHost:
 
     async def _tick_loop(self) -> None:
         next_at = time.monotonic()
+        probe_at = next_at + DEAD_PEER_PROBE_SECONDS
         while not self._stopping:
             next_at += self.tick_seconds
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if next_at >= probe_at:
+                probe_at = next_at + DEAD_PEER_PROBE_SECONDS
+                self._probe_dead_peers()
             for group in list(self.groups.values()):  # a failing group leaves the dict
                 try:
                     if group.quiesced or self._maybe_quiesce(group):
@@ -634,7 +641,15 @@ class RaftHost:
                         self._quarantine(group, "commit hint write", exc)
 
     def _maybe_quiesce(self, group: RaftGroup) -> bool:
-        """Quiesce an idle, fully replicated leader's group; True when it did.
+        """Quiesce an idle leader's group, fully replicated on every follower the transport
+        considers alive; True when it did.
+
+        Followers the transport reports dead do not hold the group awake (they did, and a
+        broker's death kept every group it shared ticking on the survivors for as long as
+        it stayed down); they are probed at a low rate instead (``_probe_dead_peers``), and
+        the transport's word that one is back wakes the group to catch it up. A leader
+        whose live voters are not a quorum never quiesces: ticking, its check-quorum steps
+        it down.
 
         Runs before the tick and only when nothing of the group is unsent or in a round, so
         the notice is the last thing on the wire: a heartbeat sent after it would wake the
@@ -649,18 +664,36 @@ class RaftHost:
             group.last_seen = seen
             group.idle_ticks = 0
             return False
-        if any(pr.match != seen[0] for pr in core.progress.values()):
+        alive = self.transport.peer_alive
+        dead = tuple(peer for peer in core.progress if peer != self.node_id and not alive(peer))
+        if any(pr.match != seen[0] for peer, pr in core.progress.items() if peer not in dead):
             group.idle_ticks = 0
             return False
+        if dead:
+            voters = core.membership.voters
+            if sum(1 for v in voters if v not in dead) < core.membership.quorum():
+                group.idle_ticks = 0
+                return False
         group.idle_ticks += 1
         if group.idle_ticks <= QUIESCE_AFTER_TICKS:
             return False
         group.quiesced = True
+        group.probe_peers = dead
         for peer in core.progress:
-            if peer != self.node_id:
+            if peer != self.node_id and peer not in dead:
                 notice = (self.node_id, peer, core.term, seen[1], seen[0])
                 self.transport.send(peer, group.name, notice, urgent=True)
         return True
+
+    def _probe_dead_peers(self) -> None:
+        """One heartbeat to each follower that was dead when its quiesced leader's group
+        went quiet. Its answer (a late response) wakes the group only if the follower turns
+        out to be behind; the group stays quiet otherwise."""
+        for group in self.groups.values():
+            if group.quiesced and group.probe_peers and group.is_leader:
+                for peer in group.probe_peers:
+                    hb = group.core.heartbeat_for(peer)
+                    self.transport.send(peer, group.name, hb, urgent=True)
 
     def _fail(self, exc: BaseException) -> None:
         """The host itself cannot go on (its transport or its loops failed, not one group):
@@ -790,8 +823,8 @@ class RaftHost:
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
         group.waiters.clear()
-        group.hint_fd = None
         group.quiesced = False
+        group.probe_peers = ()
         group.idle_ticks = 0
         group.last_seen = (0, 0)
         group.leader_commit = 0
@@ -938,17 +971,21 @@ class RaftHost:
 
         Overwritten in place, without fsync: rewriting the file (truncate + write) makes
         ext4 flush it, which stalled the event loop for tens of ms. A torn write fails its
-        CRC and only costs the next restart the longer way."""
+        CRC and only costs the next restart the longer way.
+
+        Opened and closed each time (at most once a second per group): a descriptor kept
+        per group was one more open file per partition, and 1,000 of them took a broker
+        to its open-file limit."""
         if group.hinted_commit < 0:
             return
         history = group.core.config_history()
         if history is None or history.through <= group.hinted_commit:
             return
-        if group.hint_fd is None:
-            group.hint_fd = os.open(
-                group.directory / COMMIT_HINT_FILE, os.O_RDWR | os.O_CREAT, 0o644
-            )
-        os.pwrite(group.hint_fd, _encode_commit_hint(history), 0)
+        fd = os.open(group.directory / COMMIT_HINT_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, _encode_commit_hint(history), 0)
+        finally:
+            os.close(fd)
         group.hinted_commit = history.through
 
     def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:

@@ -1,0 +1,186 @@
+"""Open segment files, bounded per process: one LRU of descriptors shared by every Log.
+
+Why: a broker hosts one log per partition replica, and each log kept its active segment
+open for good (plus up to ``max_open_segments`` closed ones). With 1,000 replicas that is
+over 1,000 descriptors before a single socket, and a process at a soft ``RLIMIT_NOFILE``
+of 1,024 (a common default) failed with EMFILE. Here every segment descriptor, for reads
+and writes alike, comes from one cache with a cap; the least recently used unpinned one is
+closed to make room, and reopened on its next use. Nothing is lost by closing: write-behind
+bytes stay in the segment's memory until a drain reopens the file, and Linux reports a
+writeback error to the next ``fsync`` on any descriptor of the file (since 4.13), so an
+fsync through a reopened descriptor covers what an evicted one wrote.
+
+A descriptor is *pinned* while a system call uses it (``pin``/``unpin``, or ``using``):
+only unpinned ones are evicted, so a thread never loses the descriptor it works on to
+another log's open. All pins are short (one call, or one fsync in the flush pool), so the
+cap can be passed only by the number of descriptors pinned at that moment.
+
+The cap is derived from the limit: a broker raises its soft ``RLIMIT_NOFILE`` to the hard
+limit at start (:func:`raise_nofile_limit`) and takes :func:`cap_for_limit` of it, leaving
+the rest for sockets, gRPC, index and checkpoint files and the like.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raftmq.log.segment import Segment
+
+MIN_CAP = 16
+"""The smallest cap: below this a log could not even keep its own active segment open
+while reading another."""
+CAP_FRACTION = 0.75
+"""Share of the open-file limit segment files may use."""
+RESERVED_FDS = 64
+"""Descriptors kept out of the cap on top of the remaining share: listening sockets, Raft
+peers, the event loop, checkpoint and index files opened for a moment."""
+MAX_CAP = 1 << 20
+"""Where an unlimited (or huge) limit stops mattering."""
+HANDLES_PER_REPLICA = 2
+"""Below this many per hosted log (its active segment and one read handle), a broker
+warns at start that segment files will be reopened constantly."""
+
+
+def cap_for_limit(limit: int) -> int:
+    """Segment descriptors a process with open-file limit ``limit`` may hold."""
+    if limit == resource.RLIM_INFINITY or limit <= 0:
+        return MAX_CAP
+    return max(MIN_CAP, min(MAX_CAP, int(limit * CAP_FRACTION) - RESERVED_FDS))
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one (what an unprivileged process may do);
+    returns (soft, hard) after the change. A refusal leaves the limit as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
+def _current_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class HandleCache:
+    """The process's open segment descriptors, least recently used first."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._open: OrderedDict[Segment, None] = OrderedDict()
+        self._cap = cap
+        self.opens = 0  # files opened so far (reopens after eviction included)
+        self.evictions = 0
+        self.peak = 0  # most descriptors open at once
+
+    @property
+    def cap(self) -> int:
+        if self._cap is None:
+            self._cap = cap_for_limit(_current_limit())
+        return self._cap
+
+    def set_cap(self, cap: int) -> None:
+        """Change the cap (a broker sets it from its raised limit before opening logs)."""
+        if cap < 1:
+            raise ValueError(f"the segment handle cap must be at least 1, got {cap}")
+        with self._lock:
+            self._cap = cap
+            self._evict(0)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def pin(self, seg: Segment) -> int:
+        """The segment's descriptor, opened if needed (read-write for a segment that may
+        still be written, read-only for a sealed one), kept open until ``unpin``."""
+        with self._lock:
+            fd = seg.fd
+            if fd is not None:
+                self._open.move_to_end(seg)
+                seg.pins += 1
+                return fd
+            self._evict(1)
+            fd = os.open(seg.path, os.O_RDWR if seg.writable else os.O_RDONLY)
+            self._add(seg, fd)
+            seg.pins += 1
+            return fd
+
+    def unpin(self, seg: Segment) -> None:
+        with self._lock:
+            assert seg.pins > 0, f"segment {seg.name} unpinned more often than pinned"
+            seg.pins -= 1
+
+    @contextmanager
+    def using(self, seg: Segment) -> Iterator[int]:
+        fd = self.pin(seg)
+        try:
+            yield fd
+        finally:
+            self.unpin(seg)
+
+    def adopt(self, seg: Segment, fd: int) -> None:
+        """Take charge of a descriptor the caller opened (a segment file just created)."""
+        with self._lock:
+            assert seg.fd is None
+            self._evict(1)
+            self._add(seg, fd)
+
+    def close(self, seg: Segment) -> None:
+        """Close the segment's descriptor now (its owner holds its log's lock and no flush
+        is using it, so it cannot be pinned)."""
+        with self._lock:
+            fd = seg.fd
+            if fd is None:
+                return
+            assert seg.pins == 0, f"closing segment {seg.name} while a call uses it"
+            del self._open[seg]
+            seg.fd = None
+            os.close(fd)
+
+    def _add(self, seg: Segment, fd: int) -> None:
+        seg.fd = fd
+        self._open[seg] = None
+        self.opens += 1
+        self.peak = max(self.peak, len(self._open))
+
+    def _evict(self, room: int) -> None:
+        """Close least recently used unpinned descriptors until ``room`` more fit the cap."""
+        target = self.cap - room
+        if len(self._open) <= target:
+            return
+        victims = []
+        for seg in self._open:
+            if not seg.pins:  # one in use by a call right now stays: the next one goes
+                victims.append(seg)
+                if len(self._open) - len(victims) <= target:
+                    break
+        for seg in victims:
+            fd = seg.fd
+            del self._open[seg]
+            seg.fd = None
+            self.evictions += 1
+            if fd is not None:
+                os.close(fd)
+
+
+HANDLES = HandleCache()
+"""The one cache of this process."""
+
+__all__ = [
+    "HANDLES",
+    "HANDLES_PER_REPLICA",
+    "HandleCache",
+    "cap_for_limit",
+    "raise_nofile_limit",
+]
