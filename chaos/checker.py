@@ -225,6 +225,8 @@ class _History:
         self.leaders: dict[int, list[Op]] = defaultdict(list)  # partition -> monitor's ops
         self.statuses: list[Op] = []
         self.range_hw: dict[tuple[int, int], int] = {}
+        # (partition, replica) -> why its final read stopped short (range ops' error).
+        self.range_error: dict[tuple[int, int], str] = {}
         self.last_time = 0.0
         self.other: dict[str, int] = defaultdict(int)
         self.malformed: list[Op] = []
@@ -316,6 +318,8 @@ class _History:
         self.replica_start[key] = min(op.offset, self.replica_start.get(key, op.offset))
         if op.hw is not None:
             self.range_hw[key] = max(op.hw, self.range_hw.get(key, op.hw))
+        if op.error:
+            self.range_error[key] = op.error
 
     def _add_reset(self, op: Op) -> None:
         try:
@@ -946,8 +950,9 @@ def check_leaderless(h: _History, opts: CheckOptions) -> CheckReport:
 def check_health(h: _History, opts: CheckOptions) -> CheckReport:
     """10. After healing, every broker says it serves and every replica says it is sound,
     and none says so falsely: a replica that reports ok while its final high watermark is
-    behind the other replicas' is a broker alive but failed without saying so. From the
-    ``status`` ops recorded after the final reads."""
+    behind the other replicas', or while its final read was refused part way (say, by a
+    checksum failure nobody repaired), is a broker alive but failed without saying so.
+    From the ``status`` ops recorded after the final reads."""
     f = _Findings("not-serving", "replica-failed", "silent-failure")
     best_hw: dict[int, int] = {}
     for (p, _), hw in h.range_hw.items():
@@ -981,7 +986,19 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
             )
             continue
         hw = h.range_hw.get((p, who if who is not None else -1))
-        if op.value == "REPLICA_OK" and hw is not None and hw < best_hw.get(p, hw):
+        refused = h.range_error.get((p, who if who is not None else -1))
+        if op.value == "REPLICA_OK" and refused:
+            f.add(
+                "silent-failure",
+                {
+                    "partition": p,
+                    "replica": who,
+                    "error": refused,
+                    "explanation": f"replica {who} of partition {p} says it is ok, but its "
+                    f"final read was refused: {refused}",
+                },
+            )
+        elif op.value == "REPLICA_OK" and hw is not None and hw < best_hw.get(p, hw):
             f.add(
                 "silent-failure",
                 {

@@ -295,22 +295,30 @@ def _read_replica(
     if hw < 0:
         recorder.add(_range_op(partition, r, 0, 0, recorder))
         return _ReplicaRead(0, 0, b"")
+    error = None
     for _attempt in range(5):
-        finals, pieces, restart = _read_range(client, address, partition, start, hw, r, recorder)
+        finals, pieces, restart, error = _read_range(
+            client, address, partition, start, hw, r, recorder
+        )
         if restart is None:
             break
         start, hw = _offsets(client, address, partition)
         if hw < 0:
             break
-    recorder.add(_range_op(partition, r, start, hw, recorder))
+    recorder.add(_range_op(partition, r, start, hw, recorder, error))
     for op in finals:
         recorder.add(op)
     return _ReplicaRead(start, hw, b"".join(pieces))
 
 
-def _range_op(partition: int, r: int, start: int, hw: int, recorder: Recorder) -> Op:
+def _range_op(
+    partition: int, r: int, start: int, hw: int, recorder: Recorder, error: str | None = None
+) -> Op:
+    """``error``: why the final read stopped short of ``hw``, if it did."""
     now = recorder.now()
-    return Op("range", f"final-{r}", partition, None, start, "ok", now, now, hw=hw, replica=r)
+    return Op(
+        "range", f"final-{r}", partition, None, start, "ok", now, now, hw=hw, replica=r, error=error
+    )
 
 
 def _read_range(
@@ -321,9 +329,10 @@ def _read_range(
     hw: int,
     r: int,
     recorder: Recorder,
-) -> tuple[list[Op], list[bytes], int | None]:
-    """Read [start, hw) of one replica: (final ops, entry bytes, None), or a new log start
-    as the third item when retention moved it past ``start`` mid-read."""
+) -> tuple[list[Op], list[bytes], int | None, str | None]:
+    """Read [start, hw) of one replica: (final ops, entry bytes, None, None), or a new log
+    start as the third item when retention moved it past ``start`` mid-read; the fourth is
+    the refusal that ended the read early, if one did."""
     finals: list[Op] = []
     pieces: list[bytes] = []
     offset = start
@@ -333,8 +342,8 @@ def _read_range(
         except ClientError as exc:
             moved = exc.meta.get("raftmq-log-start-offset")
             if exc.code == "OFFSET_OUT_OF_RANGE" and moved is not None and int(moved) > offset:
-                return finals, pieces, int(moved)
-            break
+                return finals, pieces, int(moved), None
+            return finals, pieces, None, f"{exc.code}: {exc}"
         if not resp.entries:
             break
         pieces.append(resp.entries)
@@ -359,4 +368,4 @@ def _read_range(
                         )
                     )
         offset = resp.next_offset
-    return finals, pieces, None
+    return finals, pieces, None, None

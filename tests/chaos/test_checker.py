@@ -785,3 +785,25 @@ def test_a_replica_that_says_ok_while_behind_is_a_silent_failure() -> None:
     ops = without(clean(), status(2, 0, "REPLICA_OK"))
     honest = check([*ops, *ranges, status(2, 0, "REPLICA_CATCHING_UP")])
     assert count(honest, "health", "silent-failure") == 0
+
+
+def test_a_replica_that_says_ok_but_refused_its_final_read_is_a_silent_failure() -> None:
+    ranges = [
+        Op(
+            "range",
+            f"final-{r}",
+            1,
+            None,
+            0,
+            "ok",
+            200,
+            200,
+            hw=N,
+            replica=r,
+            error="CORRUPT_DATA: offsets from 3 failed their checksum" if r == 3 else None,
+        )
+        for r in REPLICAS
+    ]
+    result = check([*clean(), *ranges])
+    assert count(result, "health", "silent-failure") == 1
+    assert "CORRUPT_DATA" in result.get("health").examples[0]["explanation"]
