@@ -36,7 +36,7 @@ from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
-from raftmq.raft.core import RaftCore
+from raftmq.raft.core import RaftCore, starts_rejoining
 from raftmq.raft.errors import NotLeaderError, OutcomeUnknownError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
@@ -51,6 +51,11 @@ COMMIT_HINT_FILE = "raft-commit"
 SNAPSHOT_META_FILE = "raft-snapshot"
 """Metadata of the log's start point (index, term, next offset, membership), saved
 atomically whenever the log loses a prefix, so a restart knows the membership there."""
+PROMISED_SUFFIX = ".raft-promised"
+"""Beside (not inside) a group's directory, ``<dir>.raft-promised`` records that this
+replica once saved a term: if the directory is later lost or replaced, the replica knows
+it may have voted and acknowledged, and rejoins (docs/raft.md, "Rejoining after disk
+loss") instead of passing for a new member."""
 COMMIT_HINT_SECONDS = 1.0
 """How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
@@ -116,6 +121,18 @@ def _read_commit_hint(path: Path) -> ConfigHistory | None:
         return None
 
 
+def _promised_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + PROMISED_SUFFIX)
+
+
+def _record_promised(directory: Path) -> None:
+    """Durably create the PROMISED_SUFFIX record, once per group and replica. Written
+    after the first hard state with a term, not before: a crash in between leaves a
+    replica whose hard state says what it promised, while the other order could leave
+    a brand-new replica that believes it lost its disk and never votes."""
+    write_atomic(_promised_path(directory), b"")
+
+
 SoftStateFn = Callable[[SoftState], None]
 
 
@@ -154,6 +171,7 @@ class RaftGroup:
         self.idle_ticks = 0
         self.last_seen = (0, 0)  # (last index, commit) at the previous tick
         self.in_round = False
+        self.promised = False  # the PROMISED_SUFFIX record exists
 
     @property
     def is_leader(self) -> bool:
@@ -258,11 +276,23 @@ class RaftHost:
         hint = None if replay else _read_commit_hint(path / COMMIT_HINT_FILE)
         if hint is not None:
             commit = max(commit, hint.through)
+        promised = _promised_path(path).exists()
+        rejoining = starts_rejoining(hs, log_.last_index, commit, promised=promised)
+        if rejoining and not hs.rejoining:
+            log.warning(
+                "group %s on node %d: this replica lost state it had acknowledged (%s); it "
+                "rejoins: no votes until it holds the leader's log again",
+                name,
+                self.node_id,
+                "no hard state"
+                if hs.term == 0
+                else f"log ends at {log_.last_index}, below its commit {commit}",
+            )
         # Never trust a commit index beyond the durable log (a torn tail may have been cut):
         # entries at or below a once-known commit that are still present are the committed
         # ones, because a log only ever loses a suffix.
         commit = max(min(commit, log_.last_index), log_.start_index - 1)
-        hs = HardState(hs.term, hs.vote, commit)
+        hs = HardState(hs.term, hs.vote, commit, hs.rejoining)
         history = None
         if hint is not None:
             try:
@@ -284,7 +314,13 @@ class RaftHost:
             apply_entries=replay,
         )
         core = RaftCore(
-            cfg, log_, hard_state=hs, membership=membership, history=history, applied=applied
+            cfg,
+            log_,
+            hard_state=hs,
+            membership=membership,
+            history=history,
+            applied=applied,
+            rejoining=rejoining,
         )
         group = RaftGroup(
             name,
@@ -298,6 +334,10 @@ class RaftHost:
             snapshot_data=snapshot_data,
         )
         group.saved_hard = hs
+        if hs.term > 0 and not promised:
+            _record_promised(path)  # a replica from before the record existed
+            promised = True
+        group.promised = promised
         group.hinted_commit = commit if not replay else -1
         self.groups[name] = group
         self._mark(group)
@@ -573,13 +613,21 @@ class RaftHost:
             group.log.flush()
             self.fsyncs += 1
         hs = rd.hard_state
-        if hs is not None and (hs.term, hs.vote) != (group.saved_hard.term, group.saved_hard.vote):
+        saved = group.saved_hard
+        if hs is not None and (hs.term, hs.vote, hs.rejoining) != (
+            saved.term,
+            saved.vote,
+            saved.rejoining,
+        ):
             # Term and vote must be durable before any reply that depends on them. The
             # commit index rides along but is not worth an fsync of its own: after a crash
             # it is re-learned from the leader.
             hardstate.save(group.directory / HARD_STATE_FILE, hs)
             group.saved_hard = hs
             self.fsyncs += 1
+            if hs.term > 0 and not group.promised:
+                _record_promised(group.directory)
+                group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:
         self._send(group, rd.messages)

@@ -33,10 +33,13 @@ _FRAME = struct.Struct(">II")
 _HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
 _PING = struct.Struct(">Bq")  # kind, sequence
 _COUNT = struct.Struct(">BI")  # kind, message count
-_MSG = struct.Struct(">HBBqqqqqqqIHBI")
+_MSG = struct.Struct(">HBBqqqqqqqqIHBI")
 _MSG_TYPES = {int(t): t for t in MsgType}  # a dict lookup: calling the enum costs ~1 us
-# group length, type, reject, src, dst, term, log_term, index, commit, reject_hint,
-# entries length, context length, has snapshot, data length
+# group length, type, flags (bit 0 reject, bit 1 rejoining), src, dst, term, log_term,
+# index, commit, reject_hint, rejoin_to, entries length, context length, has snapshot,
+# data length
+_FLAG_REJECT = 0x01
+_FLAG_REJOINING = 0x02
 _SNAP = struct.Struct(">qqqH")  # index, term, next_offset, membership length
 
 
@@ -67,7 +70,7 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
         if isinstance(m, tuple):
             src, dst, term, commit, last = m
             parts.append(
-                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0)
+                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0)
             )
             parts.append(g)
             continue
@@ -76,7 +79,7 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
             _MSG.pack(
                 len(g),
                 int(m.type),
-                1 if m.reject else 0,
+                (_FLAG_REJECT if m.reject else 0) | (_FLAG_REJOINING if m.rejoining else 0),
                 m.src,
                 m.dst,
                 m.term,
@@ -84,6 +87,7 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
                 m.index,
                 m.commit,
                 m.reject_hint,
+                m.rejoin_to,
                 len(m.entries),
                 len(m.context),
                 1 if snap is not None else 0,
@@ -133,7 +137,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
         (
             glen,
             mtype,
-            reject,
+            flags,
             src,
             dst,
             term,
@@ -141,6 +145,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
             index,
             commit,
             hint,
+            rejoin_to,
             elen,
             clen,
             has_snap,
@@ -181,9 +186,11 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
                     index=index,
                     entries=entries,
                     commit=commit,
-                    reject=bool(reject),
+                    reject=bool(flags & _FLAG_REJECT),
                     reject_hint=hint,
                     context=context,
+                    rejoining=bool(flags & _FLAG_REJOINING),
+                    rejoin_to=rejoin_to,
                     snapshot=snap,
                     data=data,
                 ),
