@@ -158,4 +158,6 @@ def patch(log: Log, damage: Damage, data: bytes) -> Patch:
         check = seg.scan(verify=True, on_entry=lambda _p, _h: None, start=damage.position)
         seg.close_fd()
         assert check.error is None and check.valid_end == seg.size, check
-    return Patch(damage.segment, damage.first_index, damage.end_index, damage.position + lo, hi - lo)
+    return Patch(
+        damage.segment, damage.first_index, damage.end_index, damage.position + lo, hi - lo
+    )
