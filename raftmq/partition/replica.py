@@ -248,6 +248,8 @@ class PartitionReplica:
         try:
             return self.group.log.read(offset, max_bytes, upper_offset=hw)
         except LogError as exc:
+            if isinstance(exc, CorruptEntryError):
+                self._host.request_repair(self.group.name)  # restore it from a replica
             if hasattr(exc, "start"):
                 raise OffsetOutOfRangeError(str(exc), start, hw) from None
             raise

@@ -88,6 +88,9 @@ class RaftCore:
         """May have lost acknowledged entries or votes: neither votes nor campaigns, and
         counts for nothing it does not hold, until a leader says it is whole again."""
         self._lead_start = 0
+        self.damage: str | None = None
+        """Set when a read of our own log for a follower found a corrupt entry; the driver
+        takes it (and clears it) to start a repair."""
         self.lead = NONE
         self.role = Role.FOLLOWER
         self._history: list[tuple[int, Membership]] = [(start - 1, membership)]
@@ -650,6 +653,9 @@ class RaftCore:
             except CompactedError:
                 self._send_snapshot(to, pr)
                 return
+            except CorruptEntryError as exc:
+                self._found_damage(exc)
+                return
             if not ents and (sent or not send_if_empty):
                 return
             data = join(ents)
@@ -673,6 +679,22 @@ class RaftCore:
                 pr.probe_sent = True
             if pr.state != ProgressState.REPLICATE or not ents:
                 return
+
+    def _found_damage(self, exc: CorruptEntryError) -> None:
+        """Our stored copy of entries a follower needs failed its CRC. Report it (the
+        driver repairs the range from a replica, raftmq/log/repair.py) and, as leader,
+        hand leadership to a follower that holds everything, since we cannot serve the
+        range until then. Sending to this follower resumes on its next answer."""
+        self.damage = str(exc)
+        if self.role == Role.LEADER and self.lead_transferee == NONE:
+            last = self.log.last_index
+            whole = [
+                n
+                for n in sorted(self.membership.voters)
+                if n != self.id and n in self.progress and self.progress[n].match == last
+            ]
+            if whole:
+                self.transfer_leadership(whole[0])
 
     def _rejoin_to(self, pr: Progress) -> int:
         """Through which index a rejoining follower must hold our log to vote again: every

@@ -33,7 +33,9 @@ from crc32c import crc32c
 
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.errors import CorruptEntryError, LogError
 from raftmq.log.log import Log
+from raftmq.log.repair import RepairRefusedError, find_damage, patch
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore, starts_rejoining
@@ -42,7 +44,7 @@ from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
-from raftmq.raft.transport import Outgoing, Transport
+from raftmq.raft.transport import Outgoing, RepairReply, RepairRequest, Transport
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ _URGENT = frozenset(
 _LATE_RESPONSES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.APP_RESP})
 INLINE_FSYNC_AFTER_IDLE = 0.0005
 """Seconds the ready loop must have waited for work before it fsyncs a lone group itself."""
+REPAIR_CHUNK_BYTES = 1 << 20
+"""Entries per RepairReply, at most (one entry more if a single one is larger)."""
+REPAIR_REPLY_TIMEOUT_S = 10.0
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 
@@ -217,6 +222,8 @@ class RaftHost:
         self.rounds = 0
         self.fsyncs = 0
         self.failed: BaseException | None = None
+        self._repairs: dict[str, asyncio.Task[None]] = {}
+        self._repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]] = {}
         transport.set_handler(self)
 
     # --- groups -------------------------------------------------------------------------
@@ -421,6 +428,9 @@ class RaftHost:
             if isinstance(m, tuple):
                 self._on_quiesce(group, m)
                 continue
+            if isinstance(m, (RepairRequest, RepairReply)):
+                self._on_repair_message(group, m)
+                continue
             if group.quiesced and m.type in _LATE_RESPONSES:
                 # Answers to the heartbeat before the quiesce notice: they wake the group
                 # only if they make work (a follower turned out to be behind), or the two
@@ -429,10 +439,134 @@ class RaftHost:
                 if group.core.has_ready():
                     self._unquiesce(group)
                     self._mark(group)
+                self._take_damage(group)
                 continue
             self._unquiesce(group)
             group.core.step(m)
             self._mark(group)
+            self._take_damage(group)
+
+    # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
+
+    def request_repair(self, name: str) -> None:
+        """A read of this group's log found a corrupt entry: restore the damaged range of
+        every closed segment from a replica, in the background (once at a time)."""
+        group = self.groups.get(name)
+        running = self._repairs.get(name)
+        if group is None or self._stopping or (running is not None and not running.done()):
+            return
+        self._repairs[name] = asyncio.get_running_loop().create_task(self._repair(group))
+
+    def _take_damage(self, group: RaftGroup) -> None:
+        if group.core.damage is not None:
+            log.error(
+                "group %s on node %d: %s (while reading for a follower)",
+                group.name,
+                self.node_id,
+                group.core.damage,
+            )
+            group.core.damage = None
+            self.request_repair(group.name)
+
+    async def _repair(self, group: RaftGroup) -> None:
+        loop = asyncio.get_running_loop()
+        damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+        for damage in damages:
+            sources = sorted(
+                group.core.membership.members - {self.node_id},
+                key=lambda n: (n != group.core.lead, n),
+            )
+            for peer in sources:
+                try:
+                    data = await self._fetch_range(
+                        group, peer, damage.first_index, damage.end_index
+                    )
+                    done = await loop.run_in_executor(self._pool, patch, group.log, damage, data)
+                except RepairRefusedError as exc:
+                    log.error(
+                        "group %s on node %d: repair refused: %s", group.name, self.node_id, exc
+                    )
+                    break
+                except (TimeoutError, LogError) as exc:
+                    log.warning(
+                        "group %s on node %d: node %d cannot supply entries %d..%d: %s",
+                        group.name,
+                        self.node_id,
+                        peer,
+                        damage.first_index,
+                        damage.end_index - 1,
+                        exc,
+                    )
+                    continue
+                log.warning(
+                    "group %s on node %d: repaired entries %d..%d of segment %s (%s): %d "
+                    "bytes replaced at byte %d, from node %d",
+                    group.name,
+                    self.node_id,
+                    damage.first_index,
+                    damage.end_index - 1,
+                    damage.segment,
+                    damage.reason,
+                    done.replaced_bytes,
+                    done.at,
+                    peer,
+                )
+                break
+            else:
+                log.error(
+                    "group %s on node %d: no replica could supply entries %d..%d to repair "
+                    "segment %s; it stays unreadable from byte %d",
+                    group.name,
+                    self.node_id,
+                    damage.first_index,
+                    damage.end_index - 1,
+                    damage.segment,
+                    damage.position,
+                )
+
+    async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
+        """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
+        parts: list[bytes] = []
+        while lo < hi:
+            key = (group.name, peer, lo)
+            fut = asyncio.get_running_loop().create_future()
+            self._repair_replies[key] = fut
+            try:
+                self.transport.send(
+                    peer, group.name, RepairRequest(self.node_id, peer, lo, hi), urgent=False
+                )
+                self.transport.flush()
+                reply = await asyncio.wait_for(fut, REPAIR_REPLY_TIMEOUT_S)
+            finally:
+                self._repair_replies.pop(key, None)
+            if reply.error:
+                raise LogError(reply.error)
+            if not reply.entries or not lo < reply.hi <= hi:
+                raise LogError(
+                    f"node {peer} answered entries {lo}..{reply.hi - 1}, "
+                    f"not a part of {lo}..{hi - 1}"
+                )
+            parts.append(reply.entries)
+            lo = reply.hi
+        return b"".join(parts)
+
+    def _on_repair_message(self, group: RaftGroup, m: RepairRequest | RepairReply) -> None:
+        if isinstance(m, RepairReply):
+            fut = self._repair_replies.get((group.name, m.src, m.lo))
+            if fut is not None and not fut.done():
+                fut.set_result(m)
+            return
+        try:
+            # Reads check the CRC of whatever they return: a damaged copy here is refused,
+            # never passed on.
+            got = group.log.read_by_index(m.lo, REPAIR_CHUNK_BYTES, m.hi)
+            reply = RepairReply(self.node_id, m.src, m.lo, got.next_index, got.data)
+        except LogError as exc:
+            reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
+            if isinstance(exc, CorruptEntryError):
+                self.request_repair(group.name)
+        self.transport.send(m.src, group.name, reply, urgent=False)
+        self.transport.flush()
 
     def _on_quiesce(self, group: RaftGroup, notice: tuple[int, int, int, int, int]) -> None:
         src, _, term, commit, last = notice
@@ -467,6 +601,8 @@ class RaftHost:
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        for task in self._repairs.values():
+            task.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -17,6 +17,7 @@ from crc32c import crc32c
 
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.transport import Outgoing, RepairReply, RepairRequest
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Refuse larger frames: a corrupt length must not make a reader allocate gigabytes."""
@@ -28,6 +29,10 @@ KIND_MESSAGES = 4
 
 QUIESCE = 100
 """Driver-level message type (not the core's): the leader says a group is idle."""
+REPAIR_REQUEST = 101
+REPAIR_REPLY = 102
+"""Driver-level: a replica asks a peer for stored entries to repair a corrupt range
+(index = lo, commit = hi, entries = the bytes, context = an error sentence)."""
 
 _FRAME = struct.Struct(">II")
 _HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
@@ -59,7 +64,7 @@ def ping(kind: int, seq: int) -> bytes:
     return frame(_PING.pack(kind, seq))
 
 
-def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, int, int]]]) -> bytes:
+def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
     """One MESSAGES frame. A tuple instead of a Message is a driver QUIESCE notice:
     ``(src, dst, term, commit, last_index)``."""
     parts: list[bytes] = []
@@ -73,6 +78,31 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
                 _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0)
             )
             parts.append(g)
+            continue
+        if isinstance(m, (RepairRequest, RepairReply)):
+            data = m.entries if isinstance(m, RepairReply) else b""
+            error = m.error.encode() if isinstance(m, RepairReply) else b""
+            kind = REPAIR_REPLY if isinstance(m, RepairReply) else REPAIR_REQUEST
+            parts.append(
+                _MSG.pack(
+                    len(g),
+                    kind,
+                    0,
+                    m.src,
+                    m.dst,
+                    0,
+                    0,
+                    m.lo,
+                    m.hi,
+                    0,
+                    0,
+                    len(data),
+                    len(error),
+                    0,
+                    0,
+                )
+            )
+            parts += [g, data, error]
             continue
         snap = m.snapshot
         parts.append(
@@ -128,10 +158,10 @@ def decode_body(body: bytes) -> tuple[int, object]:
     raise FrameError(f"unknown frame kind {kind}")
 
 
-def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, int, int, int]]]:
+def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
     _, count = _COUNT.unpack_from(body)
     pos = _COUNT.size
-    out: list[tuple[str, Message | tuple[int, int, int, int, int]]] = []
+    out: list[tuple[str, Outgoing]] = []
     view = memoryview(body)
     for _ in range(count):
         (
@@ -155,7 +185,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
         group = bytes(view[pos : pos + glen]).decode()
         pos += glen
         msg_type = _MSG_TYPES.get(mtype)
-        if msg_type is None and mtype != QUIESCE:
+        if msg_type is None and mtype not in (QUIESCE, REPAIR_REQUEST, REPAIR_REPLY):
             raise FrameError(f"unknown message type {mtype}")
         if mtype == QUIESCE:
             out.append((group, (src, dst, term, commit, index)))
@@ -164,6 +194,12 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
         pos += elen
         context = bytes(view[pos : pos + clen])
         pos += clen
+        if mtype == REPAIR_REQUEST:
+            out.append((group, RepairRequest(src, dst, index, commit)))
+            continue
+        if mtype == REPAIR_REPLY:
+            out.append((group, RepairReply(src, dst, index, commit, entries, context.decode())))
+            continue
         snap = None
         if has_snap:
             si, st, so, mlen = _SNAP.unpack_from(body, pos)

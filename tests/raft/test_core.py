@@ -6,6 +6,7 @@ import pytest
 
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
+from raftmq.log.errors import CorruptEntryError
 from raftmq.raft import (
     Config,
     HardState,
@@ -895,3 +896,29 @@ def test_append_carries_the_rejoin_point():
     apps = [m for m in net.delivered if m.type == MsgType.APP and m.dst == 2]
     assert apps and max(m.rejoin_to for m in apps) == 4  # everything it was counted for
     assert not net.peers[2].core.rejoining
+
+
+# --------------------------------------------------------------------- corrupt reads
+def test_leader_that_cannot_read_an_entry_reports_it_and_hands_leadership_away():
+    """A corrupt entry a follower needs must not stop the leader (it stopped the whole
+    driver): the core reports it for repair and transfers to a follower that holds all."""
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3  # node 3 falls behind
+    for _ in range(3):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    leader = net.peers[1].core
+    storage = net.peers[1].storage
+    real = storage.read_entries
+
+    def rotten(lo: int, max_bytes: int, hi: int | None = None) -> bytes:
+        if lo <= 3 < (hi or lo + 1_000):
+            raise CorruptEntryError("corrupt entry in segment s at byte 0: CRC mismatch")
+        return real(lo, max_bytes, hi)
+
+    storage.read_entries = rotten  # type: ignore[method-assign]
+    net.drop = lambda m: False
+    net.tick(3)
+    assert leader.damage is not None and "CRC mismatch" in leader.damage
+    assert leader.role != Role.LEADER and net.peers[2].core.role == Role.LEADER
