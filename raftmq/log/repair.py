@@ -61,37 +61,40 @@ class Patch:
     replaced_bytes: int
 
 
+def closed_segments(log: Log) -> list[tuple[Segment, Segment]]:
+    """Each sealed segment (closed, with index files) with the one after it, as fresh
+    handles with their own file descriptors: scanning them takes no lock of the log and
+    shares no state with its readers (sealed segments are never written)."""
+    segs = [Segment(log.directory, base, first, size) for _, first, base, size in log.segments()]
+    return [(seg, segs[i + 1]) for i, seg in enumerate(segs[:-1]) if seg.has_index_files()]
+
+
 def find_damage(log: Log) -> list[Damage]:
-    """Every closed segment whose entries fail their CRC or framing (reads every closed
-    segment once: for a repair or a scrub, not for the hot path)."""
-    found = []
-    with log._lock:
-        segments = list(log._segments)
-    for pos, seg in enumerate(segments[:-1]):
-        damage = _damage_in(log, seg, segments[pos + 1])
-        if damage is not None:
-            found.append(damage)
-    return found
+    """Every sealed segment whose entries fail their CRC or framing (reads each once: for
+    a repair or a scrub, not for the hot path)."""
+    return [d for seg, after in closed_segments(log) if (d := damage_in(seg, after)) is not None]
 
 
-def _damage_in(log: Log, seg: Segment, after: Segment) -> Damage | None:
+def damage_in(seg: Segment, after: Segment) -> Damage | None:
+    """Scan one sealed segment (a handle from :func:`closed_segments`) with CRCs."""
     last: list[EntryHeader] = []
 
     def keep(_: int, h: EntryHeader) -> str | None:
         last[:] = [h]
         return None
 
-    with log._lock:
+    try:
         result = seg.scan(verify=True, on_entry=keep)
-        size = seg.size
-    if result.error is None and result.valid_end == size:
+    finally:
+        seg.close_fd()
+    if result.error is None and result.valid_end == seg.size:
         return None
     first = last[0].index + 1 if last else seg.first_index
     offset = last[0].next_offset if last else seg.base_offset
     return Damage(
         seg.name,
         result.valid_end,
-        size - result.valid_end,
+        seg.size - result.valid_end,
         first,
         after.first_index,
         offset,

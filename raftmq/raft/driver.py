@@ -35,7 +35,13 @@ from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import CorruptEntryError, LogError
 from raftmq.log.log import Log
-from raftmq.log.repair import RepairRefusedError, find_damage, patch
+from raftmq.log.repair import (
+    RepairRefusedError,
+    closed_segments,
+    damage_in,
+    find_damage,
+    patch,
+)
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore, starts_rejoining
@@ -80,6 +86,10 @@ INLINE_FSYNC_AFTER_IDLE = 0.0005
 REPAIR_CHUNK_BYTES = 1 << 20
 """Entries per RepairReply, at most (one entry more if a single one is larger)."""
 REPAIR_REPLY_TIMEOUT_S = 10.0
+SCRUB_BYTES_PER_S = 1 << 20
+"""Default pace of the background scrubber that re-reads sealed segments and checks
+their CRCs (bit rot is found before a client or follower needs the range); 0 is off."""
+SCRUB_PASS_PAUSE_S = 10.0
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 
@@ -201,8 +211,11 @@ class RaftHost:
         fsync_threads: int = 4,
         max_append_bytes: int = 1 << 20,
         seed: int = 0,
+        scrub_bytes_per_s: int = SCRUB_BYTES_PER_S,
     ) -> None:
         self.node_id = node_id
+        self.scrub_bytes_per_s = scrub_bytes_per_s
+        self.scrubbed_bytes = 0
         self.transport = transport
         self.tick_seconds = tick_seconds
         self._core_cfg = Config(
@@ -524,6 +537,36 @@ class RaftHost:
                     damage.position,
                 )
 
+    async def _scrub_loop(self) -> None:
+        """Re-check every sealed segment's CRCs, one segment at a time, pausing after each
+        for as long as reading it may take at ``scrub_bytes_per_s``; start a repair when
+        one is damaged. Reads use their own file descriptors in a worker thread, so the
+        scrub takes no lock of the log and no time of the event loop."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            for group in list(self.groups.values()):
+                for seg, after in closed_segments(group.log):
+                    if self._stopping or group.name not in self.groups:
+                        break
+                    try:
+                        damage = await loop.run_in_executor(None, damage_in, seg, after)
+                    except OSError:
+                        continue  # deleted by retention meanwhile
+                    self.scrubbed_bytes += seg.size
+                    if damage is not None:
+                        log.error(
+                            "group %s on node %d: the scrubber found segment %s damaged "
+                            "from byte %d (%s)",
+                            group.name,
+                            self.node_id,
+                            damage.segment,
+                            damage.position,
+                            damage.reason,
+                        )
+                        self.request_repair(group.name)
+                    await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
+            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
+
     async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
         """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
         parts: list[bytes] = []
@@ -597,6 +640,8 @@ class RaftHost:
         await self.transport.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
+        if self.scrub_bytes_per_s > 0:
+            self._tasks.append(loop.create_task(self._scrub_loop()))
 
     async def stop(self) -> None:
         self._stopping = True

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from raftmq.log import entry
 from raftmq.log.config import LogConfig
+from raftmq.raft import driver
 from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.membership import Membership
@@ -422,6 +423,46 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     try:
         assert scans[1] == 1
         assert hosts[2].groups["g"].core.membership == new
+    finally:
+        for host in hosts.values():
+            await host.stop()
+
+
+async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
+    """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
+    replica restores the bytes from a peer, byte-identical again."""
+    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    config = LogConfig(segment_bytes=16 * 1024)
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, scrub_bytes_per_s=1 << 30, **FAST)
+        host.open_group("g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=config)
+        await host.start()
+        hosts[node] = host
+    try:
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        for _ in range(12):  # one append per round: a batch never straddles segments
+            await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
+        leader = leader_of(hosts)
+        assert leader is not None
+        victim = next(h for n, h in hosts.items() if n != leader.node_id)
+        await wait_for(
+            lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
+            what="the follower to catch up",
+        )
+        folder = tmp_path / f"n{victim.node_id}" / "g"
+        healthy = tmp_path / f"n{leader.node_id}" / "g"
+        seg = sorted(folder.glob("*.log"))[1]
+        assert seg.with_suffix(".index").exists(), sorted(p.name for p in folder.iterdir())
+        good = (healthy / seg.name).read_bytes()
+        with open(seg, "r+b") as f:
+            f.seek(300)
+            byte = f.read(1)
+            f.seek(300)
+            f.write(bytes([byte[0] ^ 0x04]))
+        assert seg.read_bytes() != good
+        await wait_for(lambda: seg.read_bytes() == good, timeout=20, what="the repair")
     finally:
         for host in hosts.values():
             await host.stop()
