@@ -17,12 +17,10 @@ from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
     address_of,
-    batch,
-    leader_of,
     read_all,
     wait_until,
 )
-from tests.broker.test_disk_loss import stored_entries
+from tests.broker.test_disk_loss import fill_and_replicate, stored_entries
 
 TOPIC = "c"
 SEGMENT_BYTES = 16 * 1024
@@ -61,19 +59,8 @@ def test_a_flipped_bit_is_repaired_from_a_replica_and_the_fetch_then_succeeds(
     cluster: LocalCluster,
 ) -> None:
     with cluster.client() as client:
-        leader = leader_of(client, TOPIC)
-        victim = min(set(cluster.spec.brokers) - {leader})
-        sent: list[bytes] = []
-        for i in range(60):
-            values = [f"record-{i}-{k}-".encode() * 10 for k in range(4)]
-            client.produce(TOPIC, 0, batch(values))
-            sent += values
+        leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
         victim_address = address_of(cluster, victim)
-        wait_until(
-            lambda: _hw_or_none(client, victim_address, TOPIC) == len(sent),
-            10,
-            "every replica to hold every record",
-        )
         folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
         segments = sorted(folder.glob("*.log"))
         assert len(segments) >= 3, "the test needs closed segments"

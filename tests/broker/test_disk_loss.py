@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from raftmq.broker.local_cluster import LocalCluster
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.log.config import LogConfig
 from raftmq.log.log import Log
 from raftmq.raft.driver import COMMIT_HINT_FILE, HARD_STATE_FILE
@@ -54,6 +55,26 @@ def lose_disk(directory: Path, how: str) -> None:
         (directory / name).unlink(missing_ok=True)
 
 
+def fill_and_replicate(
+    cluster: LocalCluster, client: LowLevelClient, topic: str, batches: int
+) -> tuple[int, int, list[bytes]]:
+    """Produce ``batches`` acks=all batches of 5 records, wait until the lowest-numbered
+    follower holds them all; (leader, that follower, the values sent)."""
+    leader = leader_of(client, topic)
+    follower = min(set(cluster.spec.brokers) - {leader})
+    sent: list[bytes] = []
+    for i in range(batches):
+        values = [f"before-{i}-{k}-".encode() * 20 for k in range(5)]
+        client.produce(topic, 0, batch(values))
+        sent += values
+    wait_until(
+        lambda: _hw_or_none(client, address_of(cluster, follower), topic) == len(sent),
+        10,
+        f"broker {follower} to hold every record",
+    )
+    return leader, follower, sent
+
+
 def stored_entries(directory: Path) -> bytes:
     """Every entry of a stopped replica's log, as stored, read by index."""
     log = Log.open(directory, LogConfig())
@@ -71,20 +92,9 @@ def test_follower_that_lost_its_disk_rejoins_byte_identical(
 ) -> None:
     cluster = make_cluster({TOPIC: 1})
     with cluster.client() as client:
-        leader = leader_of(client, TOPIC)
-        follower = min(set(cluster.spec.brokers) - {leader})
-        sent: list[bytes] = []
-        for i in range(40):  # acks=all: each one is on a majority, the follower included
-            values = [f"before-{i}-{k}".encode() * 20 for k in range(5)]
-            client.produce(TOPIC, 0, batch(values))
-            sent += values
-        # The follower acknowledged everything so far: the leader's record says so.
+        # The follower acknowledged everything: the leader's record for it says so.
+        leader, follower, sent = fill_and_replicate(cluster, client, TOPIC, 40)
         follower_address = address_of(cluster, follower)
-        wait_until(
-            lambda: _hw_or_none(client, follower_address, TOPIC) == len(sent),
-            10,
-            "the follower to hold every record before its disk is lost",
-        )
         cluster.stop(follower)
         lose_disk(partition_dir(cluster, follower), how)
         cluster.start(follower)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import heapq
 import random
@@ -199,7 +200,7 @@ class Sim:
                 st.sync()
             base = meta.membership
             node.app_state = node.snap.state
-            hs = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
+            hs = dataclasses.replace(hs, commit=max(hs.commit, meta.index))
         else:
             assert st.start_index == 1
             node.app_state = b""
@@ -212,7 +213,7 @@ class Sim:
             with contextlib.suppress(ValueError):
                 history = node.saved_history.for_log(st.start_index - 1, st.last_index, base)
         if history is not None:
-            hs = HardState(hs.term, hs.vote, max(hs.commit, history.through))
+            hs = dataclasses.replace(hs, commit=max(hs.commit, history.through))
         node.histories = []
         rejoining = starts_rejoining(hs, st.last_index, hs.commit, promised=node.promised)
         node.core = RaftCore(
@@ -391,9 +392,14 @@ class Sim:
         node.histories = []
         # Its connections died with its process: nothing sent by or to the old process
         # arrives later (TCP), which the leader's reset relies on (docs/raft.md).
+        gone = [x[2] for x in self.net] + self.pool
         self.net = [x for x in self.net if node.id not in (x[2].src, x[2].dst)]
         heapq.heapify(self.net)
         self.pool = [m for m in self.pool if node.id not in (m.src, m.dst)]
+        for m in gone:
+            src = self.nodes.get(m.src)
+            if m.type == MsgType.SNAP and m.dst == node.id and src is not None and src.core:
+                src.core.report_snapshot(m.dst, ok=False)  # as the transport would
         self.lost.add(node.id)
         self.disk_losses += 1
         self._start(node)

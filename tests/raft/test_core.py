@@ -807,14 +807,20 @@ def test_starts_rejoining_only_after_a_promise_or_below_a_known_commit():
     assert starts_rejoining(HardState(3, 1, 5, rejoining=True), 5, 5, promised=True)
 
 
+def _replicated(entries: int) -> Net:
+    """Three members, 1 leading, all holding its no-op and ``entries`` entries."""
+    net = cluster(3)
+    net.elect(1)
+    for _ in range(entries):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    return net
+
+
 def test_wiped_follower_is_caught_up_from_its_real_end():
     """The leader's record for it (match) is above its real end: a rejection there must
     reset the record, not be dropped as stale, or both sides spin forever."""
-    net = cluster(3)
-    net.elect(1)
-    for _ in range(6):
-        net.peers[1].core.propose(data_entry())
-    net.pump()
+    net = _replicated(6)
     leader = net.peers[1].core
     assert leader.progress[3].match == leader.log.last_index == 7
     _lose_disk(net, 3)
@@ -828,11 +834,7 @@ def test_wiped_follower_is_caught_up_from_its_real_end():
 
 
 def test_wiped_follower_acks_count_only_for_entries_it_holds():
-    net = cluster(3)
-    net.elect(1)
-    for _ in range(4):
-        net.peers[1].core.propose(data_entry())
-    net.pump()
+    net = _replicated(4)
     leader = net.peers[1].core
     commit = leader.commit
     _lose_disk(net, 3)
@@ -886,11 +888,7 @@ def test_rejoining_follower_ignores_heartbeat_commit():
 
 
 def test_append_carries_the_rejoin_point():
-    net = cluster(3)
-    net.elect(1)
-    for _ in range(3):
-        net.peers[1].core.propose(data_entry())
-    net.pump()
+    net = _replicated(3)
     _lose_disk(net, 2)
     net.tick(2)
     apps = [m for m in net.delivered if m.type == MsgType.APP and m.dst == 2]
