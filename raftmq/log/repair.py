@@ -22,11 +22,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from crc32c import crc32c
+
 from raftmq.log import entry
 from raftmq.log.entry import EntryHeader
 from raftmq.log.errors import CorruptEntryError, InvalidEntryError, LogError
 from raftmq.log.log import Log
 from raftmq.log.segment import Segment
+
+_CHUNK_BYTES = 1 << 20
 
 
 class RepairRefusedError(LogError):
@@ -164,3 +168,26 @@ def patch(log: Log, damage: Damage, data: bytes) -> Patch:
     return Patch(
         damage.segment, damage.first_index, damage.end_index, damage.position + lo, hi - lo
     )
+
+
+def stored_crc(log: Log, lo: int, hi: int) -> int:
+    """CRC32C of the stored bytes of entries [lo, hi), as every replica should hold them
+    (the replica audit compares it across replicas). Reads check entry CRCs too."""
+    crc, index = 0, lo
+    while index < hi:
+        got = log.read_by_index(index, _CHUNK_BYTES, hi)
+        crc = crc32c(got.data, crc)
+        index = got.next_index
+    return crc
+
+
+def whole_segment(log: Log, lo: int, hi: int) -> Damage | None:
+    """The sealed segment holding exactly entries [lo, hi), as a range to replace: for a
+    copy whose CRCs all check out yet differs from the other replicas' (which Raft should
+    never allow; the audit finds it). None when no segment has those bounds here."""
+    for seg, after in closed_segments(log):
+        if (seg.first_index, after.first_index) == (lo, hi):
+            return Damage(
+                seg.name, 0, seg.size, lo, hi, seg.base_offset, after.base_offset, "differs"
+            )
+    return None

@@ -36,11 +36,14 @@ from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import CorruptEntryError, LogError
 from raftmq.log.log import Log
 from raftmq.log.repair import (
+    Damage,
     RepairRefusedError,
     closed_segments,
     damage_in,
     find_damage,
     patch,
+    stored_crc,
+    whole_segment,
 )
 from raftmq.raft import hardstate
 from raftmq.raft.config import Config
@@ -50,7 +53,14 @@ from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
-from raftmq.raft.transport import Outgoing, RepairReply, RepairRequest, Transport
+from raftmq.raft.transport import (
+    AuditReply,
+    AuditRequest,
+    Outgoing,
+    RepairReply,
+    RepairRequest,
+    Transport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +226,7 @@ class RaftHost:
         self.node_id = node_id
         self.scrub_bytes_per_s = scrub_bytes_per_s
         self.scrubbed_bytes = 0
+        self.audited_ranges = 0
         self.transport = transport
         self.tick_seconds = tick_seconds
         self._core_cfg = Config(
@@ -441,7 +452,7 @@ class RaftHost:
             if isinstance(m, tuple):
                 self._on_quiesce(group, m)
                 continue
-            if isinstance(m, (RepairRequest, RepairReply)):
+            if isinstance(m, (RepairRequest, RepairReply, AuditRequest, AuditReply)):
                 self._on_repair_message(group, m)
                 continue
             if group.quiesced and m.type in _LATE_RESPONSES:
@@ -461,14 +472,21 @@ class RaftHost:
 
     # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
 
-    def request_repair(self, name: str) -> None:
+    def request_repair(self, name: str, damages: list[Damage] | None = None) -> None:
         """A read of this group's log found a corrupt entry: restore the damaged range of
-        every closed segment from a replica, in the background (once at a time)."""
+        every closed segment (or just ``damages``) from a replica, in the background, one
+        repair of a group at a time."""
         group = self.groups.get(name)
         running = self._repairs.get(name)
         if group is None or self._stopping or (running is not None and not running.done()):
             return
-        self._repairs[name] = asyncio.get_running_loop().create_task(self._repair(group))
+        task = asyncio.get_running_loop().create_task(self._repair(group, damages))
+        self._repairs[name] = task
+
+    def repairing(self, name: str) -> bool:
+        """Whether a repair of this group's log is under way (for replica status)."""
+        task = self._repairs.get(name)
+        return task is not None and not task.done()
 
     def _take_damage(self, group: RaftGroup) -> None:
         if group.core.damage is not None:
@@ -481,9 +499,10 @@ class RaftHost:
             group.core.damage = None
             self.request_repair(group.name)
 
-    async def _repair(self, group: RaftGroup) -> None:
+    async def _repair(self, group: RaftGroup, damages: list[Damage] | None) -> None:
         loop = asyncio.get_running_loop()
-        damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+        if damages is None:
+            damages = await loop.run_in_executor(self._pool, find_damage, group.log)
         for damage in damages:
             sources = sorted(
                 group.core.membership.members - {self.node_id},
@@ -553,6 +572,8 @@ class RaftHost:
                     except OSError:
                         continue  # deleted by retention meanwhile
                     self.scrubbed_bytes += seg.size
+                    if damage is None and group.is_leader:
+                        await self._audit(group, seg.first_index, after.first_index)
                     if damage is not None:
                         log.error(
                             "group %s on node %d: the scrubber found segment %s damaged "
@@ -593,7 +614,79 @@ class RaftHost:
             lo = reply.hi
         return b"".join(parts)
 
-    def _on_repair_message(self, group: RaftGroup, m: RepairRequest | RepairReply) -> None:
+    async def _audit(self, group: RaftGroup, lo: int, hi: int) -> None:
+        """Replica audit of one sealed range, as leader: ask every follower that holds it
+        to compare its copy's CRC32C with ours (entries are byte-identical on every
+        replica, so any difference is damage, or a bug)."""
+        core = group.core
+        if hi - 1 > core.log.committed:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            crc = await loop.run_in_executor(None, stored_crc, group.log, lo, hi)
+        except LogError:
+            return  # our own copy is unreadable: the scrub or a read starts its repair
+        for peer, pr in core.progress.items():
+            if peer != self.node_id and pr.match >= hi - 1:
+                self.transport.send(
+                    peer, group.name, AuditRequest(self.node_id, peer, lo, hi, crc), urgent=False
+                )
+        self.audited_ranges += 1
+
+    async def _answer_audit(self, group: RaftGroup, m: AuditRequest) -> None:
+        log_ = group.log
+        if m.lo < log_.start_index or m.hi - 1 > group.core.log.committed:
+            return  # compacted here, or not known committed yet: nothing to compare
+        loop = asyncio.get_running_loop()
+        try:
+            crc = await loop.run_in_executor(None, stored_crc, log_, m.lo, m.hi)
+        except LogError:
+            crc = -1  # unreadable here: a damaged copy
+        differs = crc != m.crc
+        self.transport.send(
+            m.src,
+            group.name,
+            AuditReply(self.node_id, m.src, m.lo, m.hi, crc, differs),
+            urgent=False,
+        )
+        if not differs:
+            return
+        damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+        if damages:
+            self.request_repair(group.name, damages)
+            return
+        whole = whole_segment(log_, m.lo, m.hi)
+        log.error(
+            "group %s on node %d: replica audit: entries %d..%d differ from node %d's copy "
+            "although every CRC checks out; %s",
+            group.name,
+            self.node_id,
+            m.lo,
+            m.hi - 1,
+            m.src,
+            "replacing the segment's bytes" if whole else "no segment here has those bounds",
+        )
+        if whole is not None:
+            self.request_repair(group.name, [whole])
+
+    def _on_repair_message(
+        self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
+    ) -> None:
+        if isinstance(m, AuditRequest):
+            asyncio.get_running_loop().create_task(self._answer_audit(group, m))
+            return
+        if isinstance(m, AuditReply):
+            if m.differs:
+                log.warning(
+                    "group %s on node %d: replica audit: node %d's copy of entries %d..%d "
+                    "differs from ours; it repairs it",
+                    group.name,
+                    self.node_id,
+                    m.src,
+                    m.lo,
+                    m.hi - 1,
+                )
+            return
         if isinstance(m, RepairReply):
             fut = self._repair_replies.get((group.name, m.src, m.lo))
             if fut is not None and not fut.done():

@@ -44,7 +44,32 @@ class RepairReply:
     error: str = ""
 
 
-Outgoing = Message | QuiesceNotice | RepairRequest | RepairReply
+@dataclass(frozen=True, slots=True)
+class AuditRequest:
+    """Driver-level replica audit: "the CRC32C of my stored entries [lo, hi) is ``crc``";
+    a follower compares its own copy and answers with one AuditReply."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReply:
+    """The follower's CRC32C of entries [lo, hi); ``differs`` when it is not the
+    leader's (the follower then repairs its copy and says so in its log)."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    crc: int
+    differs: bool
+
+
+Outgoing = Message | QuiesceNotice | RepairRequest | RepairReply | AuditRequest | AuditReply
 
 
 class Handler(Protocol):

@@ -17,7 +17,13 @@ from crc32c import crc32c
 
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
-from raftmq.raft.transport import Outgoing, RepairReply, RepairRequest
+from raftmq.raft.transport import (
+    AuditReply,
+    AuditRequest,
+    Outgoing,
+    RepairReply,
+    RepairRequest,
+)
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Refuse larger frames: a corrupt length must not make a reader allocate gigabytes."""
@@ -33,6 +39,11 @@ REPAIR_REQUEST = 101
 REPAIR_REPLY = 102
 """Driver-level: a replica asks a peer for stored entries to repair a corrupt range
 (index = lo, commit = hi, entries = the bytes, context = an error sentence)."""
+AUDIT_REQUEST = 103
+AUDIT_REPLY = 104
+"""Driver-level replica audit (index = lo, commit = hi, log_term = the CRC32C of the
+stored entries [lo, hi), reject = the follower's copy differs)."""
+_DRIVER_TYPES = frozenset({QUIESCE, REPAIR_REQUEST, REPAIR_REPLY, AUDIT_REQUEST, AUDIT_REPLY})
 
 _FRAME = struct.Struct(">II")
 _HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
@@ -76,6 +87,16 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
             src, dst, term, commit, last = m
             parts.append(
                 _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0)
+            )
+            parts.append(g)
+            continue
+        if isinstance(m, (AuditRequest, AuditReply)):
+            kind = AUDIT_REPLY if isinstance(m, AuditReply) else AUDIT_REQUEST
+            differs = 1 if isinstance(m, AuditReply) and m.differs else 0
+            parts.append(
+                _MSG.pack(
+                    len(g), kind, differs, m.src, m.dst, 0, m.crc, m.lo, m.hi, 0, 0, 0, 0, 0, 0
+                )
             )
             parts.append(g)
             continue
@@ -185,7 +206,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
         group = bytes(view[pos : pos + glen]).decode()
         pos += glen
         msg_type = _MSG_TYPES.get(mtype)
-        if msg_type is None and mtype not in (QUIESCE, REPAIR_REQUEST, REPAIR_REPLY):
+        if msg_type is None and mtype not in _DRIVER_TYPES:
             raise FrameError(f"unknown message type {mtype}")
         if mtype == QUIESCE:
             out.append((group, (src, dst, term, commit, index)))
@@ -196,6 +217,12 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
         pos += clen
         if mtype == REPAIR_REQUEST:
             out.append((group, RepairRequest(src, dst, index, commit)))
+            continue
+        if mtype == AUDIT_REQUEST:
+            out.append((group, AuditRequest(src, dst, index, commit, log_term)))
+            continue
+        if mtype == AUDIT_REPLY:
+            out.append((group, AuditReply(src, dst, index, commit, log_term, bool(flags))))
             continue
         if mtype == REPAIR_REPLY:
             out.append((group, RepairReply(src, dst, index, commit, entries, context.decode())))

@@ -466,3 +466,49 @@ async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, 
     finally:
         for host in hosts.values():
             await host.stop()
+
+
+async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_crcs(
+    tmp_path, monkeypatch
+):
+    """A follower's sealed segment holds a different entry with a valid CRC (no scrub
+    can see it): the leader's audit finds that the copies differ and the follower
+    replaces its bytes with the leader's."""
+    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    config = LogConfig(segment_bytes=16 * 1024)
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, scrub_bytes_per_s=1 << 30, **FAST)
+        host.open_group("g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=config)
+        await host.start()
+        hosts[node] = host
+    try:
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        for _ in range(12):
+            await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
+        leader = leader_of(hosts)
+        assert leader is not None
+        victim = next(h for n, h in hosts.items() if n != leader.node_id)
+        await wait_for(
+            lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
+            what="the follower to catch up",
+        )
+        seg = sorted((tmp_path / f"n{victim.node_id}" / "g").glob("*.log"))[1]
+        good = (tmp_path / f"n{leader.node_id}" / "g" / seg.name).read_bytes()
+        h = next(entry.iter_headers(good))
+        other = entry.stamp(
+            entry.encode(b"y" * 2000, record_count=1),
+            index=h.index,
+            term=h.term,
+            base_offset=h.base_offset,
+        )
+        assert len(other) == h.size
+        with open(seg, "r+b") as f:
+            f.seek(h.position)
+            f.write(other)
+        await wait_for(lambda: seg.read_bytes() == good, timeout=20, what="the audit's repair")
+        assert leader.audited_ranges > 0
+    finally:
+        for host in hosts.values():
+            await host.stop()

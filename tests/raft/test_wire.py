@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raftmq.raft import wire
 from raftmq.raft.messages import Message, MsgType
-from raftmq.raft.transport import RepairReply, RepairRequest
+from raftmq.raft.transport import AuditReply, AuditRequest, RepairReply, RepairRequest
 
 
 def round_trip(batch):
@@ -28,11 +28,14 @@ def test_rejoin_fields_and_flags_survive_the_wire():
     assert round_trip(batch) == batch
 
 
-def test_repair_messages_survive_the_wire():
+def test_repair_and_audit_messages_survive_the_wire():
     batch = [
         ("t/0", RepairRequest(1, 2, 10, 40)),
         ("t/0", RepairReply(2, 1, 10, 25, b"entries as stored")),
         ("t/0", RepairReply(2, 1, 10, 10, error="corrupt here too")),
+        ("t/0", AuditRequest(1, 2, 10, 40, 0xFFFFFFFF)),
+        ("t/0", AuditReply(2, 1, 10, 40, 12345, True)),
+        ("t/0", AuditReply(2, 1, 10, 40, -1, False)),
         ("t/0", (1, 2, 7, 40, 40)),  # a quiesce notice beside them
     ]
     assert round_trip(batch) == batch
