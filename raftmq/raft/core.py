@@ -700,9 +700,8 @@ class RaftCore:
         """Through which index a rejoining follower must hold our log to vote again: every
         index we counted it for (an ack it may have made before it lost its disk), and
         our first index as leader, below which lie the entries committed in earlier terms
-        (possibly counting its old acks too). Sent on every append: a follower that is
-        not rejoining ignores it, and one that is can leave that state at its first
-        append, so a brand-new group (all empty, all rejoining) costs no extra trip."""
+        (possibly counting its old acks too). Sent on every append, since we cannot tell
+        when a follower restarts without its disk; one that is not rejoining ignores it."""
         return max(pr.rejoin_to, pr.match, self._lead_start)
 
     def _send_snapshot(self, to: int, pr: Progress) -> None:
