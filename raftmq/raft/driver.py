@@ -25,7 +25,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -480,7 +480,9 @@ class RaftHost:
         running = self._repairs.get(name)
         if group is None or self._stopping or (running is not None and not running.done()):
             return
-        task = asyncio.get_running_loop().create_task(self._repair(group, damages))
+        task = asyncio.get_running_loop().create_task(
+            self._guarded(self._repair(group, damages), f"repair of group {name}")
+        )
         self._repairs[name] = task
 
     def repairing(self, name: str) -> bool:
@@ -498,6 +500,15 @@ class RaftHost:
             )
             group.core.damage = None
             self.request_repair(group.name)
+
+    async def _guarded(self, work: Coroutine[object, object, None], what: str) -> None:
+        """Background repair work fails alone and loudly: never the node with it."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %d: %s failed", self.node_id, what)
 
     async def _repair(self, group: RaftGroup, damages: list[Damage] | None) -> None:
         loop = asyncio.get_running_loop()
@@ -673,7 +684,9 @@ class RaftHost:
         self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
     ) -> None:
         if isinstance(m, AuditRequest):
-            asyncio.get_running_loop().create_task(self._answer_audit(group, m))
+            asyncio.get_running_loop().create_task(
+                self._guarded(self._answer_audit(group, m), f"audit of group {group.name}")
+            )
             return
         if isinstance(m, AuditReply):
             if m.differs:
@@ -734,7 +747,7 @@ class RaftHost:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
         if self.scrub_bytes_per_s > 0:
-            self._tasks.append(loop.create_task(self._scrub_loop()))
+            self._tasks.append(loop.create_task(self._guarded(self._scrub_loop(), "scrubber")))
 
     async def stop(self) -> None:
         self._stopping = True
