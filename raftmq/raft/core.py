@@ -60,6 +60,7 @@ class RaftCore:
         history: ConfigHistory | None = None,
         applied: int | None = None,
         rejoining: bool | None = None,
+        incarnation: int = 0,
     ) -> None:
         """Restart from durable state.
 
@@ -71,7 +72,9 @@ class RaftCore:
         read; the history must then name ``membership`` at the log's start.
         ``applied`` defaults to the snapshot point: the application is rebuilt by
         re-applying the log. ``rejoining`` (see :func:`starts_rejoining`) defaults to
-        the hard state's flag.
+        the hard state's flag. ``incarnation`` names this life of the replica (a number
+        it has not used before, from the driver: a leader's word that a rejoin is complete
+        must be about this life, not an earlier one); 0 draws one from the core's seed.
         """
         self.id = cfg.id
         self.cfg = cfg
@@ -87,6 +90,7 @@ class RaftCore:
         self.rejoining = hard_state.rejoining if rejoining is None else rejoining
         """May have lost acknowledged entries or votes: neither votes nor campaigns, and
         counts for nothing it does not hold, until a leader says it is whole again."""
+        self.incarnation = incarnation or self._rng.getrandbits(62) + 1
         self._lead_start = 0
         self.damage: str | None = None
         """Set when a read of our own log for a follower found a corrupt entry; the driver
@@ -445,7 +449,17 @@ class RaftCore:
 
     def _resp(self, t: MsgType, to: int, **fields: object) -> Message:
         """A response to the leader; a rejoining follower says so on each one."""
-        return Message(t, self.id, to, self.term, rejoining=self.rejoining, **fields)  # type: ignore[arg-type]
+        if not self.rejoining:
+            return Message(t, self.id, to, self.term, **fields)  # type: ignore[arg-type]
+        return Message(
+            t,
+            self.id,
+            to,
+            self.term,
+            rejoining=True,
+            incarnation=self.incarnation,
+            **fields,  # type: ignore[arg-type]
+        )
 
     def _step_candidate(self, m: Message) -> None:
         my_resp = MsgType.PRE_VOTE_RESP if self.role == Role.PRE_CANDIDATE else MsgType.VOTE_RESP
@@ -506,7 +520,7 @@ class RaftCore:
             self.log.truncated_from = None
         if last_new is not None:
             self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=last_new))
-            if self.rejoining and m.rejoin_to and last_new >= m.rejoin_to:
+            if self.rejoining and m.incarnation == self.incarnation and last_new >= m.rejoin_to > 0:
                 # We now hold the leader's log through every index we could have
                 # acknowledged to it, or that it counted us for: whole again.
                 self.rejoining = False
@@ -564,6 +578,12 @@ class RaftCore:
             return
         if pr is None:
             return
+        if m.rejoining and m.incarnation != pr.rejoin_incarnation:
+            # A new life of this follower after a disk loss. Its earlier lives' messages
+            # came before this one's (a restart closes connections), so every index we
+            # counted it for is known now: it must hold our log that far.
+            pr.rejoin_incarnation = m.incarnation
+            pr.rejoin_to = max(pr.rejoin_to, pr.match, self._lead_start)
         if t == MsgType.APP_RESP:
             pr.recent_active = True
             self._handle_append_resp(m, pr)
@@ -670,6 +690,7 @@ class RaftCore:
                     entries=data,
                     commit=self.log.committed,
                     rejoin_to=self._rejoin_to(pr),
+                    incarnation=pr.rejoin_incarnation,
                 )
             )
             sent = True
@@ -697,11 +718,13 @@ class RaftCore:
                 self.transfer_leadership(whole[0])
 
     def _rejoin_to(self, pr: Progress) -> int:
-        """Through which index a rejoining follower must hold our log to vote again: every
-        index we counted it for (an ack it may have made before it lost its disk), and
-        our first index as leader, below which lie the entries committed in earlier terms
-        (possibly counting its old acks too). Sent on every append, since we cannot tell
-        when a follower restarts without its disk; one that is not rejoining ignores it."""
+        """Through which index the rejoining life ``pr.rejoin_incarnation`` of a follower
+        must hold our log to vote again (0 while we know of none): every index we counted
+        it for (acks of its lives before the loss included), and our first index as
+        leader, below which lie the entries committed in earlier terms (possibly counting
+        its old acks too)."""
+        if not pr.rejoin_incarnation:
+            return 0
         return max(pr.rejoin_to, pr.match, self._lead_start)
 
     def _send_snapshot(self, to: int, pr: Progress) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import struct
 import time
 import zlib
@@ -352,6 +353,7 @@ class RaftHost:
             history=history,
             applied=applied,
             rejoining=rejoining,
+            incarnation=secrets.randbits(62) + 1,  # this life of the replica, never reused
         )
         group = RaftGroup(
             name,

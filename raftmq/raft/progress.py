@@ -68,6 +68,7 @@ class Progress:
         "pending_snapshot",
         "probe_sent",
         "recent_active",
+        "rejoin_incarnation",
         "rejoin_to",
         "state",
     )
@@ -80,6 +81,8 @@ class Progress:
         self.pending_snapshot = 0
         self.recent_active = False
         self.rejoin_to = 0
+        self.rejoin_incarnation = 0
+        """The follower's life (after a disk loss) that last said it is rejoining."""
         """What we had counted the follower for before it showed that it lost entries it
         acknowledged: it must hold our log that far before it votes again."""
         self.inflights = inflights

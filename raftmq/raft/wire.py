@@ -49,10 +49,10 @@ _FRAME = struct.Struct(">II")
 _HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
 _PING = struct.Struct(">Bq")  # kind, sequence
 _COUNT = struct.Struct(">BI")  # kind, message count
-_MSG = struct.Struct(">HBBqqqqqqqqIHBI")
+_MSG = struct.Struct(">HBBqqqqqqqqqIHBI")
 _MSG_TYPES = {int(t): t for t in MsgType}  # a dict lookup: calling the enum costs ~1 us
 # group length, type, flags (bit 0 reject, bit 1 rejoining), src, dst, term, log_term,
-# index, commit, reject_hint, rejoin_to, entries length, context length, has snapshot,
+# index, commit, reject_hint, rejoin_to, incarnation, entries length, context length, has snapshot,
 # data length
 _FLAG_REJECT = 0x01
 _FLAG_REJOINING = 0x02
@@ -86,7 +86,7 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
         if isinstance(m, tuple):
             src, dst, term, commit, last = m
             parts.append(
-                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0)
+                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0, 0)
             )
             parts.append(g)
             continue
@@ -95,7 +95,7 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
             differs = 1 if isinstance(m, AuditReply) and m.differs else 0
             parts.append(
                 _MSG.pack(
-                    len(g), kind, differs, m.src, m.dst, 0, m.crc, m.lo, m.hi, 0, 0, 0, 0, 0, 0
+                    len(g), kind, differs, m.src, m.dst, 0, m.crc, m.lo, m.hi, 0, 0, 0, 0, 0, 0, 0
                 )
             )
             parts.append(g)
@@ -115,6 +115,7 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
                     0,
                     m.lo,
                     m.hi,
+                    0,
                     0,
                     0,
                     len(data),
@@ -139,6 +140,7 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
                 m.commit,
                 m.reject_hint,
                 m.rejoin_to,
+                m.incarnation,
                 len(m.entries),
                 len(m.context),
                 1 if snap is not None else 0,
@@ -197,6 +199,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
             commit,
             hint,
             rejoin_to,
+            incarnation,
             elen,
             clen,
             has_snap,
@@ -254,6 +257,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
                     context=context,
                     rejoining=bool(flags & _FLAG_REJOINING),
                     rejoin_to=rejoin_to,
+                    incarnation=incarnation,
                     snapshot=snap,
                     data=data,
                 ),

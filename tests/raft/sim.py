@@ -217,7 +217,13 @@ class Sim:
         node.histories = []
         rejoining = starts_rejoining(hs, st.last_index, hs.commit, promised=node.promised)
         node.core = RaftCore(
-            node.cfg, st, hard_state=hs, membership=base, history=history, rejoining=rejoining
+            node.cfg,
+            st,
+            hard_state=hs,
+            membership=base,
+            history=history,
+            rejoining=rejoining,
+            incarnation=self.rng.getrandbits(62) + 1,
         )
         node.pending = None
 

@@ -868,7 +868,12 @@ def test_rejoining_replica_neither_votes_nor_campaigns_until_whole():
     assert out[0].rejoining and not out[0].reject and out[0].index == 2
     assert p.core.rejoining  # no rejoin point in that append: still not whole
     m = app(2, 1, 5, 2, 5, [stamped(3, 5)])
-    m.rejoin_to = 3
+    m.rejoin_to, m.incarnation = 3, p.core.incarnation + 1  # for an earlier life of ours
+    p.core.step(m)
+    flush(p)
+    assert p.core.rejoining
+    m = app(2, 1, 5, 2, 5, [stamped(3, 5)])
+    m.rejoin_to, m.incarnation = 3, p.core.incarnation
     p.core.step(m)
     flush(p)
     assert not p.core.rejoining and not p.hs.rejoining

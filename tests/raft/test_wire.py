@@ -21,8 +21,8 @@ def test_rejoin_fields_and_flags_survive_the_wire():
             "g",
             Message(MsgType.APP_RESP, 1, 2, 7, index=5, reject=True, reject_hint=3, rejoining=True),
         ),
-        ("g", Message(MsgType.HEARTBEAT_RESP, 1, 2, 7, rejoining=True)),
-        ("h", Message(MsgType.APP, 2, 1, 7, index=4, log_term=6, commit=4, rejoin_to=9)),
+        ("g", Message(MsgType.HEARTBEAT_RESP, 1, 2, 7, rejoining=True, incarnation=1 << 61)),
+        ("h", Message(MsgType.APP, 2, 1, 7, index=4, commit=4, rejoin_to=9, incarnation=3)),
         ("h", Message(MsgType.APP_RESP, 1, 2, 7, index=5)),
     ]
     assert round_trip(batch) == batch
