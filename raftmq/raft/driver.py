@@ -516,6 +516,14 @@ class RaftHost:
         loop = asyncio.get_running_loop()
         if damages is None:
             damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+            if not damages:
+                log.warning(
+                    "group %s on node %d: no sealed segment is damaged; a corrupt entry in "
+                    "the active segment is cut when the log next opens, and the replica "
+                    "then rejoins from the leader",
+                    group.name,
+                    self.node_id,
+                )
         for damage in damages:
             sources = sorted(
                 group.core.membership.members - {self.node_id},
