@@ -428,34 +428,41 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
             await host.stop()
 
 
-async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
-    """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
-    replica restores the bytes from a peer, byte-identical again."""
-    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+async def scrubbed_cluster_with_sealed_segments(tmp: Path):
+    """Three hosts scrubbing fast, one group with several sealed segments replicated
+    everywhere: (hosts, leader, a follower, the follower's second segment file, the
+    leader's copy of its bytes). Callers stop the hosts."""
     net = MemoryNetwork()
     hosts: dict[int, RaftHost] = {}
     config = LogConfig(segment_bytes=16 * 1024)
     for node in (1, 2, 3):
         host = RaftHost(node, net.transport(node), seed=node, scrub_bytes_per_s=1 << 30, **FAST)
-        host.open_group("g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=config)
+        host.open_group("g", tmp / f"n{node}" / "g", MEMBERS, log_config=config)
         await host.start()
         hosts[node] = host
+    await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+    for _ in range(12):  # one append per round: a batch never straddles segments
+        await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
+    leader = leader_of(hosts)
+    assert leader is not None
+    victim = next(h for n, h in hosts.items() if n != leader.node_id)
+    await wait_for(
+        lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
+        what="the follower to catch up",
+    )
+    folder = tmp / f"n{victim.node_id}" / "g"
+    seg = sorted(folder.glob("*.log"))[1]
+    assert seg.with_suffix(".index").exists(), sorted(p.name for p in folder.iterdir())
+    good = (tmp / f"n{leader.node_id}" / "g" / seg.name).read_bytes()
+    return hosts, leader, victim, seg, good
+
+
+async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
+    """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
+    replica restores the bytes from a peer, byte-identical again."""
+    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    hosts, _, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
-        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
-        for _ in range(12):  # one append per round: a batch never straddles segments
-            await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
-        leader = leader_of(hosts)
-        assert leader is not None
-        victim = next(h for n, h in hosts.items() if n != leader.node_id)
-        await wait_for(
-            lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
-            what="the follower to catch up",
-        )
-        folder = tmp_path / f"n{victim.node_id}" / "g"
-        healthy = tmp_path / f"n{leader.node_id}" / "g"
-        seg = sorted(folder.glob("*.log"))[1]
-        assert seg.with_suffix(".index").exists(), sorted(p.name for p in folder.iterdir())
-        good = (healthy / seg.name).read_bytes()
         with open(seg, "r+b") as f:
             f.seek(300)
             byte = f.read(1)
@@ -475,27 +482,8 @@ async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_c
     can see it): the leader's audit finds that the copies differ and the follower
     replaces its bytes with the leader's."""
     monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
-    net = MemoryNetwork()
-    hosts: dict[int, RaftHost] = {}
-    config = LogConfig(segment_bytes=16 * 1024)
-    for node in (1, 2, 3):
-        host = RaftHost(node, net.transport(node), seed=node, scrub_bytes_per_s=1 << 30, **FAST)
-        host.open_group("g", tmp_path / f"n{node}" / "g", MEMBERS, log_config=config)
-        await host.start()
-        hosts[node] = host
+    hosts, leader, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
-        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
-        for _ in range(12):
-            await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
-        leader = leader_of(hosts)
-        assert leader is not None
-        victim = next(h for n, h in hosts.items() if n != leader.node_id)
-        await wait_for(
-            lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
-            what="the follower to catch up",
-        )
-        seg = sorted((tmp_path / f"n{victim.node_id}" / "g").glob("*.log"))[1]
-        good = (tmp_path / f"n{leader.node_id}" / "g" / seg.name).read_bytes()
         h = next(entry.iter_headers(good))
         other = entry.stamp(
             entry.encode(b"y" * 2000, record_count=1),
