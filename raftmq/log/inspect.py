@@ -44,6 +44,9 @@ class SegmentReport:
     max_timestamp: int = -1
     index_slots: int | None = None  # None: no index files (active or not yet sealed)
     problems: list[str] = field(default_factory=list)
+    complete: bool = True
+    """False when the scan stopped at a bad entry: what lies after it is unknown, so
+    nothing is judged against it (one flipped bit is one problem, not three)."""
 
 
 @dataclass(slots=True)
@@ -117,7 +120,9 @@ def verify_folder(directory: Path) -> FolderReport:
     for i, seg in enumerate(segments):
         report = _verify_segment(seg, expect, closed=i < sealed_below)
         reports.append(report)
-        if report.entries:
+        if not report.complete:
+            expect = None  # where it ends is unknown: the next segment's name is the guide
+        elif report.entries:
             expect = (report.last_index + 1, report.next_offset, report.last_term)
         elif expect is None:
             expect = (seg.first_index, seg.base_offset, 0)
@@ -173,9 +178,10 @@ def _verify_segment(
     report.last_index -= 1
     if result.error is not None:
         report.problems.append(f"{result.error} (segment {seg.name}, byte {result.valid_end})")
+        report.complete = False
     _verify_records(seg, report, data_entries)
     if closed:
-        _verify_index_files(seg, report, positions)
+        _verify_index_files(seg, report, positions, result.valid_end)
     return report
 
 
@@ -205,7 +211,11 @@ def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[Entr
         )
 
 
-def _verify_index_files(seg: Segment, report: SegmentReport, positions: array) -> None:
+def _verify_index_files(
+    seg: Segment, report: SegmentReport, positions: array, valid_end: int
+) -> None:
+    """Check the index files against the entries found. Past a bad entry (``valid_end``
+    below the segment's size) no boundary is known: slots there are not judged."""
     raw = read_atomic(seg.index_path)
     traw = read_atomic(seg.time_index_path)
     if raw is None or traw is None:
@@ -213,11 +223,15 @@ def _verify_index_files(seg: Segment, report: SegmentReport, positions: array) -
         return
     report.index_slots = len(raw) // _OFFSET_SLOT.size
     for n, (_ro, _ri, p) in enumerate(_OFFSET_SLOT.iter_unpack(raw)):
+        if not report.complete and p >= valid_end:
+            break
         k = bisect_left(positions, p)
         if k == len(positions) or positions[k] != p:
             report.problems.append(f"index slot {n} points at byte {p}, not an entry boundary")
             return
     stamps = [ts for ts, _ in _TIME_SLOT.iter_unpack(traw)]
+    if not report.complete:
+        return  # the max timestamp of the unreadable part is unknown
     if stamps != sorted(set(stamps)):
         report.problems.append("time index timestamps are not strictly increasing")
     elif stamps and stamps[-1] != report.max_timestamp:

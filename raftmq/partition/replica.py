@@ -314,6 +314,8 @@ class PartitionReplica:
         except CorruptEntryError as exc:
             raise self._corrupt(exc, offset, hw) from None
         except LogError as exc:
+            if isinstance(exc, CorruptEntryError):
+                self._host.request_repair(self.group.name)  # restore it from a replica
             if hasattr(exc, "start"):
                 raise OffsetOutOfRangeError(str(exc), start, hw) from None
             raise

@@ -32,6 +32,23 @@ _SEND_NOW = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP, MsgType.TIM
 _PROPOSABLE = frozenset({EntryType.DATA, EntryType.TXN_MARKER, EntryType.METADATA})
 
 
+def starts_rejoining(
+    hard_state: HardState, last_index: int, known_commit: int, *, promised: bool
+) -> bool:
+    """Whether a replica restarting with this durable state may have lost entries or a
+    vote it once acknowledged, so it must rejoin before it votes (docs/raft.md,
+    "Rejoining after disk loss").
+
+    ``promised``: the replica is known (from a record kept outside its data directory)
+    to have saved a hard state before, i.e. to have voted or acknowledged. Then a zero
+    term means the hard state was lost. Without that record a zero term is a new replica,
+    which promised nothing and rejoins nothing. A log ending below a commit index the
+    replica once recorded lost a committed suffix; and a rejoin a crash interrupted is
+    still one.
+    """
+    return hard_state.rejoining or (promised and hard_state.term == 0) or known_commit > last_index
+
+
 class RaftCore:
     def __init__(
         self,
@@ -42,6 +59,8 @@ class RaftCore:
         membership: Membership,
         history: ConfigHistory | None = None,
         applied: int | None = None,
+        rejoining: bool | None = None,
+        incarnation: int = 0,
     ) -> None:
         """Restart from durable state.
 
@@ -52,7 +71,10 @@ class RaftCore:
         index and at or below the commit), and only the log after the history's end is
         read; the history must then name ``membership`` at the log's start.
         ``applied`` defaults to the snapshot point: the application is rebuilt by
-        re-applying the log.
+        re-applying the log. ``rejoining`` (see :func:`starts_rejoining`) defaults to
+        the hard state's flag. ``incarnation`` names this life of the replica (a number
+        it has not used before, from the driver: a leader's word that a rejoin is complete
+        must be about this life, not an earlier one); 0 draws one from the core's seed.
         """
         self.id = cfg.id
         self.cfg = cfg
@@ -65,6 +87,14 @@ class RaftCore:
         )
         self.term = hard_state.term
         self.vote = hard_state.vote
+        self.rejoining = hard_state.rejoining if rejoining is None else rejoining
+        """May have lost acknowledged entries or votes: neither votes nor campaigns, and
+        counts for nothing it does not hold, until a leader says it is whole again."""
+        self.incarnation = incarnation or self._rng.getrandbits(62) + 1
+        self._lead_start = 0
+        self.damage: str | None = None
+        """Set when a read of our own log for a follower found a corrupt entry; the driver
+        takes it (and clears it) to start a repair."""
         self.lead = NONE
         self.role = Role.FOLLOWER
         self._history: list[tuple[int, Membership]] = [(start - 1, membership)]
@@ -229,6 +259,8 @@ class RaftCore:
         self._reset(self.term)
         self.lead = self.id
         self.role = Role.LEADER
+        assert not self.rejoining, "a rejoining replica never campaigns"
+        self._lead_start = self.log.last_index + 1  # where our no-op goes
         me = self.progress[self.id]
         me.become_replicate()
         me.match = self.log.unstable_offset - 1  # only what is durable here counts
@@ -307,6 +339,8 @@ class RaftCore:
             return
         if self.log.pending_snapshot is not None:
             return  # not even our own log is known durable yet
+        if self.rejoining:
+            return  # our own vote would count entries we may have lost
         if not self.cfg.pre_vote or transfer:
             self._campaign_real(transfer=transfer)
             return
@@ -400,6 +434,8 @@ class RaftCore:
             or (self.vote == NONE and self.lead == NONE)
             or (m.type == MsgType.PRE_VOTE and m.term > self.term)
         )
+        if self.rejoining:
+            can_vote = False  # we may have acknowledged what this candidate lacks
         if can_vote and self.log.is_up_to_date(m.index, m.log_term):
             # The grant carries the candidate's term: a pre-vote grant is about a term we
             # are not in, and the candidate must not drop it as stale.
@@ -410,6 +446,20 @@ class RaftCore:
                 self.vote = m.src  # sent only after the Ready that persists it
         else:
             self._msgs.append(Message(resp_type, self.id, m.src, self.term, reject=True))
+
+    def _resp(self, t: MsgType, to: int, **fields: object) -> Message:
+        """A response to the leader; a rejoining follower says so on each one."""
+        if not self.rejoining:
+            return Message(t, self.id, to, self.term, **fields)  # type: ignore[arg-type]
+        return Message(
+            t,
+            self.id,
+            to,
+            self.term,
+            rejoining=True,
+            incarnation=self.incarnation,
+            **fields,  # type: ignore[arg-type]
+        )
 
     def _step_candidate(self, m: Message) -> None:
         my_resp = MsgType.PRE_VOTE_RESP if self.role == Role.PRE_CANDIDATE else MsgType.VOTE_RESP
@@ -439,10 +489,11 @@ class RaftCore:
         elif t == MsgType.HEARTBEAT:
             self.election_elapsed = 0
             self.lead = m.src
-            self.log.commit_to(min(m.commit, self.log.last_index))
-            self._msgs.append(
-                Message(MsgType.HEARTBEAT_RESP, self.id, m.src, self.term, context=m.context)
-            )
+            if not self.rejoining:
+                # A heartbeat's commit is capped at what the leader recorded for us,
+                # which for a rejoining replica may describe a log it no longer has.
+                self.log.commit_to(min(m.commit, self.log.last_index))
+            self._msgs.append(self._resp(MsgType.HEARTBEAT_RESP, m.src, context=m.context))
         elif t == MsgType.SNAP:
             self.election_elapsed = 0
             self.lead = m.src
@@ -456,9 +507,7 @@ class RaftCore:
     def _handle_append(self, m: Message) -> None:
         if m.index < self.log.committed:
             # Everything up to our commit already matches; say so rather than reject.
-            self._msgs.append(
-                Message(MsgType.APP_RESP, self.id, m.src, self.term, index=self.log.committed)
-            )
+            self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=self.log.committed))
             return
         try:
             ents = split(m.entries, verify=True)
@@ -470,17 +519,19 @@ class RaftCore:
             self._drop_acks_from(self.log.truncated_from)
             self.log.truncated_from = None
         if last_new is not None:
-            self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
+            self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=last_new))
+            if self.rejoining and m.incarnation == self.incarnation and last_new >= m.rejoin_to > 0:
+                # We now hold the leader's log through every index we could have
+                # acknowledged to it, or that it counted us for: whole again.
+                self.rejoining = False
             return
         hint_index, hint_term = self.log.find_conflict_by_term(
             min(m.index, self.log.last_index), m.log_term
         )
         self._msgs.append(
-            Message(
+            self._resp(
                 MsgType.APP_RESP,
-                self.id,
                 m.src,
-                self.term,
                 index=m.index,
                 reject=True,
                 reject_hint=hint_index,
@@ -514,13 +565,9 @@ class RaftCore:
             self._history = [(snap.index, snap.membership)]
             self._snapshot_data = m.data
             self._snapshot_handed = False
-            self._msgs.append(
-                Message(MsgType.APP_RESP, self.id, m.src, self.term, index=snap.index)
-            )
+            self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=snap.index))
             return
-        self._msgs.append(
-            Message(MsgType.APP_RESP, self.id, m.src, self.term, index=self.log.committed)
-        )
+        self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=self.log.committed))
 
     # ------------------------------------------------------------------ leader
     def _step_leader(self, m: Message) -> None:
@@ -531,6 +578,12 @@ class RaftCore:
             return
         if pr is None:
             return
+        if m.rejoining and m.incarnation != pr.rejoin_incarnation:
+            # A new life of this follower after a disk loss. Its earlier lives' messages
+            # came before this one's (a restart closes connections), so every index we
+            # counted it for is known now: it must hold our log that far.
+            pr.rejoin_incarnation = m.incarnation
+            pr.rejoin_to = max(pr.rejoin_to, pr.match, self._lead_start)
         if t == MsgType.APP_RESP:
             pr.recent_active = True
             self._handle_append_resp(m, pr)
@@ -539,12 +592,36 @@ class RaftCore:
             pr.probe_sent = False
             if pr.state == ProgressState.REPLICATE and pr.inflights.full():
                 pr.inflights.free_first_one()
-            if pr.match < self.log.last_index:
+            if pr.match < self.log.last_index or m.rejoining:
+                # A rejoining follower leaves that state only through an append (which
+                # may also show that it lost entries): send one even with nothing new.
                 self._send_append(m.src)
             if m.context:
                 self._ack_read(m.src, m.context)
 
+    def _went_back(self, m: Message, pr: Progress) -> bool:
+        """A rejection whose hint (the follower's real end, or below) is under what we
+        recorded as matching: its log lost entries it acknowledged (a wiped, truncated or
+        restored disk; docs/raft.md, "Rejoining after disk loss"). A live follower never
+        answers so, since it matches us through ``match``; a reordered old rejection may,
+        and acting on it merely re-sends some entries.
+
+        Forget what we recorded (its old acks must not count toward a commit any more)
+        and probe from its real end. What we counted it for stays in ``rejoin_to``: it
+        must hold our log that far before it may vote again. True when handled here."""
+        if not m.reject or m.reject_hint >= pr.match:
+            return False
+        pr.rejoin_to = max(pr.rejoin_to, pr.match)
+        probe = m.reject_hint
+        if m.log_term > 0:
+            probe, _ = self.log.find_conflict_by_term(m.reject_hint, m.log_term)
+        pr.forget(probe + 1)
+        self._send_append(m.src)
+        return True
+
     def _handle_append_resp(self, m: Message, pr: Progress) -> None:
+        if self._went_back(m, pr):
+            return
         if m.reject:
             probe = m.reject_hint
             if m.log_term > 0:
@@ -596,6 +673,9 @@ class RaftCore:
             except CompactedError:
                 self._send_snapshot(to, pr)
                 return
+            except CorruptEntryError as exc:
+                self._found_damage(exc)
+                return
             if not ents and (sent or not send_if_empty):
                 return
             data = join(ents)
@@ -609,6 +689,8 @@ class RaftCore:
                     index=prev,
                     entries=data,
                     commit=self.log.committed,
+                    rejoin_to=self._rejoin_to(pr),
+                    incarnation=pr.rejoin_incarnation,
                 )
             )
             sent = True
@@ -618,6 +700,32 @@ class RaftCore:
                 pr.probe_sent = True
             if pr.state != ProgressState.REPLICATE or not ents:
                 return
+
+    def _found_damage(self, exc: CorruptEntryError) -> None:
+        """Our stored copy of entries a follower needs failed its CRC. Report it (the
+        driver repairs the range from a replica, raftmq/log/repair.py) and, as leader,
+        hand leadership to a follower that holds everything, since we cannot serve the
+        range until then. Sending to this follower resumes on its next answer."""
+        self.damage = str(exc)
+        if self.role == Role.LEADER and self.lead_transferee == NONE:
+            last = self.log.last_index
+            whole = [
+                n
+                for n in sorted(self.membership.voters)
+                if n != self.id and n in self.progress and self.progress[n].match == last
+            ]
+            if whole:
+                self.transfer_leadership(whole[0])
+
+    def _rejoin_to(self, pr: Progress) -> int:
+        """Through which index the rejoining life ``pr.rejoin_incarnation`` of a follower
+        must hold our log to vote again (0 while we know of none): every index we counted
+        it for (acks of its lives before the loss included), and our first index as
+        leader, below which lie the entries committed in earlier terms (possibly counting
+        its old acks too)."""
+        if not pr.rejoin_incarnation:
+            return 0
+        return max(pr.rejoin_to, pr.match, self._lead_start)
 
     def _send_snapshot(self, to: int, pr: Progress) -> None:
         if not pr.recent_active:
@@ -839,7 +947,7 @@ class RaftCore:
         return SoftState(self.lead, self.role)
 
     def _hard(self) -> HardState:
-        return HardState(self.term, self.vote, self.log.committed)
+        return HardState(self.term, self.vote, self.log.committed, self.rejoining)
 
     def has_ready(self) -> bool:
         if self._ready_out:

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-_MAGIC = b"RHS1"
-_BODY = struct.Struct(">4sqqq")
+_MAGIC_V1 = b"RHS1"  # term, vote, commit (read only: files written before rejoining existed)
+_MAGIC = b"RHS2"  # term, vote, commit, flags
+_BODY_V1 = struct.Struct(">4sqqq")
+_BODY = struct.Struct(">4sqqqB")
 _CRC = struct.Struct(">I")
+_FLAG_REJOINING = 0x01
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,10 @@ class HardState:
     term: int = 0
     vote: int = 0
     commit: int = 0
+    rejoining: bool = False
+    """This replica may have lost entries or votes it once acknowledged (its disk was
+    wiped or truncated) and has not caught up yet: it must not vote (docs/raft.md,
+    "Rejoining after disk loss"). Durable so that a crash mid-rejoin cannot forget it."""
 
 
 class HardStateCorruptError(Exception):
@@ -31,21 +38,26 @@ class HardStateCorruptError(Exception):
 
 
 def encode(hs: HardState) -> bytes:
-    body = _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit)
+    flags = _FLAG_REJOINING if hs.rejoining else 0
+    body = _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
     return body + _CRC.pack(crc32c(body))
 
 
 def decode(buf: bytes) -> HardState:
-    if len(buf) != _BODY.size + _CRC.size:
-        raise HardStateCorruptError(f"hard state file has {len(buf)} bytes, expected 32")
-    body = buf[: _BODY.size]
-    (crc,) = _CRC.unpack_from(buf, _BODY.size)
+    layout = _BODY if len(buf) == _BODY.size + _CRC.size else _BODY_V1
+    if len(buf) != layout.size + _CRC.size:
+        raise HardStateCorruptError(
+            f"hard state file has {len(buf)} bytes, expected {_BODY.size + _CRC.size}"
+        )
+    body = buf[: layout.size]
+    (crc,) = _CRC.unpack_from(buf, layout.size)
     if crc32c(body) != crc:
         raise HardStateCorruptError("hard state CRC mismatch")
-    magic, term, vote, commit = _BODY.unpack(body)
-    if magic != _MAGIC:
+    magic, term, vote, commit, *flags = layout.unpack(body)
+    if magic != (_MAGIC if layout is _BODY else _MAGIC_V1):
         raise HardStateCorruptError(f"hard state magic {magic!r} unknown")
-    return HardState(term, vote, commit)
+    rejoining = bool(flags and flags[0] & _FLAG_REJOINING)
+    return HardState(term, vote, commit, rejoining)
 
 
 def save(path: str | os.PathLike[str], hs: HardState) -> None:

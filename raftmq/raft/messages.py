@@ -51,6 +51,13 @@ class Message:
     entries exactly as stored, ``commit`` the leader's commit. APP_RESP: ``index`` is the
     last index the follower now matches (or, with ``reject``, the rejected prevLogIndex),
     ``reject_hint``/``log_term`` point at the follower's conflicting position.
+
+    Rejoining after disk loss (docs/raft.md): ``rejoining`` on APP_RESP/HEARTBEAT_RESP
+    says the follower may have lost entries it once acknowledged, so the leader must not
+    trust what it recorded for it, and ``incarnation`` names that life of the follower
+    (its process since the loss); ``rejoin_to`` on APP, for the ``incarnation`` the leader
+    heard of, tells such a follower the index through which it must hold the leader's log
+    before it may vote again.
     """
 
     type: MsgType
@@ -64,6 +71,9 @@ class Message:
     reject: bool = False
     reject_hint: int = 0
     context: bytes = b""
+    rejoining: bool = False
+    rejoin_to: int = 0
+    incarnation: int = 0
     snapshot: SnapshotMeta | None = None
     data: bytes = field(default=b"", repr=False)
     """SNAP only: the application's snapshot bytes, filled in by the sender's driver."""

@@ -68,6 +68,8 @@ class Progress:
         "pending_snapshot",
         "probe_sent",
         "recent_active",
+        "rejoin_incarnation",
+        "rejoin_to",
         "state",
     )
 
@@ -78,6 +80,11 @@ class Progress:
         self.probe_sent = False
         self.pending_snapshot = 0
         self.recent_active = False
+        self.rejoin_to = 0
+        self.rejoin_incarnation = 0
+        """The follower's life (after a disk loss) that last said it is rejoining."""
+        """What we had counted the follower for before it showed that it lost entries it
+        acknowledged: it must hold our log that far before it votes again."""
         self.inflights = inflights
         self.is_learner = is_learner
 
@@ -109,6 +116,13 @@ class Progress:
     def become_snapshot(self, index: int) -> None:
         self._reset(ProgressState.SNAPSHOT)
         self.pending_snapshot = index
+
+    def forget(self, next_index: int) -> None:
+        """The follower lost entries it acknowledged: nothing recorded for it holds any
+        more. Probe from ``next_index``; ``match`` rises again only with its new acks."""
+        self.match = 0
+        self._reset(ProgressState.PROBE)
+        self.next = next_index
 
     def maybe_update(self, index: int) -> bool:
         """Record an ack up to ``index``; False if it tells nothing new (stale/duplicate)."""

@@ -21,7 +21,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from raftmq.raft import wire
-from raftmq.raft.messages import Message
 from raftmq.raft.transport import Handler, Outgoing
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,8 @@ class TcpTransport:
                 return
             p.urgent.append((group, message))
         else:
-            size = len(message.entries) + len(message.data) if isinstance(message, Message) else 0
+            # Appends, snapshots and repair replies carry bytes; a quiesce notice none.
+            size = len(getattr(message, "entries", b"")) + len(getattr(message, "data", b""))
             if p.bulk_bytes + size > self.max_queue_bytes:
                 self._drop(p)
                 return

@@ -11,13 +11,65 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.raft.messages import Message
 
 QuiesceNotice = tuple[int, int, int, int, int]
 """(src, dst, term, commit, last_index): a leader's word that a group went idle."""
-Outgoing = Message | QuiesceNotice
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRequest:
+    """Driver-level, not Raft: "send me your stored entries [lo, hi)", to replace a
+    corrupt range of ours (raftmq/log/repair.py). Answered with one RepairReply."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReply:
+    """Whole entries from ``lo`` as stored, up to a size bound: ``hi`` is the index after
+    the last one sent. ``error`` (then no entries) when this replica cannot serve them."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    entries: bytes = b""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRequest:
+    """Driver-level replica audit: "the CRC32C of my stored entries [lo, hi) is ``crc``";
+    a follower compares its own copy and answers with one AuditReply."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReply:
+    """The follower's CRC32C of entries [lo, hi); ``differs`` when it is not the
+    leader's (the follower then repairs its copy and says so in its log)."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    crc: int
+    differs: bool
+
+
+Outgoing = Message | QuiesceNotice | RepairRequest | RepairReply | AuditRequest | AuditReply
 
 
 class Handler(Protocol):

@@ -17,6 +17,13 @@ from crc32c import crc32c
 
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.transport import (
+    AuditReply,
+    AuditRequest,
+    Outgoing,
+    RepairReply,
+    RepairRequest,
+)
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Refuse larger frames: a corrupt length must not make a reader allocate gigabytes."""
@@ -28,15 +35,27 @@ KIND_MESSAGES = 4
 
 QUIESCE = 100
 """Driver-level message type (not the core's): the leader says a group is idle."""
+REPAIR_REQUEST = 101
+REPAIR_REPLY = 102
+"""Driver-level: a replica asks a peer for stored entries to repair a corrupt range
+(index = lo, commit = hi, entries = the bytes, context = an error sentence)."""
+AUDIT_REQUEST = 103
+AUDIT_REPLY = 104
+"""Driver-level replica audit (index = lo, commit = hi, log_term = the CRC32C of the
+stored entries [lo, hi), reject = the follower's copy differs)."""
+_DRIVER_TYPES = frozenset({QUIESCE, REPAIR_REQUEST, REPAIR_REPLY, AUDIT_REQUEST, AUDIT_REPLY})
 
 _FRAME = struct.Struct(">II")
 _HELLO = struct.Struct(">Bq")  # kind, node id; then the cluster name
 _PING = struct.Struct(">Bq")  # kind, sequence
 _COUNT = struct.Struct(">BI")  # kind, message count
-_MSG = struct.Struct(">HBBqqqqqqqIHBI")
+_MSG = struct.Struct(">HBBqqqqqqqqqIHBI")
 _MSG_TYPES = {int(t): t for t in MsgType}  # a dict lookup: calling the enum costs ~1 us
-# group length, type, reject, src, dst, term, log_term, index, commit, reject_hint,
-# entries length, context length, has snapshot, data length
+# group length, type, flags (bit 0 reject, bit 1 rejoining), src, dst, term, log_term,
+# index, commit, reject_hint, rejoin_to, incarnation, entries length, context length, has snapshot,
+# data length
+_FLAG_REJECT = 0x01
+_FLAG_REJOINING = 0x02
 _SNAP = struct.Struct(">qqqH")  # index, term, next_offset, membership length
 
 
@@ -56,7 +75,7 @@ def ping(kind: int, seq: int) -> bytes:
     return frame(_PING.pack(kind, seq))
 
 
-def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, int, int]]]) -> bytes:
+def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
     """One MESSAGES frame. A tuple instead of a Message is a driver QUIESCE notice:
     ``(src, dst, term, commit, last_index)``."""
     parts: list[bytes] = []
@@ -67,16 +86,52 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
         if isinstance(m, tuple):
             src, dst, term, commit, last = m
             parts.append(
-                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0)
+                _MSG.pack(len(g), QUIESCE, 0, src, dst, term, 0, last, commit, 0, 0, 0, 0, 0, 0, 0)
             )
             parts.append(g)
+            continue
+        if isinstance(m, (AuditRequest, AuditReply)):
+            kind = AUDIT_REPLY if isinstance(m, AuditReply) else AUDIT_REQUEST
+            differs = 1 if isinstance(m, AuditReply) and m.differs else 0
+            parts.append(
+                _MSG.pack(
+                    len(g), kind, differs, m.src, m.dst, 0, m.crc, m.lo, m.hi, 0, 0, 0, 0, 0, 0, 0
+                )
+            )
+            parts.append(g)
+            continue
+        if isinstance(m, (RepairRequest, RepairReply)):
+            data = m.entries if isinstance(m, RepairReply) else b""
+            error = m.error.encode() if isinstance(m, RepairReply) else b""
+            kind = REPAIR_REPLY if isinstance(m, RepairReply) else REPAIR_REQUEST
+            parts.append(
+                _MSG.pack(
+                    len(g),
+                    kind,
+                    0,
+                    m.src,
+                    m.dst,
+                    0,
+                    0,
+                    m.lo,
+                    m.hi,
+                    0,
+                    0,
+                    0,
+                    len(data),
+                    len(error),
+                    0,
+                    0,
+                )
+            )
+            parts += [g, data, error]
             continue
         snap = m.snapshot
         parts.append(
             _MSG.pack(
                 len(g),
                 int(m.type),
-                1 if m.reject else 0,
+                (_FLAG_REJECT if m.reject else 0) | (_FLAG_REJOINING if m.rejoining else 0),
                 m.src,
                 m.dst,
                 m.term,
@@ -84,6 +139,8 @@ def encode_messages(batch: Iterable[tuple[str, Message | tuple[int, int, int, in
                 m.index,
                 m.commit,
                 m.reject_hint,
+                m.rejoin_to,
+                m.incarnation,
                 len(m.entries),
                 len(m.context),
                 1 if snap is not None else 0,
@@ -124,16 +181,16 @@ def decode_body(body: bytes) -> tuple[int, object]:
     raise FrameError(f"unknown frame kind {kind}")
 
 
-def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, int, int, int]]]:
+def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
     _, count = _COUNT.unpack_from(body)
     pos = _COUNT.size
-    out: list[tuple[str, Message | tuple[int, int, int, int, int]]] = []
+    out: list[tuple[str, Outgoing]] = []
     view = memoryview(body)
     for _ in range(count):
         (
             glen,
             mtype,
-            reject,
+            flags,
             src,
             dst,
             term,
@@ -141,6 +198,8 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
             index,
             commit,
             hint,
+            rejoin_to,
+            incarnation,
             elen,
             clen,
             has_snap,
@@ -150,7 +209,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
         group = bytes(view[pos : pos + glen]).decode()
         pos += glen
         msg_type = _MSG_TYPES.get(mtype)
-        if msg_type is None and mtype != QUIESCE:
+        if msg_type is None and mtype not in _DRIVER_TYPES:
             raise FrameError(f"unknown message type {mtype}")
         if mtype == QUIESCE:
             out.append((group, (src, dst, term, commit, index)))
@@ -159,6 +218,18 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
         pos += elen
         context = bytes(view[pos : pos + clen])
         pos += clen
+        if mtype == REPAIR_REQUEST:
+            out.append((group, RepairRequest(src, dst, index, commit)))
+            continue
+        if mtype == AUDIT_REQUEST:
+            out.append((group, AuditRequest(src, dst, index, commit, log_term)))
+            continue
+        if mtype == AUDIT_REPLY:
+            out.append((group, AuditReply(src, dst, index, commit, log_term, bool(flags))))
+            continue
+        if mtype == REPAIR_REPLY:
+            out.append((group, RepairReply(src, dst, index, commit, entries, context.decode())))
+            continue
         snap = None
         if has_snap:
             si, st, so, mlen = _SNAP.unpack_from(body, pos)
@@ -181,9 +252,12 @@ def _decode_messages(body: bytes) -> list[tuple[str, Message | tuple[int, int, i
                     index=index,
                     entries=entries,
                     commit=commit,
-                    reject=bool(reject),
+                    reject=bool(flags & _FLAG_REJECT),
                     reject_hint=hint,
                     context=context,
+                    rejoining=bool(flags & _FLAG_REJOINING),
+                    rejoin_to=rejoin_to,
+                    incarnation=incarnation,
                     snapshot=snap,
                     data=data,
                 ),

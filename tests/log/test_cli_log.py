@@ -5,6 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from raftmq.log import entry
+from raftmq.log.config import LogConfig
+from raftmq.log.inspect import verify_folder
+from raftmq.log.log import Log
+from raftmq.log.records import Record, build_batch
+
 RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
 
 
@@ -82,3 +88,30 @@ def test_verify_and_dump_name_an_entry_whose_records_cannot_be_decoded(tmp_path:
     assert "value b'fine'" in dump.stdout
     assert f"problem: the records of the entry at byte {bad_at} of {segment}" in dump.stdout
     assert "Traceback" not in dump.stdout + dump.stderr
+
+
+def small_segment_log(folder: Path, entries: int = 200) -> list[Path]:
+    """A closed log of several sealed segments (with index files); its segment files."""
+    config = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512)
+    with Log.open(folder, config) as log:
+        for i in range(entries):
+            batch = build_batch([Record(None, f"value-{i}".encode() * 10, 1_000 + i)])
+            log.append(entry.stamp(batch, index=log.next_index, term=1, base_offset=i))
+        log.flush()
+    return sorted(folder.glob("*.log"))
+
+
+def test_verify_reports_one_flipped_bit_as_one_problem(tmp_path: Path):
+    """Not also an index slot "not an entry boundary" past it, nor the next segment
+    "ending before" it: what follows a bad entry is unknown, not wrong."""
+    segments = small_segment_log(tmp_path)
+    assert len(segments) >= 3 and segments[0].with_suffix(".index").exists()
+    with open(segments[0], "r+b") as f:
+        f.seek(500)
+        byte = f.read(1)
+        f.seek(500)
+        f.write(bytes([byte[0] ^ 0x01]))
+    report = verify_folder(tmp_path)
+    problems = report.problems + [p for s in report.segments for p in s.problems]
+    assert len(problems) == 1, problems
+    assert "CRC mismatch" in problems[0] and segments[0].stem in problems[0]

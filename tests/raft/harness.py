@@ -46,12 +46,22 @@ def make(
     learners: set[int] | None = None,
     storage: MemoryStorage | None = None,
     hs: HardState | None = None,
+    rejoining: bool = False,
     **cfg: object,
 ) -> Peer:
+    """A member whose durable state is ``hs`` and ``storage``; unless ``rejoining``, one
+    that lost nothing (a zero hard state alone would make it rejoin, see
+    ``starts_rejoining``)."""
     st = storage or MemoryStorage()
     hard = hs or HardState()
     m = Membership(frozenset(voters), frozenset(learners or ()))
-    core = RaftCore(Config(id=node, **cfg), st, hard_state=hard, membership=m)  # type: ignore[arg-type]
+    core = RaftCore(
+        Config(id=node, **cfg),  # type: ignore[arg-type]
+        st,
+        hard_state=hard,
+        membership=m,
+        rejoining=rejoining,
+    )
     return Peer(core, st, hard)
 
 

@@ -4,14 +4,16 @@ The simulator plays every part the real driver and network would: it takes Ready
 batches, writes them to :class:`MemoryStorage`, decides *when* the fsync completes (a
 crash before that loses the write), sends messages through a network that drops,
 duplicates, delays, reorders and partitions, crashes and restarts nodes, and pauses
-them. After every event it checks Raft's safety properties; at the end it heals
-everything and checks liveness. Replay a failure with ``python -m tests.raft.sim --seed N``.
+them, and wipes or truncates a node's disk (log and hard state) before it restarts. After
+every event it checks Raft's safety properties; at the end it heals everything and checks
+liveness. Replay a failure with ``python -m tests.raft.sim --seed N``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import heapq
 import random
@@ -34,6 +36,7 @@ from raftmq.raft import (
     SnapshotMeta,
     write_to_storage,
 )
+from raftmq.raft.core import starts_rejoining
 from raftmq.raft.log_view import split
 from raftmq.raft.membership import ConfigHistory
 
@@ -74,6 +77,9 @@ class Node:
     """Configuration histories saved (unsynced, as the driver's commit hint) since start."""
     saved_history: ConfigHistory | None = None
     """The one a crash left on disk."""
+    promised: bool = False
+    """A hard state with a term was durable here once (the driver's record of it lives
+    outside the data directory, so a disk loss keeps it)."""
 
     @property
     def up(self) -> bool:
@@ -100,6 +106,11 @@ class Params:
     cold_restarts: int = 0
     torn: bool = True
     """A crash keeps a random prefix of the unsynced writes, not necessarily none."""
+    disk_loss: float = 0.0
+    """Chance per tick that a node restarts with its log wiped or truncated and its hard
+    state gone (a replaced or restored disk). At most one node is rejoining at a time:
+    Raft survives up to a minority of failed members, and a node that lost its disk
+    counts as failed until it has caught up (docs/raft.md). Static groups only."""
 
     @staticmethod
     def random(rng: random.Random) -> Params:
@@ -120,6 +131,7 @@ class Params:
             fsync_delay=rng.choice([0, 1, 3]),
             torn=rng.random() < 0.7,
             cold_restarts=rng.choice([0, 0, 0, 1, 2]),
+            disk_loss=rng.choice([0.0, 0.0, 0.005, 0.02]),
         )
 
 
@@ -154,6 +166,9 @@ class Sim:
         self.reads: dict[bytes, int] = {}
         self.read_seq = 0
         self.config_changes = 0
+        self.lost: set[int] = set()
+        """Nodes that lost their disk and have not finished rejoining."""
+        self.disk_losses = 0
 
     # ------------------------------------------------------------------ plumbing
     def _create(self, i: int, base: Membership) -> None:
@@ -185,7 +200,7 @@ class Sim:
                 st.sync()
             base = meta.membership
             node.app_state = node.snap.state
-            hs = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
+            hs = dataclasses.replace(hs, commit=max(hs.commit, meta.index))
         else:
             assert st.start_index == 1
             node.app_state = b""
@@ -198,9 +213,18 @@ class Sim:
             with contextlib.suppress(ValueError):
                 history = node.saved_history.for_log(st.start_index - 1, st.last_index, base)
         if history is not None:
-            hs = HardState(hs.term, hs.vote, max(hs.commit, history.through))
+            hs = dataclasses.replace(hs, commit=max(hs.commit, history.through))
         node.histories = []
-        node.core = RaftCore(node.cfg, st, hard_state=hs, membership=base, history=history)
+        rejoining = starts_rejoining(hs, st.last_index, hs.commit, promised=node.promised)
+        node.core = RaftCore(
+            node.cfg,
+            st,
+            hard_state=hs,
+            membership=base,
+            history=history,
+            rejoining=rejoining,
+            incarnation=self.rng.getrandbits(62) + 1,
+        )
         node.pending = None
 
     def fail(self, what: str) -> None:
@@ -276,6 +300,7 @@ class Sim:
         if rd.hard_state is not None and (rd.must_sync() or self.rng.random() < 0.5):
             # A commit-only hard state is written without fsync: it may or may not last.
             node.durable_hs = rd.hard_state
+            node.promised = node.promised or rd.hard_state.term > 0
         if rd.snapshot is not None:
             meta = rd.snapshot
             node.app_index, node.app_state = meta.index, rd.snapshot_data
@@ -352,6 +377,38 @@ class Sim:
         node.saved_history = self.rng.choice([None, node.saved_history, *node.histories])
         node.core = None
         node.pending = None
+
+    def lose_disk(self, node: Node) -> None:
+        """The node stops and comes back with its log wiped, or cut at a random index, and
+        no hard state: everything it acknowledged or voted may be forgotten."""
+        if node.up:
+            self.crash(node)
+        st = node.storage
+        if self.rng.random() < 0.5 and st.last_index >= st.start_index:
+            cut = self.rng.randint(st.start_index, st.last_index)
+            self.log(f"disk loss on {node.id}: log cut at {cut}, hard state gone")
+            st.truncate_suffix(cut)
+            st.sync()
+        else:
+            self.log(f"disk loss on {node.id}: wiped")
+            node.storage = MemoryStorage()
+            node.snap = None
+        node.durable_hs = HardState()
+        node.saved_history = None
+        node.histories = []
+        # Its connections died with its process: nothing sent by or to the old process
+        # arrives later (TCP), which the leader's reset relies on (docs/raft.md).
+        gone = [x[2] for x in self.net] + self.pool
+        self.net = [x for x in self.net if node.id not in (x[2].src, x[2].dst)]
+        heapq.heapify(self.net)
+        self.pool = [m for m in self.pool if node.id not in (m.src, m.dst)]
+        for m in gone:
+            src = self.nodes.get(m.src)
+            if m.type == MsgType.SNAP and m.dst == node.id and src is not None and src.core:
+                src.core.report_snapshot(m.dst, ok=False)  # as the transport would
+        self.lost.add(node.id)
+        self.disk_losses += 1
+        self._start(node)
 
     def restart(self, node: Node) -> None:
         self.log(f"restart {node.id}")
@@ -434,6 +491,12 @@ class Sim:
         ids = sorted(self.nodes)
         if rng.random() < p.crash:
             self.crash(self.nodes[rng.choice(ids)])
+        self.lost = {i for i in self.lost if not self._rejoined(self.nodes[i])}
+        # Only in a static group of 3 or more: with 2 voters (after a removal) one lost
+        # disk is already more than Raft tolerates, and the group rightly stalls.
+        static = not p.membership and len(ids) >= 3
+        if p.disk_loss and static and not self.lost and rng.random() < p.disk_loss:
+            self.lose_disk(self.nodes[rng.choice(ids)])
         for n in self.nodes.values():
             if not n.up and rng.random() < 0.1:
                 self.restart(n)
@@ -470,6 +533,13 @@ class Sim:
             )
         if p.membership and rng.random() < 0.02:
             self.change_membership()
+
+    @staticmethod
+    def _rejoined(node: Node) -> bool:
+        hs = node.durable_hs
+        return (
+            node.core is not None and not node.core.rejoining and hs.term > 0 and not hs.rejoining
+        )
 
     def read(self) -> None:
         ups = [n for n in self.nodes.values() if n.core is not None]
@@ -570,7 +640,8 @@ class Sim:
                     and d.entries[top - d.start_index] == self.committed[top]
                 ):
                     holders += 1
-            if holders < self.base.quorum():
+            # A node that lost its disk may have been one of the holders.
+            if holders + len(self.lost) < self.base.quorum():
                 self.fail(f"committed entry {top} durable on only {holders} nodes")
 
     # ------------------------------------------------------------------ run

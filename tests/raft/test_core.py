@@ -6,6 +6,7 @@ import pytest
 
 from raftmq.log import entry
 from raftmq.log.entry import EntryType
+from raftmq.log.errors import CorruptEntryError
 from raftmq.raft import (
     Config,
     HardState,
@@ -18,6 +19,7 @@ from raftmq.raft import (
     RaftCore,
     Role,
 )
+from raftmq.raft.core import starts_rejoining
 from raftmq.raft.log_view import split
 from raftmq.raft.membership import ConfigHistory
 from raftmq.raft.messages import CAMPAIGN_TRANSFER
@@ -788,3 +790,138 @@ def test_without_apply_entries_a_ready_reports_the_commit_but_reads_no_entries()
         assert reported and reported[-1] == last and reported == sorted(reported)
         assert not any(rd.committed_entries for rd in p.readies)
         assert p.applied == []
+
+
+# --------------------------------------------------------------------- disk loss
+def _lose_disk(net: Net, node: int) -> None:
+    """``node`` restarts with an empty log and no hard state, having promised before."""
+    voters = set(net.peers)
+    net.peers[node] = make(node, voters, rejoining=True)
+
+
+def test_starts_rejoining_only_after_a_promise_or_below_a_known_commit():
+    assert not starts_rejoining(HardState(), 0, 0, promised=False)  # a new replica
+    assert starts_rejoining(HardState(), 0, 0, promised=True)  # its hard state is gone
+    assert starts_rejoining(HardState(3, 1, 9), 5, 9, promised=True)  # lost a suffix
+    assert not starts_rejoining(HardState(3, 1, 5), 5, 5, promised=True)
+    assert starts_rejoining(HardState(3, 1, 5, rejoining=True), 5, 5, promised=True)
+
+
+def _replicated(entries: int) -> Net:
+    """Three members, 1 leading, all holding its no-op and ``entries`` entries."""
+    net = cluster(3)
+    net.elect(1)
+    for _ in range(entries):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    return net
+
+
+def test_wiped_follower_is_caught_up_from_its_real_end():
+    """The leader's record for it (match) is above its real end: a rejection there must
+    reset the record, not be dropped as stale, or both sides spin forever."""
+    net = _replicated(6)
+    leader = net.peers[1].core
+    assert leader.progress[3].match == leader.log.last_index == 7
+    _lose_disk(net, 3)
+    leader.propose(data_entry())
+    net.pump()
+    net.tick(3)
+    assert net.peers[3].core.log.last_index == leader.log.last_index
+    assert not net.peers[3].core.rejoining
+    assert net.peers[3].hs.rejoining is False and net.peers[3].hs.term == leader.term
+    assert len(net.delivered) < 200  # no append/reject ping-pong
+
+
+def test_wiped_follower_acks_count_only_for_entries_it_holds():
+    net = _replicated(4)
+    leader = net.peers[1].core
+    commit = leader.commit
+    _lose_disk(net, 3)
+    net.drop = lambda m: m.dst == 2 or m.src == 2  # only the wiped follower answers
+    leader.propose(data_entry())
+    net.pump()
+    net.tick(3)
+    # Its earlier acks went with its disk; the new entry has one real copy besides ours
+    # only once the wiped follower holds everything again.
+    pr = leader.progress[3]
+    assert pr.match <= net.peers[3].core.log.last_index
+    assert leader.commit >= commit
+    for index in range(1, leader.commit + 1):
+        assert net.peers[3].core.log.term(index) == leader.log.term(index)
+
+
+def test_rejoining_replica_neither_votes_nor_campaigns_until_whole():
+    p = make(1, {1, 2, 3}, rejoining=True)
+    p.core.step(Message(MsgType.PRE_VOTE, 2, 1, 5, index=0, log_term=0))
+    p.core.step(Message(MsgType.VOTE, 3, 1, 5, index=0, log_term=0))
+    out = flush(p)
+    assert [m.type for m in out] == [MsgType.PRE_VOTE_RESP, MsgType.VOTE_RESP]
+    assert all(m.reject for m in out)
+    assert p.hs.vote == 0 and p.hs.rejoining
+    for _ in range(100):
+        p.core.tick()
+    assert p.core.role == Role.FOLLOWER and not flush(p)
+    # An append reaching the leader's rejoin point makes it whole again.
+    p.core.step(app(2, 1, 5, 0, 0, [stamped(1, 5), stamped(2, 5)]))
+    out = flush(p)
+    assert out[0].rejoining and not out[0].reject and out[0].index == 2
+    assert p.core.rejoining  # no rejoin point in that append: still not whole
+    m = app(2, 1, 5, 2, 5, [stamped(3, 5)])
+    m.rejoin_to, m.incarnation = 3, p.core.incarnation + 1  # for an earlier life of ours
+    p.core.step(m)
+    flush(p)
+    assert p.core.rejoining
+    m = app(2, 1, 5, 2, 5, [stamped(3, 5)])
+    m.rejoin_to, m.incarnation = 3, p.core.incarnation
+    p.core.step(m)
+    flush(p)
+    assert not p.core.rejoining and not p.hs.rejoining
+    p.core.step(Message(MsgType.VOTE, 3, 1, 6, index=3, log_term=5, context=CAMPAIGN_TRANSFER))
+    assert not flush(p)[-1].reject
+
+
+def test_rejoining_follower_ignores_heartbeat_commit():
+    """The leader caps a heartbeat's commit at what it recorded for us, which may be our
+    lost log: committing our own, possibly different, entries up to it would be wrong."""
+    st = MemoryStorage()
+    preload(st, [1, 1, 1])
+    p = make(1, {1, 2, 3}, storage=st, hs=HardState(0, 0, 0), rejoining=True)
+    p.core.step(Message(MsgType.HEARTBEAT, 2, 1, 4, commit=3))
+    out = flush(p)
+    assert p.core.commit == 0 and out[0].rejoining
+
+
+def test_append_carries_the_rejoin_point():
+    net = _replicated(3)
+    _lose_disk(net, 2)
+    net.tick(2)
+    apps = [m for m in net.delivered if m.type == MsgType.APP and m.dst == 2]
+    assert apps and max(m.rejoin_to for m in apps) == 4  # everything it was counted for
+    assert not net.peers[2].core.rejoining
+
+
+# --------------------------------------------------------------------- corrupt reads
+def test_leader_that_cannot_read_an_entry_reports_it_and_hands_leadership_away():
+    """A corrupt entry a follower needs must not stop the leader (it stopped the whole
+    driver): the core reports it for repair and transfers to a follower that holds all."""
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3  # node 3 falls behind
+    for _ in range(3):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    leader = net.peers[1].core
+    storage = net.peers[1].storage
+    real = storage.read_entries
+
+    def rotten(lo: int, max_bytes: int, hi: int | None = None) -> bytes:
+        if lo <= 3 < (hi or lo + 1_000):
+            raise CorruptEntryError("corrupt entry in segment s at byte 0: CRC mismatch")
+        return real(lo, max_bytes, hi)
+
+    storage.read_entries = rotten  # type: ignore[method-assign]
+    net.drop = lambda m: False
+    net.tick(3)
+    assert leader.damage is not None and "CRC mismatch" in leader.damage
+    assert leader.role != Role.LEADER and net.peers[2].core.role == Role.LEADER

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from raftmq.log import entry
 from raftmq.log.config import LogConfig
+from raftmq.raft import driver
 from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.membership import Membership
@@ -497,3 +498,77 @@ async def test_a_quiesced_leader_that_loses_its_quorum_steps_down(tmp_path):
     finally:
         for h in hosts.values():
             await h.stop()
+
+
+async def scrubbed_cluster_with_sealed_segments(tmp: Path):
+    """Three hosts scrubbing fast, one group with several sealed segments replicated
+    everywhere: (hosts, leader, a follower, the follower's second segment file, the
+    leader's copy of its bytes). Callers stop the hosts."""
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    config = LogConfig(segment_bytes=16 * 1024)
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, scrub_bytes_per_s=1 << 30, **FAST)
+        host.open_group("g", tmp / f"n{node}" / "g", MEMBERS, log_config=config)
+        await host.start()
+        hosts[node] = host
+    await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+    for _ in range(12):  # one append per round: a batch never straddles segments
+        await propose_to_leader(hosts, entry.encode(b"x" * 2000, record_count=1), 4)
+    leader = leader_of(hosts)
+    assert leader is not None
+    victim = next(h for n, h in hosts.items() if n != leader.node_id)
+    await wait_for(
+        lambda: victim.groups["g"].core.commit >= leader.groups["g"].core.commit,
+        what="the follower to catch up",
+    )
+    folder = tmp / f"n{victim.node_id}" / "g"
+    seg = sorted(folder.glob("*.log"))[1]
+    assert seg.with_suffix(".index").exists(), sorted(p.name for p in folder.iterdir())
+    good = (tmp / f"n{leader.node_id}" / "g" / seg.name).read_bytes()
+    return hosts, leader, victim, seg, good
+
+
+async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
+    """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
+    replica restores the bytes from a peer, byte-identical again."""
+    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    hosts, _, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
+    try:
+        with open(seg, "r+b") as f:
+            f.seek(300)
+            byte = f.read(1)
+            f.seek(300)
+            f.write(bytes([byte[0] ^ 0x04]))
+        assert seg.read_bytes() != good
+        await wait_for(lambda: seg.read_bytes() == good, timeout=20, what="the repair")
+    finally:
+        for host in hosts.values():
+            await host.stop()
+
+
+async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_crcs(
+    tmp_path, monkeypatch
+):
+    """A follower's sealed segment holds a different entry with a valid CRC (no scrub
+    can see it): the leader's audit finds that the copies differ and the follower
+    replaces its bytes with the leader's."""
+    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    hosts, leader, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
+    try:
+        h = next(entry.iter_headers(good))
+        other = entry.stamp(
+            entry.encode(b"y" * 2000, record_count=1),
+            index=h.index,
+            term=h.term,
+            base_offset=h.base_offset,
+        )
+        assert len(other) == h.size
+        with open(seg, "r+b") as f:
+            f.seek(h.position)
+            f.write(other)
+        await wait_for(lambda: seg.read_bytes() == good, timeout=20, what="the audit's repair")
+        assert leader.audited_ranges > 0
+    finally:
+        for host in hosts.values():
+            await host.stop()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from crc32c import crc32c
 
 from raftmq.raft import hardstate
 from raftmq.raft.hardstate import HardState, HardStateCorruptError
@@ -36,3 +39,12 @@ def test_damaged_file_is_refused_not_guessed(tmp_path, damage):
     path.write_bytes(bytes(raw))
     with pytest.raises(HardStateCorruptError):
         hardstate.load(path)
+
+
+def test_rejoining_flag_round_trips_and_old_files_still_load(tmp_path):
+    path = tmp_path / "hs"
+    hardstate.save(path, HardState(2, 0, 4, rejoining=True))
+    assert hardstate.load(path) == HardState(2, 0, 4, rejoining=True)
+    body = struct.pack(">4sqqq", b"RHS1", 7, 3, 11)  # written before the flag existed
+    path.write_bytes(body + struct.pack(">I", crc32c(body)))
+    assert hardstate.load(path) == HardState(7, 3, 11, rejoining=False)

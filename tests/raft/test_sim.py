@@ -5,6 +5,7 @@ safety properties after every event and for liveness once the network heals."""
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
@@ -60,6 +61,36 @@ def test_repeated_cold_restarts_lose_no_committed_entry(seed: int):
     for n in sim.members():
         assert n.app_index >= top
     assert sim.commit_hi >= 50
+
+
+def disk_loss_params(seed: int) -> Params:
+    """Frequent disk losses on top of the usual faults, in 3- and 5-node groups."""
+    p = Params.random(random.Random(seed))
+    p.nodes = 3 + 2 * (seed % 2)
+    p.disk_loss = 0.03
+    p.membership = False
+    return p
+
+
+DISK_LOSS_SEEDS = int(os.environ.get("RAFT_SIM_DISK_LOSS_SEEDS", "60"))
+
+
+@pytest.mark.parametrize("start", range(0, DISK_LOSS_SEEDS, CHUNK))
+def test_disk_loss_loses_no_committed_entry(start: int):
+    """A node restarts with its log wiped or cut and its hard state gone, again and again:
+    it must neither help elect a leader without a committed entry nor vote twice, and it
+    must catch up (the liveness check at the end includes it)."""
+    losses = 0
+    for seed in range(5000 + start, 5000 + min(start + CHUNK, DISK_LOSS_SEEDS)):
+        losses += run_seed(seed, disk_loss_params(seed)).disk_losses
+    assert losses >= CHUNK  # the fault did happen
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("start", range(200_000, 200_000 + LONG_SEEDS, 100))
+def test_disk_loss_many_seeds(start: int):
+    for seed in range(start, start + 100):
+        run_seed(seed, disk_loss_params(seed))
 
 
 def test_checker_catches_a_core_without_the_election_restriction(monkeypatch):
