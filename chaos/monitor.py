@@ -26,6 +26,16 @@ POLL_S = 0.25
 """How often each broker is asked who leads what: the leaderless spans the checker bounds
 are seconds long, so a quarter second resolves them well at a few calls per second."""
 CALL_TIMEOUT_S = 0.5
+STATUS_WAIT_S = 10.0
+"""How long the final status sweep waits for a broker that was just restarted to answer."""
+CHANNEL_OPTIONS = [
+    # Brokers are killed and restarted all run long: gRPC's default reconnect backoff
+    # (growing to two minutes) would leave a channel failing fast long after its broker
+    # is back, and the monitor would take a live broker for a dead one.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 class Monitor:
@@ -35,7 +45,9 @@ class Monitor:
         self.addresses = addresses
         self.topic = topic
         self.recorder = recorder
-        self._channels = {i: grpc.insecure_channel(a) for i, a in addresses.items()}
+        self._channels = {
+            i: grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for i, a in addresses.items()
+        }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-monitor", daemon=True)
         self._claims: dict[int, frozenset[int]] = {}
@@ -52,10 +64,12 @@ class Monitor:
         for channel in self._channels.values():
             channel.close()
 
-    def _metadata(self, broker_id: int) -> pb.MetadataResponse | None:
+    def _metadata(
+        self, broker_id: int, timeout_s: float = CALL_TIMEOUT_S
+    ) -> pb.MetadataResponse | None:
         stub = pb_grpc.BrokerStub(self._channels[broker_id])
         try:
-            return stub.Metadata(pb.MetadataRequest(topics=[self.topic]), timeout=CALL_TIMEOUT_S)
+            return stub.Metadata(pb.MetadataRequest(topics=[self.topic]), timeout=timeout_s)
         except grpc.RpcError:
             return None
 
@@ -90,7 +104,8 @@ class Monitor:
             try:
                 answer = health_pb2_grpc.HealthStub(self._channels[broker_id]).Check(
                     health_pb2.HealthCheckRequest(service="raftmq.v1.Broker"),
-                    timeout=CALL_TIMEOUT_S * 4,
+                    timeout=STATUS_WAIT_S,
+                    wait_for_ready=True,
                 )
                 health = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
             except grpc.RpcError:
@@ -98,7 +113,7 @@ class Monitor:
             self.recorder.add(
                 Op("status", process, -1, health, start=now, end=now, replica=broker_id)
             )
-            meta = self._metadata(broker_id)
+            meta = self._metadata(broker_id, STATUS_WAIT_S)
             if meta is None:
                 continue
             for topic in meta.topics:
