@@ -30,12 +30,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq.broker.cluster_file import ClusterSpec
+from raftmq.broker.history_probe import partitions_with_history
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.log.config import LogConfig
 from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
-from raftmq.raft.driver import RaftHost
+from raftmq.raft.driver import RaftHost, record_promise
 from raftmq.raft.errors import RaftError
 from raftmq.raft.progress import ProgressState
 from raftmq.raft.tcp import TcpTransport
@@ -186,6 +187,8 @@ class Broker:
             self.id,
             self.open_files_note,
         )
+        if not self.data_dir.exists() and len(self.spec.brokers) > 1:
+            await self._mark_replaced_replicas({(t.name, p) for t, p, _ in hosted})
         for topic, p, replicas in hosted:
             directory = self.data_dir / f"{topic.name}-{p}"
             self.replicas[topic.name, p] = PartitionReplica(
@@ -231,6 +234,34 @@ class Broker:
     async def _not_serving_once_the_host_fails(self) -> None:
         await self.host.wait_failed()
         await self.health.enter_graceful_shutdown()  # NOT_SERVING, and it stays so
+
+    async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
+        """No data directory: a new broker, or one whose disk was replaced. The partitions
+        its peers know a past for are marked as once promised, so their replicas rejoin
+        (no votes until caught up) instead of passing for new ones
+        (:mod:`raftmq.broker.history_probe`)."""
+        seen, answered = await partitions_with_history(self.spec, self.id, hosted)
+        if not answered:
+            log.info(
+                "broker %d: no data directory and no peer answering: starting as a new broker",
+                self.id,
+            )
+            return
+        if not seen:
+            return
+        log.warning(
+            "broker %d: no data directory, but brokers %s know a past for %d of its %d "
+            "replicas (a replaced or wiped disk): they rejoin, and vote again only once they "
+            "hold their leader's log",
+            self.id,
+            ", ".join(map(str, answered)),
+            len(seen),
+            len(hosted),
+        )
+        for topic, p in sorted(seen):
+            directory = self.data_dir / f"{topic}-{p}"
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            record_promise(directory)
 
     async def stop(self, *, graceful: bool = True, transfer_wait: float = 3.0) -> None:
         await self.health.enter_graceful_shutdown()

@@ -132,6 +132,13 @@ class PartitionReplica:
         st = self._host.status(self.group.name)
         if st.failed is not None:
             return "failed", st.failed
+        if st.rejoining:
+            return "catching_up", (
+                "rejoining after losing entries or votes it had acknowledged; it votes again "
+                "once it holds the leader's log"
+            )
+        if st.repairing:
+            return "catching_up", "restoring a range that failed its checksum from a replica"
         if st.role != Role.LEADER and st.leader_commit > st.last_index:
             return "catching_up", (
                 f"holds entries up to {st.last_index}; the leader has committed {st.leader_commit}"

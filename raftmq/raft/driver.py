@@ -167,7 +167,7 @@ def _promised_path(directory: Path) -> Path:
     return directory.parent / (directory.name + PROMISED_SUFFIX)
 
 
-def _record_promised(directory: Path) -> None:
+def record_promise(directory: Path) -> None:
     """Durably create the PROMISED_SUFFIX record, once per group and replica. Written
     after the first hard state with a term, not before: a crash in between leaves a
     replica whose hard state says what it promised, while the other order could leave
@@ -261,6 +261,11 @@ class GroupStatus:
     """On a follower: the highest commit its leader has told it (0 if none yet)."""
     progress: dict[int, PeerProgress]
     """On a leader: each follower's progress (empty otherwise)."""
+    rejoining: bool = False
+    """This member lost entries or votes it had acknowledged and gives no vote until a
+    leader has brought it up to date (docs/raft.md, "Rejoining after disk loss")."""
+    repairing: bool = False
+    """A corrupt range of this member's log is being restored from a replica."""
 
 
 def _reason(what: str, exc: BaseException) -> str:
@@ -460,7 +465,7 @@ class RaftHost:
         group.saved_hard = hs
         promised = _promised_path(group.directory).exists()
         if hs.term > 0 and not promised:
-            _record_promised(group.directory)  # a replica from before the record existed
+            record_promise(group.directory)  # a replica from before the record existed
             promised = True
         group.promised = promised
         group.hinted_commit = hs.commit if not replay else -1
@@ -543,6 +548,8 @@ class RaftHost:
             }
             if leading
             else {},
+            rejoining=core.rejoining,
+            repairing=self.repairing(name),
         )
 
     def _wait_for(
@@ -1282,7 +1289,7 @@ class RaftHost:
             group.saved_hard = hs
             self.fsyncs += 1
             if hs.term > 0 and not group.promised:
-                _record_promised(group.directory)
+                record_promise(group.directory)
                 group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:

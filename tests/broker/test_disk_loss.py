@@ -47,6 +47,11 @@ def lose_disk(directory: Path, how: str) -> None:
     if how == "wiped":
         shutil.rmtree(directory)
         return
+    if how == "replaced":
+        # The broker's whole data directory: the records beside each partition's folder,
+        # that it once voted and acknowledged, are gone too.
+        shutil.rmtree(directory.parent)
+        return
     # Cut back: the newest segment loses its second half (recovery cuts the torn entry)
     # and the Raft files go: a disk restored from an older copy, without its hard state.
     last = sorted(directory.glob("*.log"))[-1]
@@ -86,7 +91,7 @@ def stored_entries(directory: Path) -> bytes:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("how", ["wiped", "cut"])
+@pytest.mark.parametrize("how", ["wiped", "cut", "replaced"])
 def test_follower_that_lost_its_disk_rejoins_byte_identical(
     make_cluster: ClusterFactory, how: str
 ) -> None:
@@ -98,6 +103,13 @@ def test_follower_that_lost_its_disk_rejoins_byte_identical(
         cluster.stop(follower)
         lose_disk(partition_dir(cluster, follower), how)
         cluster.start(follower)
+        if how == "replaced":
+            # Nothing on its disk says it took part: its peers do, and it rejoins.
+            wait_until(
+                lambda: "a replaced or wiped disk" in cluster.log_path(follower).read_text(),
+                10,
+                "the broker to learn from its peers that its replicas had a past",
+            )
         for i in range(10):
             values = [f"after-{i}".encode()]
             r = client.produce(TOPIC, 0, batch(values), timeout_ms=10_000)

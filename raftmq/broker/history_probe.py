@@ -1,0 +1,69 @@
+"""Does a broker that starts with no data directory join a group with a past?
+
+A replica that lost its data cannot tell, from its own disk, whether it is new or was
+replaced: the record that it once voted and acknowledged (``<group dir>.raft-promised``,
+see docs/raft.md, "Rejoining after disk loss") is gone with the directory. A new replica
+may vote at once; a replaced one must not vote until it holds the leader's log again,
+or it could help elect a leader that lacks entries it acknowledged. So when the broker's
+whole data directory is missing, it asks its peers, before opening any group, whether the
+partitions it hosts already have a history (a leader term or data). Those that do are
+marked as having promised, and their replicas start rejoining.
+
+Why ask peers rather than wait: at a cluster's first start every broker is new and none
+answers yet (each opens its groups before it serves), so a probe that fails fast costs
+nothing there; a broker restarted with a replaced disk finds its peers serving. What it
+cannot tell: a replaced disk on a broker that starts while none of its peers serves (the
+whole cluster cold-started at once). The controller, which will know every broker's
+storage, closes that gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.broker.cluster_file import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 2.0
+"""How long one peer may take to answer; a peer that is not up refuses at once."""
+
+
+async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]] | None:
+    """The partitions of ``topics`` for which the broker at ``address`` knows a leader term
+    or holds data; None when it does not answer."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            answer = await pb_grpc.BrokerStub(channel).Metadata(
+                pb.MetadataRequest(topics=topics), timeout=PROBE_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+    return {
+        (t.name, p.partition)
+        for t in answer.topics
+        for p in t.partitions
+        if p.leader_term > 0 or p.high_watermark > 0
+    }
+
+
+async def partitions_with_history(
+    spec: ClusterSpec, me: int, hosted: set[tuple[str, int]]
+) -> tuple[set[tuple[str, int]], list[int]]:
+    """Of the partitions this broker ``hosted``, those some peer reports a past for, and
+    the ids of the peers that answered."""
+    topics = sorted({topic for topic, _ in hosted})
+    peers = [b for b in spec.brokers.values() if b.id != me]
+    answers = await asyncio.gather(*(_peer_history(b.address, topics) for b in peers))
+    seen: set[tuple[str, int]] = set()
+    answered = []
+    for peer, known in zip(peers, answers, strict=True):
+        if known is not None:
+            answered.append(peer.id)
+            seen |= known & hosted
+    return seen, answered
