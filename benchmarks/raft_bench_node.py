@@ -84,7 +84,7 @@ class _Applied:
 
 
 async def _raftmq_main(args: argparse.Namespace) -> None:
-    from raftmq.log import entry
+    from raftmq.format import entry
     from raftmq.log.config import LogConfig
     from raftmq.raft.driver import RaftHost
     from raftmq.raft.errors import NotLeaderError, ProposalDroppedError

@@ -22,7 +22,7 @@ from pathlib import Path
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 
 CATEGORIES = (

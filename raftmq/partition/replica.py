@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryError
 from raftmq.log.config import LogConfig
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError, LogError
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log, ReadResult
 from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
@@ -313,7 +314,7 @@ class PartitionReplica:
             return self.group.log.read(offset, max_bytes, upper_offset=hw)
         except CorruptEntryError as exc:
             raise self._corrupt(exc, offset, hw) from None
-        except LogError as exc:
+        except (LogError, FormatError) as exc:
             if isinstance(exc, CorruptEntryError):
                 self._host.request_repair(self.group.name)  # restore it from a replica
             if hasattr(exc, "start"):
@@ -337,7 +338,7 @@ class PartitionReplica:
         problem, not the client's, and no traceback to add."""
         bad = offset
         log_ = self.group.log
-        with contextlib.suppress(LogError):
+        with contextlib.suppress(LogError, FormatError):
             for _ in range(CORRUPT_PROBE_ENTRIES):
                 result = log_.read(bad, 1, upper_offset=hw)
                 if not result.entries or result.next_offset >= hw:

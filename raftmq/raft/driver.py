@@ -33,9 +33,10 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from raftmq.format.errors import CorruptEntryError, FormatError
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.errors import CorruptEntryError, LogError
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log
 from raftmq.log.repair import (
     Damage,
@@ -688,7 +689,7 @@ class RaftHost:
                         "group %s on node %d: repair refused: %s", group.name, self.node_id, exc
                     )
                     break
-                except (TimeoutError, LogError) as exc:
+                except (TimeoutError, LogError, FormatError) as exc:
                     log.warning(
                         "group %s on node %d: node %d cannot supply entries %d..%d: %s",
                         group.name,
@@ -793,7 +794,7 @@ class RaftHost:
         loop = asyncio.get_running_loop()
         try:
             crc = await loop.run_in_executor(None, stored_crc, group.log, lo, hi)
-        except LogError:
+        except (LogError, FormatError):
             return  # our own copy is unreadable: the scrub or a read starts its repair
         for peer, pr in core.progress.items():
             if peer != self.node_id and pr.match >= hi - 1:
@@ -809,7 +810,7 @@ class RaftHost:
         loop = asyncio.get_running_loop()
         try:
             crc = await loop.run_in_executor(None, stored_crc, log_, m.lo, m.hi)
-        except LogError:
+        except (LogError, FormatError):
             crc = -1  # unreadable here: a damaged copy
         differs = crc != m.crc
         self.transport.send(
@@ -868,7 +869,7 @@ class RaftHost:
             # never passed on.
             got = group.log.read_by_index(m.lo, REPAIR_CHUNK_BYTES, m.hi)
             reply = RepairReply(self.node_id, m.src, m.lo, got.next_index, got.data)
-        except LogError as exc:
+        except (LogError, FormatError) as exc:
             reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
             if isinstance(exc, CorruptEntryError):
                 self.request_repair(group.name)

@@ -4,7 +4,7 @@ real TCP sockets on loopback: election, commit everywhere, leader loss, quiescen
 import asyncio
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import LogConfig
 from raftmq.raft import driver
 from raftmq.raft.driver import RaftHost
