@@ -35,10 +35,10 @@ from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.log.config import LogConfig
 from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
-from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import RaftError
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.tcp import TcpTransport
 from raftmq.raft.progress import ProgressState
-from raftmq.raft.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from raftmq.partition.errors import (
     ReplicaFailedError,
 )
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.driver import RaftGroup, RaftHost
+from raftmq.raft.host.host import RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.progress import ProgressState

@@ -211,9 +211,9 @@ CHILD = textwrap.dedent(
     from raftmq.format import entry
     from raftmq.log.config import LogConfig
     from raftmq.log.handles import HANDLES
-    from raftmq.raft.driver import RaftHost
+    from raftmq.raft.host.host import RaftHost
     from raftmq.raft.membership import Membership
-    from raftmq.raft.transport import MemoryNetwork
+    from raftmq.raft.host.transport import MemoryNetwork
 
     GROUPS = 1000
     root = Path(sys.argv[1])

@@ -18,17 +18,17 @@ import pytest
 
 from raftmq.log.config import LogConfig
 from raftmq.log.segment import LOG_SUFFIX, segment_name
-from raftmq.raft import driver as driver_mod
-from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import (
     GroupFailedError,
     NotLeaderError,
     OutcomeUnknownError,
     ProposalDroppedError,
 )
+from raftmq.raft.host import host as driver_mod
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role
-from raftmq.raft.transport import MemoryNetwork
 from tests.raft.test_driver import FAST, MEMBERS, batch, wait_for
 
 TINY = LogConfig(segment_bytes=4096)  # rolls every few dozen entries

@@ -23,18 +23,12 @@ import dataclasses
 import logging
 import math
 import os
-import secrets
-import struct
 import time
-import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from crc32c import crc32c
-
 from raftmq.format.errors import CorruptEntryError, FormatError
-from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import LogError
 from raftmq.log.log import Log
@@ -48,9 +42,8 @@ from raftmq.log.repair import (
     stored_crc,
     whole_segment,
 )
-from raftmq.raft import hardstate
 from raftmq.raft.config import Config
-from raftmq.raft.core import RaftCore, starts_rejoining
+from raftmq.raft.core import RaftCore
 from raftmq.raft.errors import (
     GroupFailedError,
     NotLeaderError,
@@ -58,11 +51,18 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
 )
 from raftmq.raft.hardstate import HardState
-from raftmq.raft.membership import ConfigHistory, Membership
-from raftmq.raft.messages import Message, MsgType, SnapshotMeta
-from raftmq.raft.progress import ProgressState
-from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
-from raftmq.raft.transport import (
+from raftmq.raft.host.group_storage import (
+    COMMIT_HINT_FILE,
+    HARD_STATE_FILE,
+    SNAPSHOT_META_FILE,
+    encode_commit_hint,
+    load_group,
+    promised_path,
+    record_promised,
+    save_hard_state,
+    save_snapshot_meta,
+)
+from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
     Outgoing,
@@ -70,19 +70,13 @@ from raftmq.raft.transport import (
     RepairRequest,
     Transport,
 )
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.progress import ProgressState
+from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
 
 log = logging.getLogger(__name__)
 
-HARD_STATE_FILE = "raft-hardstate"
-COMMIT_HINT_FILE = "raft-commit"
-SNAPSHOT_META_FILE = "raft-snapshot"
-"""Metadata of the log's start point (index, term, next offset, membership), saved
-atomically whenever the log loses a prefix, so a restart knows the membership there."""
-PROMISED_SUFFIX = ".raft-promised"
-"""Beside (not inside) a group's directory, ``<dir>.raft-promised`` records that this
-replica once saved a term: if the directory is later lost or replaced, the replica knows
-it may have voted and acknowledged, and rejoins (docs/raft.md, "Rejoining after disk
-loss") instead of passing for a new member."""
 COMMIT_HINT_SECONDS = 1.0
 """How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
@@ -124,58 +118,6 @@ dead when the group quiesced (instead of one every tick, or none)."""
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
 SnapshotDataFn = Callable[[], bytes]
-_SNAP_META = struct.Struct(">qqq")
-_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
-
-
-def _save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
-    mem = snap.membership.encode()
-    write_atomic(path, _SNAP_META.pack(snap.index, snap.term, snap.next_offset) + mem)
-
-
-def _load_snapshot_meta(path: Path) -> SnapshotMeta | None:
-    raw = read_atomic(path)
-    if raw is None or len(raw) < _SNAP_META.size:
-        return None
-    index, term, next_offset = _SNAP_META.unpack_from(raw)
-    return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
-
-
-def _encode_commit_hint(history: ConfigHistory) -> bytes:
-    payload = history.encode()
-    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
-
-
-def _read_commit_hint(path: Path) -> ConfigHistory | None:
-    """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    if len(raw) < _HINT_HEAD.size:
-        return None
-    size, crc = _HINT_HEAD.unpack_from(raw)
-    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
-    if len(payload) != size or crc32c(payload) != crc:
-        return None
-    try:
-        return ConfigHistory.decode(payload)
-    except ValueError:
-        return None
-
-
-def _promised_path(directory: Path) -> Path:
-    return directory.parent / (directory.name + PROMISED_SUFFIX)
-
-
-def _record_promised(directory: Path) -> None:
-    """Durably create the PROMISED_SUFFIX record, once per group and replica. Written
-    after the first hard state with a term, not before: a crash in between leaves a
-    replica whose hard state says what it promised, while the other order could leave
-    a brand-new replica that believes it lost its disk and never votes."""
-    write_atomic(_promised_path(directory), b"")
-
-
 SoftStateFn = Callable[[SoftState], None]
 
 
@@ -351,7 +293,9 @@ class RaftHost:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
         path = Path(directory)
         config = log_config or LogConfig()
-        core, log_, hs = self._load(name, path, membership, config, replay)
+        core, log_, hs = load_group(
+            name, path, membership, config, replay, node_id=self.node_id, core_cfg=self._core_cfg
+        )
         group = RaftGroup(
             name,
             core,
@@ -367,101 +311,13 @@ class RaftHost:
         self._attach(group, hs)
         return group
 
-    def _load(
-        self, name: str, path: Path, membership: Membership, config: LogConfig, replay: bool
-    ) -> tuple[RaftCore, Log, HardState]:
-        """Open a group's log and state from ``path``: at start (:meth:`open_group`) and
-        when a quarantined group is reopened (:meth:`_reopen`), the same way."""
-        path.mkdir(parents=True, exist_ok=True)
-        sync = config.flush_policy is FlushPolicy.EVERY_BATCH
-        # An INTERVAL group acknowledges once the write is done, so its writes go straight
-        # to the kernel: the page cache survives a crash of this process (as Kafka counts
-        # on), bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge
-        # after the round's flush, which writes them out first anyway.
-        log_ = Log.open(
-            path,
-            dataclasses.replace(
-                config,
-                flush_policy=FlushPolicy.INTERVAL,
-                write_behind_bytes=config.write_behind_bytes if sync else 0,
-            ),
-        )
-        try:
-            core, hs = self._load_core(name, path, log_, membership, replay)
-        except BaseException:
-            log_.abandon()  # nothing was written: give its descriptors back at once
-            raise
-        return core, log_, hs
-
-    def _load_core(
-        self, name: str, path: Path, log_: Log, membership: Membership, replay: bool
-    ) -> tuple[RaftCore, HardState]:
-        if not log_.recovery.clean:
-            log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
-        saved = _load_snapshot_meta(path / SNAPSHOT_META_FILE)
-        if saved is not None and saved.index == log_.start_index - 1:
-            membership = saved.membership  # CONFIG entries below the start are gone
-        hs = hardstate.load(path / HARD_STATE_FILE)
-        commit = hs.commit
-        hint = None if replay else _read_commit_hint(path / COMMIT_HINT_FILE)
-        if hint is not None:
-            commit = max(commit, hint.through)
-        promised = _promised_path(path).exists()
-        rejoining = starts_rejoining(hs, log_.last_index, commit, promised=promised)
-        if rejoining and not hs.rejoining:
-            log.warning(
-                "group %s on node %d: this replica lost state it had acknowledged (%s); it "
-                "rejoins: no votes until it holds the leader's log again",
-                name,
-                self.node_id,
-                "no hard state"
-                if hs.term == 0
-                else f"log ends at {log_.last_index}, below its commit {commit}",
-            )
-        # Never trust a commit index beyond the durable log (a torn tail may have been cut):
-        # entries at or below a once-known commit that are still present are the committed
-        # ones, because a log only ever loses a suffix.
-        commit = max(min(commit, log_.last_index), log_.start_index - 1)
-        hs = HardState(hs.term, hs.vote, commit, hs.rejoining)
-        history = None
-        if hint is not None:
-            try:
-                history = hint.for_log(log_.start_index - 1, log_.last_index, membership)
-            except ValueError as exc:
-                log.warning(
-                    "group %s on node %d: %s; reading the whole log for CONFIG entries",
-                    name,
-                    self.node_id,
-                    exc,
-                )
-        applied = None if replay else commit
-        # Each group draws its own election timeouts: with one seed per node, every group
-        # of a node campaigned on the same tick, so thousands of groups started together
-        # split their votes in lockstep forever and all leaders landed on one node.
-        cfg = dataclasses.replace(
-            self._core_cfg,
-            seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode()),
-            apply_entries=replay,
-        )
-        core = RaftCore(
-            cfg,
-            log_,
-            hard_state=hs,
-            membership=membership,
-            history=history,
-            applied=applied,
-            rejoining=rejoining,
-            incarnation=secrets.randbits(62) + 1,  # this life of the replica, never reused
-        )
-        return core, hs
-
     def _attach(self, group: RaftGroup, hs: HardState) -> None:
         """Let a freshly loaded group run: its saved state is ``hs``."""
         replay = group.opened_with is None or group.opened_with[2]
         group.saved_hard = hs
-        promised = _promised_path(group.directory).exists()
+        promised = promised_path(group.directory).exists()
         if hs.term > 0 and not promised:
-            _record_promised(group.directory)  # a replica from before the record existed
+            record_promised(group.directory)  # a replica from before the record existed
             promised = True
         group.promised = promised
         group.hinted_commit = hs.commit if not replay else -1
@@ -567,7 +423,7 @@ class RaftHost:
             deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
             if deleted:
                 meta = group.core.snapshot_meta()
-                _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
+                save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
         except Exception as exc:
             self._quarantine(group, "retention", exc)
             return 0
@@ -1158,7 +1014,15 @@ class RaftHost:
     def _reopen(self, group: RaftGroup) -> None:
         assert group.opened_with is not None and group.failure is not None
         membership, config, replay = group.opened_with
-        core, log_, hs = self._load(group.name, group.directory, membership, config, replay)
+        core, log_, hs = load_group(
+            group.name,
+            group.directory,
+            membership,
+            config,
+            replay,
+            node_id=self.node_id,
+            core_cfg=self._core_cfg,
+        )
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
         group.waiters.clear()
@@ -1265,7 +1129,7 @@ class RaftHost:
         if rd.snapshot is not None:
             # The log already restarted at the snapshot point (write_to_storage); the
             # membership there must survive a restart before we acknowledge.
-            _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
+            save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
         if rd.entries and group.sync:
             group.log.flush()
             self.fsyncs += 1
@@ -1279,11 +1143,11 @@ class RaftHost:
             # Term and vote must be durable before any reply that depends on them. The
             # commit index rides along but is not worth an fsync of its own: after a crash
             # it is re-learned from the leader.
-            hardstate.save(group.directory / HARD_STATE_FILE, hs)
+            save_hard_state(group.directory / HARD_STATE_FILE, hs)
             group.saved_hard = hs
             self.fsyncs += 1
             if hs.term > 0 and not group.promised:
-                _record_promised(group.directory)
+                record_promised(group.directory)
                 group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:
@@ -1330,7 +1194,7 @@ class RaftHost:
             return
         fd = os.open(group.directory / COMMIT_HINT_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, _encode_commit_hint(history), 0)
+            os.pwrite(fd, encode_commit_hint(history), 0)
         finally:
             os.close(fd)
         group.hinted_commit = history.through
