@@ -783,7 +783,7 @@ def raftmq_sequential(
 
 
 def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
-    from raftmq.broker.local_cluster import LocalCluster, local_spec
+    from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
     data = disk_tempdir("raftmq-produce-bench-")
     cluster = LocalCluster(data, local_spec(3, {TOPIC: plan.partitions}))

@@ -105,7 +105,7 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
         )
-        self.high_watermark = self._offset_after(self.group.core.log.committed)
+        self.high_watermark = self._offset_after(self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class PartitionReplica:
         leader's progress state for it)."""
         states = {self._host.node_id: self.state}
         st = self._host.status(self.group.name)
-        for peer, pr in sorted(st.progress.items()):
+        for peer, pr in sorted(st.followers.items()):
             if pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
                 states[peer] = ("ok", "")
             else:
@@ -177,9 +177,9 @@ class PartitionReplica:
     def _apply(self, _: bytes, applied_to: int) -> None:
         """The commit reached ``applied_to`` (the group does not hand us the bytes: the log
         is the state). The high watermark is the offset after it."""
-        core_log = self.group.core.log
-        if applied_to == core_log.last_index:
-            self._advance_hw(core_log.next_offset)  # the usual case at low load: no read
+        group = self.group
+        if applied_to == group.last_index:
+            self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
 
@@ -199,7 +199,7 @@ class PartitionReplica:
         # The term in which the current leader (maybe this replica) was elected: clients
         # compare it to tell newer metadata from older.
         if soft.leader:
-            self.leader_term = self.group.core.term
+            self.leader_term = self.group.term
 
     # --- produce ----------------------------------------------------------------------
 
@@ -230,8 +230,7 @@ class PartitionReplica:
         deadline = time.monotonic() + timeout
         await self._reserve(size, deadline)
         try:
-            core = self.group.core
-            base = core.log.next_offset
+            base = self.group.next_offset
             try:
                 future = self._host.propose(
                     self.group.name, entries, durable_locally=acks == Acks.LEADER
@@ -250,7 +249,7 @@ class PartitionReplica:
                 # The Raft core's own check of what it is handed; validate() should have
                 # caught it first, and a client must still get a refusal, not a crash.
                 raise InvalidBatchError(f"malformed batch: {exc}") from None
-            last = core.log.next_offset - 1
+            last = self.group.next_offset - 1
             if acks == Acks.NONE:
                 future.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)

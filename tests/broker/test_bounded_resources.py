@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raftmq.broker.local_cluster import LocalCluster
+from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.handles import cap_for_limit
 from raftmq.log.segment import LOG_SUFFIX, parse_segment_name

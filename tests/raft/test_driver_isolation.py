@@ -106,7 +106,7 @@ async def test_a_storage_error_quarantines_one_group_and_it_comes_back(
                 await bad.propose("a", batch(i))
         st = bad.status("a")
         assert st.failed is not None and "FileExistsError" in st.failed, st
-        assert st.leader == 0 and st.role == Role.FOLLOWER and not st.progress
+        assert st.leader == 0 and st.role == Role.FOLLOWER and not st.followers
         assert "a" not in bad.groups and "a" in bad.quarantined
         errors = [r for r in caplog.records if r.levelname == "ERROR" and "group a" in r.message]
         assert len(errors) == 1 and errors[0].exc_info is not None, errors

@@ -179,6 +179,30 @@ class RaftGroup:
         longer hears from the group, so what it knew may be stale)."""
         return 0 if self.failure is not None else self.core.lead
 
+    # The narrow face for the partition layer: what it needs of the core, read here so
+    # that nothing outside raftmq/raft touches the core itself.
+
+    @property
+    def term(self) -> int:
+        """The current term of this member."""
+        return self.core.term
+
+    @property
+    def commit_index(self) -> int:
+        """The highest Raft index this member knows committed."""
+        return self.core.log.committed
+
+    @property
+    def last_index(self) -> int:
+        """The Raft index of this member's last entry (written, not necessarily durable)."""
+        return self.core.log.last_index
+
+    @property
+    def next_offset(self) -> int:
+        """The message offset the next appended entry starts at (the core stamps offsets
+        into entries as it appends them: docs/raft.md)."""
+        return self.core.log.next_offset
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeerProgress:
@@ -202,8 +226,8 @@ class GroupStatus:
     """Why this node's member is quarantined, or None while it runs."""
     leader_commit: int
     """On a follower: the highest commit its leader has told it (0 if none yet)."""
-    progress: dict[int, PeerProgress]
-    """On a leader: each follower's progress (empty otherwise)."""
+    followers: dict[int, PeerProgress]
+    """On a leader: a copy of each follower's progress (empty otherwise)."""
 
 
 def _reason(what: str, exc: BaseException) -> str:
@@ -393,7 +417,7 @@ class RaftHost:
             role=core.role if group.failure is None else Role.FOLLOWER,
             failed=group.failure,
             leader_commit=group.leader_commit,
-            progress={
+            followers={
                 peer: PeerProgress(pr.match, pr.state)
                 for peer, pr in core.progress.items()
                 if peer != self.node_id
