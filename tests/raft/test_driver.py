@@ -8,7 +8,7 @@ from raftmq.format import entry
 from raftmq.log.config import LogConfig
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.host import group_storage
-from raftmq.raft.host import host as host_mod
+from raftmq.raft.host import repair as repair_mod
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.raft.host.transport import MemoryNetwork
@@ -532,7 +532,7 @@ async def scrubbed_cluster_with_sealed_segments(tmp: Path):
 async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
     """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
     replica restores the bytes from a peer, byte-identical again."""
-    monkeypatch.setattr(host_mod, "SCRUB_PASS_PAUSE_S", 0.05)
+    monkeypatch.setattr(repair_mod, "SCRUB_PASS_PAUSE_S", 0.05)
     hosts, _, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
         with open(seg, "r+b") as f:
@@ -553,7 +553,7 @@ async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_c
     """A follower's sealed segment holds a different entry with a valid CRC (no scrub
     can see it): the leader's audit finds that the copies differ and the follower
     replaces its bytes with the leader's."""
-    monkeypatch.setattr(host_mod, "SCRUB_PASS_PAUSE_S", 0.05)
+    monkeypatch.setattr(repair_mod, "SCRUB_PASS_PAUSE_S", 0.05)
     hosts, leader, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
         h = next(entry.iter_headers(good))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.log.atomic_file import read_atomic, replace_file, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.raft.config import Config
@@ -79,22 +79,7 @@ def decode_hard_state(buf: bytes) -> HardState:
 
 def save_hard_state(path: str | os.PathLike[str], hs: HardState) -> None:
     """Durably replace the hard state; on return it survives power loss."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        data = encode_hard_state(hs)
-        written = os.write(fd, data)
-        assert written == len(data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    replace_file(Path(path), encode_hard_state(hs))
 
 
 def load_hard_state(path: str | os.PathLike[str]) -> HardState:
