@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from raftmq.log import entry
-from raftmq.log.records import Record, build_batch, iter_records
+from raftmq.format import entry
+from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.partition.batch_check import check_produce
 
 RECORDS = 100

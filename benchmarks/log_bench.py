@@ -52,7 +52,7 @@ from crc32c import crc32c
 
 import raftmq.log.log as log_module
 from raftmq.broker.runtime import tune_malloc
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import NotContiguousError
 from raftmq.log.log import Log

@@ -42,11 +42,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.produce_bench import cpu_seconds_of, disk_tempdir  # noqa: E402
-from raftmq.broker.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
+from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
+from raftmq.format.records import Record, build_batch  # noqa: E402
 from raftmq.log.handles import cap_for_limit  # noqa: E402
 from raftmq.log.preallocate import DEFAULT_BUDGET_BYTES  # noqa: E402
-from raftmq.log.records import Record, build_batch  # noqa: E402
 from raftmq.log.segment import LOG_SUFFIX, parse_segment_name  # noqa: E402
 
 TOPIC = "many"

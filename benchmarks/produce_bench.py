@@ -300,7 +300,7 @@ async def raftmq_produce_worker(
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
     from raftmq.client.lowlevel import GRPC_OPTIONS
-    from raftmq.log.records import Record, build_batch
+    from raftmq.format.records import Record, build_batch
 
     channels = {addr: grpc.aio.insecure_channel(addr, options=GRPC_OPTIONS) for addr, _ in targets}
     stubs = {addr: pb_grpc.BrokerStub(ch) for addr, ch in channels.items()}
@@ -444,7 +444,7 @@ async def raftmq_consume_worker(
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
     from raftmq.client.lowlevel import GRPC_OPTIONS
-    from raftmq.log import entry
+    from raftmq.format import entry
 
     addrs = {a for a, _, _ in jobs}
     channels = {a: grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in addrs}
@@ -754,7 +754,7 @@ def raftmq_sequential(
 
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-    from raftmq.log.records import Record, build_batch
+    from raftmq.format.records import Record, build_batch
 
     value = os.urandom(value_size)
     acks = pb.ACKS_LEADER if mode == "leader" else pb.ACKS_ALL
@@ -783,7 +783,7 @@ def raftmq_sequential(
 
 
 def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
-    from raftmq.broker.local_cluster import LocalCluster, local_spec
+    from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
     data = disk_tempdir("raftmq-produce-bench-")
     cluster = LocalCluster(data, local_spec(3, {TOPIC: plan.partitions}))

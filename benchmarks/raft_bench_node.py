@@ -84,12 +84,12 @@ class _Applied:
 
 
 async def _raftmq_main(args: argparse.Namespace) -> None:
-    from raftmq.log import entry
+    from raftmq.format import entry
     from raftmq.log.config import LogConfig
-    from raftmq.raft.driver import RaftHost
     from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
+    from raftmq.raft.host.host import RaftHost
+    from raftmq.raft.host.tcp import TcpTransport
     from raftmq.raft.membership import Membership
-    from raftmq.raft.tcp import TcpTransport
 
     ports = parse_peers(args.ports)
     me = args.node

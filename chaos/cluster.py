@@ -21,8 +21,10 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from chaos.toxiproxy.launcher import RunningToxiproxy, start_toxiproxy
-from raftmq.broker.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
-from raftmq.broker.local_cluster import LocalCluster, free_port
+from raftmq.controller.cluster_file import ClusterSpec
+from raftmq.controller.metadata import BrokerSpec, TopicSpec
+from raftmq.controller.placement import round_robin
+from raftmq.devtools.local_cluster import LocalCluster, free_port
 
 TOPIC = "chaos"
 
@@ -68,9 +70,7 @@ class ChaosCluster:
             dial[link.a][link.b] = proxy.listen
             dial[link.b][link.a] = f"127.0.0.1:{raft[link.a]}"  # never dialed: b accepts
         factor = min(3, nodes)
-        replicas = tuple(
-            tuple(self.nodes[(p + k) % nodes] for k in range(factor)) for p in range(partitions)
-        )
+        replicas = round_robin(self.nodes, partitions, factor)
         self.spec = ClusterSpec(
             "raftmq-chaos",
             {i: BrokerSpec(i, "127.0.0.1", advertised[i], raft[i]) for i in self.nodes},

@@ -22,7 +22,8 @@ from pathlib import Path
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.log.durability_markers import DURABLE_SUFFIX
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 
 CATEGORIES = (
@@ -40,7 +41,6 @@ CATEGORIES = (
     "fd-pressure",
 )
 
-DURABLE_SUFFIX = ".durable"
 """Sidecar of a segment file holding the size its last fsync covered (8 bytes, big-endian),
 written by brokers started with ``--durability-markers`` (see ``raftmq.broker.server``)."""
 _DURABLE = struct.Struct(">q")

@@ -18,8 +18,8 @@ from chaos.nemesis import CATEGORIES, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import ClientError, LowLevelClient
-from raftmq.log import entry
-from raftmq.log.records import decode_records
+from raftmq.format import entry
+from raftmq.format.records import decode_records
 
 
 @dataclass

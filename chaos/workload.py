@@ -18,7 +18,7 @@ from collections.abc import Callable
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import ClientError, LowLevelClient
-from raftmq.log.records import Record, build_batch, iter_records
+from raftmq.format.records import Record, build_batch, iter_records
 
 DEFINITE_REFUSALS = {
     "NOT_LEADER",

@@ -26,7 +26,7 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.broker.cluster_file import ClusterSpec
+from raftmq.controller.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    spec: ClusterSpec, me: int, hosted: set[tuple[str, int]]
+    spec: ClusterMetadata, me: int, hosted: set[tuple[str, int]]
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
     the ids of the peers that answered."""

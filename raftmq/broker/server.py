@@ -19,27 +19,25 @@ import contextlib
 import logging
 import os
 import signal
-import struct
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from raftmq.broker.cluster_file import ClusterSpec
 from raftmq.broker.history_probe import partitions_with_history
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
+from raftmq.controller.leadership import HandBack, LedGroup
+from raftmq.controller.metadata import ClusterMetadata
 from raftmq.log.config import LogConfig
+from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
-from raftmq.raft.driver import RaftHost, record_promise
 from raftmq.raft.errors import RaftError
-from raftmq.raft.progress import ProgressState
-from raftmq.raft.tcp import TcpTransport
+from raftmq.raft.host.group_storage import record_promised
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
 
@@ -52,49 +50,6 @@ GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
 PREFER_WINDOW_SECONDS = 10.0
 """How long after start a preferred replica may still start an election for its group."""
-
-DURABLE_SUFFIX = ".durable"
-_DURABLE = struct.Struct(">q")
-_MARKERS_KEPT = 64
-"""Marker descriptors kept open by the whole process (not per log): a broker with 1,000
-logs would otherwise hold thousands, beside the segment cap (see handles.py)."""
-
-
-class _MarkerFiles:
-    """The durability markers' descriptors, least recently used first, shared by every log
-    of the process and used from the fsync threads (hence the lock)."""
-
-    def __init__(self, kept: int) -> None:
-        self._lock = threading.Lock()
-        self._fds: OrderedDict[str, int] = OrderedDict()
-        self._kept = kept
-
-    def write(self, path: str, size: int) -> None:
-        with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = os.open(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
-                self._fds[path] = fd
-                while len(self._fds) > self._kept:
-                    os.close(self._fds.popitem(last=False)[1])
-            else:
-                self._fds.move_to_end(path)
-            os.pwrite(fd, _DURABLE.pack(size), 0)
-
-
-_MARKERS = _MarkerFiles(_MARKERS_KEPT)
-
-
-def durability_marker_writer() -> Callable[[str, int], None]:
-    """A ``Log.on_durable`` hook (test-only, ``--durability-markers``): writes each fsynced
-    size into ``<segment file>.durable`` so the chaos harness can cut the segment back to
-    it after a SIGKILL, simulating a power loss that drops un-fsynced data.
-
-    No fsync: the marker only has to outlive the SIGKILL, so the page cache is enough.
-    The descriptors are a bounded LRU for the whole process: the hook is called for each
-    log's active segment, and for the one a roll just closed."""
-    return _MARKERS.write
-
 
 def open_files_note(replicas: int) -> tuple[str, bool]:
     """Raise this process's open-file limit to the hard limit, cap the segment handles by
@@ -118,7 +73,7 @@ class Broker:
     def __init__(
         self,
         broker_id: int,
-        spec: ClusterSpec,
+        spec: ClusterMetadata,
         data_dir: Path,
         *,
         raft_peers: dict[int, tuple[str, int]] | None = None,
@@ -261,7 +216,7 @@ class Broker:
         for topic, p in sorted(seen):
             directory = self.data_dir / f"{topic}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
-            record_promise(directory)
+            record_promised(directory)
 
     async def stop(self, *, graceful: bool = True, transfer_wait: float = 3.0) -> None:
         await self.health.enter_graceful_shutdown()
@@ -305,7 +260,7 @@ class Broker:
         pending = {
             group_name(r.topic, r.partition): r
             for r in self.replicas.values()
-            if r.replicas[0] == self.id and len(r.replicas) > 1
+            if self.spec.preferred_leader(r.topic, r.partition) == self.id and len(r.replicas) > 1
         }
         deadline = time.monotonic() + within
         while pending and time.monotonic() < deadline and not self.stopping:
@@ -321,42 +276,27 @@ class Broker:
     async def _restore_preferred_leaders(self) -> None:
         """Every ``leader_rebalance_seconds``, hand each group this broker leads back to its
         preferred replica (the first in its list) when that replica is reachable and in
-        sync, as Kafka's automatic preferred-leader election does.
-
-        Why: leaders that an election put elsewhere (the preferred broker started a little
-        late, or failed and came back) otherwise stay there for good, and one broker ends
-        up carrying the load of several. Why two checks in a row: a broker that is
-        stopping hands its groups away and is gone within seconds, and must not get them
-        straight back; nor should a replica whose link flaps pull leadership to and fro.
-        The transfer itself waits until the replica holds the whole log, and the group
-        takes no proposals meanwhile (an election timeout at most); producers retry."""
-        ready_before: set[str] = set()
+        sync (the policy, and why: raftmq.controller.leadership). The transfer itself waits
+        until the replica holds the whole log, and the group takes no proposals meanwhile
+        (an election timeout at most); producers retry."""
+        policy = HandBack()
         while not self.stopping:
             await asyncio.sleep(self.leader_rebalance_seconds)
-            ready_now: set[str] = set()
+            led = []
             for r in self.replicas.values():
-                preferred = r.replicas[0]
+                preferred = self.spec.preferred_leader(r.topic, r.partition)
                 if preferred == self.id or not r.is_leader or self.stopping:
                     continue
                 name = group_name(r.topic, r.partition)
-                st = self.host.status(name)
-                pr = st.progress.get(preferred)
-                if (
-                    pr is None
-                    or pr.state != ProgressState.REPLICATE
-                    or pr.match < st.commit
-                    or not self.transport.peer_alive(preferred)
-                ):
-                    continue
-                if name not in ready_before:
-                    ready_now.add(name)
-                    continue
+                alive = self.transport.peer_alive(preferred)
+                led.append(LedGroup(name, preferred, self.host.status(name), alive))
+            for group in policy.due(led):
+                name, preferred = group.name, group.preferred
                 log.info("handing %s back to its preferred leader, broker %d", name, preferred)
                 try:
                     self.host.transfer_leadership(name, preferred)
                 except RaftError as exc:  # lost leadership meanwhile, or a transfer under way
                     log.info("no hand-back of %s: %s", name, exc)
-            ready_before = ready_now
 
     async def _hand_over_leadership(self, wait: float) -> None:
         """Move each partition this broker leads to a live follower that is caught up, so
@@ -368,7 +308,7 @@ class Broker:
             # telling it to campaign, so it need not match the log at this very moment.
             candidates = sorted(
                 (pr.match, peer)
-                for peer, pr in st.progress.items()
+                for peer, pr in st.followers.items()
                 if self.transport.peer_alive(peer)
             )
             if candidates:

@@ -20,8 +20,8 @@ from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.broker.cluster_file import TOPIC_NAME
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
+from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica

@@ -18,13 +18,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker import cluster_file
-from raftmq.broker.cluster_file import BrokerSpec, ClusterFileError, ClusterSpec
-from raftmq.broker.local_cluster import CLUSTER_FILE, LocalCluster, free_port, local_spec
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.controller import cluster_file
+from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
+from raftmq.controller.metadata import BrokerSpec
+from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, free_port, local_spec
+from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
-from raftmq.log.records import Record, build_batch, iter_records
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")

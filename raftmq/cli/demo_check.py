@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from raftmq.log.records import Record
+from raftmq.format.records import Record
 
 RUN_HEADER = "raftmq-demo-run"
 SHOWN_BYTES = 24

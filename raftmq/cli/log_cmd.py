@@ -15,13 +15,13 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.errors import InvalidEntryError
+from raftmq.format.records import Record, build_batch, decode_records, iter_records
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import InvalidEntryError
 from raftmq.log.inspect import describe, iter_entries, segment_files, verify_folder
 from raftmq.log.log import Log
-from raftmq.log.records import Record, build_batch, decode_records, iter_records
 
 app = typer.Typer(
     help="Inspect, verify and demonstrate partition log folders.", no_args_is_help=True

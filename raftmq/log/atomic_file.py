@@ -13,8 +13,15 @@ _TRAILER = struct.Struct(">I")
 
 
 def write_atomic(path: Path, payload: bytes) -> None:
+    """Durably replace ``path`` with ``payload`` and its CRC trailer."""
+    replace_file(path, payload + _TRAILER.pack(crc32c(payload)))
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Durably replace ``path`` with ``data`` as it stands (for files that carry their own
+    CRC, like the Raft hard state): on return it survives power loss, and a crash at any
+    point leaves either the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
-    data = payload + _TRAILER.pack(crc32c(payload))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from raftmq.log.entry import MAX_ENTRY_BYTES
+from raftmq.format.entry import MAX_ENTRY_BYTES
 
 MIB = 1024 * 1024
 DAY_MS = 24 * 60 * 60 * 1000

@@ -3,29 +3,20 @@ so the API layer can pass it to a user unchanged."""
 
 from __future__ import annotations
 
+from raftmq.format.errors import InvalidEntryError
+
 
 class LogError(Exception):
-    """Base class for every error the log raises on purpose."""
+    """Base class for every error the log raises on purpose about itself (a range, a
+    closed handle). Errors about an entry's bytes are raftmq.format.errors.FormatError;
+    a caller that handles both catches ``(LogError, FormatError)``."""
 
 
-class InvalidEntryError(LogError):
-    """Bytes that are not a well-formed entry: refused before anything is written."""
-
-
-class CorruptEntryError(LogError):
-    """Bytes whose CRC does not match: on append, a bad batch; on read, disk corruption."""
-
-    def __init__(self, message: str, *, position: int = -1, segment: str = "") -> None:
-        super().__init__(message)
-        self.position = position
-        self.segment = segment
-
-
-class EntryTooLargeError(InvalidEntryError):
+class EntryTooLargeError(InvalidEntryError, LogError):
     """An entry over ``max.message.bytes``."""
 
 
-class NotContiguousError(InvalidEntryError):
+class NotContiguousError(InvalidEntryError, LogError):
     """An append whose Raft index or message offset does not follow the log's end."""
 
 

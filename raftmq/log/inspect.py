@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raftmq.format.entry import HEADER_SIZE, EntryHeader, EntryType
+from raftmq.format.errors import InvalidEntryError
+from raftmq.format.records import check_records
 from raftmq.log.atomic_file import read_atomic
-from raftmq.log.entry import HEADER_SIZE, EntryHeader, EntryType
-from raftmq.log.errors import InvalidEntryError
 from raftmq.log.log import START_CHECKPOINT, TERMS_CHECKPOINT
-from raftmq.log.records import check_records
 from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
 
 MAX_RECORD_PROBLEMS = 10

@@ -29,14 +29,13 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.entry import EntryHeader, EntryType
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log.atomic_file import fsync_dir, read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.entry import EntryHeader, EntryType
 from raftmq.log.errors import (
-    CorruptEntryError,
     EntryTooLargeError,
-    InvalidEntryError,
     LogClosedError,
     NotContiguousError,
     OutOfRangeError,

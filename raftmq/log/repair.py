@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryHeader
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError, LogError
+from raftmq.format import entry
+from raftmq.format.entry import EntryHeader
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log
 from raftmq.log.segment import Segment
 

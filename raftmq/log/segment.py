@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftmq.log import entry, preallocate
+from raftmq.format import entry
+from raftmq.format.entry import HEADER_SIZE, EntryHeader
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
+from raftmq.log import preallocate
 from raftmq.log.atomic_file import fsync_dir
-from raftmq.log.entry import HEADER_SIZE, EntryHeader
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log.handles import HANDLES
 from raftmq.log.index import SegmentIndex
 

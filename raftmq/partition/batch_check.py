@@ -16,10 +16,10 @@ the field, the value and the limit.
 
 from __future__ import annotations
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
-from raftmq.log.records import check_records
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
+from raftmq.format.records import check_records
 from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, InvalidBatchError
 
 MAX_ENTRIES_PER_PRODUCE = 10_000

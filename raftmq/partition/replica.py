@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryError
 from raftmq.log.config import LogConfig
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError, LogError
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log, ReadResult
 from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
@@ -32,7 +33,7 @@ from raftmq.partition.errors import (
     ReplicaFailedError,
 )
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.driver import RaftGroup, RaftHost
+from raftmq.raft.host.host import RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.progress import ProgressState
@@ -104,7 +105,7 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
         )
-        self.high_watermark = self._offset_after(self.group.core.log.committed)
+        self.high_watermark = self._offset_after(self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------
 
@@ -151,7 +152,7 @@ class PartitionReplica:
         leader's progress state for it)."""
         states = {self._host.node_id: self.state}
         st = self._host.status(self.group.name)
-        for peer, pr in sorted(st.progress.items()):
+        for peer, pr in sorted(st.followers.items()):
             if pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
                 states[peer] = ("ok", "")
             else:
@@ -183,9 +184,9 @@ class PartitionReplica:
     def _apply(self, _: bytes, applied_to: int) -> None:
         """The commit reached ``applied_to`` (the group does not hand us the bytes: the log
         is the state). The high watermark is the offset after it."""
-        core_log = self.group.core.log
-        if applied_to == core_log.last_index:
-            self._advance_hw(core_log.next_offset)  # the usual case at low load: no read
+        group = self.group
+        if applied_to == group.last_index:
+            self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
 
@@ -205,7 +206,7 @@ class PartitionReplica:
         # The term in which the current leader (maybe this replica) was elected: clients
         # compare it to tell newer metadata from older.
         if soft.leader:
-            self.leader_term = self.group.core.term
+            self.leader_term = self.group.term
 
     # --- produce ----------------------------------------------------------------------
 
@@ -236,8 +237,7 @@ class PartitionReplica:
         deadline = time.monotonic() + timeout
         await self._reserve(size, deadline)
         try:
-            core = self.group.core
-            base = core.log.next_offset
+            base = self.group.next_offset
             try:
                 future = self._host.propose(
                     self.group.name, entries, durable_locally=acks == Acks.LEADER
@@ -256,7 +256,7 @@ class PartitionReplica:
                 # The Raft core's own check of what it is handed; validate() should have
                 # caught it first, and a client must still get a refusal, not a crash.
                 raise InvalidBatchError(f"malformed batch: {exc}") from None
-            last = core.log.next_offset - 1
+            last = self.group.next_offset - 1
             if acks == Acks.NONE:
                 future.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)
@@ -320,7 +320,7 @@ class PartitionReplica:
             return self.group.log.read(offset, max_bytes, upper_offset=hw)
         except CorruptEntryError as exc:
             raise self._corrupt(exc, offset, hw) from None
-        except LogError as exc:
+        except (LogError, FormatError) as exc:
             if isinstance(exc, CorruptEntryError):
                 self._host.request_repair(self.group.name)  # restore it from a replica
             if hasattr(exc, "start"):
@@ -344,7 +344,7 @@ class PartitionReplica:
         problem, not the client's, and no traceback to add."""
         bad = offset
         log_ = self.group.log
-        with contextlib.suppress(LogError):
+        with contextlib.suppress(LogError, FormatError):
             for _ in range(CORRUPT_PROBE_ENTRIES):
                 result = log_.read(bad, 1, upper_offset=hw)
                 if not result.entries or result.next_offset >= hw:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.raft.config import Config
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.storage import Storage

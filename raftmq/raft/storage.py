@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.errors import NotContiguousError, OutOfRangeError
 
 

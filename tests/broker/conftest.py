@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.broker.cluster_file import ClusterSpec
-from raftmq.broker.local_cluster import LocalCluster, local_spec
+from raftmq.controller.cluster_file import ClusterSpec
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
 # The shared cluster tests no failover: a longer election timeout keeps a loaded machine's
 # scheduling hiccups from moving leaders under tests that talk to a leader directly.

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raftmq.broker.local_cluster import LocalCluster
+from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.handles import cap_for_limit
-from raftmq.log.records import Record, build_batch, iter_records
 from raftmq.log.segment import LOG_SUFFIX, parse_segment_name
 from tests.broker.conftest import LEADER_TIMEOUT, REBALANCE_ARGS, cluster_spec, log_tails
 

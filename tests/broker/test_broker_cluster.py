@@ -18,11 +18,11 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.records import Record, build_batch, iter_records
+from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.records import Record, build_batch, iter_records
 from tests.broker.conftest import ClusterFactory
 
 RPC_TIMEOUT = 10.0

@@ -17,9 +17,9 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.local_cluster import LocalCluster, local_spec
 from raftmq.client.lowlevel import ClientError, LowLevelClient
-from raftmq.log.records import Record, build_batch, iter_records
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.segment import LOG_SUFFIX, segment_name
 from tests.broker.conftest import SHARED_BROKER_ARGS, ClusterFactory, log_tails
 from tests.broker.test_broker_cluster import RPC_TIMEOUT, address_of, wait_until

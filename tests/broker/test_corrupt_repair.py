@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import ClientError
+from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.inspect import verify_folder
 from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (

@@ -12,7 +12,7 @@ import pytest
 
 from raftmq.cli.cluster_cmd import DEMO_TOPIC
 from raftmq.cli.demo_check import RUN_HEADER, check_partition
-from raftmq.log.records import Record, build_batch
+from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import ClusterFactory
 
 RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.config import LogConfig
 from raftmq.log.log import Log
-from raftmq.raft.driver import COMMIT_HINT_FILE, HARD_STATE_FILE
+from raftmq.raft.host.group_storage import COMMIT_HINT_FILE, HARD_STATE_FILE
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import (
     _hw_or_none,

@@ -20,9 +20,9 @@ import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import LowLevelClient, error_of
-from raftmq.log import entry
+from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format import entry
 from tests.broker.conftest import LEADER_TIMEOUT, REBALANCE_ARGS, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     RPC_TIMEOUT,

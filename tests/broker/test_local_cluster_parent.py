@@ -12,7 +12,7 @@ from pathlib import Path
 PARENT = """
 import sys, time
 from pathlib import Path
-from raftmq.broker.local_cluster import LocalCluster, local_spec
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
 cluster = LocalCluster(Path(sys.argv[1]), local_spec(3, {"t": 1}))
 cluster.start()
 cluster.wait_for_leaders(timeout=60)

@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.local_cluster import LocalCluster, local_spec
 from raftmq.client.lowlevel import LowLevelClient, error_of
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.records import Record, encode_records, iter_records
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.records import Record, encode_records, iter_records
 from tests.broker.conftest import LEADER_TIMEOUT, log_tails
 
 TOPIC = "fuzz"

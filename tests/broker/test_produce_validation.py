@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.local_cluster import LocalCluster
 from raftmq.client.lowlevel import LowLevelClient
-from raftmq.log import entry
-from raftmq.log.records import Record, encode_records, iter_records
+from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format import entry
+from raftmq.format.records import Record, encode_records, iter_records
 from tests.broker.test_broker_cluster import (
     RPC_TIMEOUT,
     address_of,

@@ -11,7 +11,7 @@ import pytest
 
 from chaos.nemesis import DURABLE_SUFFIX, lose_unsynced
 from chaos.run import ChaosOptions, _in_common_range, run
-from raftmq.log import entry
+from raftmq.format import entry
 
 
 def _assert_clean(result, out, min_acked: int) -> None:
@@ -149,9 +149,9 @@ def test_digest_range_leaves_out_control_entries_at_its_edges():
 
 def _partition_log(tmp_path: Path, entries: int = 60) -> Path:
     """A real partition directory with several sealed segments of small entries."""
+    from raftmq.format.records import Record, build_batch
     from raftmq.log.config import FlushPolicy, LogConfig
     from raftmq.log.log import Log
-    from raftmq.log.records import Record, build_batch
 
     directory = tmp_path / "broker-1" / "chaos-0"
     config = LogConfig(segment_bytes=1024, flush_policy=FlushPolicy.EVERY_BATCH)

@@ -5,11 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.records import Record, build_batch
 from raftmq.log.config import LogConfig
 from raftmq.log.inspect import verify_folder
 from raftmq.log.log import Log
-from raftmq.log.records import Record, build_batch
 
 RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
 
@@ -54,10 +54,10 @@ def test_verify_and_dump_name_an_entry_whose_records_cannot_be_decoded(tmp_path:
     """Its CRC is right (it was written so), but its header claims 3 records and its payload
     holds 2: verify fails naming segment and byte, dump --records says so instead of
     crashing."""
-    from raftmq.log import entry
+    from raftmq.format import entry
+    from raftmq.format.records import Record, build_batch, encode_records
     from raftmq.log.config import LogConfig
     from raftmq.log.log import Log
-    from raftmq.log.records import Record, build_batch, encode_records
 
     folder = tmp_path / "p0"
     with Log.open(folder, LogConfig()) as log:

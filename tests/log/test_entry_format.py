@@ -5,9 +5,9 @@ import struct
 
 import pytest
 
-from raftmq.log import entry
-from raftmq.log.entry import HEADER_SIZE, EntryType
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+from raftmq.format import entry
+from raftmq.format.entry import HEADER_SIZE, EntryType
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 
 
 def test_header_layout_matches_docs():

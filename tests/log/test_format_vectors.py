@@ -9,9 +9,9 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.records import (
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.records import (
     Record,
     _Cursor,
     _get_varint,

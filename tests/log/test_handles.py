@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.log import entry, preallocate
+from raftmq.format import entry
+from raftmq.log import preallocate
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.handles import HANDLES, cap_for_limit
 from raftmq.log.log import Log
@@ -207,12 +208,12 @@ CHILD = textwrap.dedent(
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    from raftmq.log import entry
+    from raftmq.format import entry
     from raftmq.log.config import LogConfig
     from raftmq.log.handles import HANDLES
-    from raftmq.raft.driver import RaftHost
+    from raftmq.raft.host.host import RaftHost
     from raftmq.raft.membership import Membership
-    from raftmq.raft.transport import MemoryNetwork
+    from raftmq.raft.host.transport import MemoryNetwork
 
     GROUPS = 1000
     root = Path(sys.argv[1])

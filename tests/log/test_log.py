@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 import raftmq.log.log as log_module
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.errors import CorruptEntryError
 from raftmq.log.atomic_file import write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError, NotContiguousError
+from raftmq.log.errors import NotContiguousError
 from raftmq.log.log import READ_SLACK, START_CHECKPOINT, Log
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
 

@@ -10,7 +10,7 @@ import os
 import threading
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.log.segment import LOG_SUFFIX

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 

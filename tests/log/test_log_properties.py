@@ -30,15 +30,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from raftmq.format.entry import HEADER_SIZE, EntryType, encode
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.entry import HEADER_SIZE, EntryType, encode
-from raftmq.log.errors import (
-    CorruptEntryError,
-    EntryTooLargeError,
-    InvalidEntryError,
-    NotContiguousError,
-    OutOfRangeError,
-)
+from raftmq.log.errors import EntryTooLargeError, NotContiguousError, OutOfRangeError
 from raftmq.log.log import Log, ReadResult
 from raftmq.log.segment import LOG_SUFFIX, segment_name
 

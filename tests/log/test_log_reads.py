@@ -1,6 +1,6 @@
 """Reads that cross segment boundaries with entries larger than one read chunk."""
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import READ_SLACK, Log
 

@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftmq.log import entry
-from raftmq.log.errors import InvalidEntryError
-from raftmq.log.records import Record, build_batch, decode_records, iter_records
+from raftmq.format import entry
+from raftmq.format.errors import InvalidEntryError
+from raftmq.format.records import Record, build_batch, decode_records, iter_records
 
 records_st = st.lists(
     st.builds(
@@ -53,7 +53,7 @@ def test_an_empty_batch_is_refused():
 
 # --- check_records: the framing rules a broker and a reader share -----------------------------
 
-from raftmq.log.records import _put_uvarint, _put_varint, check_records  # noqa: E402
+from raftmq.format.records import _put_uvarint, _put_varint, check_records  # noqa: E402
 
 
 def record_bytes(

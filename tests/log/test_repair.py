@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.log import entry
+from raftmq.format import entry
+from raftmq.format.errors import CorruptEntryError
+from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
-from raftmq.log.errors import CorruptEntryError
 from raftmq.log.inspect import verify_folder
 from raftmq.log.log import Log
-from raftmq.log.records import Record, build_batch, iter_records
 from raftmq.log.repair import RepairRefusedError, find_damage, patch
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512)

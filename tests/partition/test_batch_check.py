@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.log import entry
-from raftmq.log.records import Record, build_batch, encode_records
+from raftmq.format import entry
+from raftmq.format.records import Record, build_batch, encode_records
 from raftmq.partition.batch_check import MAX_ENTRIES_PER_PRODUCE, check_produce
 from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, InvalidBatchError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.raft import (
     Config,
     HardState,

@@ -20,7 +20,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.raft import (
     Config,
     HardState,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryType
-from raftmq.log.errors import CorruptEntryError
+from raftmq.format import entry
+from raftmq.format.entry import EntryType
+from raftmq.format.errors import CorruptEntryError
 from raftmq.raft import (
     Config,
     HardState,

@@ -4,14 +4,15 @@ real TCP sockets on loopback: election, commit everywhere, leader loss, quiescen
 import asyncio
 from pathlib import Path
 
-from raftmq.log import entry
+from raftmq.format import entry
 from raftmq.log.config import LogConfig
-from raftmq.raft import driver
-from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
-from raftmq.raft.membership import Membership
-from raftmq.raft.tcp import TcpTransport
-from raftmq.raft.transport import MemoryNetwork
+from raftmq.raft.host import group_storage
+from raftmq.raft.host import repair as repair_mod
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.tcp import TcpTransport
+from raftmq.raft.host.transport import MemoryNetwork
+from raftmq.raft.membership import ConfigHistory, Membership
 
 MEMBERS = Membership(frozenset({1, 2, 3}))
 SMALL = LogConfig(segment_bytes=256 * 1024)  # small segments: these tests roll too
@@ -359,7 +360,6 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     """Groups whose state is their log save their committed configurations with the commit
     hint, so a restart finds the configuration in force without reading the whole log for
     CONFIG entries; a saved point past the log's end (a torn tail) is clamped to it."""
-    from raftmq.raft import driver as driver_mod
     from raftmq.raft.core import RaftCore
 
     def open_cluster() -> dict[int, RaftHost]:
@@ -390,14 +390,14 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     finally:
         for host in hosts.values():
             await host.stop()
-    hint_path = tmp_path / "n2" / "g" / driver_mod.COMMIT_HINT_FILE
-    saved = driver_mod._read_commit_hint(hint_path)
+    hint_path = tmp_path / "n2" / "g" / group_storage.COMMIT_HINT_FILE
+    saved = group_storage.read_commit_hint(hint_path)
     assert saved is not None and saved.through == last
     assert saved.changes == ((0, MEMBERS), (conf_index, new))
     # Node 3's hint claims more than its log holds, as after losing an unsynced tail.
-    hint3 = tmp_path / "n3" / "g" / driver_mod.COMMIT_HINT_FILE
-    bigger = driver_mod.ConfigHistory(last + 1000, saved.changes)
-    hint3.write_bytes(driver_mod._encode_commit_hint(bigger))
+    hint3 = tmp_path / "n3" / "g" / group_storage.COMMIT_HINT_FILE
+    bigger = ConfigHistory(last + 1000, saved.changes)
+    hint3.write_bytes(group_storage.encode_commit_hint(bigger))
 
     scans: list[int] = []
     original = RaftCore._replay_configs
@@ -532,7 +532,7 @@ async def scrubbed_cluster_with_sealed_segments(tmp: Path):
 async def test_scrubber_finds_a_flipped_bit_and_the_range_is_restored(tmp_path, monkeypatch):
     """Bit rot in a sealed segment that nobody reads: the scrubber finds it and the
     replica restores the bytes from a peer, byte-identical again."""
-    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    monkeypatch.setattr(repair_mod, "SCRUB_PASS_PAUSE_S", 0.05)
     hosts, _, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
         with open(seg, "r+b") as f:
@@ -553,7 +553,7 @@ async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_c
     """A follower's sealed segment holds a different entry with a valid CRC (no scrub
     can see it): the leader's audit finds that the copies differ and the follower
     replaces its bytes with the leader's."""
-    monkeypatch.setattr(driver, "SCRUB_PASS_PAUSE_S", 0.05)
+    monkeypatch.setattr(repair_mod, "SCRUB_PASS_PAUSE_S", 0.05)
     hosts, leader, _, seg, good = await scrubbed_cluster_with_sealed_segments(tmp_path)
     try:
         h = next(entry.iter_headers(good))

@@ -18,17 +18,17 @@ import pytest
 
 from raftmq.log.config import LogConfig
 from raftmq.log.segment import LOG_SUFFIX, segment_name
-from raftmq.raft import driver as driver_mod
-from raftmq.raft.driver import RaftHost
 from raftmq.raft.errors import (
     GroupFailedError,
     NotLeaderError,
     OutcomeUnknownError,
     ProposalDroppedError,
 )
+from raftmq.raft.host import host as driver_mod
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role
-from raftmq.raft.transport import MemoryNetwork
 from tests.raft.test_driver import FAST, MEMBERS, batch, wait_for
 
 TINY = LogConfig(segment_bytes=4096)  # rolls every few dozen entries
@@ -106,7 +106,7 @@ async def test_a_storage_error_quarantines_one_group_and_it_comes_back(
                 await bad.propose("a", batch(i))
         st = bad.status("a")
         assert st.failed is not None and "FileExistsError" in st.failed, st
-        assert st.leader == 0 and st.role == Role.FOLLOWER and not st.progress
+        assert st.leader == 0 and st.role == Role.FOLLOWER and not st.followers
         assert "a" not in bad.groups and "a" in bad.quarantined
         errors = [r for r in caplog.records if r.levelname == "ERROR" and "group a" in r.message]
         assert len(errors) == 1 and errors[0].exc_info is not None, errors

@@ -7,20 +7,24 @@ import struct
 import pytest
 from crc32c import crc32c
 
-from raftmq.raft import hardstate
-from raftmq.raft.hardstate import HardState, HardStateCorruptError
+from raftmq.raft.hardstate import HardState
+from raftmq.raft.host.group_storage import (
+    HardStateCorruptError,
+    load_hard_state,
+    save_hard_state,
+)
 
 
 def test_missing_file_is_the_zero_state(tmp_path):
-    assert hardstate.load(tmp_path / "hs") == HardState()
+    assert load_hard_state(tmp_path / "hs") == HardState()
 
 
 def test_save_then_load_and_replace(tmp_path):
     path = tmp_path / "hs"
-    hardstate.save(path, HardState(3, 2, 17))
-    assert hardstate.load(path) == HardState(3, 2, 17)
-    hardstate.save(path, HardState(4, 0, 17))
-    assert hardstate.load(path) == HardState(4, 0, 17)
+    save_hard_state(path, HardState(3, 2, 17))
+    assert load_hard_state(path) == HardState(3, 2, 17)
+    save_hard_state(path, HardState(4, 0, 17))
+    assert load_hard_state(path) == HardState(4, 0, 17)
     assert not (tmp_path / "hs.tmp").exists()
 
 
@@ -28,7 +32,7 @@ def test_save_then_load_and_replace(tmp_path):
 def test_damaged_file_is_refused_not_guessed(tmp_path, damage):
     """Reading a torn vote as 'no vote' could let a node vote twice in one term."""
     path = tmp_path / "hs"
-    hardstate.save(path, HardState(9, 1, 5))
+    save_hard_state(path, HardState(9, 1, 5))
     raw = bytearray(path.read_bytes())
     if damage == "flip":
         raw[12] ^= 0x01
@@ -38,13 +42,13 @@ def test_damaged_file_is_refused_not_guessed(tmp_path, damage):
         raw = bytearray()
     path.write_bytes(bytes(raw))
     with pytest.raises(HardStateCorruptError):
-        hardstate.load(path)
+        load_hard_state(path)
 
 
 def test_rejoining_flag_round_trips_and_old_files_still_load(tmp_path):
     path = tmp_path / "hs"
-    hardstate.save(path, HardState(2, 0, 4, rejoining=True))
-    assert hardstate.load(path) == HardState(2, 0, 4, rejoining=True)
+    save_hard_state(path, HardState(2, 0, 4, rejoining=True))
+    assert load_hard_state(path) == HardState(2, 0, 4, rejoining=True)
     body = struct.pack(">4sqqq", b"RHS1", 7, 3, 11)  # written before the flag existed
     path.write_bytes(body + struct.pack(">I", crc32c(body)))
-    assert hardstate.load(path) == HardState(7, 3, 11, rejoining=False)
+    assert load_hard_state(path) == HardState(7, 3, 11, rejoining=False)

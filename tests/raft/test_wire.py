@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from raftmq.raft import wire
+from raftmq.raft.host import wire
+from raftmq.raft.host.transport import AuditReply, AuditRequest, RepairReply, RepairRequest
 from raftmq.raft.messages import Message, MsgType
-from raftmq.raft.transport import AuditReply, AuditRequest, RepairReply, RepairRequest
 
 
 def round_trip(batch):

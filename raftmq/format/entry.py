@@ -20,7 +20,7 @@ from enum import IntEnum
 
 from crc32c import crc32c
 
-from raftmq.log.errors import CorruptEntryError, InvalidEntryError
+from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 
 MAGIC = 1
 """Format version in every header; a reader refuses versions it does not know."""

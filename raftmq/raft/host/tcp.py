@@ -20,8 +20,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from raftmq.raft import wire
-from raftmq.raft.transport import Handler, Outgoing
+from raftmq.raft.host import wire
+from raftmq.raft.host.transport import Handler, Outgoing
 
 log = logging.getLogger(__name__)
 

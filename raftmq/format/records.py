@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from raftmq.log import entry
-from raftmq.log.entry import EntryHeader, EntryType
-from raftmq.log.errors import InvalidEntryError
+from raftmq.format import entry
+from raftmq.format.entry import EntryHeader, EntryType
+from raftmq.format.errors import InvalidEntryError
 
 MAX_HEADERS = 1024
 

@@ -15,15 +15,15 @@ from collections.abc import Iterable
 
 from crc32c import crc32c
 
-from raftmq.raft.membership import Membership
-from raftmq.raft.messages import Message, MsgType, SnapshotMeta
-from raftmq.raft.transport import (
+from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
     Outgoing,
     RepairReply,
     RepairRequest,
 )
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Refuse larger frames: a corrupt length must not make a reader allocate gigabytes."""

@@ -23,33 +23,15 @@ import dataclasses
 import logging
 import math
 import os
-import secrets
-import struct
 import time
-import zlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from crc32c import crc32c
-
-from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.errors import CorruptEntryError, LogError
 from raftmq.log.log import Log
-from raftmq.log.repair import (
-    Damage,
-    RepairRefusedError,
-    closed_segments,
-    damage_in,
-    find_damage,
-    patch,
-    stored_crc,
-    whole_segment,
-)
-from raftmq.raft import hardstate
 from raftmq.raft.config import Config
-from raftmq.raft.core import RaftCore, starts_rejoining
+from raftmq.raft.core import RaftCore
 from raftmq.raft.errors import (
     GroupFailedError,
     NotLeaderError,
@@ -57,11 +39,19 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
 )
 from raftmq.raft.hardstate import HardState
-from raftmq.raft.membership import ConfigHistory, Membership
-from raftmq.raft.messages import Message, MsgType, SnapshotMeta
-from raftmq.raft.progress import ProgressState
-from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
-from raftmq.raft.transport import (
+from raftmq.raft.host.group_storage import (
+    COMMIT_HINT_FILE,
+    HARD_STATE_FILE,
+    SNAPSHOT_META_FILE,
+    encode_commit_hint,
+    load_group,
+    promised_path,
+    record_promised,
+    save_hard_state,
+    save_snapshot_meta,
+)
+from raftmq.raft.host.repair import SCRUB_BYTES_PER_S, SelfRepair
+from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
     Outgoing,
@@ -69,19 +59,13 @@ from raftmq.raft.transport import (
     RepairRequest,
     Transport,
 )
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
+from raftmq.raft.progress import ProgressState
+from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
 
 log = logging.getLogger(__name__)
 
-HARD_STATE_FILE = "raft-hardstate"
-COMMIT_HINT_FILE = "raft-commit"
-SNAPSHOT_META_FILE = "raft-snapshot"
-"""Metadata of the log's start point (index, term, next offset, membership), saved
-atomically whenever the log loses a prefix, so a restart knows the membership there."""
-PROMISED_SUFFIX = ".raft-promised"
-"""Beside (not inside) a group's directory, ``<dir>.raft-promised`` records that this
-replica once saved a term: if the directory is later lost or replaced, the replica knows
-it may have voted and acknowledged, and rejoins (docs/raft.md, "Rejoining after disk
-loss") instead of passing for a new member."""
 COMMIT_HINT_SECONDS = 1.0
 """How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
@@ -101,13 +85,6 @@ _URGENT = frozenset(
 _LATE_RESPONSES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.APP_RESP})
 INLINE_FSYNC_AFTER_IDLE = 0.0005
 """Seconds the ready loop must have waited for work before it fsyncs a lone group itself."""
-REPAIR_CHUNK_BYTES = 1 << 20
-"""Entries per RepairReply, at most (one entry more if a single one is larger)."""
-REPAIR_REPLY_TIMEOUT_S = 10.0
-SCRUB_BYTES_PER_S = 1 << 20
-"""Default pace of the background scrubber that re-reads sealed segments and checks
-their CRCs (bit rot is found before a client or follower needs the range); 0 is off."""
-SCRUB_PASS_PAUSE_S = 10.0
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 RETRY_FIRST_S = 1.0
@@ -123,58 +100,6 @@ dead when the group quiesced (instead of one every tick, or none)."""
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
 SnapshotDataFn = Callable[[], bytes]
-_SNAP_META = struct.Struct(">qqq")
-_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
-
-
-def _save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
-    mem = snap.membership.encode()
-    write_atomic(path, _SNAP_META.pack(snap.index, snap.term, snap.next_offset) + mem)
-
-
-def _load_snapshot_meta(path: Path) -> SnapshotMeta | None:
-    raw = read_atomic(path)
-    if raw is None or len(raw) < _SNAP_META.size:
-        return None
-    index, term, next_offset = _SNAP_META.unpack_from(raw)
-    return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
-
-
-def _encode_commit_hint(history: ConfigHistory) -> bytes:
-    payload = history.encode()
-    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
-
-
-def _read_commit_hint(path: Path) -> ConfigHistory | None:
-    """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    if len(raw) < _HINT_HEAD.size:
-        return None
-    size, crc = _HINT_HEAD.unpack_from(raw)
-    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
-    if len(payload) != size or crc32c(payload) != crc:
-        return None
-    try:
-        return ConfigHistory.decode(payload)
-    except ValueError:
-        return None
-
-
-def _promised_path(directory: Path) -> Path:
-    return directory.parent / (directory.name + PROMISED_SUFFIX)
-
-
-def record_promise(directory: Path) -> None:
-    """Durably create the PROMISED_SUFFIX record, once per group and replica. Written
-    after the first hard state with a term, not before: a crash in between leaves a
-    replica whose hard state says what it promised, while the other order could leave
-    a brand-new replica that believes it lost its disk and never votes."""
-    write_atomic(_promised_path(directory), b"")
-
-
 SoftStateFn = Callable[[SoftState], None]
 
 
@@ -236,6 +161,30 @@ class RaftGroup:
         longer hears from the group, so what it knew may be stale)."""
         return 0 if self.failure is not None else self.core.lead
 
+    # The narrow face for the partition layer: what it needs of the core, read here so
+    # that nothing outside raftmq/raft touches the core itself.
+
+    @property
+    def term(self) -> int:
+        """The current term of this member."""
+        return self.core.term
+
+    @property
+    def commit_index(self) -> int:
+        """The highest Raft index this member knows committed."""
+        return self.core.log.committed
+
+    @property
+    def last_index(self) -> int:
+        """The Raft index of this member's last entry (written, not necessarily durable)."""
+        return self.core.log.last_index
+
+    @property
+    def next_offset(self) -> int:
+        """The message offset the next appended entry starts at (the core stamps offsets
+        into entries as it appends them: docs/raft.md)."""
+        return self.core.log.next_offset
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeerProgress:
@@ -259,8 +208,8 @@ class GroupStatus:
     """Why this node's member is quarantined, or None while it runs."""
     leader_commit: int
     """On a follower: the highest commit its leader has told it (0 if none yet)."""
-    progress: dict[int, PeerProgress]
-    """On a leader: each follower's progress (empty otherwise)."""
+    followers: dict[int, PeerProgress]
+    """On a leader: a copy of each follower's progress (empty otherwise)."""
     rejoining: bool = False
     """This member lost entries or votes it had acknowledged and gives no vote until a
     leader has brought it up to date (docs/raft.md, "Rejoining after disk loss")."""
@@ -273,7 +222,7 @@ def _reason(what: str, exc: BaseException) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-class RaftHost:
+class RaftHost(SelfRepair):
     """The driver of every group on one node."""
 
     def __init__(
@@ -355,7 +304,9 @@ class RaftHost:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
         path = Path(directory)
         config = log_config or LogConfig()
-        core, log_, hs = self._load(name, path, membership, config, replay)
+        core, log_, hs = load_group(
+            name, path, membership, config, replay, node_id=self.node_id, core_cfg=self._core_cfg
+        )
         group = RaftGroup(
             name,
             core,
@@ -371,101 +322,13 @@ class RaftHost:
         self._attach(group, hs)
         return group
 
-    def _load(
-        self, name: str, path: Path, membership: Membership, config: LogConfig, replay: bool
-    ) -> tuple[RaftCore, Log, HardState]:
-        """Open a group's log and state from ``path``: at start (:meth:`open_group`) and
-        when a quarantined group is reopened (:meth:`_reopen`), the same way."""
-        path.mkdir(parents=True, exist_ok=True)
-        sync = config.flush_policy is FlushPolicy.EVERY_BATCH
-        # An INTERVAL group acknowledges once the write is done, so its writes go straight
-        # to the kernel: the page cache survives a crash of this process (as Kafka counts
-        # on), bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge
-        # after the round's flush, which writes them out first anyway.
-        log_ = Log.open(
-            path,
-            dataclasses.replace(
-                config,
-                flush_policy=FlushPolicy.INTERVAL,
-                write_behind_bytes=config.write_behind_bytes if sync else 0,
-            ),
-        )
-        try:
-            core, hs = self._load_core(name, path, log_, membership, replay)
-        except BaseException:
-            log_.abandon()  # nothing was written: give its descriptors back at once
-            raise
-        return core, log_, hs
-
-    def _load_core(
-        self, name: str, path: Path, log_: Log, membership: Membership, replay: bool
-    ) -> tuple[RaftCore, HardState]:
-        if not log_.recovery.clean:
-            log.warning("group %s on node %d: log recovery %s", name, self.node_id, log_.recovery)
-        saved = _load_snapshot_meta(path / SNAPSHOT_META_FILE)
-        if saved is not None and saved.index == log_.start_index - 1:
-            membership = saved.membership  # CONFIG entries below the start are gone
-        hs = hardstate.load(path / HARD_STATE_FILE)
-        commit = hs.commit
-        hint = None if replay else _read_commit_hint(path / COMMIT_HINT_FILE)
-        if hint is not None:
-            commit = max(commit, hint.through)
-        promised = _promised_path(path).exists()
-        rejoining = starts_rejoining(hs, log_.last_index, commit, promised=promised)
-        if rejoining and not hs.rejoining:
-            log.warning(
-                "group %s on node %d: this replica lost state it had acknowledged (%s); it "
-                "rejoins: no votes until it holds the leader's log again",
-                name,
-                self.node_id,
-                "no hard state"
-                if hs.term == 0
-                else f"log ends at {log_.last_index}, below its commit {commit}",
-            )
-        # Never trust a commit index beyond the durable log (a torn tail may have been cut):
-        # entries at or below a once-known commit that are still present are the committed
-        # ones, because a log only ever loses a suffix.
-        commit = max(min(commit, log_.last_index), log_.start_index - 1)
-        hs = HardState(hs.term, hs.vote, commit, hs.rejoining)
-        history = None
-        if hint is not None:
-            try:
-                history = hint.for_log(log_.start_index - 1, log_.last_index, membership)
-            except ValueError as exc:
-                log.warning(
-                    "group %s on node %d: %s; reading the whole log for CONFIG entries",
-                    name,
-                    self.node_id,
-                    exc,
-                )
-        applied = None if replay else commit
-        # Each group draws its own election timeouts: with one seed per node, every group
-        # of a node campaigned on the same tick, so thousands of groups started together
-        # split their votes in lockstep forever and all leaders landed on one node.
-        cfg = dataclasses.replace(
-            self._core_cfg,
-            seed=self._core_cfg.seed * 1_000_003 + zlib.crc32(name.encode()),
-            apply_entries=replay,
-        )
-        core = RaftCore(
-            cfg,
-            log_,
-            hard_state=hs,
-            membership=membership,
-            history=history,
-            applied=applied,
-            rejoining=rejoining,
-            incarnation=secrets.randbits(62) + 1,  # this life of the replica, never reused
-        )
-        return core, hs
-
     def _attach(self, group: RaftGroup, hs: HardState) -> None:
         """Let a freshly loaded group run: its saved state is ``hs``."""
         replay = group.opened_with is None or group.opened_with[2]
         group.saved_hard = hs
-        promised = _promised_path(group.directory).exists()
+        promised = promised_path(group.directory).exists()
         if hs.term > 0 and not promised:
-            record_promise(group.directory)  # a replica from before the record existed
+            record_promised(group.directory)  # a replica from before the record existed
             promised = True
         group.promised = promised
         group.hinted_commit = hs.commit if not replay else -1
@@ -541,7 +404,7 @@ class RaftHost:
             role=core.role if group.failure is None else Role.FOLLOWER,
             failed=group.failure,
             leader_commit=group.leader_commit,
-            progress={
+            followers={
                 peer: PeerProgress(pr.match, pr.state)
                 for peer, pr in core.progress.items()
                 if peer != self.node_id
@@ -573,7 +436,7 @@ class RaftHost:
             deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
             if deleted:
                 meta = group.core.snapshot_meta()
-                _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
+                save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
         except Exception as exc:
             self._quarantine(group, "retention", exc)
             return 0
@@ -626,261 +489,6 @@ class RaftHost:
                 self._take_damage(group)
             except Exception as exc:
                 self._quarantine(group, "step", exc)
-
-    # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
-
-    def request_repair(self, name: str, damages: list[Damage] | None = None) -> None:
-        """A read of this group's log found a corrupt entry: restore the damaged range of
-        every closed segment (or just ``damages``) from a replica, in the background, one
-        repair of a group at a time."""
-        group = self.groups.get(name)
-        running = self._repairs.get(name)
-        if group is None or self._stopping or (running is not None and not running.done()):
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._guarded(self._repair(group, damages), f"repair of group {name}")
-        )
-        self._repairs[name] = task
-
-    def repairing(self, name: str) -> bool:
-        """Whether a repair of this group's log is under way (for replica status)."""
-        task = self._repairs.get(name)
-        return task is not None and not task.done()
-
-    def _take_damage(self, group: RaftGroup) -> None:
-        if group.core.damage is not None:
-            log.error(
-                "group %s on node %d: %s (while reading for a follower)",
-                group.name,
-                self.node_id,
-                group.core.damage,
-            )
-            group.core.damage = None
-            self.request_repair(group.name)
-
-    async def _guarded(self, work: Coroutine[object, object, None], what: str) -> None:
-        """Background repair work fails alone and loudly: never the node with it."""
-        try:
-            await work
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("node %d: %s failed", self.node_id, what)
-
-    async def _repair(self, group: RaftGroup, damages: list[Damage] | None) -> None:
-        loop = asyncio.get_running_loop()
-        if damages is None:
-            damages = await loop.run_in_executor(self._pool, find_damage, group.log)
-            if not damages:
-                log.warning(
-                    "group %s on node %d: no sealed segment is damaged; a corrupt entry in "
-                    "the active segment is cut when the log next opens, and the replica "
-                    "then rejoins from the leader",
-                    group.name,
-                    self.node_id,
-                )
-        for damage in damages:
-            sources = sorted(
-                group.core.membership.members - {self.node_id},
-                key=lambda n: (n != group.core.lead, n),
-            )
-            for peer in sources:
-                try:
-                    data = await self._fetch_range(
-                        group, peer, damage.first_index, damage.end_index
-                    )
-                    done = await loop.run_in_executor(self._pool, patch, group.log, damage, data)
-                except RepairRefusedError as exc:
-                    log.error(
-                        "group %s on node %d: repair refused: %s", group.name, self.node_id, exc
-                    )
-                    break
-                except (TimeoutError, LogError) as exc:
-                    log.warning(
-                        "group %s on node %d: node %d cannot supply entries %d..%d: %s",
-                        group.name,
-                        self.node_id,
-                        peer,
-                        damage.first_index,
-                        damage.end_index - 1,
-                        exc,
-                    )
-                    continue
-                log.warning(
-                    "group %s on node %d: repaired entries %d..%d of segment %s (%s): %d "
-                    "bytes replaced at byte %d, from node %d",
-                    group.name,
-                    self.node_id,
-                    damage.first_index,
-                    damage.end_index - 1,
-                    damage.segment,
-                    damage.reason,
-                    done.replaced_bytes,
-                    done.at,
-                    peer,
-                )
-                break
-            else:
-                log.error(
-                    "group %s on node %d: no replica could supply entries %d..%d to repair "
-                    "segment %s; it stays unreadable from byte %d",
-                    group.name,
-                    self.node_id,
-                    damage.first_index,
-                    damage.end_index - 1,
-                    damage.segment,
-                    damage.position,
-                )
-
-    async def _scrub_loop(self) -> None:
-        """Re-check every sealed segment's CRCs, one segment at a time, pausing after each
-        for as long as reading it may take at ``scrub_bytes_per_s``; start a repair when
-        one is damaged. Reads use their own file descriptors in a worker thread, so the
-        scrub takes no lock of the log and no time of the event loop."""
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            for group in list(self.groups.values()):
-                for seg, after in closed_segments(group.log):
-                    if self._stopping or group.name not in self.groups:
-                        break
-                    try:
-                        damage = await loop.run_in_executor(None, damage_in, seg, after)
-                    except OSError:
-                        continue  # deleted by retention meanwhile
-                    self.scrubbed_bytes += seg.size
-                    if damage is None and group.is_leader:
-                        await self._audit(group, seg.first_index, after.first_index)
-                    if damage is not None:
-                        log.error(
-                            "group %s on node %d: the scrubber found segment %s damaged "
-                            "from byte %d (%s)",
-                            group.name,
-                            self.node_id,
-                            damage.segment,
-                            damage.position,
-                            damage.reason,
-                        )
-                        self.request_repair(group.name)
-                    await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
-            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
-
-    async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
-        """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
-        parts: list[bytes] = []
-        while lo < hi:
-            key = (group.name, peer, lo)
-            fut = asyncio.get_running_loop().create_future()
-            self._repair_replies[key] = fut
-            try:
-                self.transport.send(
-                    peer, group.name, RepairRequest(self.node_id, peer, lo, hi), urgent=False
-                )
-                self.transport.flush()
-                reply = await asyncio.wait_for(fut, REPAIR_REPLY_TIMEOUT_S)
-            finally:
-                self._repair_replies.pop(key, None)
-            if reply.error:
-                raise LogError(reply.error)
-            if not reply.entries or not lo < reply.hi <= hi:
-                raise LogError(
-                    f"node {peer} answered entries {lo}..{reply.hi - 1}, "
-                    f"not a part of {lo}..{hi - 1}"
-                )
-            parts.append(reply.entries)
-            lo = reply.hi
-        return b"".join(parts)
-
-    async def _audit(self, group: RaftGroup, lo: int, hi: int) -> None:
-        """Replica audit of one sealed range, as leader: ask every follower that holds it
-        to compare its copy's CRC32C with ours (entries are byte-identical on every
-        replica, so any difference is damage, or a bug)."""
-        core = group.core
-        if hi - 1 > core.log.committed:
-            return
-        loop = asyncio.get_running_loop()
-        try:
-            crc = await loop.run_in_executor(None, stored_crc, group.log, lo, hi)
-        except LogError:
-            return  # our own copy is unreadable: the scrub or a read starts its repair
-        for peer, pr in core.progress.items():
-            if peer != self.node_id and pr.match >= hi - 1:
-                self.transport.send(
-                    peer, group.name, AuditRequest(self.node_id, peer, lo, hi, crc), urgent=False
-                )
-        self.audited_ranges += 1
-
-    async def _answer_audit(self, group: RaftGroup, m: AuditRequest) -> None:
-        log_ = group.log
-        if m.lo < log_.start_index or m.hi - 1 > group.core.log.committed:
-            return  # compacted here, or not known committed yet: nothing to compare
-        loop = asyncio.get_running_loop()
-        try:
-            crc = await loop.run_in_executor(None, stored_crc, log_, m.lo, m.hi)
-        except LogError:
-            crc = -1  # unreadable here: a damaged copy
-        differs = crc != m.crc
-        self.transport.send(
-            m.src,
-            group.name,
-            AuditReply(self.node_id, m.src, m.lo, m.hi, crc, differs),
-            urgent=False,
-        )
-        if not differs:
-            return
-        damages = await loop.run_in_executor(self._pool, find_damage, group.log)
-        if damages:
-            self.request_repair(group.name, damages)
-            return
-        whole = whole_segment(log_, m.lo, m.hi)
-        log.error(
-            "group %s on node %d: replica audit: entries %d..%d differ from node %d's copy "
-            "although every CRC checks out; %s",
-            group.name,
-            self.node_id,
-            m.lo,
-            m.hi - 1,
-            m.src,
-            "replacing the segment's bytes" if whole else "no segment here has those bounds",
-        )
-        if whole is not None:
-            self.request_repair(group.name, [whole])
-
-    def _on_repair_message(
-        self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
-    ) -> None:
-        if isinstance(m, AuditRequest):
-            asyncio.get_running_loop().create_task(
-                self._guarded(self._answer_audit(group, m), f"audit of group {group.name}")
-            )
-            return
-        if isinstance(m, AuditReply):
-            if m.differs:
-                log.warning(
-                    "group %s on node %d: replica audit: node %d's copy of entries %d..%d "
-                    "differs from ours; it repairs it",
-                    group.name,
-                    self.node_id,
-                    m.src,
-                    m.lo,
-                    m.hi - 1,
-                )
-            return
-        if isinstance(m, RepairReply):
-            fut = self._repair_replies.get((group.name, m.src, m.lo))
-            if fut is not None and not fut.done():
-                fut.set_result(m)
-            return
-        try:
-            # Reads check the CRC of whatever they return: a damaged copy here is refused,
-            # never passed on.
-            got = group.log.read_by_index(m.lo, REPAIR_CHUNK_BYTES, m.hi)
-            reply = RepairReply(self.node_id, m.src, m.lo, got.next_index, got.data)
-        except LogError as exc:
-            reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
-            if isinstance(exc, CorruptEntryError):
-                self.request_repair(group.name)
-        self.transport.send(m.src, group.name, reply, urgent=False)
-        self.transport.flush()
 
     def _on_quiesce(self, group: RaftGroup, notice: tuple[int, int, int, int, int]) -> None:
         src, _, term, commit, last = notice
@@ -1164,7 +772,15 @@ class RaftHost:
     def _reopen(self, group: RaftGroup) -> None:
         assert group.opened_with is not None and group.failure is not None
         membership, config, replay = group.opened_with
-        core, log_, hs = self._load(group.name, group.directory, membership, config, replay)
+        core, log_, hs = load_group(
+            group.name,
+            group.directory,
+            membership,
+            config,
+            replay,
+            node_id=self.node_id,
+            core_cfg=self._core_cfg,
+        )
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
         group.waiters.clear()
@@ -1271,7 +887,7 @@ class RaftHost:
         if rd.snapshot is not None:
             # The log already restarted at the snapshot point (write_to_storage); the
             # membership there must survive a restart before we acknowledge.
-            _save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
+            save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
         if rd.entries and group.sync:
             group.log.flush()
             self.fsyncs += 1
@@ -1285,11 +901,11 @@ class RaftHost:
             # Term and vote must be durable before any reply that depends on them. The
             # commit index rides along but is not worth an fsync of its own: after a crash
             # it is re-learned from the leader.
-            hardstate.save(group.directory / HARD_STATE_FILE, hs)
+            save_hard_state(group.directory / HARD_STATE_FILE, hs)
             group.saved_hard = hs
             self.fsyncs += 1
             if hs.term > 0 and not group.promised:
-                record_promise(group.directory)
+                record_promised(group.directory)
                 group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:
@@ -1336,7 +952,7 @@ class RaftHost:
             return
         fd = os.open(group.directory / COMMIT_HINT_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, _encode_commit_hint(history), 0)
+            os.pwrite(fd, encode_commit_hint(history), 0)
         finally:
             os.close(fd)
         group.hinted_commit = history.through

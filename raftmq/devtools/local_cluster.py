@@ -13,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from raftmq.broker import cluster_file
-from raftmq.broker.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.controller import cluster_file
+from raftmq.controller.cluster_file import ClusterSpec
+from raftmq.controller.metadata import BrokerSpec, TopicSpec
+from raftmq.controller.placement import round_robin
 
 CLUSTER_FILE = "cluster.toml"
 
@@ -55,9 +57,7 @@ def local_spec(
     factor = min(replication, brokers)
     out = {}
     for topic, partitions in topics.items():
-        replicas = tuple(
-            tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(partitions)
-        )
+        replicas = round_robin(ids, partitions, factor)
         out[topic] = TopicSpec(topic, replicas)
     return ClusterSpec(name, specs, out)
 

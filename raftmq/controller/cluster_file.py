@@ -13,18 +13,19 @@ brokers there are, and which topics with which replica sets.
     replication = 3    # replicas placed round-robin; or replicas = [[1,2,3], ...]
 
 Kept deliberately small: the controller issue replaces it with replicated metadata.
+:class:`ClusterSpec` implements :class:`~raftmq.controller.metadata.ClusterMetadata`;
+only the controller package (and the launchers that write a file for brokers to read)
+knows that it comes from a file.
 """
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TOPIC_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")
-r"""Valid topic names. ``\Z``, not ``$``: ``$`` also matches before a final newline, which
-let "demo\n" through; callers use ``fullmatch`` all the same."""
+from raftmq.controller.metadata import TOPIC_NAME, BrokerSpec, TopicSpec
+from raftmq.controller.placement import round_robin
 
 
 class ClusterFileError(ValueError):
@@ -32,32 +33,16 @@ class ClusterFileError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerSpec:
-    id: int
-    host: str
-    port: int
-    raft_port: int
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class TopicSpec:
-    name: str
-    replicas: tuple[tuple[int, ...], ...]  # per partition
-
-    @property
-    def partitions(self) -> int:
-        return len(self.replicas)
-
-
-@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     name: str
     brokers: dict[int, BrokerSpec]
     topics: dict[str, TopicSpec] = field(default_factory=dict)
+
+    def replicas(self, topic: str, partition: int) -> tuple[int, ...]:
+        return self.topics[topic].replicas[partition]
+
+    def preferred_leader(self, topic: str, partition: int) -> int:
+        return self.topics[topic].replicas[partition][0]
 
 
 def load(path: str | Path) -> ClusterSpec:
@@ -102,9 +87,7 @@ def parse(raw: dict, where: str = "cluster file") -> ClusterSpec:
                     f"{where}: topic {name} asks for {factor} replicas but there are "
                     f"{len(ids)} brokers"
                 )
-            replicas = tuple(
-                tuple(ids[(p + k) % len(ids)] for k in range(factor)) for p in range(count)
-            )
+            replicas = round_robin(ids, count, factor)
         for p, r in enumerate(replicas):
             unknown = set(r) - set(ids)
             if not r or unknown or len(set(r)) != len(r):

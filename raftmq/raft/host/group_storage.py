@@ -1,0 +1,248 @@
+"""A Raft group's files, opened and written in one place: the log, the hard state
+(term, vote, commit; crash-safe), the commit hint, the snapshot meta and the
+``.raft-promised`` record beside the group's directory.
+
+The hard state file is replaced atomically (write a temporary file, fsync it, rename over
+the old one, fsync the directory) so a crash leaves either the old or the new state, never
+a torn mix; a CRC catches a torn or rotted file. The host (host.py) decides *when* each is
+written (persist before send); this module only knows *how* and *where*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import struct
+import zlib
+from pathlib import Path
+
+from crc32c import crc32c
+
+from raftmq.log.atomic_file import read_atomic, replace_file, write_atomic
+from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.log import Log
+from raftmq.raft.config import Config
+from raftmq.raft.core import RaftCore, starts_rejoining
+from raftmq.raft.hardstate import HardState
+from raftmq.raft.membership import ConfigHistory, Membership
+from raftmq.raft.messages import SnapshotMeta
+
+log = logging.getLogger("raftmq.raft.host.host")  # the host's log: one stream per node
+
+HARD_STATE_FILE = "raft-hardstate"
+COMMIT_HINT_FILE = "raft-commit"
+SNAPSHOT_META_FILE = "raft-snapshot"
+"""Metadata of the log's start point (index, term, next offset, membership), saved
+atomically whenever the log loses a prefix, so a restart knows the membership there."""
+PROMISED_SUFFIX = ".raft-promised"
+"""Beside (not inside) a group's directory, ``<dir>.raft-promised`` records that this
+replica once saved a term: if the directory is later lost or replaced, the replica knows
+it may have voted and acknowledged, and rejoins (docs/raft.md, "Rejoining after disk
+loss") instead of passing for a new member."""
+
+_MAGIC_V1 = b"RHS1"  # term, vote, commit (read only: files written before rejoining existed)
+_MAGIC = b"RHS2"  # term, vote, commit, flags
+_BODY_V1 = struct.Struct(">4sqqq")
+_BODY = struct.Struct(">4sqqqB")
+_CRC = struct.Struct(">I")
+_FLAG_REJOINING = 0x01
+
+
+class HardStateCorruptError(Exception):
+    """The hard-state file exists but is not a complete record: refuse to guess a vote."""
+
+
+def encode_hard_state(hs: HardState) -> bytes:
+    flags = _FLAG_REJOINING if hs.rejoining else 0
+    body = _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
+    return body + _CRC.pack(crc32c(body))
+
+
+def decode_hard_state(buf: bytes) -> HardState:
+    layout = _BODY if len(buf) == _BODY.size + _CRC.size else _BODY_V1
+    if len(buf) != layout.size + _CRC.size:
+        raise HardStateCorruptError(
+            f"hard state file has {len(buf)} bytes, expected {_BODY.size + _CRC.size}"
+        )
+    body = buf[: layout.size]
+    (crc,) = _CRC.unpack_from(buf, layout.size)
+    if crc32c(body) != crc:
+        raise HardStateCorruptError("hard state CRC mismatch")
+    magic, term, vote, commit, *flags = layout.unpack(body)
+    if magic != (_MAGIC if layout is _BODY else _MAGIC_V1):
+        raise HardStateCorruptError(f"hard state magic {magic!r} unknown")
+    rejoining = bool(flags and flags[0] & _FLAG_REJOINING)
+    return HardState(term, vote, commit, rejoining)
+
+
+def save_hard_state(path: str | os.PathLike[str], hs: HardState) -> None:
+    """Durably replace the hard state; on return it survives power loss."""
+    replace_file(Path(path), encode_hard_state(hs))
+
+
+def load_hard_state(path: str | os.PathLike[str]) -> HardState:
+    """The saved state, or the zero state for a node that never saved one."""
+    try:
+        with open(path, "rb") as f:
+            return decode_hard_state(f.read())
+    except FileNotFoundError:
+        return HardState()
+
+
+_SNAP_META = struct.Struct(">qqq")
+_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
+
+
+def save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
+    mem = snap.membership.encode()
+    write_atomic(path, _SNAP_META.pack(snap.index, snap.term, snap.next_offset) + mem)
+
+
+def load_snapshot_meta(path: Path) -> SnapshotMeta | None:
+    raw = read_atomic(path)
+    if raw is None or len(raw) < _SNAP_META.size:
+        return None
+    index, term, next_offset = _SNAP_META.unpack_from(raw)
+    return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
+
+
+def encode_commit_hint(history: ConfigHistory) -> bytes:
+    payload = history.encode()
+    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
+
+
+def read_commit_hint(path: Path) -> ConfigHistory | None:
+    """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _HINT_HEAD.size:
+        return None
+    size, crc = _HINT_HEAD.unpack_from(raw)
+    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
+    if len(payload) != size or crc32c(payload) != crc:
+        return None
+    try:
+        return ConfigHistory.decode(payload)
+    except ValueError:
+        return None
+
+
+def promised_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + PROMISED_SUFFIX)
+
+
+def record_promised(directory: Path) -> None:
+    """Durably create the PROMISED_SUFFIX record, once per group and replica. Written
+    after the first hard state with a term, not before: a crash in between leaves a
+    replica whose hard state says what it promised, while the other order could leave
+    a brand-new replica that believes it lost its disk and never votes."""
+    write_atomic(promised_path(directory), b"")
+
+
+def load_group(
+    name: str,
+    path: Path,
+    membership: Membership,
+    config: LogConfig,
+    replay: bool,
+    *,
+    node_id: int,
+    core_cfg: Config,
+) -> tuple[RaftCore, Log, HardState]:
+    """Open a group's log and state from ``path``: at start (``RaftHost.open_group``) and
+    when a quarantined group is reopened (``RaftHost._reopen``), the same way."""
+    path.mkdir(parents=True, exist_ok=True)
+    sync = config.flush_policy is FlushPolicy.EVERY_BATCH
+    # An INTERVAL group acknowledges once the write is done, so its writes go straight
+    # to the kernel: the page cache survives a crash of this process (as Kafka counts
+    # on), bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge
+    # after the round's flush, which writes them out first anyway.
+    log_ = Log.open(
+        path,
+        dataclasses.replace(
+            config,
+            flush_policy=FlushPolicy.INTERVAL,
+            write_behind_bytes=config.write_behind_bytes if sync else 0,
+        ),
+    )
+    try:
+        core, hs = _load_core(
+            name, path, log_, membership, replay, node_id=node_id, core_cfg=core_cfg
+        )
+    except BaseException:
+        log_.abandon()  # nothing was written: give its descriptors back at once
+        raise
+    return core, log_, hs
+
+def _load_core(
+    name: str,
+    path: Path,
+    log_: Log,
+    membership: Membership,
+    replay: bool,
+    *,
+    node_id: int,
+    core_cfg: Config,
+) -> tuple[RaftCore, HardState]:
+    if not log_.recovery.clean:
+        log.warning("group %s on node %d: log recovery %s", name, node_id, log_.recovery)
+    saved = load_snapshot_meta(path / SNAPSHOT_META_FILE)
+    if saved is not None and saved.index == log_.start_index - 1:
+        membership = saved.membership  # CONFIG entries below the start are gone
+    hs = load_hard_state(path / HARD_STATE_FILE)
+    commit = hs.commit
+    hint = None if replay else read_commit_hint(path / COMMIT_HINT_FILE)
+    if hint is not None:
+        commit = max(commit, hint.through)
+    promised = promised_path(path).exists()
+    rejoining = starts_rejoining(hs, log_.last_index, commit, promised=promised)
+    if rejoining and not hs.rejoining:
+        log.warning(
+            "group %s on node %d: this replica lost state it had acknowledged (%s); it "
+            "rejoins: no votes until it holds the leader's log again",
+            name,
+            node_id,
+            "no hard state"
+            if hs.term == 0
+            else f"log ends at {log_.last_index}, below its commit {commit}",
+        )
+    # Never trust a commit index beyond the durable log (a torn tail may have been cut):
+    # entries at or below a once-known commit that are still present are the committed
+    # ones, because a log only ever loses a suffix.
+    commit = max(min(commit, log_.last_index), log_.start_index - 1)
+    hs = HardState(hs.term, hs.vote, commit, hs.rejoining)
+    history = None
+    if hint is not None:
+        try:
+            history = hint.for_log(log_.start_index - 1, log_.last_index, membership)
+        except ValueError as exc:
+            log.warning(
+                "group %s on node %d: %s; reading the whole log for CONFIG entries",
+                name,
+                node_id,
+                exc,
+            )
+    applied = None if replay else commit
+    # Each group draws its own election timeouts: with one seed per node, every group
+    # of a node campaigned on the same tick, so thousands of groups started together
+    # split their votes in lockstep forever and all leaders landed on one node.
+    cfg = dataclasses.replace(
+        core_cfg,
+        seed=core_cfg.seed * 1_000_003 + zlib.crc32(name.encode()),
+        apply_entries=replay,
+    )
+    core = RaftCore(
+        cfg,
+        log_,
+        hard_state=hs,
+        membership=membership,
+        history=history,
+        applied=applied,
+        rejoining=rejoining,
+        incarnation=secrets.randbits(62) + 1,  # this life of the replica, never reused
+    )
+    return core, hs

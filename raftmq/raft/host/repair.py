@@ -1,0 +1,322 @@
+"""Self-repair of corrupt entries, the host's side (the log's side is raftmq/log/repair.py):
+restore a damaged range from a replica, scrub sealed segments in the background, and
+audit a committed range against the followers' copies (docs/driver.md, "Self-repair").
+
+A mixin of :class:`~raftmq.raft.host.host.RaftHost`, split out so that the host's
+module reads as the ready loop and its failure isolation; the state it shares with the
+host is declared below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from raftmq.format.errors import CorruptEntryError, FormatError
+from raftmq.log.errors import LogError
+from raftmq.log.repair import (
+    Damage,
+    RepairRefusedError,
+    closed_segments,
+    damage_in,
+    find_damage,
+    patch,
+    stored_crc,
+    whole_segment,
+)
+from raftmq.raft.host.transport import (
+    AuditReply,
+    AuditRequest,
+    RepairReply,
+    RepairRequest,
+    Transport,
+)
+
+if TYPE_CHECKING:
+    from raftmq.raft.host.host import RaftGroup
+
+log = logging.getLogger("raftmq.raft.host.host")  # the host's log: one stream per node
+
+REPAIR_CHUNK_BYTES = 1 << 20
+"""Entries per RepairReply, at most (one entry more if a single one is larger)."""
+REPAIR_REPLY_TIMEOUT_S = 10.0
+SCRUB_BYTES_PER_S = 1 << 20
+"""Default pace of the background scrubber that re-reads sealed segments and checks
+their CRCs (bit rot is found before a client or follower needs the range); 0 is off."""
+SCRUB_PASS_PAUSE_S = 10.0
+
+
+class SelfRepair:
+    """Repair, scrub and audit duties of a :class:`RaftHost` (see the module's doc)."""
+
+    node_id: int
+    transport: Transport
+    groups: dict[str, RaftGroup]
+    scrub_bytes_per_s: int
+    scrubbed_bytes: int
+    audited_ranges: int
+    _pool: ThreadPoolExecutor
+    _stopping: bool
+    _repairs: dict[str, asyncio.Task[None]]
+    _repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]]
+
+    def _unquiesce(self, group: RaftGroup) -> None:
+        raise NotImplementedError  # the host's
+
+    # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
+
+    def request_repair(self, name: str, damages: list[Damage] | None = None) -> None:
+        """A read of this group's log found a corrupt entry: restore the damaged range of
+        every closed segment (or just ``damages``) from a replica, in the background, one
+        repair of a group at a time."""
+        group = self.groups.get(name)
+        running = self._repairs.get(name)
+        if group is None or self._stopping or (running is not None and not running.done()):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._guarded(self._repair(group, damages), f"repair of group {name}")
+        )
+        self._repairs[name] = task
+
+    def repairing(self, name: str) -> bool:
+        """Whether a repair of this group's log is under way (for replica status)."""
+        task = self._repairs.get(name)
+        return task is not None and not task.done()
+
+    def _take_damage(self, group: RaftGroup) -> None:
+        if group.core.damage is not None:
+            log.error(
+                "group %s on node %d: %s (while reading for a follower)",
+                group.name,
+                self.node_id,
+                group.core.damage,
+            )
+            group.core.damage = None
+            self.request_repair(group.name)
+
+    async def _guarded(self, work: Coroutine[object, object, None], what: str) -> None:
+        """Background repair work fails alone and loudly: never the node with it."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %d: %s failed", self.node_id, what)
+
+    async def _repair(self, group: RaftGroup, damages: list[Damage] | None) -> None:
+        loop = asyncio.get_running_loop()
+        if damages is None:
+            damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+            if not damages:
+                log.warning(
+                    "group %s on node %d: no sealed segment is damaged; a corrupt entry in "
+                    "the active segment is cut when the log next opens, and the replica "
+                    "then rejoins from the leader",
+                    group.name,
+                    self.node_id,
+                )
+        for damage in damages:
+            sources = sorted(
+                group.core.membership.members - {self.node_id},
+                key=lambda n: (n != group.core.lead, n),
+            )
+            for peer in sources:
+                try:
+                    data = await self._fetch_range(
+                        group, peer, damage.first_index, damage.end_index
+                    )
+                    done = await loop.run_in_executor(self._pool, patch, group.log, damage, data)
+                except RepairRefusedError as exc:
+                    log.error(
+                        "group %s on node %d: repair refused: %s", group.name, self.node_id, exc
+                    )
+                    break
+                except (TimeoutError, LogError, FormatError) as exc:
+                    log.warning(
+                        "group %s on node %d: node %d cannot supply entries %d..%d: %s",
+                        group.name,
+                        self.node_id,
+                        peer,
+                        damage.first_index,
+                        damage.end_index - 1,
+                        exc,
+                    )
+                    continue
+                log.warning(
+                    "group %s on node %d: repaired entries %d..%d of segment %s (%s): %d "
+                    "bytes replaced at byte %d, from node %d",
+                    group.name,
+                    self.node_id,
+                    damage.first_index,
+                    damage.end_index - 1,
+                    damage.segment,
+                    damage.reason,
+                    done.replaced_bytes,
+                    done.at,
+                    peer,
+                )
+                break
+            else:
+                log.error(
+                    "group %s on node %d: no replica could supply entries %d..%d to repair "
+                    "segment %s; it stays unreadable from byte %d",
+                    group.name,
+                    self.node_id,
+                    damage.first_index,
+                    damage.end_index - 1,
+                    damage.segment,
+                    damage.position,
+                )
+
+    async def _scrub_loop(self) -> None:
+        """Re-check every sealed segment's CRCs, one segment at a time, pausing after each
+        for as long as reading it may take at ``scrub_bytes_per_s``; start a repair when
+        one is damaged. Reads use their own file descriptors in a worker thread, so the
+        scrub takes no lock of the log and no time of the event loop."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            for group in list(self.groups.values()):
+                for seg, after in closed_segments(group.log):
+                    if self._stopping or group.name not in self.groups:
+                        break
+                    try:
+                        damage = await loop.run_in_executor(None, damage_in, seg, after)
+                    except OSError:
+                        continue  # deleted by retention meanwhile
+                    self.scrubbed_bytes += seg.size
+                    if damage is None and group.is_leader:
+                        await self._audit(group, seg.first_index, after.first_index)
+                    if damage is not None:
+                        log.error(
+                            "group %s on node %d: the scrubber found segment %s damaged "
+                            "from byte %d (%s)",
+                            group.name,
+                            self.node_id,
+                            damage.segment,
+                            damage.position,
+                            damage.reason,
+                        )
+                        self.request_repair(group.name)
+                    await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
+            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
+
+    async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
+        """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
+        parts: list[bytes] = []
+        while lo < hi:
+            key = (group.name, peer, lo)
+            fut = asyncio.get_running_loop().create_future()
+            self._repair_replies[key] = fut
+            try:
+                self.transport.send(
+                    peer, group.name, RepairRequest(self.node_id, peer, lo, hi), urgent=False
+                )
+                self.transport.flush()
+                reply = await asyncio.wait_for(fut, REPAIR_REPLY_TIMEOUT_S)
+            finally:
+                self._repair_replies.pop(key, None)
+            if reply.error:
+                raise LogError(reply.error)
+            if not reply.entries or not lo < reply.hi <= hi:
+                raise LogError(
+                    f"node {peer} answered entries {lo}..{reply.hi - 1}, "
+                    f"not a part of {lo}..{hi - 1}"
+                )
+            parts.append(reply.entries)
+            lo = reply.hi
+        return b"".join(parts)
+
+    async def _audit(self, group: RaftGroup, lo: int, hi: int) -> None:
+        """Replica audit of one sealed range, as leader: ask every follower that holds it
+        to compare its copy's CRC32C with ours (entries are byte-identical on every
+        replica, so any difference is damage, or a bug)."""
+        core = group.core
+        if hi - 1 > core.log.committed:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            crc = await loop.run_in_executor(None, stored_crc, group.log, lo, hi)
+        except (LogError, FormatError):
+            return  # our own copy is unreadable: the scrub or a read starts its repair
+        for peer, pr in core.progress.items():
+            if peer != self.node_id and pr.match >= hi - 1:
+                self.transport.send(
+                    peer, group.name, AuditRequest(self.node_id, peer, lo, hi, crc), urgent=False
+                )
+        self.audited_ranges += 1
+
+    async def _answer_audit(self, group: RaftGroup, m: AuditRequest) -> None:
+        log_ = group.log
+        if m.lo < log_.start_index or m.hi - 1 > group.core.log.committed:
+            return  # compacted here, or not known committed yet: nothing to compare
+        loop = asyncio.get_running_loop()
+        try:
+            crc = await loop.run_in_executor(None, stored_crc, log_, m.lo, m.hi)
+        except (LogError, FormatError):
+            crc = -1  # unreadable here: a damaged copy
+        differs = crc != m.crc
+        self.transport.send(
+            m.src,
+            group.name,
+            AuditReply(self.node_id, m.src, m.lo, m.hi, crc, differs),
+            urgent=False,
+        )
+        if not differs:
+            return
+        damages = await loop.run_in_executor(self._pool, find_damage, group.log)
+        if damages:
+            self.request_repair(group.name, damages)
+            return
+        whole = whole_segment(log_, m.lo, m.hi)
+        log.error(
+            "group %s on node %d: replica audit: entries %d..%d differ from node %d's copy "
+            "although every CRC checks out; %s",
+            group.name,
+            self.node_id,
+            m.lo,
+            m.hi - 1,
+            m.src,
+            "replacing the segment's bytes" if whole else "no segment here has those bounds",
+        )
+        if whole is not None:
+            self.request_repair(group.name, [whole])
+
+    def _on_repair_message(
+        self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
+    ) -> None:
+        if isinstance(m, AuditRequest):
+            asyncio.get_running_loop().create_task(
+                self._guarded(self._answer_audit(group, m), f"audit of group {group.name}")
+            )
+            return
+        if isinstance(m, AuditReply):
+            if m.differs:
+                log.warning(
+                    "group %s on node %d: replica audit: node %d's copy of entries %d..%d "
+                    "differs from ours; it repairs it",
+                    group.name,
+                    self.node_id,
+                    m.src,
+                    m.lo,
+                    m.hi - 1,
+                )
+            return
+        if isinstance(m, RepairReply):
+            fut = self._repair_replies.get((group.name, m.src, m.lo))
+            if fut is not None and not fut.done():
+                fut.set_result(m)
+            return
+        try:
+            # Reads check the CRC of whatever they return: a damaged copy here is refused,
+            # never passed on.
+            got = group.log.read_by_index(m.lo, REPAIR_CHUNK_BYTES, m.hi)
+            reply = RepairReply(self.node_id, m.src, m.lo, got.next_index, got.data)
+        except (LogError, FormatError) as exc:
+            reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
+            if isinstance(exc, CorruptEntryError):
+                self.request_repair(group.name)
+        self.transport.send(m.src, group.name, reply, urgent=False)
+        self.transport.flush()
