@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import secrets
 import struct
 import time
@@ -31,9 +30,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from crc32c import crc32c
-
-from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.log.atomic_file import overwrite_in_place, read_atomic, read_in_place, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import CorruptEntryError, LogError
 from raftmq.log.log import Log
@@ -124,7 +121,6 @@ ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
 SnapshotDataFn = Callable[[], bytes]
 _SNAP_META = struct.Struct(">qqq")
-_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
 
 
 def _save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
@@ -140,22 +136,10 @@ def _load_snapshot_meta(path: Path) -> SnapshotMeta | None:
     return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
 
 
-def _encode_commit_hint(history: ConfigHistory) -> bytes:
-    payload = history.encode()
-    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
-
-
 def _read_commit_hint(path: Path) -> ConfigHistory | None:
     """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    if len(raw) < _HINT_HEAD.size:
-        return None
-    size, crc = _HINT_HEAD.unpack_from(raw)
-    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
-    if len(payload) != size or crc32c(payload) != crc:
+    payload = read_in_place(path)
+    if payload is None:
         return None
     try:
         return ConfigHistory.decode(payload)
@@ -1327,11 +1311,7 @@ class RaftHost:
         history = group.core.config_history()
         if history is None or history.through <= group.hinted_commit:
             return
-        fd = os.open(group.directory / COMMIT_HINT_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, _encode_commit_hint(history), 0)
-        finally:
-            os.close(fd)
+        overwrite_in_place(group.directory / COMMIT_HINT_FILE, history.encode())
         group.hinted_commit = history.through
 
     def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:

@@ -4,6 +4,7 @@ Raft's safety rests on term and vote surviving crashes: a node that forgets its 
 vote twice in one term and elect two leaders. The file is replaced atomically (write a
 temporary file, fsync it, rename over the old one, fsync the directory) so a crash leaves
 either the old or the new state, never a torn mix; a CRC catches a torn or rotted file.
+Both are :mod:`raftmq.log.atomic_file`'s ``write_atomic`` framing (``body | u32 CRC32C``).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
-from crc32c import crc32c
+from raftmq.log.atomic_file import read_atomic, write_atomic
 
 _MAGIC_V1 = b"RHS1"  # term, vote, commit (read only: files written before rejoining existed)
 _MAGIC = b"RHS2"  # term, vote, commit, flags
 _BODY_V1 = struct.Struct(">4sqqq")
 _BODY = struct.Struct(">4sqqqB")
-_CRC = struct.Struct(">I")
 _FLAG_REJOINING = 0x01
 
 
@@ -38,21 +39,17 @@ class HardStateCorruptError(Exception):
 
 
 def encode(hs: HardState) -> bytes:
+    """The body: the file holds it framed by ``write_atomic`` (CRC after it)."""
     flags = _FLAG_REJOINING if hs.rejoining else 0
-    body = _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
-    return body + _CRC.pack(crc32c(body))
+    return _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
 
 
-def decode(buf: bytes) -> HardState:
-    layout = _BODY if len(buf) == _BODY.size + _CRC.size else _BODY_V1
-    if len(buf) != layout.size + _CRC.size:
-        raise HardStateCorruptError(
-            f"hard state file has {len(buf)} bytes, expected {_BODY.size + _CRC.size}"
-        )
-    body = buf[: layout.size]
-    (crc,) = _CRC.unpack_from(buf, layout.size)
-    if crc32c(body) != crc:
-        raise HardStateCorruptError("hard state CRC mismatch")
+def decode(body: bytes) -> HardState:
+    """A body whose CRC already checked out (``read_atomic``): RHS2, or RHS1 from before the
+    rejoining flag existed."""
+    layout = _BODY if len(body) == _BODY.size else _BODY_V1
+    if len(body) != layout.size:
+        raise HardStateCorruptError(f"hard state body has {len(body)} bytes, expected {_BODY.size}")
     magic, term, vote, commit, *flags = layout.unpack(body)
     if magic != (_MAGIC if layout is _BODY else _MAGIC_V1):
         raise HardStateCorruptError(f"hard state magic {magic!r} unknown")
@@ -62,28 +59,15 @@ def decode(buf: bytes) -> HardState:
 
 def save(path: str | os.PathLike[str], hs: HardState) -> None:
     """Durably replace the hard state; on return it survives power loss."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        data = encode(hs)
-        written = os.write(fd, data)
-        assert written == len(data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(Path(path), encode(hs))
 
 
 def load(path: str | os.PathLike[str]) -> HardState:
     """The saved state, or the zero state for a node that never saved one."""
-    try:
-        with open(path, "rb") as f:
-            return decode(f.read())
-    except FileNotFoundError:
-        return HardState()
+    path = Path(path)
+    body = read_atomic(path)
+    if body is None:
+        if not path.exists():
+            return HardState()
+        raise HardStateCorruptError(f"hard state file {path} is torn or corrupt (CRC mismatch)")
+    return decode(body)

@@ -397,7 +397,7 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     # Node 3's hint claims more than its log holds, as after losing an unsynced tail.
     hint3 = tmp_path / "n3" / "g" / driver_mod.COMMIT_HINT_FILE
     bigger = driver_mod.ConfigHistory(last + 1000, saved.changes)
-    hint3.write_bytes(driver_mod._encode_commit_hint(bigger))
+    driver_mod.overwrite_in_place(hint3, bigger.encode())  # as the driver writes hints
 
     scans: list[int] = []
     original = RaftCore._replay_configs
