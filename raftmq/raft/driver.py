@@ -1270,6 +1270,16 @@ class RaftHost:
                 group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:
+        # Persist before send (ready.py step 3): acks and votes in rd.messages promise that
+        # this round's entries and term/vote survive a crash, so they must be on disk now.
+        assert not (rd.entries and group.sync) or group.log.durable_index >= rd.last_index, (
+            f"group {group.name}: sending acks for entries up to {rd.last_index} with only "
+            f"{group.log.durable_index} durable"
+        )
+        hs, saved = rd.hard_state, group.saved_hard
+        assert hs is None or (hs.term, hs.vote) == (saved.term, saved.vote), (
+            f"group {group.name}: sending with term/vote {hs} not yet saved ({saved})"
+        )
         self._send(group, rd.messages)
         if rd.soft_state is not None and group.on_soft_state is not None:
             group.on_soft_state(rd.soft_state)
