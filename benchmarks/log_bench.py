@@ -29,18 +29,17 @@ Targets: append and read >= 0.8x the reference; 1000 waiters served by a handful
 
 Usage: ``python benchmarks/log_bench.py [--quick] [--json] [--dir DIR]``. ``--quick`` keeps
 the run under a minute; ``--json`` prints every figure and ratio as one JSON object on the
-last line; ``--dir`` picks where the files go (default: a temporary folder under the current
-directory, because /tmp is often tmpfs, where fsync costs nothing and the comparison lies).
+last line; ``--dir`` picks where the files go (default: a temporary folder on a real disk,
+chosen by ``benchmarks.harness.disk_tempdir``: /tmp is often tmpfs, where fsync costs nothing
+and the comparison lies).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -50,50 +49,27 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-import raftmq.log.log as log_module
-from raftmq.broker.runtime import tune_malloc
-from raftmq.format import entry
-from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.errors import NotContiguousError
-from raftmq.log.log import Log
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: python benchmarks/log_bench.py
+    sys.path.insert(0, str(REPO))
+
+import raftmq.log.log as log_module  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    add_run_options,
+    disk_tempdir,
+    filesystem_of,
+    print_json_last,
+)
+from raftmq.broker.runtime import tune_malloc  # noqa: E402
+from raftmq.format import entry  # noqa: E402
+from raftmq.log.config import FlushPolicy, LogConfig  # noqa: E402
+from raftmq.log.errors import NotContiguousError  # noqa: E402
+from raftmq.log.log import Log  # noqa: E402
 
 KIB = 1024
 MIB = 1024 * KIB
 RECORD = 1 * KIB
 TARGET_RATIO = 0.8
-
-
-# --- where we are ------------------------------------------------------------------------
-
-
-def filesystem_of(path: Path) -> tuple[str, str, str]:
-    """(mount point, file system type, device) holding ``path``, from /proc/mounts."""
-    real = os.path.realpath(path)
-    best = ("/", "unknown", "unknown")
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype, *_ = line.split()
-                mnt = mnt.replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best[0]):
-                    best = (mnt, fstype, dev)
-    except OSError:
-        pass
-    return best
-
-
-def pick_dir(requested: str | None) -> Path:
-    """The bench folder: --dir, else a temp folder under the current directory (never a
-    tmpfs /tmp: there fsync is free and the fsync rows would compare nothing)."""
-    if requested:
-        base = Path(requested)
-        base.mkdir(parents=True, exist_ok=True)
-    else:
-        base = Path.cwd()
-        if filesystem_of(base)[1] in ("tmpfs", "ramfs"):
-            print(f"note: {base} is on tmpfs; fsync figures will not reflect a disk", flush=True)
-    return Path(tempfile.mkdtemp(prefix="log-bench-", dir=base))
 
 
 # --- building input ----------------------------------------------------------------------
@@ -299,9 +275,8 @@ def group_commit(directory: Path, waiters: int, policy: FlushPolicy) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes; under a minute")
-    parser.add_argument("--json", action="store_true", help="JSON object on the last line")
-    parser.add_argument("--dir", help="where to write (default: temp folder in the cwd)")
+    add_run_options(parser, "smaller sizes; under a minute")
+    parser.add_argument("--dir", help="where to write (default: a temp folder on a real disk)")
     parser.add_argument(
         "--default-malloc",
         action="store_true",
@@ -319,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     # fsync latency on a shared disk swings 10x from one second to the next: more, shorter
     # rounds give each side a fair chance at a quiet moment.
     sync_runs = 7 if args.quick else 9
-    work = pick_dir(args.dir)
+    work = disk_tempdir("log-bench-", args.dir)
     mount, fstype, device = filesystem_of(work)
     print(f"directory: {work}")
     print(f"file system: {fstype} on {device} (mounted at {mount}); malloc: {malloc}")
@@ -453,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["group_commit_every_batch"] = gc_batch
     figures["group_commit_flush"] = gc_flush
     if args.json:
-        print(json.dumps(figures, sort_keys=True))
+        print_json_last(figures, sort_keys=True)
     return 0
 
 

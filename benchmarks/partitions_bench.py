@@ -24,12 +24,10 @@ every figure as one JSON object on the last line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -41,7 +39,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.produce_bench import cpu_seconds_of, disk_tempdir  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    add_cleanup,
+    add_run_options,
+    cpu_seconds_of,
+    disk_tempdir,
+    kill_on_exit,
+    print_json_last,
+    remove_cleanup,
+)
 from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch  # noqa: E402
@@ -201,6 +207,7 @@ def run(plan: Plan) -> Json:
     data = disk_tempdir("raftmq-partitions-bench-")
     spec = local_spec(3, {TOPIC: plan.partitions})
     cluster = LocalCluster(data, spec, nofile=plan.nofile or None)
+    add_cleanup(cluster.close)  # also on SIGTERM (kill_on_exit)
     out: Json = {"partitions": plan.partitions, "replicas": 3, "nofile": plan.nofile}
     try:
         t0 = time.monotonic()
@@ -245,6 +252,7 @@ def run(plan: Plan) -> Json:
         out["brokers"] = brokers
     finally:
         cluster.close()
+        remove_cleanup(cluster.close)
         shutil.rmtree(data, ignore_errors=True)
     return out
 
@@ -321,8 +329,7 @@ def figures(out: Json) -> list[tuple[str, str, float, str, float | None, bool]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="300 partitions, short windows")
-    ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    add_run_options(ap, "300 partitions, short windows")
     ap.add_argument("--partitions", type=int, default=0, help="default 1000 (300 with --quick)")
     ap.add_argument(
         "--nofile",
@@ -332,7 +339,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     plan = Plan.make(args)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    kill_on_exit()
     started = time.monotonic()
     out = run(plan)
     out["seconds"] = round(time.monotonic() - started, 1)
@@ -357,7 +364,7 @@ def main() -> None:
         f"whole run {out['seconds']} s; targets {'met' if out['targets_met'] else 'MISSED'}"
     )
     if args.json:
-        print(json.dumps(out, sort_keys=True))
+        print_json_last(out, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import importlib.util
-import json
-import math
 import multiprocessing as mp
 import os
 import queue
@@ -47,7 +44,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Coroutine
@@ -58,6 +54,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # spawned load processes import this file by path
     sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import (  # noqa: E402
+    add_cleanup,
+    add_run_options,
+    cpu_seconds_of,
+    disk_tempdir,
+    kill_all,
+    kill_group,
+    kill_on_exit,
+    latency_summary,
+    print_json_last,
+    remove_cleanup,
+    track,
+    untrack,
+)
 
 KIB = 1024
 MB = 1_000_000
@@ -116,87 +127,13 @@ class Plan:
         )
 
 
-# --- statistics -----------------------------------------------------------------------------
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: p999 of 1000 samples is the maximum)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
-
-
-def latency_summary(samples: list[float]) -> Json:
-    """p50/p99/p999 in milliseconds of latencies given in seconds."""
-    s = sorted(samples)
-    return {
-        "count": len(s),
-        "p50_ms": percentile(s, 0.50) * 1000,
-        "p99_ms": percentile(s, 0.99) * 1000,
-        "p999_ms": percentile(s, 0.999) * 1000,
-        "max_ms": (s[-1] * 1000) if s else float("nan"),
-    }
-
-
 # --- processes ------------------------------------------------------------------------------
-
-_LIVE: set[subprocess.Popen[bytes]] = set()
-_CLEANUPS: list[Callable[[], None]] = []
-
-
-def _kill_all() -> None:
-    """Last line of defence (atexit, SIGTERM): no process started here outlives the bench."""
-    for fn in reversed(_CLEANUPS):
-        with contextlib.suppress(Exception):
-            fn()
-    _CLEANUPS.clear()
-    for proc in list(_LIVE):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=5)
-        _LIVE.discard(proc)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def disk_tempdir(prefix: str) -> Path:
-    """A temp dir on a real disk: fsync on tmpfs is free and would flatter raftmq."""
-    candidates = [os.environ.get("TMPDIR", ""), "/var/tmp", "/tmp", str(REPO / ".bench-tmp")]
-    mounts: list[tuple[str, str]] = []
-    with contextlib.suppress(OSError), open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                mounts.append((parts[1], parts[2]))
-    mounts.sort(key=lambda m: len(m[0]), reverse=True)
-
-    def fstype(path: str) -> str:
-        real = os.path.realpath(path)
-        for mnt, kind in mounts:
-            if real == mnt or real.startswith(mnt.rstrip("/") + "/"):
-                return kind
-        return "?"
-
-    for cand in candidates:
-        if not cand:
-            continue
-        Path(cand).mkdir(parents=True, exist_ok=True)
-        if fstype(cand) not in ("tmpfs", "ramfs"):
-            return Path(tempfile.mkdtemp(prefix=prefix, dir=cand))
-    raise RuntimeError("no directory on a real disk found for the benchmark's data")
-
-
-def cpu_seconds_of(pid: int) -> float:
-    """utime + stime of a process (all threads) from /proc, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _worker_entry(name: str, kwargs: Json, out: Any, index: int) -> None:
@@ -227,7 +164,7 @@ def run_workers(name: str, kwargs_list: list[Json], timeout: float) -> list[Json
                 p.kill()
             p.join(timeout=5)
 
-    _CLEANUPS.append(reap)
+    add_cleanup(reap)
     try:
         for p in procs:
             p.start()
@@ -252,8 +189,7 @@ def run_workers(name: str, kwargs_list: list[Json], timeout: float) -> list[Json
             got += 1
     finally:
         reap()
-        with contextlib.suppress(ValueError):
-            _CLEANUPS.remove(reap)
+        remove_cleanup(reap)
     return [r for r in results if r is not None]
 
 
@@ -666,7 +602,7 @@ class Profiler:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        _LIVE.add(self.proc)
+        track(self.proc)
 
     def stop(self) -> Json | None:
         """SIGINT makes py-spy write its file; then summarise it."""
@@ -679,7 +615,7 @@ class Profiler:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
-        _LIVE.discard(self.proc)
+        untrack(self.proc)
         if not self.path.exists():
             return None
         return summarize_stacks(self.path)
@@ -792,7 +728,7 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
         cluster.close()
         shutil.rmtree(data, ignore_errors=True)
 
-    _CLEANUPS.append(close)
+    add_cleanup(close)
     try:
         say(f"raftmq: starting 3 brokers in {data}")
         cluster.start()
@@ -900,8 +836,7 @@ def run_raftmq(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
     finally:
         say("raftmq: stopping brokers")
         close()
-        with contextlib.suppress(ValueError):
-            _CLEANUPS.remove(close)
+        remove_cleanup(close)
 
 
 def _list_offsets_latest(partition: int) -> Any:
@@ -965,21 +900,19 @@ class NatsCluster:
                 proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
-            _LIVE.add(proc)
+            track(proc)
             self.procs.append(proc)
 
     def close(self) -> None:
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            kill_group(proc, signal.SIGTERM)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc)
                 proc.wait(timeout=10)
-            _LIVE.discard(proc)
+            untrack(proc)
 
 
 async def nats_setup(urls: list[str], subjects: list[str], timeout: float) -> None:
@@ -1070,7 +1003,7 @@ def run_nats(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
         cluster.close()
         shutil.rmtree(data, ignore_errors=True)
 
-    _CLEANUPS.append(close)
+    add_cleanup(close)
     subjects = [f"bench.{p}" for p in range(plan.partitions)]
     try:
         say(f"JetStream: starting 3 nats-server in {data}")
@@ -1131,8 +1064,7 @@ def run_nats(plan: Plan, say: Progress, pids: dict[str, list[int]]) -> Json:
     finally:
         say("JetStream: stopping servers")
         close()
-        with contextlib.suppress(ValueError):
-            _CLEANUPS.remove(close)
+        remove_cleanup(close)
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -1286,8 +1218,7 @@ def render(report: Json) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a ~1 minute run")
-    ap.add_argument("--json", action="store_true", help="print all figures as JSON, last line")
+    add_run_options(ap, "a ~1 minute run")
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--procs", type=int, default=2, help="load processes per phase")
     ap.add_argument(
@@ -1319,16 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.profile_dir and not Path(spy).exists():
         say("--profile: py-spy not found, no profile will be taken (pip install py-spy)")
 
-    atexit.register(_kill_all)
-
-    def on_term(signum: int, frame: object) -> None:
-        _kill_all()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C must clean up even when started from a shell that ignores SIGINT for
-    # background jobs (the finally below kills everything).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    kill_on_exit()
     env = {"cpus": os.cpu_count(), "load_before": _loadavg()}
     pids: dict[str, list[int]] = {}
     try:
@@ -1339,7 +1261,7 @@ def main(argv: list[str] | None = None) -> int:
             else run_nats(plan, say, pids)
         )
     finally:
-        _kill_all()
+        kill_all()
     env["load_after"] = _loadavg()
     report = {
         "plan": asdict(plan),
@@ -1351,7 +1273,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     render(report)
     if args.json:
-        print(json.dumps(report, default=str))
+        print_json_last(report, default=str)
     return 0
 
 

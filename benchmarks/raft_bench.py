@@ -26,18 +26,15 @@ figure as one JSON object on the last line.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import importlib.util
 import json
 import os
 import queue
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -45,7 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import (
+    REPO,
+    add_run_options,
+    disk_tempdir,
+    kill_all,
+    kill_group,
+    kill_on_exit,
+    print_json_last,
+    track,
+    untrack,
+)
+
 KIB = 1024
 MIB = 1024 * 1024
 NODES = (1, 2, 3)
@@ -82,21 +90,6 @@ class Plan:
 
 
 # --- processes ------------------------------------------------------------------------------
-
-_LIVE: set[subprocess.Popen[str]] = set()
-
-
-def _kill_all() -> None:
-    """Last line of defence (atexit, SIGTERM): no benchmark process outlives the bench."""
-    for proc in list(_LIVE):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=5)
-        _LIVE.discard(proc)
-
-
-atexit.register(_kill_all)
 
 
 class NodeProc:
@@ -144,7 +137,7 @@ class NodeProc:
             text=True,
             start_new_session=True,
         )
-        _LIVE.add(self.proc)
+        track(self.proc)
         self.pid = self.proc.pid
         self._lines: queue.Queue[Reply | None] = queue.Queue()
         self._next_id = 0
@@ -214,11 +207,10 @@ class NodeProc:
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=grace)
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+            kill_group(self.proc)
             with contextlib.suppress(Exception):
                 self.proc.wait(timeout=5)
-        _LIVE.discard(self.proc)
+        untrack(self.proc)
         self._stderr.close()
 
 
@@ -269,30 +261,6 @@ def find_leader(nodes: dict[int, NodeProc], timeout: float = 30) -> NodeProc:
             return leaders[0]
         time.sleep(0.2)
     raise TimeoutError(f"no single leader within {timeout}s")
-
-
-def real_disk_tmp() -> Path:
-    """A temp directory on a block device: fsync on tmpfs costs nothing and would flatter
-    both implementations."""
-    mounts: list[tuple[str, str]] = []
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            mounts.append((parts[1], parts[2]))
-
-    def fstype(path: Path) -> str:
-        best = ("", "")
-        p = str(path.resolve())
-        for mnt, fs in mounts:
-            if (p == mnt or p.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best[0]):
-                best = (mnt, fs)
-        return best[1]
-
-    candidates = [os.environ.get("TMPDIR"), "/var/tmp", tempfile.gettempdir(), str(REPO)]
-    for c in candidates:
-        if c and Path(c).is_dir() and fstype(Path(c)) not in ("tmpfs", "ramfs", ""):
-            return Path(tempfile.mkdtemp(prefix="raft_bench-", dir=c))
-    raise RuntimeError("no temp directory on a real disk (all candidates are tmpfs)")
 
 
 # --- phases ---------------------------------------------------------------------------------
@@ -663,10 +631,7 @@ def table(results: Reply, plan: Plan) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short run (~1 minute)")
-    parser.add_argument(
-        "--json", action="store_true", help="print every figure as one JSON object on the last line"
-    )
+    add_run_options(parser, "short run (~1 minute)")
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--groups", type=int, default=None, help="idle groups (300/1000)")
     parser.add_argument("--skip", default="", help="comma list of: raftmq,pysyncobj,idle")
@@ -685,13 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = Plan.make(args.quick, args.inflight, args.groups)
     skip = set(filter(None, args.skip.split(",")))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    kill_on_exit()
     log = sys.stderr if args.json else sys.stdout
 
     # The children read these (see raft_bench_node._pysyncobj_main).
     os.environ["RAFT_BENCH_REF_TICK"] = str(args.ref_tick)
     os.environ["RAFT_BENCH_REF_APPEND_PERIOD"] = str(args.ref_append_period)
-    root = real_disk_tmp()
+    root = disk_tempdir("raft_bench-")
     print(f"data in {root} ({'quick' if plan.quick else 'full'} run)", file=log, flush=True)
     results: Reply = {
         "quick": plan.quick,
@@ -732,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             results["idle"] = idle(root, plan, log)
             phases["idle"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     finally:
-        _kill_all()
+        kill_all()
         c0 = time.monotonic()
         shutil.rmtree(root, ignore_errors=True)
         phases["cleanup"] = round(time.monotonic() - c0, 1)
@@ -762,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results, plan), file=log)
     print(f"\nwhole run: {results['elapsed_s']}s (phases: {phases})", file=log)
     if args.json:
-        print(json.dumps(results))
+        print_json_last(results)
     return 0
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import percentile
+
 Reply = dict[str, Any]
 
 
@@ -34,14 +36,15 @@ def emit(obj: Reply) -> None:
 
 
 def percentiles(samples: list[float]) -> Reply:
-    """p50/p99/p999/max in milliseconds of latencies given in seconds (nearest rank)."""
+    """p50/p99/p999/max in milliseconds of latencies given in seconds (nearest rank, as
+    every bench here: :func:`benchmarks.harness.percentile`)."""
     if not samples:
         return {"n": 0}
     s = sorted(samples)
     n = len(s)
 
     def at(q: float) -> float:
-        return round(s[min(n - 1, int(q * n))] * 1000, 3)
+        return round(percentile(s, q) * 1000, 3)
 
     return {
         "n": n,

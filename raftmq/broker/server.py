@@ -51,6 +51,7 @@ GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 PREFER_WINDOW_SECONDS = 10.0
 """How long after start a preferred replica may still start an election for its group."""
 
+
 def open_files_note(replicas: int) -> tuple[str, bool]:
     """Raise this process's open-file limit to the hard limit, cap the segment handles by
     it, and say so in one line; True beside it when the cap is too low for ``replicas``

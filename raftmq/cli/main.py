@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, status_cmd
+from raftmq.cli.helptext import unwrap_help
 
 app = typer.Typer(
     name="raftmq",
@@ -20,6 +21,7 @@ app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(cluster_cmd.broker)
 app.command()(status_cmd.status)
+unwrap_help(app)  # after every command is added
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,18 @@
-"""Small files that must never be seen half-written: write a temporary, fsync, rename, fsync
-the directory. Each carries a CRC so a reader can tell a valid file from garbage."""
+"""Small CRC-protected files (hard state, log-start and terms checkpoints, index files,
+snapshot meta, the commit hint, the promised record): the one place that frames them, so
+that every such file is torn-proof the same way and a reader gets the payload or ``None``.
+
+Two ways to write, each with its framing (both on disk since the first release; docs/format.md
+and docs/driver.md describe them):
+
+- ``write_atomic``: ``payload | u32 CRC32C(payload)``, written to a temporary file, fsynced,
+  renamed over the old one, directory fsynced. A reader sees the old file or the new one,
+  never a mix, and the file's size is the frame's size, so no length is needed.
+- ``overwrite_in_place``: ``u32 length | u32 CRC32C(payload) | payload``, written over the
+  start of the file without truncating or fsyncing it (for a file rewritten often whose loss
+  only costs time: truncate + fsync stalled the event loop). A shorter payload leaves the
+  old tail behind, hence the length; a torn write fails the CRC.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +22,13 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-_TRAILER = struct.Struct(">I")
+_TRAILER = struct.Struct(">I")  # CRC32C of the payload, after it
+_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload, before it
 
 
 def write_atomic(path: Path, payload: bytes) -> None:
-    """Durably replace ``path`` with ``payload`` and its CRC trailer."""
-    replace_file(path, payload + _TRAILER.pack(crc32c(payload)))
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Durably replace ``path`` with ``data`` as it stands (for files that carry their own
-    CRC, like the Raft hard state): on return it survives power loss, and a crash at any
-    point leaves either the old file or the new one."""
+    """Durably replace ``path``: on return the new payload survives power loss."""
+    data = payload + _TRAILER.pack(crc32c(payload))
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -44,6 +52,35 @@ def read_atomic(path: Path) -> bytes | None:
         return None
     payload, (crc,) = data[: -_TRAILER.size], _TRAILER.unpack(data[-_TRAILER.size :])
     return payload if crc32c(payload) == crc else None
+
+
+def overwrite_in_place(path: Path, payload: bytes) -> None:
+    """Write ``payload`` over the start of ``path`` (created if missing), without fsync: after
+    a crash the file may hold the old payload, the new one, or a torn mix that reads as None.
+    Opened and closed each time, so a caller with many such files holds no descriptors."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        data = _HEAD.pack(len(payload), crc32c(payload)) + payload
+        written = os.pwrite(fd, data, 0)
+        assert written == len(data), "short pwrite of a small file"  # a regular file: all or error
+    finally:
+        os.close(fd)
+
+
+def read_in_place(path: Path) -> bytes | None:
+    """The payload ``overwrite_in_place`` last wrote, or None when the file is missing,
+    unreadable, torn or corrupt (callers treat all of these as: no saved value)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _HEAD.size:
+        return None
+    size, crc = _HEAD.unpack_from(raw)
+    payload = raw[_HEAD.size : _HEAD.size + size]
+    if len(payload) != size or crc32c(payload) != crc:
+        return None
+    return payload
 
 
 def fsync_dir(directory: Path) -> None:

@@ -105,9 +105,21 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
         )
-        self.high_watermark = self._offset_after(self.group.commit_index)
+        self._high_watermark = self._offset_after(self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        """The offset after the last committed record: fetches read below it."""
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        # Never back: a consumer that read up to the high watermark must never be told
+        # later that those offsets are out of range (or see other records there).
+        assert offset >= self._high_watermark, (self._high_watermark, offset)
+        self._high_watermark = offset
 
     @property
     def log(self) -> Log:
@@ -196,7 +208,12 @@ class PartitionReplica:
         self._advance_hw(snap.next_offset)
 
     def _advance_hw(self, offset: int) -> None:
-        if offset > self.high_watermark:
+        """Raise the high watermark to ``offset``; a lower one is ignored (a group reopened
+        after quarantine restarts from its saved commit, which may be below it)."""
+        # The log end never below the high watermark: a fetch below it must find its records
+        # here, so the core's view may not run ahead of what the log has written.
+        assert offset <= self.group.log.next_offset, (offset, self.group.log.next_offset)
+        if offset > self._high_watermark:
             self.high_watermark = offset
             # Wake every parked fetch; each re-checks its own condition.
             self._hw_event.set()

@@ -397,7 +397,7 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     # Node 3's hint claims more than its log holds, as after losing an unsynced tail.
     hint3 = tmp_path / "n3" / "g" / group_storage.COMMIT_HINT_FILE
     bigger = ConfigHistory(last + 1000, saved.changes)
-    hint3.write_bytes(group_storage.encode_commit_hint(bigger))
+    group_storage.save_commit_hint(hint3, bigger)  # as the host writes hints
 
     scans: list[int] = []
     original = RaftCore._replay_configs

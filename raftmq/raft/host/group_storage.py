@@ -18,9 +18,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from crc32c import crc32c
-
-from raftmq.log.atomic_file import read_atomic, replace_file, write_atomic
+from raftmq.log.atomic_file import overwrite_in_place, read_atomic, read_in_place, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.raft.config import Config
@@ -46,8 +44,8 @@ _MAGIC_V1 = b"RHS1"  # term, vote, commit (read only: files written before rejoi
 _MAGIC = b"RHS2"  # term, vote, commit, flags
 _BODY_V1 = struct.Struct(">4sqqq")
 _BODY = struct.Struct(">4sqqqB")
-_CRC = struct.Struct(">I")
 _FLAG_REJOINING = 0x01
+_SNAP_META = struct.Struct(">qqq")
 
 
 class HardStateCorruptError(Exception):
@@ -55,44 +53,38 @@ class HardStateCorruptError(Exception):
 
 
 def encode_hard_state(hs: HardState) -> bytes:
+    """The body: the file holds it framed by ``write_atomic`` (its CRC after it)."""
     flags = _FLAG_REJOINING if hs.rejoining else 0
-    body = _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
-    return body + _CRC.pack(crc32c(body))
+    return _BODY.pack(_MAGIC, hs.term, hs.vote, hs.commit, flags)
 
 
-def decode_hard_state(buf: bytes) -> HardState:
-    layout = _BODY if len(buf) == _BODY.size + _CRC.size else _BODY_V1
-    if len(buf) != layout.size + _CRC.size:
-        raise HardStateCorruptError(
-            f"hard state file has {len(buf)} bytes, expected {_BODY.size + _CRC.size}"
-        )
-    body = buf[: layout.size]
-    (crc,) = _CRC.unpack_from(buf, layout.size)
-    if crc32c(body) != crc:
-        raise HardStateCorruptError("hard state CRC mismatch")
+def decode_hard_state(body: bytes) -> HardState:
+    """A body whose CRC already checked out (``read_atomic``): RHS2, or RHS1 from before the
+    rejoining flag existed."""
+    layout = _BODY if len(body) == _BODY.size else _BODY_V1
+    if len(body) != layout.size:
+        raise HardStateCorruptError(f"hard state body has {len(body)} bytes, expected {_BODY.size}")
     magic, term, vote, commit, *flags = layout.unpack(body)
     if magic != (_MAGIC if layout is _BODY else _MAGIC_V1):
         raise HardStateCorruptError(f"hard state magic {magic!r} unknown")
-    rejoining = bool(flags and flags[0] & _FLAG_REJOINING)
-    return HardState(term, vote, commit, rejoining)
+    return HardState(term, vote, commit, bool(flags and flags[0] & _FLAG_REJOINING))
 
 
 def save_hard_state(path: str | os.PathLike[str], hs: HardState) -> None:
     """Durably replace the hard state; on return it survives power loss."""
-    replace_file(Path(path), encode_hard_state(hs))
+    write_atomic(Path(path), encode_hard_state(hs))
 
 
 def load_hard_state(path: str | os.PathLike[str]) -> HardState:
-    """The saved state, or the zero state for a node that never saved one."""
-    try:
-        with open(path, "rb") as f:
-            return decode_hard_state(f.read())
-    except FileNotFoundError:
-        return HardState()
-
-
-_SNAP_META = struct.Struct(">qqq")
-_HINT_HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload: a torn write fails
+    """The saved state, or the zero state for a node that never saved one. A torn or
+    corrupt file raises: a node must not guess its vote."""
+    path = Path(path)
+    body = read_atomic(path)
+    if body is None:
+        if not path.exists():
+            return HardState()
+        raise HardStateCorruptError(f"hard state file {path} is torn or corrupt (CRC mismatch)")
+    return decode_hard_state(body)
 
 
 def save_snapshot_meta(path: Path, snap: SnapshotMeta) -> None:
@@ -108,22 +100,15 @@ def load_snapshot_meta(path: Path) -> SnapshotMeta | None:
     return SnapshotMeta(index, term, next_offset, Membership.decode(raw[_SNAP_META.size :]))
 
 
-def encode_commit_hint(history: ConfigHistory) -> bytes:
-    payload = history.encode()
-    return _HINT_HEAD.pack(len(payload), crc32c(payload)) + payload
+def save_commit_hint(path: Path, history: ConfigHistory) -> None:
+    """Overwrite the hint in place, without fsync (see RaftHost's commit-hint writer)."""
+    overwrite_in_place(path, history.encode())
 
 
 def read_commit_hint(path: Path) -> ConfigHistory | None:
     """The saved hint, or None when it is missing, torn or malformed (all mean: no hint)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    if len(raw) < _HINT_HEAD.size:
-        return None
-    size, crc = _HINT_HEAD.unpack_from(raw)
-    payload = raw[_HINT_HEAD.size : _HINT_HEAD.size + size]
-    if len(payload) != size or crc32c(payload) != crc:
+    payload = read_in_place(path)
+    if payload is None:
         return None
     try:
         return ConfigHistory.decode(payload)
@@ -177,6 +162,7 @@ def load_group(
         log_.abandon()  # nothing was written: give its descriptors back at once
         raise
     return core, log_, hs
+
 
 def _load_core(
     name: str,

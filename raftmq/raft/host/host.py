@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,10 +42,10 @@ from raftmq.raft.host.group_storage import (
     COMMIT_HINT_FILE,
     HARD_STATE_FILE,
     SNAPSHOT_META_FILE,
-    encode_commit_hint,
     load_group,
     promised_path,
     record_promised,
+    save_commit_hint,
     save_hard_state,
     save_snapshot_meta,
 )
@@ -909,6 +908,16 @@ class RaftHost(SelfRepair):
                 group.promised = True
 
     def _finish(self, group: RaftGroup, rd: Ready) -> None:
+        # Persist before send (ready.py step 3): acks and votes in rd.messages promise that
+        # this round's entries and term/vote survive a crash, so they must be on disk now.
+        assert not (rd.entries and group.sync) or group.log.durable_index >= rd.last_index, (
+            f"group {group.name}: sending acks for entries up to {rd.last_index} with only "
+            f"{group.log.durable_index} durable"
+        )
+        hs, saved = rd.hard_state, group.saved_hard
+        assert hs is None or (hs.term, hs.vote) == (saved.term, saved.vote), (
+            f"group {group.name}: sending with term/vote {hs} not yet saved ({saved})"
+        )
         self._send(group, rd.messages)
         if rd.soft_state is not None and group.on_soft_state is not None:
             group.on_soft_state(rd.soft_state)
@@ -950,11 +959,7 @@ class RaftHost(SelfRepair):
         history = group.core.config_history()
         if history is None or history.through <= group.hinted_commit:
             return
-        fd = os.open(group.directory / COMMIT_HINT_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, encode_commit_hint(history), 0)
-        finally:
-            os.close(fd)
+        save_commit_hint(group.directory / COMMIT_HINT_FILE, history)
         group.hinted_commit = history.through
 
     def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:
