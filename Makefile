@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + pip):
 #   make dev    build .venv, then run the main job
-#   make test   build .venv, then run ruff and the fast test suite
+#   make test   build .venv, then run ruff, mypy and the fast test suite
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -22,6 +22,7 @@ proto: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 test-long: $(STAMP)
@@ -35,6 +36,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) raftmq-data .pytest_cache .hypothesis

@@ -39,6 +39,7 @@ and examples are gathered lazily: extra passes happen only when a violation was 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -434,7 +435,7 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
         }
 
     for op in lost:
-        f.add("lost", lambda op=op: example(op))
+        f.add("lost", functools.partial(example, op))
     for op in h.malformed:
         if op.kind == "send" and op.status == "ok" and op.value is not None:
             f.add(
@@ -534,16 +535,16 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
     )
     for op in h.digests:
         groups[(op.partition, op.offset)][op.value].append(op.replica)
-    for (p, o), by_value in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+    for (p, at), by_value in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         if len(by_value) > 1:
             f.add(
                 "digest-mismatch",
                 {
                     "partition": p,
-                    "offset": o,
+                    "offset": at,
                     "values": {str(v): sorted(rs, key=str) for v, rs in by_value.items()},
                     "explanation": (
-                        f"partition {p}: replicas disagree on the digest of offsets below {o}: "
+                        f"partition {p}: replicas disagree on the digest of offsets below {at}: "
                         + "; ".join(
                             f"replicas {sorted(rs, key=str)} have {str(v)[:16]}…"
                             for v, rs in by_value.items()
@@ -645,7 +646,7 @@ def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
             if seen != pos:
                 dups.setdefault(_val(op), {seen}).add(pos)
     shown = sorted(dups)[:MAX_EXAMPLES]
-    wanted = {pos for v in shown for pos in dups[v]}
+    wanted = {(p, o) for v in shown for p, o in dups[v] if o is not None}
     sources: dict[Any, dict[str, dict[str, Any]]] = _value_sources(
         (op for ops in (h.reads, h.finals) for op in ops), wanted
     )
@@ -985,7 +986,7 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
                 },
             )
             continue
-        hw = h.range_hw.get((p, who if who is not None else -1))
+        final_hw = h.range_hw.get((p, who if who is not None else -1))
         refused = h.range_error.get((p, who if who is not None else -1))
         if op.value == "REPLICA_OK" and refused:
             f.add(
@@ -998,16 +999,20 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
                     f"final read was refused: {refused}",
                 },
             )
-        elif op.value == "REPLICA_OK" and hw is not None and hw < best_hw.get(p, hw):
+        elif (
+            op.value == "REPLICA_OK"
+            and final_hw is not None
+            and final_hw < best_hw.get(p, final_hw)
+        ):
             f.add(
                 "silent-failure",
                 {
                     "partition": p,
                     "replica": who,
-                    "replica_hw": hw,
+                    "replica_hw": final_hw,
                     "best_hw": best_hw[p],
                     "explanation": f"replica {who} of partition {p} says it is ok, but its "
-                    f"high watermark {hw} stayed behind {best_hw[p]}",
+                    f"high watermark {final_hw} stayed behind {best_hw[p]}",
                 },
             )
     return f.report(

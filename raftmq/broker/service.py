@@ -158,6 +158,8 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["Broker"].methods:
         behaviour = getattr(service, method.name)
+        make: Callable[..., grpc.RpcMethodHandler]
+        handle: Callable[..., Any]  # a coroutine (unary) or an async generator (stream)
         if method.client_streaming:
             assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
             make, handle = grpc.stream_stream_rpc_method_handler, _streaming(method.name, behaviour)

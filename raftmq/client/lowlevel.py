@@ -159,7 +159,7 @@ class LowLevelClient:
         partition: int,
         entries: bytes,
         *,
-        acks: int = pb.ACKS_ALL,
+        acks: pb.Acks = pb.ACKS_ALL,
         timeout_ms: int = 30_000,
     ) -> pb.ProduceResponse:
         """Send to the leader, following NOT_LEADER hints and waiting out elections.

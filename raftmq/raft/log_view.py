@@ -19,7 +19,9 @@ from raftmq.raft.storage import Storage
 class Ent(NamedTuple):
     """One encoded entry with the header fields Raft consults kept at hand."""
 
-    index: int
+    # Shadows tuple.index on purpose: Raft's name for it, and a NamedTuple keeps split()
+    # (run on every append) at C speed; nothing calls tuple.index on an Ent.
+    index: int  # type: ignore[assignment]
     term: int
     type: int  # an EntryType value (compares equal to the member)
     next_offset: int

@@ -162,7 +162,9 @@ class MemoryStorage:
             offset, prev_term = self.next_offset, self.term_at(self.last_index)
         if index > self.last_index:
             assert offset is not None and prev_term is not None, "restart needs offset/term"
-            s.entries.clear(), s.terms.clear(), s.next_offsets.clear()
+            s.entries.clear()
+            s.terms.clear()
+            s.next_offsets.clear()
             s.start_index, s.start_offset, s.prev_term = index, offset, prev_term
             return
         drop = index - s.start_index

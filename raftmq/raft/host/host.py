@@ -856,9 +856,9 @@ class RaftHost(SelfRepair):
                     )
                 ):
                     failed += part
-            for group, exc in failed:
+            for group, error in failed:
                 # Persist before send: its acks and votes of this round are never sent.
-                self._quarantine(group, "persist", exc)
+                self._quarantine(group, "persist", error)
             for group, rd in round_:
                 if group.failure is None:
                     try:

@@ -239,7 +239,8 @@ class TcpTransport:
         if kind != wire.KIND_HELLO:
             log.warning("node %d: connection did not start with HELLO", self.node_id)
             return None
-        node, cluster = payload  # type: ignore[misc]
+        assert isinstance(payload, tuple), "wire.decode gives HELLO as (node, cluster)"
+        node, cluster = payload
         if cluster != self.cluster or node not in self._peers:
             log.warning("node %d: refused node %s of cluster %r", self.node_id, node, cluster)
             return None

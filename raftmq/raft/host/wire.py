@@ -230,6 +230,7 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
         if mtype == REPAIR_REPLY:
             out.append((group, RepairReply(src, dst, index, commit, entries, context.decode())))
             continue
+        assert msg_type is not None, "every driver-level type was handled above"
         snap = None
         if has_snap:
             si, st, so, mlen = _SNAP.unpack_from(body, pos)
