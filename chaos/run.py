@@ -84,6 +84,11 @@ class ChaosOptions:
 
 Say = Callable[[str], None]
 
+CORRUPT_RETRIES = 50
+CORRUPT_RETRY_S = 0.2
+"""A final read refused with CORRUPT_DATA is tried again for up to 10 s: the replica
+restores the range from a peer within a round trip or two once a read has found it."""
+
 
 def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     out = options.out
@@ -336,6 +341,7 @@ def _read_range(
     finals: list[Op] = []
     pieces: list[bytes] = []
     offset = start
+    corrupt_retries = CORRUPT_RETRIES
     while offset < hw:
         try:
             resp = client.fetch(TOPIC, partition, offset, max_bytes=4 << 20, address=address)
@@ -343,6 +349,12 @@ def _read_range(
             moved = exc.meta.get("raftmq-log-start-offset")
             if exc.code == "OFFSET_OUT_OF_RANGE" and moved is not None and int(moved) > offset:
                 return finals, pieces, int(moved), None
+            if exc.code == "CORRUPT_DATA" and corrupt_retries > 0:
+                # As the error table says: the replica restores the range from a peer;
+                # read it again shortly.
+                corrupt_retries -= 1
+                time.sleep(CORRUPT_RETRY_S)
+                continue
             return finals, pieces, None, f"{exc.code}: {exc}"
         if not resp.entries:
             break

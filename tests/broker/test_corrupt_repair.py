@@ -17,6 +17,7 @@ from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
     address_of,
+    batch,
     read_all,
     wait_until,
 )
@@ -62,6 +63,20 @@ def test_a_flipped_bit_is_repaired_from_a_replica_and_the_fetch_then_succeeds(
         leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
         victim_address = address_of(cluster, victim)
         folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
+        # A follower that fell behind (a loaded machine) catches up in large appends, and
+        # an append is never split across segments: write on until it has closed some.
+        for i in range(200):
+            if len(sorted(folder.glob("*.log"))) >= 3:
+                break
+            values = [f"more-{i}-".encode() * 40]
+            client.produce(TOPIC, 0, batch(values))
+            sent += values
+            want = len(sent)
+            wait_until(
+                lambda want=want: _hw_or_none(client, victim_address, TOPIC) == want,
+                10,
+                "the follower to hold every record",
+            )
         segments = sorted(folder.glob("*.log"))
         assert len(segments) >= 3, "the test needs closed segments"
         # A broker verified what it appended; the bit rots while it is down and is found

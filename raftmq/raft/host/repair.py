@@ -178,6 +178,9 @@ class SelfRepair:
         scrub takes no lock of the log and no time of the event loop."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
+            # The pause comes first: a starting broker catches up and serves before it
+            # re-reads old segments, and damage a read finds meanwhile is repaired anyway.
+            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
             for group in list(self.groups.values()):
                 for seg, after in closed_segments(group.log):
                     if self._stopping or group.name not in self.groups:
@@ -201,7 +204,6 @@ class SelfRepair:
                         )
                         self.request_repair(group.name)
                     await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
-            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
 
     async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
         """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
