@@ -453,19 +453,26 @@ class Log:
 
     # --- append -------------------------------------------------------------------------
 
-    def append(self, buf: bytes | bytearray | memoryview) -> AppendInfo:
+    def append(
+        self, buf: bytes | bytearray | memoryview, *, crc_checked: bool = False
+    ) -> AppendInfo:
         """Validate and append one or more whole entries with one write.
 
         Everything is checked before a byte is written: framing, size, CRC, contiguity of
         Raft index and offsets, and that terms do not decrease. Under the EVERY_BATCH policy
         the call returns once the entries are durable.
+
+        ``crc_checked``: the caller already checked every CRC at its trust boundary (the
+        Raft host's appends: a producer's batch at the client edge, then stamped by the
+        leader; a leader's append at the follower's peer edge), so it is not recomputed
+        here; everything else still is.
         """
         data = buf if type(buf) is bytes else bytes(buf)
         config = self.config
         with self._lock:
             if self._closed:
                 self._check_open()
-            headers = self._validate(data)
+            headers = self._validate(data, crc_checked=crc_checked)
             final_next = self._validated_next
             first_index = self.next_index
             first_offset = self.next_offset
@@ -527,14 +534,16 @@ class Log:
         assert last[5] - seg.base_offset <= _U32_SPAN and last[1] - seg.first_index < _U32_SPAN
         self.next_index, self.next_offset = last[1] + 1, last[5]
 
-    def _validate(self, data: bytes) -> list[_Validated]:
+    def _validate(self, data: bytes, *, crc_checked: bool = False) -> list[_Validated]:
         """Check every entry of an append; (position, index, term, base offset, max
         timestamp, next offset) of each. Plain tuples: this runs once per entry on the
         write path.
 
-        Trust boundary: the peer edge. A follower's append of what its leader replicates is
-        checked here (framing, CRC, contiguity); the records themselves were checked once, at
-        the client edge, by the leader that took them (raftmq/partition/batch_check.py)."""
+        Framing, size and contiguity always; the CRC unless the caller checked it at its
+        trust boundary (``crc_checked``): the Raft host's appends were checked once, at the
+        client edge (raftmq/partition/batch_check.py) or at the peer edge (the Raft core's
+        check of a leader's append). The disk-read boundary is the log's own CRC check of
+        what it reads back."""
         if not data:
             raise InvalidEntryError("nothing to append: the buffer holds no entry")
         index, offset = self.next_index, self.next_offset
@@ -558,7 +567,7 @@ class Log:
                 raise InvalidEntryError(
                     f"entry at byte {position} needs {size} bytes, {end - position} given"
                 )
-            if not entry.crc_matches(view, position, size, crc):
+            if not crc_checked and not entry.crc_matches(view, position, size, crc):
                 raise CorruptEntryError(
                     f"CRC mismatch in entry at byte {position} of the append (index {e_index})",
                     position=position,

@@ -6,8 +6,9 @@ that a consumer cannot read, that breaks time lookups, or that overflows a segme
 There are three trust boundaries and each validates once:
 
 - client edge (this module): a producer's request, before it is proposed to Raft;
-- peer edge: a follower's ``Log.append`` checks framing, CRC and index/offset contiguity of
-  what the leader replicates (the leader already ran these checks on the records);
+- peer edge: a follower's Raft core checks the CRC of what the leader replicates, and its
+  ``Log.append`` framing and index/offset contiguity (the leader already checked the
+  records; neither the leader's core nor its log repeats this module's CRC check);
 - disk read: the log checks each entry's CRC when it first reads it.
 
 Refusals speak the producer's language (entries, fields, offsets, records), name the entry,

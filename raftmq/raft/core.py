@@ -510,6 +510,8 @@ class RaftCore:
             self._msgs.append(self._resp(MsgType.APP_RESP, m.src, index=self.log.committed))
             return
         try:
+            # Trust boundary: the peer edge. The one CRC pass over a leader's entries on
+            # this node (write_to_storage tells the log not to repeat it).
             ents = split(m.entries, verify=True)
         except (InvalidEntryError, CorruptEntryError):
             return  # corrupted in transit: the leader will retry
@@ -794,7 +796,9 @@ class RaftCore:
             raise NotLeaderError(self.lead)
         if self.lead_transferee != NONE:
             raise ProposalDroppedError("leadership transfer in progress")
-        ents = split(buf, verify=True)
+        # No CRC pass: proposals come from this process, and a producer's batch was checked
+        # at the client edge (raftmq/partition/batch_check.py); stamping recomputes it.
+        ents = split(buf, verify=False)
         if not ents:
             raise InvalidEntryError("the request holds no entries")
         for e in ents:

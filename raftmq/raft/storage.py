@@ -28,7 +28,7 @@ class Storage(Protocol):
 
     def read_entries(self, lo: int, max_bytes: int, hi: int | None = None) -> bytes: ...
 
-    def append(self, buf: bytes) -> object: ...
+    def append(self, buf: bytes, *, crc_checked: bool = False) -> object: ...
 
     def truncate_suffix(self, index: int) -> None: ...
 
@@ -122,10 +122,10 @@ class MemoryStorage:
         return s.next_offsets[index - s.start_index - 1]
 
     # --- writes ----------------------------------------------------------------
-    def append(self, buf: bytes) -> int:
+    def append(self, buf: bytes, *, crc_checked: bool = False) -> int:
         self._ops.append(("append", (buf,)))
         s = self._s
-        for h in entry.iter_headers(buf):
+        for h in entry.iter_headers(buf, verify=not crc_checked):
             if h.index != self.last_index + 1:
                 raise NotContiguousError(f"append of index {h.index} after {self.last_index}")
             if h.base_offset != self.next_offset:

@@ -789,3 +789,20 @@ def test_a_failed_write_keeps_the_bytes_for_the_next_try(
     assert log.durable_index == 3
     assert log.read_by_index(1, BIG).data == b"".join(written)
     log.close()
+
+
+def test_append_checks_crcs_unless_its_caller_did_at_a_trust_boundary(tmp_path: Path) -> None:
+    """The Raft host's appends were CRC-checked once, at the client or the peer edge, and
+    say so; anyone else's append is checked here. Framing and contiguity always are."""
+    good = data_entry(1)
+    bad = bytearray(good)
+    bad[-1] ^= 0x01  # a payload bit: the header still frames
+    with Log.open(tmp_path / "a", INTERVAL) as log:
+        with pytest.raises(CorruptEntryError):
+            log.append(bytes(bad))
+        assert log.last_index == 0
+    with Log.open(tmp_path / "b", INTERVAL) as log:
+        log.append(bytes(bad), crc_checked=True)  # trusted: stored as given
+        assert log.last_index == 1
+        with pytest.raises(NotContiguousError):
+            log.append(data_entry(5), crc_checked=True)
