@@ -13,6 +13,7 @@ import random
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
+from raftmq.raft import quorum
 from raftmq.raft.config import Config
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.hardstate import HardState
@@ -20,6 +21,7 @@ from raftmq.raft.log_view import CompactedError, Ent, RaftLog, join, split
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import CAMPAIGN_TRANSFER, Message, MsgType, SnapshotMeta
 from raftmq.raft.progress import Inflights, Progress, ProgressState
+from raftmq.raft.quorum import VoteResult
 from raftmq.raft.read_only import ReadIndexQueue
 from raftmq.raft.ready import ReadState, Ready, Role, SoftState
 from raftmq.raft.storage import Storage
@@ -325,12 +327,12 @@ class RaftCore:
             self._bcast_heartbeat(self._last_read_ctx())
 
     def _quorum_active(self) -> bool:
-        active = sum(
-            1
-            for node in self.membership.voters
-            if node == self.id or (node in self.progress and self.progress[node].recent_active)
+        return quorum.has_quorum(
+            self.membership.voters,
+            lambda node: (
+                node == self.id or (node in self.progress and self.progress[node].recent_active)
+            ),
         )
-        return active >= self.membership.quorum()
 
     # ------------------------------------------------------------------ elections
     def campaign(self, *, transfer: bool = False) -> None:
@@ -345,7 +347,7 @@ class RaftCore:
             self._campaign_real(transfer=transfer)
             return
         self._become_pre_candidate()
-        if self._poll(self.id, True) == "won":
+        if self._poll(self.id, True) is VoteResult.WON:
             self._campaign_real(transfer=False)
             return
         self._request_votes(MsgType.PRE_VOTE, self.term + 1, b"")
@@ -353,7 +355,7 @@ class RaftCore:
     def _campaign_real(self, *, transfer: bool) -> None:
         """The election proper, with a bumped term (after a won pre-vote, or forced)."""
         self._become_candidate()
-        if self._poll(self.id, True) == "won":
+        if self._poll(self.id, True) is VoteResult.WON:
             self._become_leader()
             return
         self._request_votes(MsgType.VOTE, self.term, CAMPAIGN_TRANSFER if transfer else b"")
@@ -373,17 +375,10 @@ class RaftCore:
                     )
                 )
 
-    def _poll(self, node: int, granted: bool) -> str:
+    def _poll(self, node: int, granted: bool) -> VoteResult:
         if node in self.membership.voters:  # learners' answers never count
             self._votes.setdefault(node, granted)
-        yes = sum(1 for v in self._votes.values() if v)
-        no = len(self._votes) - yes
-        q = self.membership.quorum()
-        if yes >= q:
-            return "won"
-        if no > len(self.membership.voters) - q:
-            return "lost"
-        return "pending"
+        return quorum.vote_result(self.membership.voters, self._votes)
 
     # ------------------------------------------------------------------ step
     def step(self, m: Message) -> None:
@@ -470,12 +465,12 @@ class RaftCore:
             if self.role == Role.PRE_CANDIDATE and m.term != self.term + 1 and not m.reject:
                 return
             result = self._poll(m.src, not m.reject)
-            if result == "won":
+            if result is VoteResult.WON:
                 if self.role == Role.PRE_CANDIDATE:
                     self._campaign_real(transfer=False)
                 else:
                     self._become_leader()
-            elif result == "lost":
+            elif result is VoteResult.LOST:
                 self.become_follower(self.term, NONE)
         elif m.type == MsgType.TIMEOUT_NOW:
             pass  # already campaigning
@@ -653,8 +648,9 @@ class RaftCore:
             self._send(Message(MsgType.TIMEOUT_NOW, self.id, m.src, self.term))
 
     def _maybe_commit(self) -> bool:
-        matches = sorted((self.progress[n].match for n in self.membership.voters), reverse=True)
-        quorum_match = matches[self.membership.quorum() - 1]
+        quorum_match = quorum.committed_index(
+            self.membership.voters, lambda n: self.progress[n].match
+        )
         # maybe_commit refuses an index of an older term: counting replicas of an old
         # entry can commit it after it was already superseded (Figure 8).
         committed = self.log.maybe_commit(quorum_match, self.term)

@@ -15,6 +15,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from raftmq.raft import quorum
+
 _COUNT = struct.Struct(">H")
 _ID = struct.Struct(">q")
 
@@ -35,7 +37,7 @@ class Membership:
         return self.voters | self.learners
 
     def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
+        return quorum.size(len(self.voters))
 
     def encode(self) -> bytes:
         out = bytearray(_COUNT.pack(len(self.voters)))
