@@ -8,6 +8,8 @@ reset any of them, in one direction or both.
   (``--peers``) to dial proxy ``raft-i-j``, whose upstream is ``j``'s Raft port. Disabling
   that proxy partitions the pair; a toxic on its ``upstream`` stream affects ``i -> j``
   only, on ``downstream`` ``j -> i`` only.
+- Every port a broker binds is reserved here for the cluster's lifetime (see
+  raftmq.devtools.ports); the proxies bind port 0 and report what they got.
 - Final reads after healing use the private ports directly: the checker must see each
   replica as it is, not through a proxy.
 """
@@ -24,7 +26,8 @@ from chaos.toxiproxy.launcher import RunningToxiproxy, start_toxiproxy
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.metadata import BrokerSpec, TopicSpec
 from raftmq.controller.placement import round_robin
-from raftmq.devtools.local_cluster import LocalCluster, free_port
+from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.devtools.ports import PortReservations
 
 TOPIC = "chaos"
 
@@ -56,8 +59,10 @@ class ChaosCluster:
         self.api = Toxiproxy()
         self.api.update_api_consumer(self.toxiproxy.host, self.toxiproxy.port)
         self.api.destroy_all()
-        self.private = {i: free_port() for i in self.nodes}
-        raft = {i: free_port() for i in self.nodes}
+        # Held until close: brokers bind them (SO_REUSEPORT) whenever they (re)start.
+        ports = PortReservations()
+        self.private = {i: ports.take() for i in self.nodes}
+        raft = {i: ports.take() for i in self.nodes}
         self.proxies: dict[str, Proxy] = {}
         advertised = {}
         for i in self.nodes:
@@ -86,7 +91,7 @@ class ChaosCluster:
             for i in self.nodes
         }
         self.cluster = LocalCluster(
-            data, self.spec, broker_args=broker_args, per_broker_args=per_broker
+            data, self.spec, broker_args=broker_args, per_broker_args=per_broker, ports=ports
         )
 
     def _proxy(self, name: str, upstream_port: int) -> Proxy:

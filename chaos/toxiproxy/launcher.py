@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,25 @@ class LaunchError(RuntimeError):
     """The server did not come up; the message carries the tail of its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the usual bind-to-0 trick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on, from /proc (Linux): how the launcher learns
+    which port a server started with ``-port 0`` got, since the Go binary reports none."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 @dataclass
@@ -110,6 +123,8 @@ def start_toxiproxy(
     startup_timeout: float = 10.0,
 ) -> RunningToxiproxy:
     """Start a server and wait (at most ``startup_timeout`` s) until its API answers.
+    Without ``port`` the server binds port 0 and :attr:`RunningToxiproxy.port` is the one
+    it got: no port is picked first and bound later, a race another process can win.
 
     ``use_binary`` None means "the Go binary if installed", True requires it
     and False forces this package's implementation, which is what tests of
@@ -119,26 +134,15 @@ def start_toxiproxy(
     if use_binary and binary is None:
         raise LaunchError("toxiproxy-server is not on PATH")
     use_go = binary is not None and use_binary is not False
-    attempts = 1 if port is not None else 3
-    last_error: LaunchError | None = None
-    for _ in range(attempts):
-        chosen = port if port is not None else free_port(host)
-        if use_go:
-            assert binary is not None
-            argv = [binary]
-        else:
-            argv = [sys.executable, "-m", "chaos.toxiproxy"]
-        argv += ["-host", host, "-port", str(chosen)]
-        if config is not None:
-            argv += ["-config", str(config)]
-        try:
-            return _spawn(
-                argv, host, chosen, "go" if use_go else "python", log_level, startup_timeout
-            )
-        except LaunchError as exc:
-            last_error = exc  # most likely lost the race for the free port
-    assert last_error is not None
-    raise last_error
+    if use_go:
+        assert binary is not None
+        argv = [binary]
+    else:
+        argv = [sys.executable, "-m", "chaos.toxiproxy"]
+    argv += ["-host", host, "-port", str(port or 0)]
+    if config is not None:
+        argv += ["-config", str(config)]
+    return _spawn(argv, host, port or 0, "go" if use_go else "python", log_level, startup_timeout)
 
 
 def _spawn(
@@ -162,8 +166,12 @@ def _spawn(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
-        if _api_answers(running.api_url):
-            return running
+        # Port 0: the server bound one the kernel picked; proxies of a config file listen
+        # too, so the API is the listener that answers GET /version.
+        for candidate in [port] if port else sorted(listening_ports(process.pid)):
+            running.port = candidate
+            if _api_answers(running.api_url):
+                return running
         time.sleep(0.05)
     tail = running.log_tail()
     running.stop()

@@ -25,7 +25,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from raftmq.broker import ready_file
 from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.controller.leadership import HandBack, LedGroup
@@ -127,6 +129,7 @@ class Broker:
         self._rebalance_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
         self.open_files_note = ""
+        self.bound: BoundAddresses | None = None
 
     async def start(self) -> None:
         hosted = [
@@ -164,8 +167,12 @@ class Broker:
         )
         add_to_server(BrokerService(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
+        client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
+        # What was bound, not what was asked for: the launcher waits on this (ready_file).
+        self.bound = BoundAddresses(
+            os.getpid(), f"{self.listen[0]}:{client_port}", f"{me.host}:{self.transport.port}"
+        )
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         loop = asyncio.get_running_loop()
@@ -178,12 +185,10 @@ class Broker:
         if self.leader_rebalance_seconds > 0:
             self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         log.info(
-            "broker %d serving clients on %s:%d, raft on %s:%d, %d replicas",
+            "broker %d serving clients on %s, raft on %s, %d replicas",
             self.id,
-            self.listen[0],
-            self.listen[1],
-            me.host,
-            me.raft_port,
+            self.bound.client,
+            self.bound.raft,
             len(self.replicas),
         )
 
@@ -345,6 +350,8 @@ async def run(broker: Broker, *, parent_pid: int | None = None) -> int:
     await broker.start()
     tune_gc()
     print(f"broker {broker.id}: {broker.open_files_note}", flush=True)
+    assert broker.bound is not None, "start() binds both listeners"
+    ready_file.write(broker.data_dir, broker.bound)
     print(f"broker {broker.id} ready", flush=True)
     watch = None
     if parent_pid is not None:

@@ -21,9 +21,9 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client.lowlevel import ClientError, LowLevelClient
 from raftmq.controller import cluster_file
-from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
-from raftmq.controller.metadata import BrokerSpec
-from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, free_port, local_spec
+from raftmq.controller.cluster_file import ClusterFileError
+from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
+from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 
@@ -178,6 +178,16 @@ def dev(
     demo_records: Annotated[
         int, typer.Option(min=0, help="Records the startup demo produces and consumes (0: none).")
     ] = 3000,
+    base_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65000,
+            help="Broker N listens for clients on BASE+N and for Raft on BASE+100+N "
+            "(0: ports the system picks). Used for a new cluster only: an existing one "
+            "keeps the ports in its cluster file.",
+        ),
+    ] = 9090,
 ) -> None:
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
@@ -191,14 +201,16 @@ def dev(
                 f"remove the folder, or pass another --data.",
                 2,
             )
-        # Ports may have been taken meanwhile: keep ids and data, move only busy ports.
-        moved = {
-            b.id: BrokerSpec(b.id, b.host, free_port(b.port), free_port(b.raft_port))
-            for b in spec.brokers.values()
-        }
-        spec = ClusterSpec(spec.name, moved, spec.topics)
+        # Its ports as written (clients may know them); a busy one is an error, below.
+        where = f"remove {data} to start a new cluster on other ports"
     else:
-        spec = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=9090)
+        spec = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
+        where = "pass another --base-port (0: any free ports)"
+    try:
+        cluster = LocalCluster(data, spec)
+    except PortInUseError as exc:
+        raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
+    spec = cluster.spec
     stop = {"now": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -206,7 +218,6 @@ def dev(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cluster = LocalCluster(data, spec)
     try:
         cluster.start()
         with Progress(console=console, transient=True) as progress:

@@ -1,5 +1,6 @@
 """A cluster of real broker processes on this machine, for ``raftmq dev``, integration tests
-and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data, wait for leaders.
+and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data and addresses
+(reserved for the cluster's lifetime: raftmq.devtools.ports), wait for leaders.
 """
 
 from __future__ import annotations
@@ -7,31 +8,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from raftmq.broker import ready_file
+from raftmq.broker.ready_file import BoundAddresses
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.metadata import BrokerSpec, TopicSpec
 from raftmq.controller.placement import round_robin
+from raftmq.devtools.ports import PortReservations
 
 CLUSTER_FILE = "cluster.toml"
-
-
-def free_port(preferred: int = 0) -> int:
-    """``preferred`` if it is free on 127.0.0.1, else any free port."""
-    for port in (preferred, 0) if preferred else (0,):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise RuntimeError("no free port on 127.0.0.1")
 
 
 def local_spec(
@@ -42,14 +33,15 @@ def local_spec(
     base_port: int = 0,
     name: str = "raftmq-dev",
 ) -> ClusterSpec:
-    """Brokers on 127.0.0.1 (ports near ``base_port`` when free) and topics with replicas
-    placed round-robin."""
+    """Brokers on 127.0.0.1 and topics with replicas placed round-robin. Broker ``i`` gets
+    client port ``base_port + i`` and Raft port ``base_port + 100 + i``, or with no
+    ``base_port`` ports 0, which :class:`LocalCluster` replaces with reserved ones."""
     specs = {
         i: BrokerSpec(
             i,
             "127.0.0.1",
-            free_port(base_port + i if base_port else 0),
-            free_port(base_port + 100 + i if base_port else 0),
+            base_port + i if base_port else 0,
+            base_port + 100 + i if base_port else 0,
         )
         for i in range(1, brokers + 1)
     }
@@ -62,6 +54,22 @@ def local_spec(
     return ClusterSpec(name, specs, out)
 
 
+def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpec:
+    """``spec`` with every broker port reserved in ``ports``: a port 0 becomes one the
+    kernel picked, an explicit one is taken as given (:class:`PortInUseError`, naming the
+    broker and the port, if another process holds it)."""
+    brokers = {
+        b.id: BrokerSpec(
+            b.id,
+            b.host,
+            ports.take(b.port, what=f"broker {b.id}'s client address"),
+            ports.take(b.raft_port, what=f"broker {b.id}'s Raft address"),
+        )
+        for b in spec.brokers.values()
+    }
+    return ClusterSpec(spec.name, brokers, spec.topics)
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -71,11 +79,26 @@ class LocalCluster:
         broker_args: list[str] | None = None,
         per_broker_args: dict[int, list[str]] | None = None,
         nofile: int | None = None,
+        ports: PortReservations | None = None,
     ) -> None:
         """``per_broker_args`` adds arguments to one broker's command line (chaos passes
         ``--peers`` and ``--listen`` to route traffic through proxies). ``nofile`` starts
         the brokers with that open-file limit, soft and hard (so they cannot raise it), as
-        on a host whose default is low."""
+        on a host whose default is low.
+
+        The ports the brokers bind stay reserved until :meth:`close` (why and how:
+        raftmq.devtools.ports), so a restarted broker finds its addresses free. Without
+        ``ports`` every port of ``spec`` is reserved here (ports 0 replaced by real ones in
+        :attr:`spec` and the cluster file); a caller that binds brokers elsewhere (chaos:
+        ``--listen``) passes the reservations it made, and the cluster closes them."""
+        if ports is None:
+            ports = PortReservations()
+            try:
+                spec = reserve_spec_ports(spec, ports)
+            except OSError:
+                ports.close()
+                raise
+        self.ports = ports
         self.data = data
         self.spec = spec
         self.broker_args = broker_args or []
@@ -124,6 +147,8 @@ class LocalCluster:
                 # prlimit(1) (util-linux) rather than a preexec_fn: forking a process that
                 # runs gRPC threads to call setrlimit in the child is not safe.
                 cmd = ["prlimit", f"--nofile={open_files_limit}:{open_files_limit}", "--", *cmd]
+            # A ready file present after this start is this run's (see wait_ready).
+            (self.data / f"broker-{bid}" / ready_file.READY_FILE).unlink(missing_ok=True)
             with open(self.log_path(bid), "ab") as logfile:
                 self.procs[bid] = subprocess.Popen(
                     cmd,
@@ -165,6 +190,44 @@ class LocalCluster:
         proc = self.procs.get(broker_id)
         return proc is not None and proc.poll() is None
 
+    def wait_ready(
+        self, broker_id: int | None = None, timeout: float = 60.0, *, exited_ok: bool = False
+    ) -> dict[int, BoundAddresses]:
+        """Block until the broker (or every started one) reports the addresses it bound
+        (:mod:`raftmq.broker.ready_file`). A broker that exits first raises at once, with
+        where its log is, unless ``exited_ok`` (then it is left out of the answer)."""
+        ids = [broker_id] if broker_id else list(self.procs)
+        deadline = time.monotonic() + timeout
+        out: dict[int, BoundAddresses] = {}
+        exited: set[int] = set()
+        while True:
+            for bid in ids:
+                if bid in out or bid in exited:
+                    continue
+                bound = ready_file.read(self.data / f"broker-{bid}")
+                if bound is not None:
+                    out[bid] = bound
+                    continue
+                proc = self.procs.get(bid)
+                if proc is None or proc.poll() is not None:
+                    if exited_ok:
+                        exited.add(bid)
+                        continue
+                    status = "not started" if proc is None else f"status {proc.returncode}"
+                    raise RuntimeError(
+                        f"broker {bid} exited ({status}) before it was listening; "
+                        f"see {self.log_path(bid)}"
+                    )
+            if len(out) + len(exited) == len(ids):
+                return out
+            if time.monotonic() > deadline:
+                late = sorted(set(ids) - set(out) - exited)
+                raise TimeoutError(
+                    f"brokers {late} did not report their addresses within {timeout:.0f} s; "
+                    f"see {self.data}/broker-*.log"
+                )
+            time.sleep(0.02)
+
     def client(self) -> LowLevelClient:
         return LowLevelClient(self.addresses)
 
@@ -181,6 +244,7 @@ class LocalCluster:
             for p, replicas in enumerate(t.replicas)
         }
         deadline = time.monotonic() + timeout
+        self.wait_ready(timeout=timeout, exited_ok=True)  # then ask the listening ones
         with LowLevelClient(self.addresses, retries=1) as client:
             while True:
                 leaders = client.refresh_leaders(timeout=1.0)
@@ -205,6 +269,7 @@ class LocalCluster:
             self.stop(timeout=10)
         for bid in list(self.procs):
             self.kill(bid)
+        self.ports.close()
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -436,9 +436,11 @@ def _flip_a_payload_byte(segment: Path, nth_entry: int) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_corrupt_stored_entry_is_data_loss_and_the_broker_serves_on(tmp_path: Path) -> None:
-    spec = cluster_spec({"cd": 1, "other": 1})
     args = ["--tick-ms", "20", "--election-ticks", "10", "--segment-bytes", "4096"]
-    cluster = LocalCluster(tmp_path, spec, broker_args=args + REBALANCE_ARGS)
+    cluster = LocalCluster(
+        tmp_path, cluster_spec({"cd": 1, "other": 1}), broker_args=args + REBALANCE_ARGS
+    )
+    spec = cluster.spec  # with the ports the cluster reserved
     try:
         cluster.start()
         cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)

@@ -22,7 +22,7 @@ from toxiproxy.api import validate_response
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 from toxiproxy.proxy import Proxy
 
-from chaos.toxiproxy.launcher import free_port
+from raftmq.devtools.ports import reserve
 from tests.chaos.helpers import (
     Sink,
     Upstream,
@@ -92,12 +92,17 @@ def test_2_create_get_duplicate_disabled_populate(
     assert dup.status_code == 409
     assert dup.json()["error"] == "proxy already exists"
 
-    listen2 = f"127.0.0.1:{free_port()}"
-    p2 = client.create(upstream=echo.address, name="p2", listen=listen2, enabled=False)
-    assert p2.listen == listen2
+    p2 = client.create(upstream=echo.address, name="p2", listen="127.0.0.1:0", enabled=False)
+    assert p2.listen == "127.0.0.1:0"  # not bound yet: no port to report
     assert p2.enabled is False
-    assert refused(listen2)
     p2.enable()
+    listen2 = client.get_proxy("p2").listen
+    assert listen2 != "127.0.0.1:0"
+    assert not refused(listen2)
+    p2.disable()
+    assert refused(listen2)
+    p2.enable()  # binds the same port again
+    assert client.get_proxy("p2").listen == listen2
     assert not refused(listen2)
 
     clash = requests.post(
@@ -109,10 +114,11 @@ def test_2_create_get_duplicate_disabled_populate(
     assert clash.json()["status"] == 500 and clash.json()["error"]
     assert "clash" not in client.proxies()
 
-    entry = {"name": "p3", "upstream": echo.address, "listen": f"127.0.0.1:{free_port()}"}
+    entry = {"name": "p3", "upstream": echo.address, "listen": "127.0.0.1:0"}
     created = client.populate([entry])
     assert len(created) == 1
     p3 = created[0]
+    entry["listen"] = p3.listen  # the port it got: the same proxy from now on
     p3.add_toxic(type="latency", attributes={"latency": 10})
     assert client.populate([entry]) == []
     assert list(client.get_proxy("p3").toxics()) == ["latency_downstream"]
@@ -149,7 +155,8 @@ def test_3_byte_exact_proxying(client: Toxiproxy, echo: Upstream) -> None:
         thread.join(10)
     assert results == [True] * 5
 
-    dead = client.create(upstream=f"127.0.0.1:{free_port()}", name="dead")
+    with reserve() as nobody:  # held, never listening: connections to it are refused
+        dead = client.create(upstream=f"127.0.0.1:{nobody.getsockname()[1]}", name="dead")
     with connect(dead.listen) as sock:
         start = time.monotonic()
         assert wait_closed(sock, 1.0) == b""

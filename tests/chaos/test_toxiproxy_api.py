@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
 import requests
 
-from chaos.toxiproxy.launcher import free_port
 from tests.chaos.helpers import Upstream, connect, refused, rtt_ms
 
 pytestmark = pytest.mark.timeout(30)
@@ -114,9 +114,8 @@ def test_toxic_update_merges_and_applies_to_live_connections(api: str, echo: Ups
 
 
 def test_proxy_update_and_listen_resolution(api: str, echo: Upstream) -> None:
-    port = free_port()
-    proxy = _create(api, "p", echo.address, listen=f"localhost:{port}")
-    assert proxy["listen"] == f"127.0.0.1:{port}"
+    proxy = _create(api, "p", echo.address, listen="localhost:0")
+    assert re.fullmatch(r"127\.0\.0\.1:[1-9][0-9]*", proxy["listen"]), proxy["listen"]
     with connect(proxy["listen"]) as c:
         assert rtt_ms(c) < 100
         other = Upstream(lambda conn: conn.close())
@@ -142,7 +141,7 @@ def test_proxy_update_and_listen_resolution(api: str, echo: Upstream) -> None:
 
 
 def test_populate_endpoint(api: str, echo: Upstream) -> None:
-    listen = f"127.0.0.1:{free_port()}"
+    listen = "127.0.0.1:0"
     bad = requests.post(
         f"{api}/populate",
         json=[{"name": "a", "upstream": echo.address, "listen": listen}, {"name": "b"}],
@@ -155,7 +154,9 @@ def test_populate_endpoint(api: str, echo: Upstream) -> None:
     entries = [{"name": "a", "upstream": echo.address, "listen": listen}]
     first = requests.post(f"{api}/populate", json=entries, timeout=5)
     assert first.status_code == 201
-    assert [p["listen"] for p in first.json()["proxies"]] == [listen]
+    [created] = first.json()["proxies"]
+    assert created["listen"] != listen  # the port it got, not 0
+    entries[0]["listen"] = created["listen"]  # the same proxy from now on
     requests.post(f"{api}/proxies/a/toxics", json={"type": "noop"}, timeout=5)
     again = requests.post(f"{api}/populate", json=entries, timeout=5).json()["proxies"]
     assert [t["name"] for t in again[0]["toxics"]] == ["noop_downstream"]

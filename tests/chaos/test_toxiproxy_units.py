@@ -15,7 +15,7 @@ import requests
 from chaos.toxiproxy.__main__ import _normalise, build_parser
 from chaos.toxiproxy.addresses import join_host_port, resolve_listen, split_host_port
 from chaos.toxiproxy.errors import ApiError
-from chaos.toxiproxy.launcher import free_port, start_toxiproxy
+from chaos.toxiproxy.launcher import listening_ports, start_toxiproxy
 from chaos.toxiproxy.link import ChunkQueue
 from chaos.toxiproxy.toxics import KINDS, Chunk, SlicerKind, parse_attributes
 
@@ -114,15 +114,18 @@ def test_version_flag() -> None:
 
 
 def test_launcher_with_config_file_and_clean_stop(tmp_path: Path) -> None:
-    listen = f"127.0.0.1:{free_port()}"
     config = tmp_path / "proxies.json"
-    config.write_text(json.dumps([{"name": "cfg", "upstream": "127.0.0.1:1", "listen": listen}]))
+    entry = {"name": "cfg", "upstream": "127.0.0.1:1", "listen": "127.0.0.1:0"}
+    config.write_text(json.dumps([entry]))
     server = start_toxiproxy(use_binary=False, config=config)
     try:
         assert server.implementation == "python"
         proxies = requests.get(server.api_url + "/proxies", timeout=5).json()
-        assert proxies["cfg"]["listen"] == listen
+        proxy_port = int(proxies["cfg"]["listen"].rsplit(":", 1)[1])
         assert proxies["cfg"]["enabled"] is True
+        # Both bound port 0; the launcher found the API among the server's listeners.
+        assert listening_ports(server.process.pid) == {server.port, proxy_port}
+        assert 0 not in (server.port, proxy_port)
     finally:
         code = server.stop()
     assert code == 0  # SIGTERM is a clean shutdown

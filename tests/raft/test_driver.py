@@ -171,27 +171,41 @@ async def test_a_restarted_cluster_keeps_every_committed_entry(tmp_path):
                 await h.stop()
 
 
-async def test_three_nodes_over_real_tcp(tmp_path):
-    import socket
+def tcp_transports(nodes: tuple[int, ...]) -> dict[int, TcpTransport]:
+    """Transports that bind port 0 and know no peer address yet: :func:`tell_ports`, once
+    they started, gives each the ports the others got, so none is picked before its
+    listener holds it."""
+    return {
+        n: TcpTransport(
+            n,
+            ("127.0.0.1", 0),
+            {p: None for p in nodes if p != n},
+            ping_interval=0.05,
+            dead_after=0.5,
+        )
+        for n in nodes
+    }
 
-    ports = []
-    for _ in range(3):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        ports.append(s.getsockname()[1])
-        s.close()
-    addrs = {i + 1: ("127.0.0.1", ports[i]) for i in range(3)}
+
+def tell_ports(transports: dict[int, TcpTransport]) -> None:
+    for n, t in transports.items():
+        for p, other in transports.items():
+            if p != n:
+                t.set_peer_address(p, ("127.0.0.1", other.port))
+
+
+async def test_three_nodes_over_real_tcp(tmp_path):
     hosts: dict[int, RaftHost] = {}
     applied: dict[int, Applied] = {}
-    for node, addr in addrs.items():
-        peers = {p: a for p, a in addrs.items() if p != node}
-        transport = TcpTransport(node, addr, peers, ping_interval=0.05, dead_after=0.5)
+    transports = tcp_transports((1, 2, 3))
+    for node, transport in transports.items():
         host = RaftHost(node, transport, seed=node, **FAST)
         applied[node] = Applied()
         host.open_group("g", tmp_path / f"n{node}", MEMBERS, log_config=SMALL, apply=applied[node])
         hosts[node] = host
     for h in hosts.values():
-        await h.start()
+        await h.start()  # binds port 0
+    tell_ports(transports)
     try:
         await wait_for(lambda: leader_of(hosts) is not None, what="a leader over TCP")
         leader = leader_of(hosts)
@@ -291,24 +305,14 @@ class _Inbox:
 async def test_transport_flush_puts_queued_messages_on_the_socket_at_once():
     """The driver flushes before it blocks on an fsync: the append must already be in the
     kernel then, not waiting for the writer task's next turn."""
-    import socket
-
     from raftmq.raft.messages import Message, MsgType
 
-    ports = []
-    for _ in range(2):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        ports.append(s.getsockname()[1])
-        s.close()
-    addrs = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
     inbox = {1: _Inbox(), 2: _Inbox()}
-    transports = {}
-    for node, addr in addrs.items():
-        peers = {p: a for p, a in addrs.items() if p != node}
-        transports[node] = TcpTransport(node, addr, peers, ping_interval=0.05, dead_after=0.5)
-        transports[node].set_handler(inbox[node])
-        await transports[node].start()
+    transports = tcp_transports((1, 2))
+    for node, transport in transports.items():
+        transport.set_handler(inbox[node])
+        await transport.start()
+    tell_ports(transports)
     try:
         await wait_for(lambda: transports[1].peer_alive(2), what="a connection")
         peer = transports[1]._peers[2]

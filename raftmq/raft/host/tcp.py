@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from raftmq.raft.host import wire
@@ -49,7 +50,7 @@ class TcpTransport:
         self,
         node_id: int,
         listen: tuple[str, int],
-        peers: dict[int, tuple[str, int]],
+        peers: Mapping[int, tuple[str, int] | None],
         *,
         cluster: str = "raftmq",
         max_queue_bytes: int = 32 * 1024 * 1024,
@@ -161,7 +162,11 @@ class TcpTransport:
     # --- connections --------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.listen[0], self.listen[1])
+        # reuse_port: a local cluster's launcher holds this port reserved for the broker's
+        # lifetime (raftmq.devtools.ports); port 0 binds any, see :attr:`port`.
+        self._server = await asyncio.start_server(
+            self._accept, self.listen[0], self.listen[1], reuse_port=True
+        )
         loop = asyncio.get_running_loop()
         for p in self._peers.values():
             p.last_heard = time.monotonic()
@@ -172,14 +177,19 @@ class TcpTransport:
 
     @property
     def port(self) -> int:
+        """The port the listener got (the one asked for, or the kernel's pick for 0)."""
         assert self._server is not None
         return self._server.sockets[0].getsockname()[1]
 
+    def set_peer_address(self, peer: int, address: tuple[str, int]) -> None:
+        """Where to dial ``peer``, for peers given no address (None) at construction:
+        nodes in one process each bind port 0, start, and only then learn the others'."""
+        self._peers[peer].address = address
+
     async def _dial_loop(self, p: _Peer) -> None:
         backoff = 0.05
-        assert p.address is not None
         while not self._closing:
-            if p.writer is not None:
+            if p.writer is not None or p.address is None:
                 await asyncio.sleep(0.05)
                 continue
             try:
