@@ -41,7 +41,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -128,12 +127,6 @@ class Plan:
 
 
 # --- processes ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker_entry(name: str, kwargs: Json, out: Any, index: int) -> None:
@@ -862,9 +855,14 @@ class NatsCluster:
     """Three clustered nats-server processes with JetStream, file store on a real disk."""
 
     def __init__(self, data: Path) -> None:
+        from raftmq.devtools.ports import PortReservations, Reuse
+
         self.data = data
-        self.client_ports = [free_port() for _ in range(3)]
-        self.cluster_ports = [free_port() for _ in range(3)]
+        # Held until close, for servers that set SO_REUSEADDR only (raftmq.devtools.ports):
+        # the routes must name every cluster port before any server starts.
+        self.ports = PortReservations(reuse=Reuse.ADDR)
+        self.client_ports = [self.ports.take() for _ in range(3)]
+        self.cluster_ports = [self.ports.take() for _ in range(3)]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -913,6 +911,7 @@ class NatsCluster:
                 kill_group(proc)
                 proc.wait(timeout=10)
             untrack(proc)
+        self.ports.close()
 
 
 async def nats_setup(urls: list[str], subjects: list[str], timeout: float) -> None:

@@ -32,7 +32,6 @@ import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +52,7 @@ from benchmarks.harness import (
     track,
     untrack,
 )
+from raftmq.devtools.ports import PortReservations, Reuse
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -214,27 +214,16 @@ class NodeProc:
         self._stderr.close()
 
 
-def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out on 127.0.0.1 (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @contextlib.contextmanager
 def cluster(
     impl: str, root: Path, *, groups: int = 1, segment_bytes: int = 128 * MIB, tag: str = ""
 ) -> Iterator[dict[int, NodeProc]]:
     """Three fresh members with their own data directories; always torn down (the data is
     removed with the run's root directory)."""
-    ports = dict(zip(NODES, free_ports(len(NODES)), strict=True))
+    # Held until the members are gone (raftmq.devtools.ports); SO_REUSEADDR is what both
+    # implementations' listeners set (asyncio's default; pysyncobj's own).
+    reserved = PortReservations(reuse=Reuse.ADDR)
+    ports = {n: reserved.take() for n in NODES}
     base = root / f"{impl}-{groups}{tag}"
     nodes: dict[int, NodeProc] = {}
     try:
@@ -248,6 +237,7 @@ def cluster(
             node.ask_to_quit()
         for node in nodes.values():
             node.stop()
+        reserved.close()
         # The data stays until the end of the run: deleting thousands of files on a disk
         # mounted with online discard takes seconds of I/O that would disturb the next phase.
 

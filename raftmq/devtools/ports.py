@@ -26,15 +26,30 @@ The cost: two processes of the same user that both set ``SO_REUSEPORT`` share a 
 silently, so "is this port free?" for an EXPLICIT port (``raftmq dev`` on a fixed base port)
 is asked first with a bind that does not set it: that fails on any listener or reservation,
 and is answered with a sentence saying which port and what to do (:class:`PortInUseError`).
+
+Servers we do not build (nats-server and other Go programs, pysyncobj) set ``SO_REUSEADDR``
+and never ``SO_REUSEPORT``. For them :attr:`Reuse.ADDR` holds the port with ``SO_REUSEADDR``
+instead: a bind without it fails, no port-0 bind or outgoing connection gets it, a
+``SO_REUSEADDR`` listener binds it and gets every connection, and a second listener fails
+while the first listens. What it cannot stop is another ``SO_REUSEADDR`` bind while nobody
+listens, which is why brokers, which can, use :attr:`Reuse.PORT`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import socket
 from types import TracebackType
 
 LOCALHOST = "127.0.0.1"
+
+
+class Reuse(enum.Enum):
+    """The socket option the server that will bind a reserved port sets."""
+
+    PORT = socket.SO_REUSEPORT  # our brokers (gRPC's default, the Raft listener)
+    ADDR = socket.SO_REUSEADDR  # servers that set only SO_REUSEADDR (Go's default)
 
 
 class PortInUseError(OSError):
@@ -50,37 +65,42 @@ def _probe_exclusive(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def reserve(port: int = 0, *, host: str = LOCALHOST, what: str = "") -> socket.socket:
-    """A bound, non-listening ``SO_REUSEPORT`` socket holding ``port`` (0: one the kernel
-    picks). The caller keeps it open as long as the port must stay ours. An explicit port
-    that another process holds raises :class:`PortInUseError`; ``what`` names its use in
-    the message (e.g. "broker 2's Raft address")."""
-    if port:
-        # Between this probe and the bind below only a process binding this very port
-        # explicitly could slip in: the kernel never hands a bound port out for port 0.
-        try:
-            _probe_exclusive(host, port)
-        except OSError as exc:
-            raise PortInUseError(
-                exc.errno,
-                f"port {port} on {host}{f' ({what})' if what else ''} is in use by another "
-                f"process: stop that process, or choose other ports",
-            ) from None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def reserve(
+    port: int = 0, *, host: str = LOCALHOST, what: str = "", reuse: Reuse = Reuse.PORT
+) -> socket.socket:
+    """A bound, non-listening socket holding ``port`` (0: one the kernel picks) for a
+    server that sets ``reuse``. The caller keeps it open as long as the port must stay
+    ours. An explicit port that another process holds raises :class:`PortInUseError`;
+    ``what`` names its use in the message (e.g. "broker 2's Raft address")."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
+        if port and reuse is Reuse.PORT:
+            # Between this probe and the bind below only a process binding this very port
+            # explicitly could slip in: the kernel never hands a bound port out for port 0.
+            _probe_exclusive(host, port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, reuse.value, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        if not port:
+            raise
+        raise PortInUseError(
+            exc.errno,
+            f"port {port} on {host}{f' ({what})' if what else ''} is in use by another "
+            f"process: stop that process, or choose other ports",
+        ) from None
     return sock
 
 
 class PortReservations:
     """Ports held together for one cluster's lifetime; :meth:`close` releases them all."""
 
-    def __init__(self, host: str = LOCALHOST) -> None:
+    def __init__(self, host: str = LOCALHOST, reuse: Reuse = Reuse.PORT) -> None:
         self.host = host
+        self.reuse = reuse
         self._socks: dict[int, socket.socket] = {}
 
     def take(self, port: int = 0, *, what: str = "") -> int:
@@ -88,7 +108,7 @@ class PortReservations:
         as is."""
         if port and port in self._socks:
             return port
-        sock = reserve(port, host=self.host, what=what)
+        sock = reserve(port, host=self.host, what=what, reuse=self.reuse)
         got = int(sock.getsockname()[1])
         self._socks[got] = sock
         return got

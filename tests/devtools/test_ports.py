@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from raftmq.devtools.ports import PortInUseError, PortReservations, reserve
+from raftmq.devtools.ports import PortInUseError, PortReservations, Reuse, reserve
 
 
 def _bind(port: int, *options: int) -> socket.socket:
@@ -84,3 +84,19 @@ def test_close_releases_every_reservation():
     socks = list(ports._socks.values())
     ports.close()
     assert ports.ports == [] and all(s.fileno() == -1 for s in socks)
+
+
+def test_a_reuseaddr_reservation_serves_servers_that_set_only_reuseaddr():
+    """Go servers (nats-server) set SO_REUSEADDR and never SO_REUSEPORT."""
+    with reserve(reuse=Reuse.ADDR) as held:
+        port = held.getsockname()[1]
+        for options in [(), (socket.SO_REUSEPORT,)]:
+            with pytest.raises(OSError):
+                _bind(port, *options).close()
+        with _bind(port, socket.SO_REUSEADDR) as listener:
+            listener.listen(8)
+            listener.settimeout(5)
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                listener.accept()[0].close()
+            with pytest.raises(OSError):  # two servers never share it
+                _bind(port, socket.SO_REUSEADDR).listen(1)

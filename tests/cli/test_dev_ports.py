@@ -1,0 +1,74 @@
+"""``raftmq dev`` and its ports: the system's picks reserved for the cluster's lifetime and
+reused on restart, and an explicit port that is taken refused in a sentence, never moved."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raftmq.controller import cluster_file
+
+RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
+SMALL = ["--brokers", "1", "--partitions", "1", "--demo-records", "0"]
+
+
+def _run_until_up(data: Path, *args: str) -> str:
+    """Start ``raftmq dev``, wait for "Cluster is up", stop it with Ctrl-C; its output."""
+    proc = subprocess.Popen(
+        [*RAFTMQ, "dev", "--data", str(data), *SMALL, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "Cluster is up" in line:
+                proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert "Cluster is up" in out, out
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_dev_on_system_ports_comes_back_on_the_same_ones(tmp_path: Path) -> None:
+    _run_until_up(tmp_path, "--base-port", "0")
+    first = cluster_file.load(tmp_path / "cluster.toml").brokers[1]
+    assert first.port and first.raft_port
+    ready = (tmp_path / "broker-1" / "ready.json").read_text()
+    assert f"127.0.0.1:{first.port}" in ready and f"127.0.0.1:{first.raft_port}" in ready
+    _run_until_up(tmp_path)
+    assert cluster_file.load(tmp_path / "cluster.toml").brokers[1] == first
+
+
+def test_dev_refuses_an_explicit_port_in_use_with_a_sentence(tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        if port > 65001:
+            pytest.skip(f"port {port} is above what --base-port allows")
+        out = subprocess.run(
+            [*RAFTMQ, "dev", "--data", str(tmp_path), *SMALL, "--base-port", str(port - 1)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2, out
+    text = " ".join((out.stdout + out.stderr).split())
+    assert f"port {port} on 127.0.0.1 (broker 1's client address) is in use" in text, text
+    assert "--base-port" in text and "Traceback" not in text, text
+    assert not (tmp_path / "broker-1.log").exists()  # no broker was started
