@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import socket
-from types import TracebackType
 
 LOCALHOST = "127.0.0.1"
 
@@ -129,10 +128,5 @@ class PortReservations:
     def __enter__(self) -> PortReservations:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import struct
 
 import pytest
 
@@ -38,6 +39,18 @@ def test_port_0_is_never_given_a_reserved_port():
         for _ in range(2000):
             with _bind(0) as other:
                 assert other.getsockname()[1] not in held
+
+
+def test_no_outgoing_connection_is_given_a_reserved_port():
+    with PortReservations() as ports, _bind(0) as server:
+        held = {ports.take() for _ in range(20)}
+        server.listen(64)
+        for _ in range(500):
+            with socket.create_connection(server.getsockname(), timeout=5) as client:
+                assert client.getsockname()[1] not in held
+                # Reset rather than close: no TIME_WAIT left behind per connection.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            server.accept()[0].close()
 
 
 def test_a_reuseport_listener_binds_a_reserved_port_and_gets_its_connections():
