@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftmq.client.lowlevel import ClientError
+from raftmq.client.errors import ClientError
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.inspect import verify_folder
 from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, log_tails
