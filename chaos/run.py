@@ -17,7 +17,8 @@ from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.client.errors import ClientError, ErrorCode
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 
@@ -347,15 +348,19 @@ def _read_range(
             resp = client.fetch(TOPIC, partition, offset, max_bytes=4 << 20, address=address)
         except ClientError as exc:
             moved = exc.meta.get("raftmq-log-start-offset")
-            if exc.code == "OFFSET_OUT_OF_RANGE" and moved is not None and int(moved) > offset:
+            if (
+                exc.code == ErrorCode.ERROR_CODE_OFFSET_OUT_OF_RANGE
+                and moved is not None
+                and int(moved) > offset
+            ):
                 return finals, pieces, int(moved), None
-            if exc.code == "CORRUPT_DATA" and corrupt_retries > 0:
+            if exc.code == ErrorCode.ERROR_CODE_CORRUPT_DATA and corrupt_retries > 0:
                 # As the error table says: the replica restores the range from a peer;
                 # read it again shortly.
                 corrupt_retries -= 1
                 time.sleep(CORRUPT_RETRY_S)
                 continue
-            return finals, pieces, None, f"{exc.code}: {exc}"
+            return finals, pieces, None, f"{exc.label}: {exc}"
         if not resp.entries:
             break
         pieces.append(resp.entries)

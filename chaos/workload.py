@@ -17,20 +17,21 @@ from collections.abc import Callable
 
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.client.errors import ClientError, ErrorCode
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.format.records import Record, build_batch, iter_records
 
 DEFINITE_REFUSALS = {
-    "NOT_LEADER",
-    "LEADER_NOT_AVAILABLE",
-    "SHUTTING_DOWN",
-    "NOT_HOSTED",
-    "INVALID_BATCH",
-    "CORRUPT_BATCH",
-    "BATCH_TOO_LARGE",
-    "INVALID_ARGUMENT",
-    "UNKNOWN_TOPIC",
-    "UNKNOWN_PARTITION",
+    ErrorCode.ERROR_CODE_NOT_LEADER,
+    ErrorCode.ERROR_CODE_LEADER_NOT_AVAILABLE,
+    ErrorCode.ERROR_CODE_SHUTTING_DOWN,
+    ErrorCode.ERROR_CODE_NOT_HOSTED,
+    ErrorCode.ERROR_CODE_INVALID_BATCH,
+    ErrorCode.ERROR_CODE_CORRUPT_BATCH,
+    ErrorCode.ERROR_CODE_BATCH_TOO_LARGE,
+    ErrorCode.ERROR_CODE_INVALID_ARGUMENT,
+    ErrorCode.ERROR_CODE_UNKNOWN_TOPIC,
+    ErrorCode.ERROR_CODE_UNKNOWN_PARTITION,
 }
 """Broker answers that prove the write was not (and will never be) committed."""
 
@@ -85,7 +86,7 @@ def send_one(
             classify(exc),
             start,
             recorder.now(),
-            error=f"{exc.code}: {exc}"[:300],
+            error=f"{exc.label}: {exc}"[:300],
         )
     except Exception as exc:  # anything unexpected: the write may have happened
         op = Op(
@@ -197,7 +198,7 @@ class Workload:
         allows exactly that skip. Out of range above the high watermark (a new leader
         not yet caught up on its commit index) is only waited out: the reader keeps its
         place."""
-        if exc.code != "OFFSET_OUT_OF_RANGE":
+        if exc.code != ErrorCode.ERROR_CODE_OFFSET_OUT_OF_RANGE:
             return offset
         try:
             start = int(exc.meta.get("raftmq-log-start-offset", ""))

@@ -1,12 +1,13 @@
-"""The broker's error contract in one place: which ``raftmq-error`` code goes with which gRPC
-status, the Refusal a handler raises, and how it reaches the client (a status with trailing
+"""The broker's side of the error contract in one place: the Refusal a handler raises, how a
+partition's error becomes one, and how it reaches the client (a status with trailing
 metadata on unary calls, a ProduceError inside a ProduceStream answer).
 
-Why one module: a code added anywhere else (a partition error class with a ``code``)
-must get a status here and a line in broker.proto's error-contract comment, or a test
-fails (tests/broker/test_error_contract.py compares the two). Everything a client sent
-that the broker will not take is a Refusal with one of these codes; INTERNAL is kept for
-the broker's own bugs.
+The codes themselves are broker.proto's ``ErrorCode``; their gRPC statuses are in
+:data:`raftmq.api.error_codes.RULES`, the table the client's retry policy reads too. A code
+added anywhere (an ErrorCode value, a partition error class with a ``code``) without a
+rule and a documented status fails tests/broker/test_error_contract.py. Everything a
+client sent that the broker will not take is a Refusal with one of these codes; INTERNAL
+is kept for the broker's own bugs.
 """
 
 from __future__ import annotations
@@ -16,35 +17,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 
+from raftmq.api.error_codes import RULES, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.partition.errors import CorruptDataError, NotLeaderError, OffsetOutOfRangeError
 
 if TYPE_CHECKING:
     from raftmq.broker.server import Broker
     from raftmq.partition.errors import PartitionError
-
-STATUS: dict[str, grpc.StatusCode] = {
-    "UNKNOWN_TOPIC": grpc.StatusCode.NOT_FOUND,
-    "UNKNOWN_PARTITION": grpc.StatusCode.NOT_FOUND,
-    "NOT_HOSTED": grpc.StatusCode.NOT_FOUND,
-    "NOT_LEADER": grpc.StatusCode.FAILED_PRECONDITION,
-    "LEADER_NOT_AVAILABLE": grpc.StatusCode.UNAVAILABLE,
-    "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
-    "REPLICA_FAILED": grpc.StatusCode.UNAVAILABLE,
-    "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
-    "INVALID_BATCH": grpc.StatusCode.INVALID_ARGUMENT,
-    "CORRUPT_BATCH": grpc.StatusCode.INVALID_ARGUMENT,
-    "BATCH_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "MALFORMED_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
-    "DUPLICATE_REQUEST_ID": grpc.StatusCode.INVALID_ARGUMENT,
-    "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
-    "TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "CORRUPT_DATA": grpc.StatusCode.DATA_LOSS,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
-"""``raftmq-error`` code -> gRPC status. Documented, with what a client should do, in
-broker.proto's header comment."""
 
 ECHO_CHARS = 64
 """How much of a client's string a message or trailer repeats: a 1 MB topic name echoed
@@ -71,12 +50,12 @@ def name_list(names: Iterable[str], limit: int = LIST_ITEMS) -> str:
 
 
 class Refusal(Exception):
-    """A request refused with a symbolic code (the ``raftmq-error`` vocabulary), a sentence,
-    and fields a client acts on. Unary calls turn it into a gRPC status with trailing
-    metadata; ProduceStream into a ProduceError in the answer."""
+    """A request refused with an ErrorCode, a sentence, and fields a client acts on. Unary
+    calls turn it into a gRPC status with trailing metadata; ProduceStream into a
+    ProduceError in the answer."""
 
-    def __init__(self, code: str, message: str, **meta: object) -> None:
-        assert code in STATUS, f"{code} has no gRPC status in raftmq.broker.errors.STATUS"
+    def __init__(self, code: pb.ErrorCode, message: str, **meta: object) -> None:
+        assert code in RULES, f"{code} has no rule in raftmq.api.error_codes.RULES"
         super().__init__(message)
         self.code = code
         self.message = message
@@ -84,20 +63,26 @@ class Refusal(Exception):
 
     @property
     def status(self) -> grpc.StatusCode:
-        return STATUS[self.code]
+        return RULES[self.code].status
+
+    @property
+    def name(self) -> str:
+        """The code as the client reads it (``raftmq-error``, ``ProduceError.code``)."""
+        return name_of(self.code)
 
     @classmethod
     def of(cls, exc: PartitionError, broker: Broker) -> Refusal:
         """The refusal for a partition's error, with the leader's address where it helps the
         client go straight to another replica."""
+        code = code_of(exc.code)  # the partition floor names codes; it cannot import api
         if isinstance(exc, NotLeaderError):
             leader = broker.spec.brokers.get(exc.leader)
             if exc.leader == 0 or leader is None:
-                return cls("LEADER_NOT_AVAILABLE", str(exc))
-            return cls("NOT_LEADER", str(exc), leader_id=exc.leader, leader_address=leader.address)
+                return cls(pb.ERROR_CODE_LEADER_NOT_AVAILABLE, str(exc))
+            return cls(code, str(exc), leader_id=exc.leader, leader_address=leader.address)
         if isinstance(exc, OffsetOutOfRangeError):
             return cls(
-                exc.code,
+                code,
                 str(exc),
                 log_start_offset=exc.start,
                 high_watermark=exc.high_watermark,
@@ -105,16 +90,16 @@ class Refusal(Exception):
         if isinstance(exc, CorruptDataError):
             leader = broker.spec.brokers.get(exc.leader)
             if leader is not None and exc.leader != broker.id:
-                return cls(exc.code, str(exc), leader_id=exc.leader, leader_address=leader.address)
-        return cls(exc.code, str(exc))
+                return cls(code, str(exc), leader_id=exc.leader, leader_address=leader.address)
+        return cls(code, str(exc))
 
     def trailers(self) -> tuple[tuple[str, str], ...]:
         extra = ((f"raftmq-{k.replace('_', '-')}", str(v)) for k, v in self.meta.items())
-        return (("raftmq-error", self.code), *extra)
+        return (("raftmq-error", self.name), *extra)
 
     def to_pb(self) -> pb.ProduceError:
         return pb.ProduceError(
-            code=self.code,
+            code=self.name,
             message=self.message,
             leader_id=int(self.meta.get("leader_id", 0)),  # type: ignore[call-overload]
             leader_address=str(self.meta.get("leader_address", "")),

@@ -60,7 +60,8 @@ MAX_STREAM_ANSWERS = 256
 def _at_most(name: str, value: int, limit: int, unit: str = "") -> None:
     if value > limit:
         raise Refusal(
-            "INVALID_ARGUMENT", f"{name} {value} is over this broker's limit of {limit}{unit}"
+            pb.ERROR_CODE_INVALID_ARGUMENT,
+            f"{name} {value} is over this broker's limit of {limit}{unit}",
         )
 
 
@@ -70,7 +71,7 @@ class _Malformed:
 
     def __init__(self, message_type: type[Message], exc: Exception) -> None:
         self.refusal = Refusal(
-            "MALFORMED_REQUEST",
+            pb.ERROR_CODE_MALFORMED_REQUEST,
             f"the request bytes are not a valid protobuf encoding of "
             f"{message_type.DESCRIPTOR.full_name} ({exc}); build it from "
             "raftmq/api/v1/broker.proto",
@@ -95,7 +96,7 @@ def _well_formed(request: object) -> None:
 def _internal(rpc: str, exc: BaseException) -> Refusal:
     log.error("%s failed on a bug of the broker", rpc, exc_info=exc)
     return Refusal(
-        "INTERNAL",
+        pb.ERROR_CODE_INTERNAL,
         f"internal error in {rpc} ({type(exc).__name__}); this is a bug in the broker, "
         "not in the request: its log has the details",
     )
@@ -202,22 +203,26 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def _replica(self, topic: str, partition: int) -> PartitionReplica:
         if self.broker.stopping:
-            raise Refusal("SHUTTING_DOWN", f"broker {self.broker.id} is shutting down; use another")
+            raise Refusal(
+                pb.ERROR_CODE_SHUTTING_DOWN,
+                f"broker {self.broker.id} is shutting down; use another",
+            )
         spec = self.broker.spec.topics.get(topic)
         if spec is None:
             if not TOPIC_NAME.fullmatch(topic):
                 raise Refusal(
-                    "INVALID_ARGUMENT",
+                    pb.ERROR_CODE_INVALID_ARGUMENT,
                     f"{shorten(topic)} is not a valid topic name: use 1-200 characters of "
                     "A-Z a-z 0-9 . _ -",
                 )
             known = name_list(sorted(self.broker.spec.topics))
             raise Refusal(
-                "UNKNOWN_TOPIC", f"topic {shorten(topic)} does not exist; known topics: {known}"
+                pb.ERROR_CODE_UNKNOWN_TOPIC,
+                f"topic {shorten(topic)} does not exist; known topics: {known}",
             )
         if partition >= spec.partitions:
             raise Refusal(
-                "UNKNOWN_PARTITION",
+                pb.ERROR_CODE_UNKNOWN_PARTITION,
                 f"topic {topic!r} has {spec.partitions} partitions (0 to {spec.partitions - 1}); "
                 f"there is no partition {partition}",
             )
@@ -225,7 +230,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         if replica is None:
             owners = ", ".join(map(str, spec.replicas[partition]))
             raise Refusal(
-                "NOT_HOSTED",
+                pb.ERROR_CODE_NOT_HOSTED,
                 f"broker {self.broker.id} hosts no replica of {topic}/{partition}; "
                 f"its replicas are on brokers {owners}",
             )
@@ -249,7 +254,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             acks = Acks(request.acks)
         except ValueError:
             raise Refusal(
-                "INVALID_ARGUMENT",
+                pb.ERROR_CODE_INVALID_ARGUMENT,
                 f"unknown acks value {request.acks}; use ACKS_ALL (0), ACKS_LEADER (1) or "
                 "ACKS_NONE (2)",
             ) from None
@@ -317,7 +322,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                             await slots.acquire()
                             if request.request_id in in_progress:
                                 refusal = Refusal(
-                                    "DUPLICATE_REQUEST_ID",
+                                    pb.ERROR_CODE_DUPLICATE_REQUEST_ID,
                                     f"request_id {request.request_id} is already in progress "
                                     "on this stream; give each request in progress its own id",
                                 )
@@ -372,7 +377,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES, " bytes")
         _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS, " ms")
         if request.offset < 0:
-            raise Refusal("INVALID_ARGUMENT", f"offset {request.offset} is negative")
+            raise Refusal(pb.ERROR_CODE_INVALID_ARGUMENT, f"offset {request.offset} is negative")
         wait = request.max_wait_ms / 1000
         try:
             if wait and not self._parked.locked():
@@ -405,12 +410,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                 offset = replica.log_start_offset
             elif which == "position":
                 raise Refusal(
-                    "INVALID_ARGUMENT",
+                    pb.ERROR_CODE_INVALID_ARGUMENT,
                     f"unknown position {request.position}; use EARLIEST (0) or LATEST (1)",
                 )
             else:
                 raise Refusal(
-                    "INVALID_ARGUMENT",
+                    pb.ERROR_CODE_INVALID_ARGUMENT,
                     "the request sets neither position nor timestamp_ms; set one of them",
                 )
         except PartitionError as exc:
@@ -429,14 +434,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         invalid = [n for n in names if not TOPIC_NAME.fullmatch(n)]
         if invalid:
             raise Refusal(
-                "INVALID_ARGUMENT",
+                pb.ERROR_CODE_INVALID_ARGUMENT,
                 f"{name_list(invalid, 5)} are not valid topic names: use 1-200 characters of "
                 "A-Z a-z 0-9 . _ -",
             )
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
             raise Refusal(
-                "UNKNOWN_TOPIC",
+                pb.ERROR_CODE_UNKNOWN_TOPIC,
                 f"unknown topics: {name_list(unknown, 5)}; known: {name_list(sorted(spec.topics))}",
             )
         topics = []

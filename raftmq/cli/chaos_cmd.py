@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,15 @@ from rich.console import Console
 
 app = typer.Typer(help="Fault-injection tests against a local cluster.", no_args_is_help=True)
 console = Console(width=None if sys.stdout.isatty() else 120)
+
+CHAOS_EXTRA = ("toxiproxy", "matplotlib")
+"""What the ``raftmq[chaos]`` extra installs (pyproject.toml). Checked before a run starts:
+matplotlib is imported only to draw the report, after the whole run, too late to say so."""
+
+
+def missing_extra() -> list[str]:
+    """The modules of the chaos extra that cannot be imported here."""
+    return [name for name in CHAOS_EXTRA if importlib.util.find_spec(name) is None]
 
 
 @app.command()
@@ -38,6 +48,16 @@ def run(
     """Run a workload against a proxied cluster while injecting faults, heal, read every
     replica and check that nothing acknowledged was lost, duplicated, reordered or seen
     before commit. Exits 1 on any violation."""
+    missing = missing_extra()
+    if missing:
+        console.print(
+            f"raftmq chaos needs the chaos extra, and {', '.join(missing)} is not installed: "
+            "pip install 'raftmq[chaos]'",
+            style="red",
+            markup=False,  # [chaos] is text, not a style
+            highlight=False,
+        )
+        raise typer.Exit(2)
     from chaos import checker
     from chaos.run import ChaosOptions
     from chaos.run import run as run_chaos

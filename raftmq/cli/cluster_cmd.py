@@ -19,7 +19,8 @@ from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
-from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
@@ -384,7 +385,7 @@ def demo(
         try:
             ok = _demo(client, records)
         except ClientError as exc:
-            raise _fail(f"The cluster refused the demo: {exc} ({exc.code}).") from None
+            raise _fail(f"The cluster refused the demo: {exc} ({exc.label}).") from None
     if not ok:
         raise typer.Exit(1)
 

@@ -25,7 +25,8 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
-from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
+from raftmq.client.errors import ClientError, error_of
+from raftmq.client.lowlevel import LowLevelClient
 
 RPC_TIMEOUT_S = 3.0
 _STATE_NAMES = {

@@ -16,31 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.errors import ClientError, error_of
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 72 << 20),
     ("grpc.max_send_message_length", 72 << 20),
 ]
 BROKER_SERVICE = "raftmq.v1.Broker"
-RETRYABLE = {"NOT_LEADER", "LEADER_NOT_AVAILABLE", "SHUTTING_DOWN", "NOT_HOSTED", "REPLICA_FAILED"}
-
-
-class ClientError(Exception):
-    """A broker refused a request; ``code`` is the raftmq-error value, ``meta`` the rest."""
-
-    def __init__(self, message: str, code: str, status: grpc.StatusCode | None, meta: dict) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-        self.meta = meta
-
-
-def error_of(exc: grpc.RpcError) -> ClientError:
-    meta = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
-    code = meta.get(
-        "raftmq-error", "UNAVAILABLE" if exc.code() == grpc.StatusCode.UNAVAILABLE else "RPC"
-    )
-    return ClientError(exc.details() or str(exc.code()), code, exc.code(), meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +99,12 @@ class LowLevelClient:
                 )
             except grpc.RpcError as exc:
                 last = error_of(exc)
-        raise ClientError(f"no broker answered Metadata ({last})", "UNAVAILABLE", None, {})
+        raise ClientError(
+            f"no broker answered Metadata ({last})",
+            pb.ERROR_CODE_UNSPECIFIED,
+            grpc.StatusCode.UNAVAILABLE,
+            {},
+        )
 
     def refresh_leaders(self, timeout: float = 2.0) -> dict[tuple[str, int], Leader]:
         seen: dict[tuple[str, int], tuple[int, Leader]] = {}
@@ -177,12 +164,12 @@ class LowLevelClient:
                 return self.stub(address).Produce(request, timeout=timeout_ms / 1000 + 1)
             except grpc.RpcError as exc:
                 err = error_of(exc)
-                if err.code == "UNAVAILABLE":
+                if err.unreachable:
                     self._leaders.pop((topic, partition), None)  # re-resolve next time
                     never_sent = "failed to connect" in str(err).lower()
                     if not (never_sent or self.retry_unavailable):
                         raise err from None
-                elif err.code not in RETRYABLE:
+                elif not err.retriable:
                     raise err from None
                 hinted = err.meta.get("raftmq-leader-address")
                 if hinted:
@@ -196,8 +183,8 @@ class LowLevelClient:
                 address = self._leader(topic, partition)
         raise ClientError(
             f"no leader for {topic}/{partition} accepted the write after {self.retries} tries",
-            "LEADER_NOT_AVAILABLE",
-            None,
+            pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+            grpc.StatusCode.UNAVAILABLE,
             {},
         )
 
@@ -212,7 +199,13 @@ class LowLevelClient:
         min_bytes: int = 0,
         address: str | None = None,
     ) -> pb.FetchResponse:
-        """Fetch from ``address`` (any replica), or from the leader when None."""
+        """Fetch from ``address`` (any replica), or from the leader when None.
+
+        A named replica's refusal is raised as it is: whoever names a replica wants that
+        replica's answer (chaos reads each one to compare them). Without ``address`` the
+        read retries whatever broker.proto marks retriable, a replica under repair
+        (CORRUPT_DATA) included: at the leader the answer points to when there is one,
+        else at the partition's leader once it has restored the range from a peer."""
         request = pb.FetchRequest(
             topic=topic,
             partition=partition,
@@ -227,12 +220,21 @@ class LowLevelClient:
                 return self.stub(target).Fetch(request, timeout=max_wait_ms / 1000 + 10)
             except grpc.RpcError as exc:
                 err = error_of(exc)
-                if address is not None or (err.code not in RETRYABLE and err.code != "UNAVAILABLE"):
+                if address is not None or not (err.retriable or err.unreachable):
                     raise err from None
+                hinted = err.meta.get("raftmq-leader-address")
+                if hinted and hinted != target:  # NOT_LEADER, or CORRUPT_DATA at a follower
+                    target = hinted
+                    continue
                 self._sleep(attempt)
                 self.refresh_leaders()
                 target = self._leader(topic, partition)
-        raise ClientError(f"no replica of {topic}/{partition} answered", "UNAVAILABLE", None, {})
+        raise ClientError(
+            f"no replica of {topic}/{partition} answered",
+            pb.ERROR_CODE_UNSPECIFIED,
+            grpc.StatusCode.UNAVAILABLE,
+            {},
+        )
 
     def _sleep(self, attempt: int) -> None:
         time.sleep(min(1.0, self.backoff * (1.5 ** min(attempt, 10))) * (0.5 + random.random()))

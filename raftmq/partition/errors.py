@@ -1,6 +1,10 @@
 """What a partition refuses, with the symbolic code the API layer puts in ``raftmq-error``.
 
-Each carries a sentence for a person; the API maps ``code`` to a gRPC status."""
+Each carries a sentence for a person. ``code`` is the name of an ``ErrorCode`` of
+broker.proto without its ``ERROR_CODE_`` prefix, as a string: this floor is below the API
+and cannot import the generated enum, so the broker turns the name into the code
+(``raftmq.broker.errors.Refusal.of``), and tests/broker/test_error_contract.py fails on a
+name that is not an ErrorCode."""
 
 from __future__ import annotations
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
+from raftmq.api.error_codes import PREFIX, ErrorCode
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
+from raftmq.client.errors import ClientError, error_of
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
@@ -124,8 +126,12 @@ def rpc_error(call: Callable[[], object]) -> ClientError:
 
 
 def assert_error(err: ClientError, status: grpc.StatusCode, code: str, *words: str) -> None:
+    """``code``: the raftmq-error name, which must be an ErrorCode's."""
     assert err.status == status, f"status {err.status}, want {status}: {err}"
-    assert err.code == code, f"raftmq-error {err.code!r}, want {code!r}: {err}"
+    want = ErrorCode.Value(PREFIX + code)
+    assert (err.code, err.code_name) == (want, code), (
+        f"raftmq-error {err.label}, want {code}: {err}"
+    )
     message = str(err)
     assert len(message) >= 15, f"message too terse: {message!r}"
     for w in words:
@@ -381,7 +387,7 @@ def test_killed_follower_catches_up(make_cluster: ClusterFactory) -> None:
         err = rpc_error(
             lambda: client.stub(address_of(cluster, leader)).Produce(request, timeout=10)
         )
-        assert (err.status, err.code) in {
+        assert (err.status, err.code_name) in {
             (grpc.StatusCode.DEADLINE_EXCEEDED, "TIMEOUT"),
             (grpc.StatusCode.UNAVAILABLE, "LEADER_NOT_AVAILABLE"),
             (grpc.StatusCode.FAILED_PRECONDITION, "NOT_LEADER"),

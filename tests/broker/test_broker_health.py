@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.segment import LOG_SUFFIX, segment_name

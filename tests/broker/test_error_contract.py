@@ -18,11 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftmq.api.error_codes import PREFIX, RULES, ErrorCode, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.client.lowlevel import LowLevelClient, error_of
+from raftmq.broker.errors import Refusal
+from raftmq.client.errors import error_of
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry
+from raftmq.partition import errors as partition_errors
 from tests.broker.conftest import LEADER_TIMEOUT, REBALANCE_ARGS, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     RPC_TIMEOUT,
@@ -101,22 +105,60 @@ def assert_short(err: object) -> None:
 # --- the table ------------------------------------------------------------------------------
 
 
-def test_every_code_has_a_status_and_a_line_in_the_proto() -> None:
-    from raftmq.broker.errors import STATUS
-    from raftmq.partition import errors as partition_errors
+def documented_codes() -> dict[str, str]:
+    """Each value of broker.proto's ``enum ErrorCode`` -> the comment just above it."""
+    found = re.search(r"\nenum ErrorCode \{\n(.*?)\n\}", PROTO.read_text(), re.S)
+    assert found, "broker.proto has no enum ErrorCode"
+    comments: list[str] = []
+    documented: dict[str, str] = {}
+    for line in found.group(1).splitlines():
+        text = line.strip()
+        if text.startswith("//"):
+            comments.append(text.removeprefix("//").strip())
+        elif value := re.fullmatch(r"(ERROR_CODE_\w+) = \d+;", text):
+            documented[value.group(1)] = " ".join(comments)
+            comments = []
+    return documented
 
-    text = PROTO.read_text()
-    for code, status in STATUS.items():
-        assert re.search(rf"//\s+{code}\s+{status.name}\s+\S", text), (
-            f"{code} ({status.name}) is not documented in broker.proto's error table"
+
+def test_every_error_code_has_a_rule_and_its_comment_states_it() -> None:
+    """The enum, the table (RULES) and the proto's documentation of each code cannot drift:
+    a code added without a rule, or a rule changed without its comment, fails here."""
+    documented = documented_codes()
+    assert set(documented) == set(ErrorCode.keys())
+    assert set(RULES) == set(ErrorCode.values()) - {ErrorCode.ERROR_CODE_UNSPECIFIED}
+    for code, rule in RULES.items():
+        name = ErrorCode.Name(code)
+        said = f"{rule.status.name}, {'retriable' if rule.retriable else 'not retriable'}. "
+        assert documented[name].startswith(said), (
+            f"broker.proto's comment on {name} should start {said!r}: {documented[name]!r}"
         )
-    for cls in vars(partition_errors).values():
-        if isinstance(cls, type) and issubclass(cls, Exception) and hasattr(cls, "code"):
-            assert cls.code in STATUS, f"{cls.__name__}.code {cls.code} has no gRPC status"
-    for code in ("CORRUPT_DATA", "REPLICA_FAILED", "DUPLICATE_REQUEST_ID", "MALFORMED_REQUEST"):
-        assert code in STATUS
-    assert STATUS["CORRUPT_DATA"] == grpc.StatusCode.DATA_LOSS
-    assert grpc.StatusCode.UNKNOWN not in STATUS.values()
+        assert len(documented[name]) > len(said) + 20, f"{name}: say what a client does"
+        assert code_of(name_of(code)) == code and not name_of(code).startswith(PREFIX)
+    assert grpc.StatusCode.UNKNOWN not in {rule.status for rule in RULES.values()}
+    assert RULES[ErrorCode.ERROR_CODE_CORRUPT_DATA].status == grpc.StatusCode.DATA_LOSS
+
+
+def test_every_code_a_partition_raises_is_an_error_code() -> None:
+    """The partition floor names its codes as strings (it is below the API): each must be
+    an ErrorCode's wire name with a rule."""
+    classes = [
+        cls
+        for cls in vars(partition_errors).values()
+        if isinstance(cls, type) and issubclass(cls, partition_errors.PartitionError)
+    ]
+    assert len(classes) >= 10
+    for cls in classes:
+        assert code_of(cls.code) in RULES, f"{cls.__name__}.code {cls.code!r} is no ErrorCode"
+
+
+def test_the_trailer_and_the_stream_carry_the_name_without_prefix() -> None:
+    refusal = Refusal(ErrorCode.ERROR_CODE_NOT_LEADER, "not the leader", leader_id=2)
+    assert refusal.status == grpc.StatusCode.FAILED_PRECONDITION
+    assert refusal.trailers() == (("raftmq-error", "NOT_LEADER"), ("raftmq-leader-id", "2"))
+    assert refusal.to_pb().code == "NOT_LEADER"
+    with pytest.raises(AssertionError):
+        Refusal(ErrorCode.ERROR_CODE_UNSPECIFIED, "never sent")
 
 
 class _Context:
@@ -284,7 +326,7 @@ def test_messages_name_the_limit_and_speak_the_clients_language(
             )
         )
         assert err.status == grpc.StatusCode.INVALID_ARGUMENT, err
-        assert err.code == "INVALID_BATCH", err
+        assert err.code == ErrorCode.ERROR_CODE_INVALID_BATCH, err
         for word in ("proposal", "Raft", "over the cap"):
             assert word not in str(err), f"{word!r} in a producer's message: {err}"
     assert offsets(client, leader, "bad")[1] == before, "a refused entry was appended"

@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import LowLevelClient, error_of
+from raftmq.client.errors import ErrorCode, error_of
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
@@ -35,7 +36,11 @@ from tests.broker.conftest import LEADER_TIMEOUT, log_tails
 
 TOPIC = "fuzz"
 RPC_TIMEOUT = 10.0
-REFUSAL_CODES = {"INVALID_BATCH", "CORRUPT_BATCH", "BATCH_TOO_LARGE"}
+REFUSAL_CODES = {
+    ErrorCode.ERROR_CODE_INVALID_BATCH,
+    ErrorCode.ERROR_CODE_CORRUPT_BATCH,
+    ErrorCode.ERROR_CODE_BATCH_TOO_LARGE,
+}
 I64 = st.integers(-(1 << 63), (1 << 63) - 1)
 I32 = st.integers(-(1 << 31), (1 << 31) - 1)
 I16 = st.integers(-(1 << 15), (1 << 15) - 1)
@@ -173,10 +178,10 @@ def check_one(broker: Broker, entries: bytes, meant: list[list[Record]] | None) 
         answer = broker.client.stub(broker.address).Produce(request, timeout=RPC_TIMEOUT)
     except grpc.RpcError as exc:
         err = error_of(exc)
-        event(f"refused {err.code}")
-        assert meant is None, f"an honest batch was refused: {err.code}: {err}"
+        event(f"refused {err.label}")
+        assert meant is None, f"an honest batch was refused: {err.label}: {err}"
         assert err.status == grpc.StatusCode.INVALID_ARGUMENT, f"{err.status}: {err}"
-        assert err.code in REFUSAL_CODES, f"raftmq-error {err.code!r}: {err}"
+        assert err.code in REFUSAL_CODES, f"raftmq-error {err.label}: {err}"
         assert len(str(err)) >= 15
         assert broker.high_watermark() == before, "a refused request moved the high watermark"
         return

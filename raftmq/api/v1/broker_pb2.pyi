@@ -7,6 +7,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN_TOPIC: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN_PARTITION: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_HOSTED: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_LEADER: _ClassVar[ErrorCode]
+    ERROR_CODE_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_SHUTTING_DOWN: _ClassVar[ErrorCode]
+    ERROR_CODE_REPLICA_FAILED: _ClassVar[ErrorCode]
+    ERROR_CODE_OUTCOME_UNKNOWN: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_BATCH: _ClassVar[ErrorCode]
+    ERROR_CODE_CORRUPT_BATCH: _ClassVar[ErrorCode]
+    ERROR_CODE_BATCH_TOO_LARGE: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_MALFORMED_REQUEST: _ClassVar[ErrorCode]
+    ERROR_CODE_DUPLICATE_REQUEST_ID: _ClassVar[ErrorCode]
+    ERROR_CODE_OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
+    ERROR_CODE_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_CORRUPT_DATA: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACKS_ALL: _ClassVar[Acks]
@@ -24,6 +46,25 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICA_OK: _ClassVar[ReplicaState]
     REPLICA_CATCHING_UP: _ClassVar[ReplicaState]
     REPLICA_FAILED: _ClassVar[ReplicaState]
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_UNKNOWN_TOPIC: ErrorCode
+ERROR_CODE_UNKNOWN_PARTITION: ErrorCode
+ERROR_CODE_NOT_HOSTED: ErrorCode
+ERROR_CODE_NOT_LEADER: ErrorCode
+ERROR_CODE_LEADER_NOT_AVAILABLE: ErrorCode
+ERROR_CODE_SHUTTING_DOWN: ErrorCode
+ERROR_CODE_REPLICA_FAILED: ErrorCode
+ERROR_CODE_OUTCOME_UNKNOWN: ErrorCode
+ERROR_CODE_INVALID_BATCH: ErrorCode
+ERROR_CODE_CORRUPT_BATCH: ErrorCode
+ERROR_CODE_BATCH_TOO_LARGE: ErrorCode
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_MALFORMED_REQUEST: ErrorCode
+ERROR_CODE_DUPLICATE_REQUEST_ID: ErrorCode
+ERROR_CODE_OFFSET_OUT_OF_RANGE: ErrorCode
+ERROR_CODE_TIMEOUT: ErrorCode
+ERROR_CODE_CORRUPT_DATA: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
