@@ -154,7 +154,7 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             while not stop:
                 t = time.perf_counter()
                 try:
-                    await host.propose(name, payload)
+                    await host.propose(name, payload).done
                 except (NotLeaderError, ProposalDroppedError) as exc:
                     errors.append(repr(exc))
                     return
@@ -199,11 +199,11 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
         payload = entry.encode(os.urandom(size), record_count=1)
         lat: list[float] = []
         for _ in range(warmup):
-            await asyncio.wait_for(host.propose(name, payload), 10)
+            await asyncio.wait_for(host.propose(name, payload).done, 10)
         deadline = time.perf_counter() + max_seconds
         for _ in range(count):
             t = time.perf_counter()
-            await asyncio.wait_for(host.propose(name, payload), 10)
+            await asyncio.wait_for(host.propose(name, payload).done, 10)
             lat.append(time.perf_counter() - t)
             if t > deadline:
                 break

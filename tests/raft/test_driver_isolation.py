@@ -51,7 +51,7 @@ async def propose_some(hosts: dict[int, RaftHost], group: str, count: int, first
         if leader is not None:
             try:
                 for i in range(first, first + count):
-                    await leader.propose(group, batch(i))
+                    await leader.propose(group, batch(i)).done
                 return
             except (NotLeaderError, ProposalDroppedError, OutcomeUnknownError, GroupFailedError):
                 pass
@@ -103,7 +103,7 @@ async def test_a_storage_error_quarantines_one_group_and_it_comes_back(
         first_term = bad.status("a").term
         with pytest.raises((OutcomeUnknownError, GroupFailedError, NotLeaderError)):
             for i in range(1000):
-                await bad.propose("a", batch(i))
+                await bad.propose("a", batch(i)).done
         st = bad.status("a")
         assert st.failed is not None and "FileExistsError" in st.failed, st
         assert st.leader == 0 and st.role == Role.FOLLOWER and not st.followers
@@ -165,7 +165,7 @@ async def test_a_failure_outside_any_group_fails_the_host_and_tells_its_owner(
         await asyncio.sleep(0.05)
         assert not failed.done()
         host._pool.shutdown()  # as if the host could start no fsync thread
-        futures = [host.propose(g, batch(1)) for g in ("x", "y")]
+        futures = [host.propose(g, batch(1)).done for g in ("x", "y")]
         exc = await asyncio.wait_for(failed, 5.0)
         assert isinstance(exc, RuntimeError)
         for fut in futures:
@@ -206,7 +206,7 @@ async def _emfile_scenario(tmp: Path) -> dict[str, object]:
         assert leader is not None
         with contextlib.suppress(Exception):
             for i in range(1000):
-                await leader.propose("a", batch(i))
+                await leader.propose("a", batch(i)).done
         out["reasons"] = [h.status("a").failed for h in hosts.values()]
         await propose_some(hosts, "b", 20, 100)
         out["b_commit_while_a_failed"] = [h.status("b").commit for h in hosts.values()]
