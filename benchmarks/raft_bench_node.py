@@ -234,7 +234,7 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
                             name, base / name, members, log_config=log_config, apply=applied
                         )
                         # Opening a log fsyncs its checkpoints on the event loop: yield after
-                        # each one, or a batch stalls pings long enough (> dead_after) for the
+                        # each one, or a batch stalls pings long enough (> dead_after_s) for the
                         # peers to declare this node dead and wake every quiesced group.
                         await asyncio.sleep(0)
                 reply["open_seconds"] = round(time.perf_counter() - t, 3)

@@ -197,7 +197,7 @@ async def test_three_nodes_over_real_tcp(tmp_path):
     applied: dict[int, Applied] = {}
     for node, addr in addrs.items():
         peers = {p: a for p, a in addrs.items() if p != node}
-        transport = TcpTransport(node, addr, peers, ping_interval=0.05, dead_after=0.5)
+        transport = TcpTransport(node, addr, peers, ping_interval_s=0.05, dead_after_s=0.5)
         host = RaftHost(node, transport, seed=node, **FAST)
         applied[node] = Applied()
         host.open_group("g", tmp_path / f"n{node}", MEMBERS, log_config=SMALL, apply=applied[node])
@@ -320,7 +320,7 @@ async def test_transport_flush_puts_queued_messages_on_the_socket_at_once():
     transports = {}
     for node, addr in addrs.items():
         peers = {p: a for p, a in addrs.items() if p != node}
-        transports[node] = TcpTransport(node, addr, peers, ping_interval=0.05, dead_after=0.5)
+        transports[node] = TcpTransport(node, addr, peers, ping_interval_s=0.05, dead_after_s=0.5)
         transports[node].set_handler(inbox[node])
         await transports[node].start()
     try:
