@@ -134,8 +134,8 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             "rounds": host.rounds,
             "fsyncs": host.fsyncs,
             "failed": repr(host.failed) if host.failed else None,
-            "term_max": max((g.core.term for g in groups), default=0),
-            "term_min": min((g.core.term for g in groups), default=0),
+            "term_max": max((g.term for g in groups), default=0),
+            "term_min": min((g.term for g in groups), default=0),
         }
 
     async def load(size: int, inflight: int, seconds: float, warmup: float) -> Reply:
