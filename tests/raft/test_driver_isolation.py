@@ -248,3 +248,36 @@ def test_emfile_quarantines_the_group_that_needed_a_file_and_it_recovers(tmp_pat
     assert failed and all("Too many open files" in r for r in failed), out
     assert all(c >= 25 for c in out["b_commit_while_a_failed"]), out
     assert out["a_recovered"]
+
+
+async def test_a_follower_never_acknowledges_entries_its_fsync_did_not_make_durable(
+    tmp_path: Path,
+) -> None:
+    """Persist before send, enforced: a follower whose fsync returns without making its
+    entries durable (a lying disk, or a host bug that skips it) must not acknowledge them.
+    Its group is quarantined instead, the leader never counts it, and the group commits
+    on with the other follower."""
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, **FAST)
+        host.open_group("a", tmp_path / f"n{node}" / "a", MEMBERS, replay=False)
+        hosts[node] = host
+    for host in hosts.values():
+        await host.start()
+    try:
+        await wait_for(lambda: leader_of(hosts, "a") is not None, what="a leader")
+        leader = leader_of(hosts, "a")
+        assert leader is not None
+        await leader.propose("a", batch(0)).done
+        liar = next(h for h in hosts.values() if h is not leader)
+        held = liar.groups["a"].log.durable_index
+        liar.groups["a"].log.flush = lambda: None  # type: ignore[method-assign]
+        index = await asyncio.wait_for(leader.propose("a", batch(1)).done, 5.0)
+        await wait_for(lambda: "a" in liar.quarantined, what="the follower's quarantine")
+        failure = liar.status("a").failed
+        assert failure is not None and "AssertionError" in failure and "durable" in failure
+        assert leader.status("a").followers[liar.node_id].match <= held < index
+    finally:
+        for host in hosts.values():
+            await host.stop()
