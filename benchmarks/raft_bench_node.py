@@ -134,8 +134,8 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             "rounds": host.rounds,
             "fsyncs": host.fsyncs,
             "failed": repr(host.failed) if host.failed else None,
-            "term_max": max((g.core.term for g in groups), default=0),
-            "term_min": min((g.core.term for g in groups), default=0),
+            "term_max": max((g.term for g in groups), default=0),
+            "term_min": min((g.term for g in groups), default=0),
         }
 
     async def load(size: int, inflight: int, seconds: float, warmup: float) -> Reply:
@@ -154,7 +154,7 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
             while not stop:
                 t = time.perf_counter()
                 try:
-                    await host.propose(name, payload)
+                    await host.propose(name, payload).done
                 except (NotLeaderError, ProposalDroppedError) as exc:
                     errors.append(repr(exc))
                     return
@@ -199,11 +199,11 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
         payload = entry.encode(os.urandom(size), record_count=1)
         lat: list[float] = []
         for _ in range(warmup):
-            await asyncio.wait_for(host.propose(name, payload), 10)
+            await asyncio.wait_for(host.propose(name, payload).done, 10)
         deadline = time.perf_counter() + max_seconds
         for _ in range(count):
             t = time.perf_counter()
-            await asyncio.wait_for(host.propose(name, payload), 10)
+            await asyncio.wait_for(host.propose(name, payload).done, 10)
             lat.append(time.perf_counter() - t)
             if t > deadline:
                 break
@@ -234,7 +234,7 @@ async def _raftmq_main(args: argparse.Namespace) -> None:
                             name, base / name, members, log_config=log_config, apply=applied
                         )
                         # Opening a log fsyncs its checkpoints on the event loop: yield after
-                        # each one, or a batch stalls pings long enough (> dead_after) for the
+                        # each one, or a batch stalls pings long enough (> dead_after_s) for the
                         # peers to declare this node dead and wake every quiesced group.
                         await asyncio.sleep(0)
                 reply["open_seconds"] = round(time.perf_counter() - t, 3)

@@ -110,7 +110,7 @@ class Broker:
         self.host = RaftHost(
             broker_id,
             self.transport,
-            tick_seconds=tick_seconds,
+            tick_s=tick_seconds,
             election_tick=election_tick,
             seed=broker_id,
         )
@@ -151,12 +151,16 @@ class Broker:
         for topic, p, replicas in hosted:
             directory = self.data_dir / f"{topic.name}-{p}"
             self.replicas[topic.name, p] = PartitionReplica(
-                self.host, topic.name, p, directory, list(replicas), self.log_config
+                self.host,
+                topic.name,
+                p,
+                directory,
+                list(replicas),
+                self.log_config,
+                # Set as each log opens, before the host starts: no fsync of this run may
+                # go unreported.
+                on_durable=durability_marker_writer() if self.durability_markers else None,
             )
-        if self.durability_markers:
-            # Before the host starts: no fsync of this run may go unreported.
-            for replica in self.replicas.values():
-                replica.group.log.on_durable = durability_marker_writer()
         await self.host.start()
         me = self.spec.brokers[self.id]
         self._server = grpc.aio.server(

@@ -20,7 +20,7 @@ from raftmq.format import entry
 from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryError
 from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogError
-from raftmq.log.log import Log, ReadResult
+from raftmq.log.log import ReadResult
 from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
     CorruptBatchError,
@@ -33,7 +33,7 @@ from raftmq.partition.errors import (
     ReplicaFailedError,
 )
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.host.host import RaftGroup, RaftHost
+from raftmq.raft.host.host import DurableFn, LogReads, RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.progress import ProgressState
@@ -83,6 +83,8 @@ class PartitionReplica:
         directory: Path,
         replicas: list[int],
         log_config: LogConfig,
+        *,
+        on_durable: DurableFn | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -104,6 +106,7 @@ class PartitionReplica:
             on_soft_state=self._on_soft_state,
             replay=False,
             on_snapshot=self._on_snapshot,
+            on_durable=on_durable,
         )
         self._high_watermark = self._offset_after(self.group.commit_index)
 
@@ -122,8 +125,8 @@ class PartitionReplica:
         self._high_watermark = offset
 
     @property
-    def log(self) -> Log:
-        return self.group.log
+    def _log(self) -> LogReads:
+        return self.group.log_reader
 
     @property
     def is_leader(self) -> bool:
@@ -135,7 +138,7 @@ class PartitionReplica:
 
     @property
     def log_start_offset(self) -> int:
-        return self.group.log.start_offset
+        return self._log.start_offset
 
     @property
     def state(self) -> tuple[str, str]:
@@ -187,7 +190,7 @@ class PartitionReplica:
         )
 
     def _offset_after(self, index: int) -> int:
-        log = self.group.log
+        log = self._log
         if index < log.start_index:
             return log.start_offset
         data = log.read_by_index(index, 1).data
@@ -212,7 +215,7 @@ class PartitionReplica:
         after quarantine restarts from its saved commit, which may be below it)."""
         # The log end never below the high watermark: a fetch below it must find its records
         # here, so the core's view may not run ahead of what the log has written.
-        assert offset <= self.group.log.next_offset, (offset, self.group.log.next_offset)
+        assert offset <= self._log.next_offset, (offset, self._log.next_offset)
         if offset > self._high_watermark:
             self.high_watermark = offset
             # Wake every parked fetch; each re-checks its own condition.
@@ -237,7 +240,7 @@ class PartitionReplica:
             now_ms=int(time.time() * 1000),
         )
 
-    async def produce(self, entries: bytes, acks: Acks, timeout: float) -> ProduceResult:
+    async def produce(self, entries: bytes, acks: Acks, timeout_s: float) -> ProduceResult:
         """Propose the request's entries as one proposal: they are appended together in one
         term or not at all, so one answer covers them and a refusal proves none was kept."""
         if len(entries) > VALIDATE_INLINE_BYTES:
@@ -250,13 +253,12 @@ class PartitionReplica:
         self.check_serving()
         if not self.is_leader:
             raise self._not_leader(self.leader_id)
-        size = len(entries)
-        deadline = time.monotonic() + timeout
-        await self._reserve(size, deadline)
+        size_bytes = len(entries)
+        deadline_s = time.monotonic() + timeout_s
+        await self._reserve(size_bytes, deadline_s)
         try:
-            base = self.group.next_offset
             try:
-                future = self._host.propose(
+                proposed = self._host.propose(
                     self.group.name, entries, durable_locally=acks == Acks.LEADER
                 )
             except raft_errors.NotLeaderError as exc:
@@ -273,17 +275,16 @@ class PartitionReplica:
                 # The Raft core's own check of what it is handed; validate() should have
                 # caught it first, and a client must still get a refusal, not a crash.
                 raise InvalidBatchError(f"malformed batch: {exc}") from None
-            last = self.group.next_offset - 1
             if acks == Acks.NONE:
-                future.add_done_callback(_consume_exception)
+                proposed.done.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)
-            remaining = max(0.0, deadline - time.monotonic())
+            remaining_s = max(0.0, deadline_s - time.monotonic())
             try:
-                await asyncio.wait_for(future, remaining)
+                await asyncio.wait_for(proposed.done, remaining_s)
             except TimeoutError:
                 raise ProduceTimeoutError(
-                    f"the write was not confirmed by a majority within {timeout * 1000:.0f} ms; "
-                    "it may or may not have been committed"
+                    f"the write was not confirmed by a majority within {timeout_s * 1000:.0f} "
+                    "ms; it may or may not have been committed"
                 ) from None
             except raft_errors.OutcomeUnknownError as exc:
                 who = "this broker's replica" if self.group.failure else "the broker"
@@ -296,27 +297,27 @@ class PartitionReplica:
                 raise self._not_leader(
                     self.leader_id, f"the write was not kept, a retry cannot duplicate it: {exc}"
                 ) from None
-            return ProduceResult(base, last)
+            return ProduceResult(proposed.base_offset, proposed.last_offset)
         finally:
-            await self._release(size)
+            await self._release(size_bytes)
 
-    async def _reserve(self, size: int, deadline: float) -> None:
+    async def _reserve(self, size_bytes: int, deadline_s: float) -> None:
         async with self._inflight_free:
-            while self._inflight_bytes and self._inflight_bytes + size > MAX_INFLIGHT_BYTES:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+            while self._inflight_bytes and self._inflight_bytes + size_bytes > MAX_INFLIGHT_BYTES:
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0:
                     raise ProduceTimeoutError(
                         f"the partition has {self._inflight_bytes} bytes of writes in flight, "
                         f"its limit is {MAX_INFLIGHT_BYTES} bytes, and the request timed out "
                         "waiting for room; nothing was written. Slow down or raise timeout_ms."
                     )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._inflight_free.wait(), remaining)
-            self._inflight_bytes += size
+                    await asyncio.wait_for(self._inflight_free.wait(), remaining_s)
+            self._inflight_bytes += size_bytes
 
-    async def _release(self, size: int) -> None:
+    async def _release(self, size_bytes: int) -> None:
         async with self._inflight_free:
-            self._inflight_bytes -= size
+            self._inflight_bytes -= size_bytes
             self._inflight_free.notify_all()
 
     # --- fetch ------------------------------------------------------------------------
@@ -333,8 +334,12 @@ class PartitionReplica:
                 start,
                 hw,
             )
+        log_ = self._log
+        # The log end never below the high watermark: every offset a consumer was told is
+        # committed must be readable here (a log only loses a suffix above the commit).
+        assert hw <= log_.next_offset, (hw, log_.next_offset)
         try:
-            return self.group.log.read(offset, max_bytes, upper_offset=hw)
+            return log_.read(offset, max_bytes, upper_offset=hw)
         except CorruptEntryError as exc:
             raise self._corrupt(exc, offset, hw) from None
         except (LogError, FormatError) as exc:
@@ -349,7 +354,7 @@ class PartitionReplica:
         ``timestamp_ms``, or the high watermark when none is."""
         hw = self.high_watermark
         try:
-            found = self.group.log.offset_for_timestamp(timestamp_ms)
+            found = self._log.offset_for_timestamp(timestamp_ms)
         except CorruptEntryError as exc:
             raise self._corrupt(exc, self.log_start_offset, hw) from None
         return hw if found is None else min(found, hw)
@@ -360,7 +365,7 @@ class PartitionReplica:
         so the walk costs nothing in the common case), logged once as a WARNING: a disk
         problem, not the client's, and no traceback to add."""
         bad = offset
-        log_ = self.group.log
+        log_ = self._log
         with contextlib.suppress(LogError, FormatError):
             for _ in range(CORRUPT_PROBE_ENTRIES):
                 result = log_.read(bad, 1, upper_offset=hw)
@@ -393,18 +398,18 @@ class PartitionReplica:
         )
 
     async def fetch(
-        self, offset: int, max_bytes: int, min_bytes: int, max_wait: float
+        self, offset: int, max_bytes: int, min_bytes: int, max_wait_s: float
     ) -> ReadResult:
         """Long poll: answer once ``min_bytes`` of committed data are there, or at the end
-        of ``max_wait`` with whatever there is (maybe nothing)."""
-        deadline = time.monotonic() + max_wait
+        of ``max_wait_s`` with whatever there is (maybe nothing)."""
+        deadline_s = time.monotonic() + max_wait_s
         while True:
             result = self.read(offset, max_bytes)
-            if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline:
+            if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
                 return result
             event = self._hw_event
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), deadline - time.monotonic())
+                await asyncio.wait_for(event.wait(), deadline_s - time.monotonic())
 
 
 def _consume_exception(fut: asyncio.Future[int]) -> None:

@@ -223,7 +223,7 @@ CHILD = textwrap.dedent(
         peak[0] = max(peak[0], len(os.listdir("/proc/self/fd")))
 
     async def main():
-        host = RaftHost(1, MemoryNetwork().transport(1), tick_seconds=0.02, election_tick=3)
+        host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.02, election_tick=3)
         config = LogConfig(segment_bytes=4096)
         for g in range(GROUPS):
             host.open_group(f"g{g}", root / f"g{g}", Membership(frozenset({1})),
@@ -237,7 +237,7 @@ CHILD = textwrap.dedent(
             futs = []
             for g in range(GROUPS):
                 body = entry.encode(b"x" * 1500, record_count=1)
-                futs.append(host.propose(f"g{g}", body))
+                futs.append(host.propose(f"g{g}", body).done)
                 if g % 50 == 0:
                     sample()
             await asyncio.gather(*futs)

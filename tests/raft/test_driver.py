@@ -2,6 +2,7 @@
 real TCP sockets on loopback: election, commit everywhere, leader loss, quiescence."""
 
 import asyncio
+import itertools
 from pathlib import Path
 
 from raftmq.format import entry
@@ -17,7 +18,7 @@ from raftmq.raft.membership import ConfigHistory, Membership
 MEMBERS = Membership(frozenset({1, 2, 3}))
 SMALL = LogConfig(segment_bytes=256 * 1024)  # small segments: these tests roll too
 # 10 ms ticks, elections after 300-600 ms: quick, yet calm on a loaded 2-core machine.
-FAST = {"tick_seconds": 0.01, "election_tick": 30, "heartbeat_tick": 2}
+FAST = {"tick_s": 0.01, "election_tick": 30, "heartbeat_tick": 2}
 
 
 def batch(i: int) -> bytes:
@@ -54,7 +55,7 @@ async def propose_to_leader(hosts: dict[int, RaftHost], payload: bytes, count: i
         leader = leader_of(hosts)
         if leader is not None:
             try:
-                await asyncio.gather(*(leader.propose("g", payload) for _ in range(count)))
+                await asyncio.gather(*(leader.propose("g", payload).done for _ in range(count)))
                 return
             except (NotLeaderError, ProposalDroppedError):
                 pass
@@ -84,11 +85,22 @@ async def test_commit_reaches_every_node_and_survives_leader_loss(tmp_path):
         await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
         leader = leader_of(hosts)
         assert leader is not None
-        indexes = await asyncio.gather(*(leader.propose("g", batch(i)) for i in range(50)))
-        assert indexes == sorted(indexes)
-        await wait_for(lambda: all(len(applied[n, "g"].entries) >= 51 for n in hosts), what="apply")
+        proposed = [leader.propose("g", batch(i)) for i in range(49)]
+        # Several records in one proposal, and several entries: the offsets span them all.
+        proposed.append(leader.propose("g", entry.encode(b"abc", record_count=3) + batch(49)))
+        indexes = await asyncio.gather(*(p.done for p in proposed))
+        assert indexes == [p.index for p in proposed] == sorted(indexes)
+        # The offsets each proposal was given are where the core stamped its records.
+        assert proposed[0].base_offset == 0
+        for before, p in itertools.pairwise(proposed):
+            assert p.base_offset == before.last_offset + 1
+        assert [p.last_offset - p.base_offset for p in proposed] == [0] * 49 + [3]
+        await wait_for(lambda: all(len(applied[n, "g"].entries) >= 52 for n in hosts), what="apply")
         # Every node applied the same bytes at the same positions (state machine safety).
         assert applied[1, "g"].entries == applied[2, "g"].entries == applied[3, "g"].entries
+        stamped = [entry.parse_header(e) for e in applied[1, "g"].entries[1:]]  # after the NOOP
+        assert [h.base_offset for h in stamped[-2:]] == [proposed[-1].base_offset, 52]
+        assert [h.index for h in stamped[-2:]] == [proposed[-1].index - 1, proposed[-1].index]
 
         old = leader.node_id
         for peer in hosts:
@@ -98,7 +110,7 @@ async def test_commit_reaches_every_node_and_survives_leader_loss(tmp_path):
         await wait_for(lambda: leader_of(survivors) is not None, what="a new leader")
         new = leader_of(survivors)
         assert new is not None and new.node_id != old
-        await new.propose("g", batch(1000))
+        await new.propose("g", batch(1000)).done
         net.heal()
         await wait_for(
             lambda: all(
@@ -125,7 +137,7 @@ async def test_idle_groups_quiesce_and_wake_on_proposal(tmp_path):
         )
         leader = leader_of(hosts, "g7")
         assert leader is not None
-        index = await asyncio.wait_for(leader.propose("g7", batch(1)), 5)
+        index = await asyncio.wait_for(leader.propose("g7", batch(1)).done, 5)
         assert index > 0
         await wait_for(lambda: all(len(applied[n, "g7"].entries) >= 2 for n in hosts), what="apply")
         # A quiesced group whose leader becomes unreachable wakes up and elects another.
@@ -148,7 +160,7 @@ async def test_a_restarted_cluster_keeps_every_committed_entry(tmp_path):
     await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
     leader = leader_of(hosts)
     assert leader is not None
-    await asyncio.gather(*(leader.propose("g", batch(i)) for i in range(30)))
+    await asyncio.gather(*(leader.propose("g", batch(i)).done for i in range(30)))
     committed = list(applied[leader.node_id, "g"].entries)
     for h in hosts.values():
         await h.stop()
@@ -160,7 +172,7 @@ async def test_a_restarted_cluster_keeps_every_committed_entry(tmp_path):
             )
             leader = leader_of(hosts)
             assert leader is not None
-            await leader.propose("g", batch(99))
+            await leader.propose("g", batch(99)).done
             got = applied[leader.node_id, "g"].entries
             data = [e for e in got if entry.parse_header(e).type == entry.EntryType.DATA]
             want = [e for e in committed if entry.parse_header(e).type == entry.EntryType.DATA]
@@ -180,8 +192,8 @@ def tcp_transports(nodes: tuple[int, ...]) -> dict[int, TcpTransport]:
             n,
             ("127.0.0.1", 0),
             {p: None for p in nodes if p != n},
-            ping_interval=0.05,
-            dead_after=0.5,
+            ping_interval_s=0.05,
+            dead_after_s=0.5,
         )
         for n in nodes
     }
@@ -211,7 +223,9 @@ async def test_three_nodes_over_real_tcp(tmp_path):
         leader = leader_of(hosts)
         assert leader is not None
         big = entry.encode(b"x" * 200_000, record_count=1)
-        await asyncio.wait_for(asyncio.gather(*(leader.propose("g", big) for _ in range(20))), 20)
+        await asyncio.wait_for(
+            asyncio.gather(*(leader.propose("g", big).done for _ in range(20))), 20
+        )
         await wait_for(lambda: all(len(a.entries) >= 21 for a in applied.values()), what="apply")
         assert applied[1].entries == applied[2].entries == applied[3].entries
     finally:
@@ -469,7 +483,7 @@ async def test_groups_with_a_dead_follower_quiesce_and_catch_it_up_later(tmp_pat
         # The dead node comes back behind: the transport's word wakes its groups.
         leader = leader_of(survivors, "g5")
         assert leader is not None
-        await asyncio.wait_for(leader.propose("g5", batch(7)), 5)
+        await asyncio.wait_for(leader.propose("g5", batch(7)).done, 5)
         back = RaftHost(3, net.transport(3), seed=3, **FAST)
         for g in groups:
             back.open_group(g, tmp_path / "n3" / g, MEMBERS, log_config=SMALL)

@@ -51,7 +51,7 @@ async def propose_some(hosts: dict[int, RaftHost], group: str, count: int, first
         if leader is not None:
             try:
                 for i in range(first, first + count):
-                    await leader.propose(group, batch(i))
+                    await leader.propose(group, batch(i)).done
                 return
             except (NotLeaderError, ProposalDroppedError, OutcomeUnknownError, GroupFailedError):
                 pass
@@ -103,7 +103,7 @@ async def test_a_storage_error_quarantines_one_group_and_it_comes_back(
         first_term = bad.status("a").term
         with pytest.raises((OutcomeUnknownError, GroupFailedError, NotLeaderError)):
             for i in range(1000):
-                await bad.propose("a", batch(i))
+                await bad.propose("a", batch(i)).done
         st = bad.status("a")
         assert st.failed is not None and "FileExistsError" in st.failed, st
         assert st.leader == 0 and st.role == Role.FOLLOWER and not st.followers
@@ -165,7 +165,7 @@ async def test_a_failure_outside_any_group_fails_the_host_and_tells_its_owner(
         await asyncio.sleep(0.05)
         assert not failed.done()
         host._pool.shutdown()  # as if the host could start no fsync thread
-        futures = [host.propose(g, batch(1)) for g in ("x", "y")]
+        futures = [host.propose(g, batch(1)).done for g in ("x", "y")]
         exc = await asyncio.wait_for(failed, 5.0)
         assert isinstance(exc, RuntimeError)
         for fut in futures:
@@ -206,7 +206,7 @@ async def _emfile_scenario(tmp: Path) -> dict[str, object]:
         assert leader is not None
         with contextlib.suppress(Exception):
             for i in range(1000):
-                await leader.propose("a", batch(i))
+                await leader.propose("a", batch(i)).done
         out["reasons"] = [h.status("a").failed for h in hosts.values()]
         await propose_some(hosts, "b", 20, 100)
         out["b_commit_while_a_failed"] = [h.status("b").commit for h in hosts.values()]
@@ -248,3 +248,36 @@ def test_emfile_quarantines_the_group_that_needed_a_file_and_it_recovers(tmp_pat
     assert failed and all("Too many open files" in r for r in failed), out
     assert all(c >= 25 for c in out["b_commit_while_a_failed"]), out
     assert out["a_recovered"]
+
+
+async def test_a_follower_never_acknowledges_entries_its_fsync_did_not_make_durable(
+    tmp_path: Path,
+) -> None:
+    """Persist before send, enforced: a follower whose fsync returns without making its
+    entries durable (a lying disk, or a host bug that skips it) must not acknowledge them.
+    Its group is quarantined instead, the leader never counts it, and the group commits
+    on with the other follower."""
+    net = MemoryNetwork()
+    hosts: dict[int, RaftHost] = {}
+    for node in (1, 2, 3):
+        host = RaftHost(node, net.transport(node), seed=node, **FAST)
+        host.open_group("a", tmp_path / f"n{node}" / "a", MEMBERS, replay=False)
+        hosts[node] = host
+    for host in hosts.values():
+        await host.start()
+    try:
+        await wait_for(lambda: leader_of(hosts, "a") is not None, what="a leader")
+        leader = leader_of(hosts, "a")
+        assert leader is not None
+        await leader.propose("a", batch(0)).done
+        liar = next(h for h in hosts.values() if h is not leader)
+        held = liar.groups["a"].log.durable_index
+        liar.groups["a"].log.flush = lambda: None  # type: ignore[method-assign]
+        index = await asyncio.wait_for(leader.propose("a", batch(1)).done, 5.0)
+        await wait_for(lambda: "a" in liar.quarantined, what="the follower's quarantine")
+        failure = liar.status("a").failed
+        assert failure is not None and "AssertionError" in failure and "durable" in failure
+        assert leader.status("a").followers[liar.node_id].match <= held < index
+    finally:
+        for host in hosts.values():
+            await host.stop()

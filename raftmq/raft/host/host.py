@@ -26,9 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.log import Log
+from raftmq.log.log import Log, ReadResult
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
 from raftmq.raft.errors import (
@@ -65,7 +66,7 @@ from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
 
 log = logging.getLogger(__name__)
 
-COMMIT_HINT_SECONDS = 1.0
+COMMIT_HINT_S = 1.0
 """How often a group whose state is its log records its commit point (unsynced)."""
 _URGENT = frozenset(
     {
@@ -82,7 +83,7 @@ _URGENT = frozenset(
     }
 )
 _LATE_RESPONSES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.APP_RESP})
-INLINE_FSYNC_AFTER_IDLE = 0.0005
+INLINE_FSYNC_AFTER_IDLE_S = 0.0005
 """Seconds the ready loop must have waited for work before it fsyncs a lone group itself."""
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
@@ -92,7 +93,7 @@ RETRY_MAX_S = 60.0
 """...up to this; a group that stays healthy this long starts again at RETRY_FIRST_S."""
 MAX_REASON_CHARS = 300
 """A failure reason is echoed in Metadata and status tables: long paths are cut."""
-DEAD_PEER_PROBE_SECONDS = 3.0
+DEAD_PEER_PROBE_S = 3.0
 """How often a quiesced leader sends a heartbeat to each follower the transport reported
 dead when the group quiesced (instead of one every tick, or none)."""
 
@@ -100,6 +101,53 @@ ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
 SnapshotDataFn = Callable[[], bytes]
 SoftStateFn = Callable[[SoftState], None]
+DurableFn = Callable[[str, int], None]
+
+
+class LogReads(Protocol):
+    """What a caller above the host may do with a group's log: read it. A partition's
+    state *is* its log, so fetches read it in place rather than through a copy; writes,
+    truncation, retention and flushes stay the host's (they must follow the core)."""
+
+    @property
+    def start_index(self) -> int: ...
+
+    @property
+    def start_offset(self) -> int: ...
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last entry written (not necessarily durable)."""
+        ...
+
+    def read(
+        self, offset: int, max_bytes: int, *, upper_offset: int | None = None
+    ) -> ReadResult: ...
+
+    def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> ReadResult: ...
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Proposed:
+    """What :meth:`RaftHost.propose` assigned, at the moment the leader appended: all a
+    partition needs to answer its producer, so it never peeks at the core's log.
+
+    The core stamps offsets into entries as it appends them (docs/raft.md, "Message offsets
+    and Raft"), so they are known here, before the entries commit; they are the producer's
+    answer only once ``done`` resolves."""
+
+    index: int
+    """The Raft index of the proposal's last entry."""
+    base_offset: int
+    """The offset of the proposal's first record."""
+    last_offset: int
+    """The offset of its last record (``base_offset - 1`` when it holds no records)."""
+    done: asyncio.Future[int]
+    """Resolves with ``index`` once committed and applied here (or, proposed with
+    ``durable_locally``, once this leader's own write is durable); fails with
+    NotLeaderError, ProposalDroppedError or OutcomeUnknownError."""
 
 
 class RaftGroup:
@@ -131,10 +179,10 @@ class RaftGroup:
         # index -> (term, future, resolve once durable locally instead of once committed)
         self.waiters: dict[int, tuple[int, asyncio.Future[int], bool]] = {}
         self.hinted_commit = 0
-        self.hint_due = 0.0
+        self.hint_due_s = 0.0
         self.quiesced = False
         # Followers the transport called dead when this (leader's) group quiesced: they
-        # get a heartbeat every DEAD_PEER_PROBE_SECONDS while it stays quiesced.
+        # get a heartbeat every DEAD_PEER_PROBE_S while it stays quiesced.
         self.probe_peers: tuple[int, ...] = ()
         self.idle_ticks = 0
         self.last_seen = (0, 0)  # (last index, commit) at the previous tick
@@ -143,7 +191,7 @@ class RaftGroup:
         # next reopened, and what it was opened with (a reopen reads the disk like a restart).
         self.failure: str | None = None
         self.retry_s = RETRY_FIRST_S
-        self.recovered_at = -math.inf
+        self.recovered_at_s = -math.inf
         self.opened_with: tuple[Membership, LogConfig, bool] | None = None
         self.leader_commit = 0
         """The highest commit a leader's append has told this follower: beyond its log end,
@@ -183,6 +231,12 @@ class RaftGroup:
         """The message offset the next appended entry starts at (the core stamps offsets
         into entries as it appends them: docs/raft.md)."""
         return self.core.log.next_offset
+
+    @property
+    def log_reader(self) -> LogReads:
+        """This member's log, for reading only (the object changes when a quarantined
+        group is reopened: ask again rather than keep it)."""
+        return self.log
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -229,7 +283,7 @@ class RaftHost(SelfRepair):
         node_id: int,
         transport: Transport,
         *,
-        tick_seconds: float = 0.1,
+        tick_s: float = 0.1,
         election_tick: int = 10,
         heartbeat_tick: int = 1,
         fsync_threads: int = 4,
@@ -242,7 +296,7 @@ class RaftHost(SelfRepair):
         self.scrubbed_bytes = 0
         self.audited_ranges = 0
         self.transport = transport
-        self.tick_seconds = tick_seconds
+        self.tick_s = tick_s
         self._core_cfg = Config(
             id=node_id,
             election_tick=election_tick,
@@ -284,6 +338,7 @@ class RaftHost(SelfRepair):
         replay: bool = True,
         on_snapshot: SnapshotFn | None = None,
         snapshot_data: SnapshotDataFn | None = None,
+        on_durable: DurableFn | None = None,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
 
@@ -298,6 +353,8 @@ class RaftHost(SelfRepair):
         second; it may be stale (then a little is re-applied) but never ahead of the commit.
         Their ``apply`` gets no bytes (``b""``), only the index the commit reached: reading
         committed entries back from the log would be a copy of every entry for nothing.
+
+        ``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
         """
         if name in self.groups or name in self.quarantined:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
@@ -306,6 +363,7 @@ class RaftHost(SelfRepair):
         core, log_, hs = load_group(
             name, path, membership, config, replay, node_id=self.node_id, core_cfg=self._core_cfg
         )
+        log_.on_durable = on_durable
         group = RaftGroup(
             name,
             core,
@@ -355,15 +413,22 @@ class RaftHost(SelfRepair):
 
     # --- public requests ----------------------------------------------------------------
 
-    def propose(
-        self, name: str, entry_bytes: bytes, *, durable_locally: bool = False
-    ) -> asyncio.Future[int]:
-        """Propose an encoded entry; the future gives its index once committed and applied
-        here (or, with ``durable_locally``, once this leader's own write of it is durable),
-        or fails with NotLeaderError / ProposalDroppedError."""
+    def propose(self, name: str, entry_bytes: bytes, *, durable_locally: bool = False) -> Proposed:
+        """Propose encoded entries (one or more, appended together in one term or not at
+        all): returns the index and offsets they were given and a future of the outcome
+        (:class:`Proposed`). Raises NotLeaderError (with the leader hint),
+        ProposalDroppedError or GroupFailedError when nothing was appended."""
         group = self._group_for_proposal(name)
-        index = group.core.propose(entry_bytes)  # raises NotLeaderError with the leader hint
-        return self._wait_for(group, index, durable_locally=durable_locally)
+        view = group.core.log
+        base_offset = view.next_offset
+        index = group.core.propose(entry_bytes)
+        next_offset = view.next_offset
+        assert next_offset >= base_offset and index == view.last_index, (
+            f"group {name}: a proposal moved the offsets from {base_offset} to {next_offset} "
+            f"and got index {index} with {view.last_index} the last"
+        )
+        done = self._wait_for(group, index, durable_locally=durable_locally)
+        return Proposed(index, base_offset, next_offset - 1, done)
 
     def propose_membership(self, name: str, membership: Membership) -> asyncio.Future[int]:
         """Propose a configuration change (one voter at a time); the future gives the CONFIG
@@ -564,13 +629,13 @@ class RaftHost(SelfRepair):
         self._pool.shutdown(wait=True)
 
     async def _tick_loop(self) -> None:
-        next_at = time.monotonic()
-        probe_at = next_at + DEAD_PEER_PROBE_SECONDS
+        next_tick_s = time.monotonic()
+        probe_at_s = next_tick_s + DEAD_PEER_PROBE_S
         while not self._stopping:
-            next_at += self.tick_seconds
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if next_at >= probe_at:
-                probe_at = next_at + DEAD_PEER_PROBE_SECONDS
+            next_tick_s += self.tick_s
+            await asyncio.sleep(max(0.0, next_tick_s - time.monotonic()))
+            if next_tick_s >= probe_at_s:
+                probe_at_s = next_tick_s + DEAD_PEER_PROBE_S
                 self._probe_dead_peers()
             for group in list(self.groups.values()):  # a failing group leaves the dict
                 try:
@@ -583,10 +648,13 @@ class RaftHost(SelfRepair):
                         group.log.flush_if_due()  # INTERVAL logs: cheap check, fsync when due
                 except Exception as exc:
                     self._quarantine(group, "tick or interval flush", exc)
-            now = time.monotonic()
+            now_s = time.monotonic()
             for group in list(self.groups.values()):
-                if 0 <= group.hinted_commit < group.core.log.committed and now >= group.hint_due:
-                    group.hint_due = now + COMMIT_HINT_SECONDS
+                if (
+                    0 <= group.hinted_commit < group.core.log.committed
+                    and now_s >= group.hint_due_s
+                ):
+                    group.hint_due_s = now_s + COMMIT_HINT_S
                     try:
                         self._write_commit_hint(group)
                     except Exception as exc:
@@ -691,8 +759,8 @@ class RaftHost(SelfRepair):
         so the group is led again within a round trip instead of an election timeout."""
         if group.failure is not None or self.groups.get(group.name) is not group:
             return
-        now = time.monotonic()
-        if now - group.recovered_at > RETRY_MAX_S:
+        now_s = time.monotonic()
+        if now_s - group.recovered_at_s > RETRY_MAX_S:
             group.retry_s = RETRY_FIRST_S
         else:  # failed again soon after its reopen: back off further
             group.retry_s = min(RETRY_MAX_S, group.retry_s * 2)
@@ -795,7 +863,7 @@ class RaftHost(SelfRepair):
             group.failure,
         )
         group.failure = None
-        group.recovered_at = time.monotonic()
+        group.recovered_at_s = time.monotonic()
         del self.quarantined[group.name]
         self._attach(group, hs)
 
@@ -807,11 +875,11 @@ class RaftHost(SelfRepair):
         transport, the pool) ends the loop, and the host fails (:meth:`_loop_ended`)."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
-            waited = time.perf_counter()
+            waiting_since_s = time.perf_counter()
             await self._wake.wait()
             if self._injected_fault is not None:
                 raise self._injected_fault
-            idle = time.perf_counter() - waited >= INLINE_FSYNC_AFTER_IDLE
+            idle = time.perf_counter() - waiting_since_s >= INLINE_FSYNC_AFTER_IDLE_S
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
             round_: list[tuple[RaftGroup, Ready]] = []
@@ -918,6 +986,14 @@ class RaftHost(SelfRepair):
         assert hs is None or (hs.term, hs.vote) == (saved.term, saved.vote), (
             f"group {group.name}: sending with term/vote {hs} not yet saved ({saved})"
         )
+        # And per ack, whatever round wrote its entries: an append ack promises the sender
+        # everything up to its index (fsynced with EVERY_BATCH, written with INTERVAL).
+        held = group.log.durable_index if group.sync else group.log.last_index
+        for m in rd.messages:
+            assert m.type != MsgType.APP_RESP or m.reject or m.index <= held, (
+                f"group {group.name}: acknowledging entries up to {m.index} to node {m.dst} "
+                f"with only {held} {'durable' if group.sync else 'written'}"
+            )
         self._send(group, rd.messages)
         if rd.soft_state is not None and group.on_soft_state is not None:
             group.on_soft_state(rd.soft_state)

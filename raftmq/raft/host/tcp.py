@@ -6,7 +6,7 @@ the higher one accepts. Each side speaks HELLO first, so a connection routed to 
 process is refused. Outgoing messages wait in two bounded queues per peer (urgent first);
 a full queue drops bulk messages and tells the driver, because Raft retransmits and an
 unbounded queue would only turn a slow peer into an out-of-memory broker. A per-pair ping
-detects a dead or partitioned peer within ``dead_after`` seconds, which is what lets the
+detects a dead or partitioned peer within ``dead_after_s`` seconds, which is what lets the
 driver stop ticking idle groups without risking a stuck follower.
 """
 
@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 
 FRAME_TARGET_BYTES = 256 * 1024
 """Bulk messages packed per frame: small enough that an urgent message waits at most one."""
+CONNECT_TIMEOUT_S = 2.0
+DIAL_BACKOFF_FIRST_S = 0.05
+"""After a failed dial the next waits this long (jittered), then twice as long..."""
+DIAL_BACKOFF_MAX_S = 1.0
+"""...up to this: a peer that comes back is reached within about a second."""
+CONNECTED_POLL_S = 0.05
+"""How often a dialler with a live connection looks whether it was lost."""
 
 
 @dataclass
@@ -39,7 +46,7 @@ class _Peer:
     bulk_bytes: int = 0
     writer: asyncio.StreamWriter | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    last_heard: float = 0.0
+    last_heard_s: float = 0.0
     alive: bool = False
     ping_seq: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -54,16 +61,16 @@ class TcpTransport:
         *,
         cluster: str = "raftmq",
         max_queue_bytes: int = 32 * 1024 * 1024,
-        ping_interval: float = 0.2,
-        dead_after: float = 1.5,
+        ping_interval_s: float = 0.2,
+        dead_after_s: float = 1.5,
     ) -> None:
         assert node_id not in peers, "a node is not its own peer"
         self.node_id = node_id
         self.listen = listen
         self.cluster = cluster
         self.max_queue_bytes = max_queue_bytes
-        self.ping_interval = ping_interval
-        self.dead_after = dead_after
+        self.ping_interval_s = ping_interval_s
+        self.dead_after_s = dead_after_s
         self._handler: Handler | None = None
         self._peers = {p: _Peer(p, addr) for p, addr in peers.items()}
         self._server: asyncio.Server | None = None
@@ -169,7 +176,7 @@ class TcpTransport:
         )
         loop = asyncio.get_running_loop()
         for p in self._peers.values():
-            p.last_heard = time.monotonic()
+            p.last_heard_s = time.monotonic()
             self._tasks.append(loop.create_task(self._writer_loop(p)))
             if self.node_id < p.node_id:
                 self._tasks.append(loop.create_task(self._dial_loop(p)))
@@ -187,20 +194,20 @@ class TcpTransport:
         self._peers[peer].address = address
 
     async def _dial_loop(self, p: _Peer) -> None:
-        backoff = 0.05
+        backoff_s = DIAL_BACKOFF_FIRST_S
         while not self._closing:
             if p.writer is not None or p.address is None:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(CONNECTED_POLL_S)
                 continue
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(p.address[0], p.address[1]), timeout=2.0
+                    asyncio.open_connection(p.address[0], p.address[1]), timeout=CONNECT_TIMEOUT_S
                 )
             except (OSError, TimeoutError):
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, 1.0)
+                await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                backoff_s = min(backoff_s * 2, DIAL_BACKOFF_MAX_S)
                 continue
-            backoff = 0.05
+            backoff_s = DIAL_BACKOFF_FIRST_S
             writer.write(wire.hello(self.node_id, self.cluster))
             await self._serve(p.node_id, reader, writer)
 
@@ -266,7 +273,7 @@ class TcpTransport:
         return p
 
     def _heard(self, p: _Peer) -> None:
-        p.last_heard = time.monotonic()
+        p.last_heard_s = time.monotonic()
         if not p.alive:
             p.alive = True
             if self._handler is not None:
@@ -280,8 +287,8 @@ class TcpTransport:
 
     async def _ping_loop(self) -> None:
         while not self._closing:
-            await asyncio.sleep(self.ping_interval)
-            now = time.monotonic()
+            await asyncio.sleep(self.ping_interval_s)
+            now_s = time.monotonic()
             for p in self._peers.values():
                 if p.writer is not None:
                     p.ping_seq += 1
@@ -289,7 +296,7 @@ class TcpTransport:
                         p.writer.write(wire.ping(wire.KIND_PING, p.ping_seq))
                     except (ConnectionError, RuntimeError):
                         self._disconnect(p, p.writer)
-                if p.alive and now - p.last_heard > self.dead_after:
+                if p.alive and now_s - p.last_heard_s > self.dead_after_s:
                     p.alive = False
                     if p.writer is not None:
                         self._disconnect(p, p.writer)  # silent: force a fresh connection
