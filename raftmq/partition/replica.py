@@ -341,10 +341,9 @@ class PartitionReplica:
         try:
             return log_.read(offset, max_bytes, upper_offset=hw)
         except CorruptEntryError as exc:
+            self._host.request_repair(self.group.name, "a client read")  # restore it from a replica
             raise self._corrupt(exc, offset, hw) from None
         except (LogError, FormatError) as exc:
-            if isinstance(exc, CorruptEntryError):
-                self._host.request_repair(self.group.name)  # restore it from a replica
             if hasattr(exc, "start"):
                 raise OffsetOutOfRangeError(str(exc), start, hw) from None
             raise

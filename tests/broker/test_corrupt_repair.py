@@ -119,6 +119,8 @@ def test_a_flipped_bit_is_repaired_from_a_replica_and_the_fetch_then_succeeds(
         assert raw == leader_raw
     log_text = cluster.log_path(victim).read_text()
     assert "repaired entries" in log_text and "bytes replaced" in log_text, log_text[-3000:]
+    # The failed read itself asked for the repair (not only the scrubber's later pass).
+    assert "found by a client read" in log_text, log_text[-3000:]
     cluster.stop()
     assert verify_folder(folder).ok
     assert stored_entries(folder) == stored_entries(good_copy[0].parent)

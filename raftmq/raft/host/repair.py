@@ -68,16 +68,19 @@ class SelfRepair:
 
     # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
 
-    def request_repair(self, name: str, damages: list[Damage] | None = None) -> None:
+    def request_repair(
+        self, name: str, found_by: str, damages: list[Damage] | None = None
+    ) -> None:
         """A read of this group's log found a corrupt entry: restore the damaged range of
         every closed segment (or just ``damages``) from a replica, in the background, one
-        repair of a group at a time."""
+        repair of a group at a time. ``found_by`` (a client read, the scrubber, ...) goes
+        into the repair's log line, so an operator sees which check caught the damage."""
         group = self.groups.get(name)
         running = self._repairs.get(name)
         if group is None or self._stopping or (running is not None and not running.done()):
             return
         task = asyncio.get_running_loop().create_task(
-            self._guarded(self._repair(group, damages), f"repair of group {name}")
+            self._guarded(self._repair(group, damages, found_by), f"repair of group {name}")
         )
         self._repairs[name] = task
 
@@ -95,7 +98,7 @@ class SelfRepair:
                 group.core.damage,
             )
             group.core.damage = None
-            self.request_repair(group.name)
+            self.request_repair(group.name, "a read for a follower")
 
     async def _guarded(self, work: Coroutine[object, object, None], what: str) -> None:
         """Background repair work fails alone and loudly: never the node with it."""
@@ -106,7 +109,9 @@ class SelfRepair:
         except Exception:
             log.exception("node %d: %s failed", self.node_id, what)
 
-    async def _repair(self, group: RaftGroup, damages: list[Damage] | None) -> None:
+    async def _repair(
+        self, group: RaftGroup, damages: list[Damage] | None, found_by: str
+    ) -> None:
         loop = asyncio.get_running_loop()
         if damages is None:
             damages = await loop.run_in_executor(self._pool, find_damage, group.log)
@@ -147,7 +152,7 @@ class SelfRepair:
                     continue
                 log.warning(
                     "group %s on node %d: repaired entries %d..%d of segment %s (%s): %d "
-                    "bytes replaced at byte %d, from node %d",
+                    "bytes replaced at byte %d, from node %d (the damage was found by %s)",
                     group.name,
                     self.node_id,
                     damage.first_index,
@@ -157,6 +162,7 @@ class SelfRepair:
                     done.replaced_bytes,
                     done.at,
                     peer,
+                    found_by,
                 )
                 break
             else:
@@ -202,7 +208,7 @@ class SelfRepair:
                             damage.position,
                             damage.reason,
                         )
-                        self.request_repair(group.name)
+                        self.request_repair(group.name, "the scrubber")
                     await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
 
     async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
@@ -270,7 +276,7 @@ class SelfRepair:
             return
         damages = await loop.run_in_executor(self._pool, find_damage, group.log)
         if damages:
-            self.request_repair(group.name, damages)
+            self.request_repair(group.name, "a replica audit", damages)
             return
         whole = whole_segment(log_, m.lo, m.hi)
         log.error(
@@ -284,7 +290,7 @@ class SelfRepair:
             "replacing the segment's bytes" if whole else "no segment here has those bounds",
         )
         if whole is not None:
-            self.request_repair(group.name, [whole])
+            self.request_repair(group.name, "a replica audit", [whole])
 
     def _on_repair_message(
         self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
@@ -319,6 +325,6 @@ class SelfRepair:
         except (LogError, FormatError) as exc:
             reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
             if isinstance(exc, CorruptEntryError):
-                self.request_repair(group.name)
+                self.request_repair(group.name, "a peer's repair request")
         self.transport.send(m.src, group.name, reply, urgent=False)
         self.transport.flush()
