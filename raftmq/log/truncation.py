@@ -132,7 +132,7 @@ def apply_retention(log: Log, max_index: int | None) -> int:
         )
         by_time = (
             config.retention_ms >= 0
-            and log._index_of(oldest).max_timestamp < now_ms - config.retention_ms
+            and log._index_of(oldest).max_timestamp_ms < now_ms - config.retention_ms
         )
         if not (by_size or by_time):
             break

@@ -41,7 +41,7 @@ _U32_SPAN = 1 << 32  # index slots hold offsets and indexes relative to the segm
 
 _Validated = tuple[int, int, int, int, int, int]
 """One checked entry of an append: (position in the append, index, term, base offset, max
-timestamp, next offset)."""
+timestamp in ms, next offset)."""
 
 
 def _fitting(seg: Segment, headers: list[_Validated], start: int) -> int:
@@ -124,8 +124,8 @@ def _write_entries(
     terms = log._terms
     shift = base - headers[start][0]  # chunk positions are relative to the append
     for k in range(start, stop):
-        position, e_index, e_term, e_offset, max_ts, _ = headers[k]
-        index.observe(shift + position, e_index, e_offset, max_ts, interval_bytes)
+        position, e_index, e_term, e_offset, max_ts_ms, _ = headers[k]
+        index.observe(shift + position, e_index, e_offset, max_ts_ms, interval_bytes)
         if not terms or e_term != terms[-1][1]:
             terms.append((e_index, e_term))
     seg.verified_upto = base + size_bytes
@@ -156,7 +156,7 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
     view = memoryview(data)
     decode = entry.decode_header
     while position < end:
-        length, crc, _, _, _, e_index, e_term, e_offset, count, _, max_ts, _, _, _, _ = decode(
+        length, crc, _, _, _, e_index, e_term, e_offset, count, _, max_ts_ms, _, _, _, _ = decode(
             view, position
         )
         size_bytes = length + 4
@@ -187,7 +187,7 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
                 f"entry at byte {position} has term {e_term}, below the log's term {term}"
             )
         index, offset, term = e_index + 1, e_offset + count, e_term
-        out.append((position, e_index, e_term, e_offset, max_ts, offset))
+        out.append((position, e_index, e_term, e_offset, max_ts_ms, offset))
         position += size_bytes
     log._validated_next = (index, offset)
     return out
