@@ -32,7 +32,7 @@ class _MarkerFiles:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._kept = kept
 
-    def write(self, path: str, size: int) -> None:
+    def write(self, path: str, size_bytes: int) -> None:
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
@@ -42,7 +42,7 @@ class _MarkerFiles:
                     os.close(self._fds.popitem(last=False)[1])
             else:
                 self._fds.move_to_end(path)
-            os.pwrite(fd, _DURABLE.pack(size), 0)
+            os.pwrite(fd, _DURABLE.pack(size_bytes), 0)
 
 
 _MARKERS = _MarkerFiles(_MARKERS_KEPT)

@@ -32,18 +32,18 @@ class SegmentIndex:
     """Offset and time slots of one segment, with the running state needed to extend them.
 
     ``offsets``, ``indexes`` and ``time_offsets`` are relative to the segment's base offset
-    and first index; ``positions`` are byte positions; ``time_stamps`` are absolute."""
+    and first index; ``positions`` are byte positions; ``timestamps_ms`` are absolute."""
 
     __slots__ = (
         "base_offset",
         "first_index",
         "indexes",
         "last_slot_position",
-        "max_timestamp",
+        "max_timestamp_ms",
         "offsets",
         "positions",
         "time_offsets",
-        "time_stamps",
+        "timestamps_ms",
     )
 
     def __init__(self, base_offset: int, first_index: int) -> None:
@@ -52,18 +52,23 @@ class SegmentIndex:
         self.offsets = array("I")
         self.indexes = array("I")
         self.positions = array("I")
-        self.time_stamps = array("q")
+        self.timestamps_ms = array("q")
         self.time_offsets = array("I")
         self.last_slot_position = -1
-        self.max_timestamp = -1
+        self.max_timestamp_ms = -1
 
     def observe(
-        self, position: int, index: int, base_offset: int, max_timestamp: int, interval: int
+        self,
+        position: int,
+        index: int,
+        base_offset: int,
+        max_timestamp_ms: int,
+        interval_bytes: int,
     ) -> None:
         """Account for one entry appended at ``position``; add slots when an interval passed."""
-        if max_timestamp > self.max_timestamp:
-            self.max_timestamp = max_timestamp
-        if self.last_slot_position >= 0 and position - self.last_slot_position < interval:
+        if max_timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = max_timestamp_ms
+        if self.last_slot_position >= 0 and position - self.last_slot_position < interval_bytes:
             return
         self.last_slot_position = position
         assert 0 <= base_offset - self.base_offset < 1 << 32, "relative offset past u32: roll"
@@ -71,8 +76,8 @@ class SegmentIndex:
         self.offsets.append(base_offset - self.base_offset)
         self.indexes.append(index - self.first_index)
         self.positions.append(position)
-        if not self.time_stamps or self.max_timestamp > self.time_stamps[-1]:
-            self.time_stamps.append(self.max_timestamp)
+        if not self.timestamps_ms or self.max_timestamp_ms > self.timestamps_ms[-1]:
+            self.timestamps_ms.append(self.max_timestamp_ms)
             self.time_offsets.append(base_offset - self.base_offset)
 
     def position_for_offset(self, offset: int) -> int:
@@ -86,13 +91,13 @@ class SegmentIndex:
         slot = bisect_right(self.indexes, index - self.first_index) - 1
         return self.positions[slot] if slot >= 0 else 0
 
-    def position_for_timestamp(self, timestamp: int) -> int | None:
-        """Where to start scanning for the first entry whose max timestamp is >= ``timestamp``;
+    def position_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """Where to start scanning for the first entry whose max timestamp is >= ``timestamp_ms``;
         None when no entry of this segment reaches it."""
-        if self.max_timestamp < timestamp:
+        if self.max_timestamp_ms < timestamp_ms:
             return None
-        t = bisect_left(self.time_stamps, timestamp)
-        if t == len(self.time_stamps):
+        t = bisect_left(self.timestamps_ms, timestamp_ms)
+        if t == len(self.timestamps_ms):
             # No slot's running maximum reached it yet: the entry lies after the last slot.
             return self.positions[-1] if self.positions else 0
         slot = bisect_left(self.offsets, self.time_offsets[t]) - 1
@@ -114,10 +119,10 @@ class SegmentIndex:
 
     def seal(self, last_base_offset: int) -> None:
         """Record the segment's final max timestamp so retention can read it from the file."""
-        if self.max_timestamp >= 0 and (
-            not self.time_stamps or self.max_timestamp > self.time_stamps[-1]
+        if self.max_timestamp_ms >= 0 and (
+            not self.timestamps_ms or self.max_timestamp_ms > self.timestamps_ms[-1]
         ):
-            self.time_stamps.append(self.max_timestamp)
+            self.timestamps_ms.append(self.max_timestamp_ms)
             self.time_offsets.append(last_base_offset - self.base_offset)
 
     # --- files -------------------------------------------------------------------------
@@ -126,16 +131,16 @@ class SegmentIndex:
         write_atomic(offset_path, _interleave_words(self.offsets, self.indexes, self.positions))
         # A big-endian i64 is two big-endian u32 words, high word first.
         stamps = array("I")
-        stamps.frombytes(self.time_stamps.tobytes())
+        stamps.frombytes(self.timestamps_ms.tobytes())
         low, high = (stamps[0::2], stamps[1::2]) if _SWAP else (stamps[1::2], stamps[0::2])
         write_atomic(time_path, _interleave_words(high, low, self.time_offsets))
 
     @classmethod
     def load(
-        cls, offset_path: Path, time_path: Path, base_offset: int, first_index: int, size: int
+        cls, offset_path: Path, time_path: Path, base_offset: int, first_index: int, size_bytes: int
     ) -> SegmentIndex | None:
         """The index from its files, or None when either is missing, damaged or inconsistent
-        with a segment of ``size`` bytes (the caller then rebuilds it)."""
+        with a segment of ``size_bytes`` (the caller then rebuilds it)."""
         raw = read_atomic(offset_path)
         traw = read_atomic(time_path)
         if raw is None or traw is None:
@@ -144,7 +149,7 @@ class SegmentIndex:
             return None
         offsets, indexes, positions = _split_words(raw)
         if positions and (
-            positions[-1] >= size
+            positions[-1] >= size_bytes
             or not _ascending(offsets)
             or not _ascending(indexes, strictly=True)
             or not _ascending(positions, strictly=True)
@@ -157,13 +162,13 @@ class SegmentIndex:
         stamps.frombytes(words.tobytes())
         if not _ascending(stamps, strictly=True):
             return None
-        if size and not positions:
+        if size_bytes and not positions:
             return None
         idx = cls(base_offset, first_index)
         idx.offsets, idx.indexes, idx.positions = offsets, indexes, positions
-        idx.time_stamps, idx.time_offsets = stamps, time_offsets
+        idx.timestamps_ms, idx.time_offsets = stamps, time_offsets
         idx.last_slot_position = positions[-1] if positions else -1
-        idx.max_timestamp = stamps[-1] if stamps else -1
+        idx.max_timestamp_ms = stamps[-1] if stamps else -1
         return idx
 
 

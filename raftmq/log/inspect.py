@@ -19,7 +19,7 @@ from raftmq.format.entry import HEADER_SIZE, EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
 from raftmq.format.records import check_records
 from raftmq.log.atomic_file import read_atomic
-from raftmq.log.log import START_CHECKPOINT, TERMS_CHECKPOINT
+from raftmq.log.checkpoints import START_CHECKPOINT, TERMS_CHECKPOINT, read_start
 from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
 
 MAX_RECORD_PROBLEMS = 10
@@ -73,14 +73,6 @@ def segment_files(directory: Path) -> list[Segment]:
             found.append(seg)
     found.sort(key=lambda s: s.first_index)
     return found
-
-
-def read_start(directory: Path) -> tuple[int, int, int] | None:
-    raw = read_atomic(directory / START_CHECKPOINT)
-    if raw is None or len(raw) != 24:
-        return None
-    start_index, start_offset, prev_term = struct.unpack(">qqq", raw)
-    return start_index, start_offset, prev_term
 
 
 def iter_entries(directory: Path, *, verify: bool = True) -> Iterator[tuple[str, int, EntryHeader]]:

@@ -47,28 +47,28 @@ def _load_fallocate() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 _fallocate = _load_fallocate()
 
 
-def _call(fd: int, mode: int, offset: int, length: int) -> bool:
+def _call(fd: int, mode: int, position: int, length_bytes: int) -> bool:
     """True when the call succeeded. Any failure (no support, a full disk) is left for the
     write itself to meet: a reservation only saves work, and a step-sized one may fail on a
     nearly full disk where the append itself still fits."""
-    return _fallocate is not None and _fallocate(fd, mode, offset, length) == 0
+    return _fallocate is not None and _fallocate(fd, mode, position, length_bytes) == 0
 
 
-def reserve(fd: int, offset: int, length: int) -> bool:
-    """Allocate ``length`` bytes from ``offset`` without changing the file's size."""
-    return _call(fd, _KEEP_SIZE, offset, length)
+def reserve(fd: int, position: int, length_bytes: int) -> bool:
+    """Allocate ``length_bytes`` from byte ``position`` without changing the file's size."""
+    return _call(fd, _KEEP_SIZE, position, length_bytes)
 
 
-def release_beyond(fd: int, size: int) -> None:
-    """Free whatever was reserved past ``size``, which must be the file's size: a no-op if
+def release_beyond(fd: int, size_bytes: int) -> None:
+    """Free whatever was reserved past ``size_bytes``, which must be the file's size: a no-op if
     nothing was.
 
     By truncating to the same size, not by punching a hole: ext4 returns success for a
     hole punched at or past the end of the file and frees nothing (seen on Linux 6.18), so
     every sealed segment kept its last reservation; a truncation frees all blocks past the
     end, preallocated ones included."""
-    assert os.fstat(fd).st_size == size, "releasing a reservation must not move the end"
-    os.ftruncate(fd, size)
+    assert os.fstat(fd).st_size == size_bytes, "releasing a reservation must not move the end"
+    os.ftruncate(fd, size_bytes)
 
 
 MIB = 1024 * 1024
@@ -99,18 +99,20 @@ class ReserveBudget:
         self.total_bytes = total_bytes
         self.used_bytes = 0
 
-    def take(self, want: int) -> int:
-        """Up to ``want`` bytes (whole blocks), or 0 when not even the minimum grant is left."""
+    def take(self, want_bytes: int) -> int:
+        """Up to ``want_bytes`` (whole blocks), or 0 when not even the minimum grant is left."""
         with self._lock:
-            grant = min(want, self.total_bytes - self.used_bytes) // BLOCK_BYTES * BLOCK_BYTES
-            if grant < MIN_GRANT_BYTES:
+            grant_bytes = (
+                min(want_bytes, self.total_bytes - self.used_bytes) // BLOCK_BYTES * BLOCK_BYTES
+            )
+            if grant_bytes < MIN_GRANT_BYTES:
                 return 0
-            self.used_bytes += grant
-            return grant
+            self.used_bytes += grant_bytes
+            return grant_bytes
 
-    def give(self, n: int) -> None:
+    def give(self, n_bytes: int) -> None:
         with self._lock:
-            self.used_bytes -= n
+            self.used_bytes -= n_bytes
             assert self.used_bytes >= 0, "a reservation ticket was given back twice"
 
     def set_total(self, total_bytes: int) -> None:
@@ -131,7 +133,7 @@ class Pacer:
     Fed only when an append passes the end of the reservation, so a log with a large
     reservation pays nothing per append, and one with none pays a clock read."""
 
-    __slots__ = ("budget", "clock_ms", "current", "max_bytes", "previous", "window")
+    __slots__ = ("budget", "clock_ms", "current_bytes", "max_bytes", "previous_bytes", "window")
 
     def __init__(self, max_bytes: int, clock_ms: Callable[[], int], budget: ReserveBudget) -> None:
         assert max_bytes > 0
@@ -139,21 +141,21 @@ class Pacer:
         self.clock_ms = clock_ms
         self.budget = budget
         self.window = -1
-        self.current = 0
-        self.previous = 0
+        self.current_bytes = 0
+        self.previous_bytes = 0
 
-    def want(self, written: int) -> int:
-        """Note ``written`` more bytes; the reservation the log should hold now."""
+    def want(self, written_bytes: int) -> int:
+        """Note ``written_bytes`` more; the reservation the log should hold now."""
         window = self.clock_ms() // RATE_WINDOW_MS
         if window != self.window:
-            self.previous = self.current if window == self.window + 1 else 0
-            self.current = 0
+            self.previous_bytes = self.current_bytes if window == self.window + 1 else 0
+            self.current_bytes = 0
             self.window = window
-        self.current += written
-        recent = AHEAD_WINDOWS * max(self.current, self.previous)
-        if recent < MIN_GRANT_BYTES:
+        self.current_bytes += written_bytes
+        recent_bytes = AHEAD_WINDOWS * max(self.current_bytes, self.previous_bytes)
+        if recent_bytes < MIN_GRANT_BYTES:
             return 0
-        return min(self.max_bytes, 1 << (recent - 1).bit_length())
+        return min(self.max_bytes, 1 << (recent_bytes - 1).bit_length())
 
 
 __all__ = [

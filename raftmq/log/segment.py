@@ -21,7 +21,7 @@ from raftmq.log.atomic_file import fsync_dir
 from raftmq.log.handles import HANDLES
 from raftmq.log.index import SegmentIndex
 
-SCAN_CHUNK = 4 * 1024 * 1024
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # Appends kept back by write-behind before a drain, whatever their bytes: under IOV_MAX.
 MAX_PENDING_WRITES = 256
 LOG_SUFFIX = ".log"
@@ -64,8 +64,8 @@ class ScanResult:
 
 class Segment:
     __slots__ = (
-        "accounted",
-        "allocated",
+        "accounted_bytes",
+        "allocated_bytes",
         "base_offset",
         "corrupt_at",
         "directory",
@@ -76,7 +76,7 @@ class Segment:
         "pending",
         "pins",
         "size",
-        "ticket",
+        "ticket_bytes",
         "verified_upto",
         "writable",
         "written",
@@ -103,9 +103,9 @@ class Segment:
         # never), how far this process has reserved, the budget ticket held for it, and
         # how much of the file the pacer has been told about.
         self.pacer: preallocate.Pacer | None = None
-        self.allocated = size
-        self.ticket = 0
-        self.accounted = size
+        self.allocated_bytes = size
+        self.ticket_bytes = 0
+        self.accounted_bytes = size
         # Write-behind (see ``write``): appended bytes not yet handed to the kernel, and the
         # file's end; ``size`` counts both.
         self.pending: list[bytes] = []
@@ -189,8 +189,8 @@ class Segment:
             )
         return data
 
-    def write(self, buf: bytes, write_behind: int) -> None:
-        """Append ``buf``: kept in memory until ``write_behind`` bytes wait (0: write now),
+    def write(self, buf: bytes, write_behind_bytes: int) -> None:
+        """Append ``buf``: kept in memory until ``write_behind_bytes`` wait (0: write now),
         then all of them go to the kernel with one ``pwritev``.
 
         Why: a write system call costs about as much for 64 KiB as for 16 KiB here, so small
@@ -200,11 +200,11 @@ class Segment:
         """
         assert self.writable, "append to a sealed segment"
         end = self.size + len(buf)
-        if end > self.allocated:
+        if end > self.allocated_bytes:
             self._reserve(end)
         self.pending.append(buf)
         self.size = end
-        if end - self.written >= write_behind or len(self.pending) >= MAX_PENDING_WRITES:
+        if end - self.written >= write_behind_bytes or len(self.pending) >= MAX_PENDING_WRITES:
             self.drain()
 
     def drain(self) -> None:
@@ -238,28 +238,30 @@ class Segment:
         (sized by the log's recent writes) and reserve it from here."""
         pacer = self.pacer
         if pacer is None:
-            self.allocated = 1 << 62  # never again
+            self.allocated_bytes = 1 << 62  # never again
             return
         self._give_back()  # the old reservation is used up
-        want = pacer.want(end - self.accounted)
-        self.accounted = end
-        grant = pacer.budget.take(want) if want else 0
-        if not grant:
-            self.allocated = end  # nothing reserved: decide again at the next append
+        want_bytes = pacer.want(end - self.accounted_bytes)
+        self.accounted_bytes = end
+        grant_bytes = pacer.budget.take(want_bytes) if want_bytes else 0
+        if not grant_bytes:
+            self.allocated_bytes = end  # nothing reserved: decide again at the next append
             return
         with HANDLES.using(self) as fd:
-            ok = preallocate.reserve(fd, self.allocated, end + grant - self.allocated)
+            ok = preallocate.reserve(
+                fd, self.allocated_bytes, end + grant_bytes - self.allocated_bytes
+            )
         if ok:
-            self.allocated, self.ticket = end + grant, grant
+            self.allocated_bytes, self.ticket_bytes = end + grant_bytes, grant_bytes
         else:
-            pacer.budget.give(grant)
-            self.pacer, self.allocated = None, 1 << 62  # unsupported here: stop trying
+            pacer.budget.give(grant_bytes)
+            self.pacer, self.allocated_bytes = None, 1 << 62  # unsupported here: stop trying
 
     def _give_back(self) -> None:
-        if self.ticket:
+        if self.ticket_bytes:
             assert self.pacer is not None
-            self.pacer.budget.give(self.ticket)
-            self.ticket = 0
+            self.pacer.budget.give(self.ticket_bytes)
+            self.ticket_bytes = 0
 
     def release_reserved(self) -> None:
         """Give back disk reserved past the end: called when the segment is sealed (and on
@@ -269,7 +271,7 @@ class Segment:
             with HANDLES.using(self) as fd:
                 preallocate.release_beyond(fd, self.size)
         self._give_back()
-        self.allocated = self.accounted = self.size
+        self.allocated_bytes = self.accounted_bytes = self.size
 
     def truncate(self, position: int) -> None:
         self.drain()
@@ -279,7 +281,7 @@ class Segment:
             os.fsync(fd)
         self._give_back()
         self.size = self.written = position
-        self.allocated = self.accounted = position
+        self.allocated_bytes = self.accounted_bytes = position
         self.verified_upto = min(self.verified_upto, position)
 
     def remove_files(self) -> None:
@@ -319,10 +321,10 @@ class Segment:
     ) -> ScanResult:
         size = os.fstat(fd).st_size
         position, count, last = start, 0, None
-        want = SCAN_CHUNK
+        want_bytes = SCAN_CHUNK_BYTES
         while position < size:
-            chunk = os.pread(fd, min(want, size - position), position)
-            want = SCAN_CHUNK
+            chunk = os.pread(fd, min(want_bytes, size - position), position)
+            want_bytes = SCAN_CHUNK_BYTES
             view = memoryview(chunk)
             p = 0
             while p < len(chunk):
@@ -341,7 +343,7 @@ class Segment:
                             f"torn entry at byte {position + p}: needs {header.size} bytes, "
                             f"{size - position - p} present",
                         )
-                    want = max(SCAN_CHUNK, header.size)
+                    want_bytes = max(SCAN_CHUNK_BYTES, header.size)
                     break
                 if verify and not entry.crc_ok(view, header):
                     return ScanResult(
@@ -353,7 +355,7 @@ class Segment:
                 count += 1
                 last = header
                 p += header.size
-            if p == 0 and want == SCAN_CHUNK:
+            if p == 0 and want_bytes == SCAN_CHUNK_BYTES:
                 break  # nothing parseable and nothing to wait for (cannot happen; guards a loop)
             position += p
         return ScanResult(position, count, last, None)

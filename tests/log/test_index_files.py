@@ -16,7 +16,7 @@ def built() -> SegmentIndex:
     idx = SegmentIndex(BASE_OFFSET, FIRST_INDEX)
     stamps = [-1, -1, 5, 5, 1_700_000_000_000, 1_700_000_000_003, 1_700_000_000_003]
     for k, ts in enumerate(stamps):
-        idx.observe(k * 100, FIRST_INDEX + 2 * k, BASE_OFFSET + 10 * k, ts, interval=100)
+        idx.observe(k * 100, FIRST_INDEX + 2 * k, BASE_OFFSET + 10 * k, ts, interval_bytes=100)
     idx.seal(BASE_OFFSET + 70)
     return idx
 
@@ -47,7 +47,7 @@ def test_a_loaded_index_answers_like_the_one_that_wrote_it(tmp_path: Path) -> No
         assert got.position_for_timestamp(ts) == idx.position_for_timestamp(ts)
     assert got.entry_at(300) == (FIRST_INDEX + 6, BASE_OFFSET + 30)
     assert got.entry_at(301) is None
-    assert got.max_timestamp == 1_700_000_000_003 and got.last_slot_position == 600
+    assert got.max_timestamp_ms == 1_700_000_000_003 and got.last_slot_position == 600
 
 
 def test_index_files_that_contradict_themselves_or_the_segment_are_refused(

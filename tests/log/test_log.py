@@ -22,10 +22,10 @@ import raftmq.log.log as log_module
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.format.errors import CorruptEntryError
-from raftmq.log.atomic_file import write_atomic
+from raftmq.log import checkpoints
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.errors import NotContiguousError
-from raftmq.log.log import READ_SLACK, START_CHECKPOINT, Log
+from raftmq.log.log import READ_SLACK_BYTES, Log
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
 
 BIG = 1 << 30
@@ -578,7 +578,7 @@ def test_checkpoint_written_but_segments_not_deleted_is_finished_on_open(scratch
     target_first, target_base = segs[2][1], segs[2][2]
     start = target_first + 1  # inside the third segment
     # What truncate_prefix writes first, before deleting anything:
-    write_atomic(scratch / START_CHECKPOINT, log_module._START.pack(start, start - 1, 1))
+    checkpoints.write_start(scratch, start, start - 1, 1)
     log = Log.open(scratch, config)
     assert sorted(log.recovery.removed_files) == sorted(s[0] + LOG_SUFFIX for s in segs[:2])
     assert log.start_index == start and log.start_offset == start - 1
@@ -669,10 +669,10 @@ def test_read_stopping_at_a_segment_boundary(tmp_path: Path) -> None:
 
 def test_read_followed_by_an_entry_larger_than_the_chunk(tmp_path: Path) -> None:
     """Regression (fixed in 41b1f09): a small entry followed by one larger than
-    ``max_bytes + READ_SLACK`` in the same segment raised CorruptEntryError."""
+    ``max_bytes + READ_SLACK_BYTES`` in the same segment raised CorruptEntryError."""
     with Log.open(tmp_path, INTERVAL) as log:
         small = data_entry(1, 100)
-        large = data_entry(2, READ_SLACK * 3)
+        large = data_entry(2, READ_SLACK_BYTES * 3)
         log.append(small + large)
         assert log.read(0, 1000).data == small
         assert log.read_by_index(1, 1000).data == small

@@ -116,7 +116,7 @@ PAYLOAD_SIZE = st.one_of(
     st.integers(0, 300),
     st.integers(0, 300),
     st.integers(300, 3000),
-    # Larger than READ_SLACK (64 KiB): a read must fetch such an entry in a chunk of its own.
+    # Larger than READ_SLACK_BYTES (64 KiB): a read must fetch such an entry in a chunk of its own.
     st.integers(66_000, 140_000),
 )
 ENTRY_SPEC = st.tuples(

@@ -2,12 +2,12 @@
 
 from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.log import READ_SLACK, Log
+from raftmq.log.log import READ_SLACK_BYTES, Log
 
 
 def test_read_by_index_continues_into_a_segment_whose_first_entry_is_large(tmp_path):
     config = LogConfig(segment_bytes=300_000, flush_policy=FlushPolicy.INTERVAL)
-    big = READ_SLACK * 3
+    big = READ_SLACK_BYTES * 3
     with Log.open(tmp_path, config) as log:
         for i in range(1, 8):
             log.append(entry.encode(b"x" * big, index=i, term=1, base_offset=i - 1, record_count=1))

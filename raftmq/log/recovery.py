@@ -1,0 +1,251 @@
+"""Opening a log directory: find the segments, finish an interrupted prefix truncation,
+rebuild lost indexes and the terms, rescan the unsealed tail with CRCs and cut it at the
+first torn or corrupt entry. Also the rescan a suffix truncation ends with, and the index
+rebuild a read falls back to when a closed segment's index files are gone.
+
+These are functions of the :class:`~raftmq.log.log.Log` they repair (see log.py for why the
+log's code is split into modules of functions rather than classes); callers hold its lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from raftmq.format import entry
+from raftmq.format.entry import EntryHeader
+from raftmq.log import checkpoints, writes
+from raftmq.log.index import SegmentIndex
+from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
+
+if TYPE_CHECKING:
+    from raftmq.log.log import Log
+
+_MAX_COUNTED_FRAMES = 1_000_000  # a dropped tail's entries are counted up to this many
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the log found and repaired; printed by ``raftmq log`` and logged by brokers."""
+
+    segments: int = 0
+    truncated_bytes: int = 0
+    truncated_entries: int = 0
+    truncation_reason: str | None = None
+    rebuilt_indexes: list[str] = field(default_factory=list)
+    removed_files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.truncated_bytes or self.rebuilt_indexes or self.removed_files)
+
+
+def recover(log: Log) -> None:
+    """Bring a freshly constructed ``log`` to the state its directory holds, repairing the
+    tail; what was found goes to ``log.recovery``."""
+    report = log.recovery
+    for tmp in log.directory.glob("*.tmp"):
+        tmp.unlink()
+        report.removed_files.append(tmp.name)
+    found: list[tuple[int, int]] = []
+    for path in log.directory.iterdir():
+        if path.suffix != LOG_SUFFIX:
+            continue
+        parsed = parse_segment_name(path.stem)
+        if parsed is None:
+            report.notes.append(f"ignored unknown file {path.name}")
+            continue
+        found.append(parsed)
+    found.sort(key=lambda pair: pair[1])
+
+    start = checkpoints.read_start(log.directory)
+    if start is not None:
+        log.start_index, log.start_offset, log._prev_term = start
+    elif found:
+        log.start_offset, log.start_index = found[0]
+        report.notes.append("log-start checkpoint missing: starting at the first segment")
+    else:
+        log._write_start()
+
+    # A crash during prefix truncation can leave segments wholly below the start.
+    while len(found) > 1 and found[1][1] <= log.start_index:
+        _remove_orphan(log, found.pop(0))
+    for base_offset, first_index in found:
+        seg = Segment(log.directory, base_offset, first_index, 0)
+        seg.size = seg.written = seg.path.stat().st_size
+        log._push_segment(seg)
+    report.segments = len(log._segments)
+
+    _load_terms(log)
+    if not log._segments:
+        log._restart_empty()
+    else:
+        first = first_unsealed(log._segments)  # recovery rescans from here, with CRCs
+        _check_closed_indexes(log, first)
+        recover_tail(log, first)
+    if log.next_index <= log.start_index and log._segments[-1].first_index < log.start_index:
+        # Every entry is below the start (a snapshot was installed past the end): restart.
+        report.removed_files += [seg.name + LOG_SUFFIX for seg in log._segments]
+        log._restart_empty()
+    # What a crashed process wrote may still be only in the page cache: make it durable
+    # before calling it durable, or this node could vote or ack on data a power loss
+    # would erase. One fsync of the active segment (closed ones are sealed: durable).
+    # What a crashed process had reserved past its end is given back here.
+    active = log._segments[-1]
+    active.set_writable(True)
+    active.fsync()
+    active.release_reserved()
+    log.durable_index = log.next_index - 1
+    log._drop_terms_below_start()
+    log._write_terms()
+
+
+def _remove_orphan(log: Log, pair: tuple[int, int]) -> None:
+    seg = Segment(log.directory, pair[0], pair[1], 0)
+    seg.remove_files()
+    log.recovery.removed_files.append(seg.name + LOG_SUFFIX)
+
+
+def _check_closed_indexes(log: Log, upto: int) -> None:
+    for seg in log._segments[:upto]:
+        if not seg.has_index_files():
+            rebuild_index(log, seg)
+
+
+def rebuild_index(log: Log, seg: Segment) -> None:
+    """Rebuild a closed segment's index from its entries (headers only; reads verify CRCs)."""
+    idx = SegmentIndex(seg.base_offset, seg.first_index)
+    interval_bytes = log.config.index_interval_bytes
+
+    def observe(position: int, h: EntryHeader) -> str | None:
+        idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        return None
+
+    result = seg.scan(verify=False, on_entry=observe)
+    if result.error is not None:
+        seg.corrupt_at = result.valid_end
+        log.recovery.notes.append(
+            f"segment {seg.name}: {result.error}; reads past byte {result.valid_end} fail"
+        )
+    if result.last is not None:
+        idx.seal(result.last.base_offset)
+    idx.write(seg.index_path, seg.time_index_path)
+    seg.index = idx
+    log.recovery.rebuilt_indexes.append(seg.name)
+
+
+def recover_tail(log: Log, first: int) -> None:
+    """Scan the segments from ``first`` on with CRCs and contiguity checks, rebuild their
+    indexes, cut at the first torn or corrupt entry and delete every segment after the cut
+    (or after a gap between segments: a power loss can keep a new segment's file and lose
+    the end of an unsynced older one). Closed segments that pass are sealed."""
+    segments = log._segments
+    log._terms = [t for t in log._terms if t[0] < segments[first].first_index]
+    seg = segments[first]
+    log.next_index, log.next_offset = seg.first_index, seg.base_offset
+    pos = first
+    born_ms = 0
+    while True:
+        seg = segments[pos]
+        clean, born_ms = _rescan(log, seg)
+        last = pos == len(segments) - 1
+        if last:
+            break
+        after = segments[pos + 1]
+        if clean and (after.first_index, after.base_offset) == (log.next_index, log.next_offset):
+            pos += 1
+            continue
+        if clean:
+            log.recovery.truncation_reason = (
+                f"segment {after.name} does not follow segment {seg.name}, which ends "
+                f"before index {log.next_index}: its unsynced end was lost"
+            )
+        while len(segments) - 1 > pos:
+            dropped = segments[-1]
+            log.recovery.removed_files.append(dropped.name + LOG_SUFFIX)
+            log._drop_segment(len(segments) - 1)
+        break
+    for seg in segments[first:-1]:
+        if seg in log._unsealed:
+            continue  # a suffix cut made the active segment again; the next flush seals it
+        writes.seal(log, seg)
+        seg.set_writable(False)
+    active = segments[-1]
+    active.pacer = log._pacer
+    # Age rolls count from the first entry's time when it is plausible; a producer's old
+    # timestamps must not make every append after a restart roll a segment.
+    now_ms = log._clock_ms()
+    log._active_born_ms = born_ms if active.size and 0 < born_ms <= now_ms else now_ms
+
+
+def _rescan(log: Log, seg: Segment) -> tuple[bool, int]:
+    """Scan one tail segment from ``next_index``/``next_offset``, rebuilding its index and
+    the terms; cut a bad tail. (False when it was cut, the first entry's timestamp in ms)."""
+    seg.set_writable(True)
+    idx = SegmentIndex(seg.base_offset, seg.first_index)
+    interval_bytes = log.config.index_interval_bytes
+    terms = log._terms
+    expect = [log.next_index, log.next_offset, terms[-1][1] if terms else 0]
+    born_ms = [0]
+
+    def observe(position: int, h: EntryHeader) -> str | None:
+        index, offset, term = expect
+        if h.index != index or h.base_offset != offset:
+            return (
+                f"entry at byte {position} has index {h.index} offset {h.base_offset}, "
+                f"expected index {index} offset {offset}"
+            )
+        if h.term < term:
+            return f"entry at byte {position} has term {h.term} below {term}"
+        if not terms or h.term != terms[-1][1]:
+            terms.append((h.index, h.term))
+        if position == 0:
+            born_ms[0] = h.max_timestamp
+        idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        expect[:] = [h.index + 1, h.next_offset, h.term]
+        return None
+
+    result = seg.scan(verify=True, on_entry=observe)
+    if result.error is not None:
+        dropped_bytes = seg.size - result.valid_end
+        log.recovery.truncated_bytes += dropped_bytes
+        log.recovery.truncated_entries += _count_frames(seg, result.valid_end)
+        log.recovery.truncation_reason = f"segment {seg.name}: {result.error}"
+        seg.truncate(result.valid_end)
+    seg.verified_upto = seg.size
+    seg.index = idx
+    seg.remove_index_files()
+    log.next_index, log.next_offset = expect[0], expect[1]
+    return result.error is None, born_ms[0]
+
+
+def _count_frames(seg: Segment, position: int) -> int:
+    """How many entries a dropped tail held, counted by their length fields (at least 1)."""
+    count = 0
+    while position + 4 <= seg.size and count < _MAX_COUNTED_FRAMES:
+        size_bytes = entry.entry_size_at(seg.pread(4, position), 0)
+        count += 1
+        if size_bytes < entry.HEADER_SIZE:
+            break
+        position += size_bytes
+    return max(count, 1)
+
+
+def _load_terms(log: Log) -> None:
+    terms = checkpoints.read_terms(log.directory)
+    if terms is not None:
+        log._terms = terms
+        return
+    log._terms = []
+    if len(log._segments) > 1:
+        log.recovery.notes.append("terms checkpoint missing: rebuilt from closed segments")
+        for seg in log._segments[:-1]:
+
+            def observe(_: int, h: EntryHeader) -> str | None:
+                if not log._terms or h.term != log._terms[-1][1]:
+                    log._terms.append((h.index, h.term))
+                return None
+
+            seg.scan(verify=False, on_entry=observe)
+            seg.close_fd()
