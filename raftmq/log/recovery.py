@@ -9,14 +9,22 @@ log's code is split into modules of functions rather than classes); callers hold
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raftmq.format import entry
 from raftmq.format.entry import EntryHeader
 from raftmq.log import checkpoints, writes
+from raftmq.log.errors import LogError
 from raftmq.log.index import SegmentIndex
-from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
+from raftmq.log.segment import (
+    LOG_SUFFIX,
+    Segment,
+    first_unsealed,
+    parse_segment_name,
+    segment_name,
+)
 
 if TYPE_CHECKING:
     from raftmq.log.log import Log
@@ -56,8 +64,22 @@ def recover(log: Log) -> None:
         if parsed is None:
             report.notes.append(f"ignored unknown file {path.name}")
             continue
+        if not path.is_file():
+            # Not ours to delete, and a write would fail on it later (EEXIST): refuse now,
+            # with the path, rather than trip an assertion or fail at some later append.
+            raise LogError(
+                f"{path} is named like a log segment but is not a regular file; move it out "
+                "of the log directory"
+            )
         found.append(parsed)
     found.sort(key=lambda pair: pair[1])
+    for (prev_offset, prev_index), (offset, index) in itertools.pairwise(found):
+        if index == prev_index or offset < prev_offset:
+            raise LogError(
+                f"segments {segment_name(prev_offset, prev_index)} and "
+                f"{segment_name(offset, index)} in {log.directory} overlap; one of them is "
+                "not this log's (restore the directory, or delete the replica to refetch it)"
+            )
 
     start = checkpoints.read_start(log.directory)
     if start is not None:

@@ -24,9 +24,15 @@ from raftmq.format.entry import EntryType
 from raftmq.format.errors import CorruptEntryError
 from raftmq.log import checkpoints
 from raftmq.log.config import FlushPolicy, LogConfig
-from raftmq.log.errors import NotContiguousError
+from raftmq.log.errors import LogError, NotContiguousError
 from raftmq.log.log import READ_SLACK_BYTES, Log
-from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
+from raftmq.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+    segment_name,
+)
 
 BIG = 1 << 30
 
@@ -246,6 +252,24 @@ def test_clean_reopen_reports_nothing(scratch: Path) -> None:
         assert log.recovery.clean
         assert log.recovery.segments == len(segment_files(scratch)) > 1
         assert log.next_index == 31
+
+
+def test_a_directory_named_like_a_segment_is_refused_with_its_path(scratch: Path) -> None:
+    """A foreign directory where a segment would go: opening says which path and what to
+    do, instead of an assertion (or an EEXIST at the next roll)."""
+    with Log.open(scratch, LogConfig(segment_bytes=2048)) as log:
+        fill(log, 30, 200)
+        last = segment_files(scratch)[-1]
+    base_offset, first_index = (int(part) for part in last.stem.split("-"))
+    intruder = scratch / (segment_name(base_offset + 5, first_index + 3) + LOG_SUFFIX)
+    intruder.mkdir()
+    with pytest.raises(LogError, match="not a regular file; move it out"):
+        Log.open(scratch, LogConfig(segment_bytes=2048))
+    intruder.rmdir()
+    clash = scratch / (segment_name(base_offset + 1, first_index) + LOG_SUFFIX)
+    clash.write_bytes(b"")
+    with pytest.raises(LogError, match="overlap"):
+        Log.open(scratch, LogConfig(segment_bytes=2048))
 
 
 # --- corruption in closed segments -------------------------------------------------------
