@@ -31,3 +31,8 @@ class GroupFailedError(RaftError):
     def __init__(self, name: str, reason: str) -> None:
         super().__init__(f"group {name} failed here: {reason}")
         self.reason = reason
+
+
+class ReadIndexError(RaftError):
+    """No read point could be confirmed: the request was lost when leadership moved or
+    this member stopped, or no leader confirmed one in time. Nothing was read; retry."""

@@ -26,6 +26,7 @@ from raftmq.raft.core import RaftCore, starts_rejoining
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import SnapshotMeta
+from raftmq.raft.ready import Ready, write_to_storage
 
 log = logging.getLogger("raftmq.raft.host.host")  # the host's log: one stream per node
 
@@ -137,9 +138,13 @@ def load_group(
     *,
     node_id: int,
     core_cfg: Config,
+    snapshot: tuple[SnapshotMeta, bytes] | None = None,
 ) -> tuple[RaftCore, Log, HardState]:
     """Open a group's log and state from ``path``: at start (``RaftHost.open_group``) and
-    when a quarantined group is reopened (``RaftHost._reopen``), the same way."""
+    when a quarantined group is reopened (``RaftHost._reopen``), the same way.
+
+    ``snapshot`` is a state machine's latest durable snapshot (``SnapshotStore.latest``):
+    the log is first made to start right after it (see :func:`cut_to_snapshot`)."""
     path.mkdir(parents=True, exist_ok=True)
     sync = config.flush_policy is FlushPolicy.EVERY_BATCH
     # An INTERVAL group acknowledges once the write is done, so its writes go straight
@@ -155,6 +160,8 @@ def load_group(
         ),
     )
     try:
+        if snapshot is not None:
+            cut_to_snapshot(name, path, log_, snapshot[0], node_id=node_id)
         core, hs = _load_core(
             name, path, log_, membership, replay, node_id=node_id, core_cfg=core_cfg
         )
@@ -162,6 +169,39 @@ def load_group(
         log_.abandon()  # nothing was written: give its descriptors back at once
         raise
     return core, log_, hs
+
+
+def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, node_id: int) -> None:
+    """Make the log start right after a state machine's snapshot, redoing a cut that a
+    crash (or an error) interrupted: the snapshot is saved before the log is cut to it.
+
+    The log still holding the snapshot's entry with its term: the prefix up to it goes
+    (the entries after it extend that state). Otherwise the snapshot came from a leader
+    and the log's tail is not of its history: the log restarts empty after it, as it
+    would have at install (``write_to_storage``)."""
+    start = log_.start_index
+    if snap.index < start - 1:
+        raise ValueError(
+            f"group {name}: the log starts at {start}, after the state machine's snapshot "
+            f"at {snap.index}: the entries between are lost (delete the group's directory, "
+            "keeping its .raft-promised record, to resynchronise it from its peers)"
+        )
+    if snap.index > start - 1:
+        if snap.index <= log_.last_index and log_.term_at(snap.index) == snap.term:
+            log_.truncate_prefix(snap.index + 1)
+        else:
+            write_to_storage(log_, Ready(snapshot=snap))
+            log_.flush()
+        log.info(
+            "group %s on node %d: the log now starts after the snapshot at %d (a cut that "
+            "was interrupted)",
+            name,
+            node_id,
+            snap.index,
+        )
+    meta_path = path / SNAPSHOT_META_FILE
+    if load_snapshot_meta(meta_path) != snap:
+        save_snapshot_meta(meta_path, snap)
 
 
 def _load_core(

@@ -20,14 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
+import secrets
+import struct
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
+from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log, ReadResult
 from raftmq.raft.config import Config
@@ -37,6 +41,7 @@ from raftmq.raft.errors import (
     NotLeaderError,
     OutcomeUnknownError,
     ProposalDroppedError,
+    ReadIndexError,
 )
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.host.group_storage import (
@@ -93,13 +98,13 @@ RETRY_MAX_S = 60.0
 """...up to this; a group that stays healthy this long starts again at RETRY_FIRST_S."""
 MAX_REASON_CHARS = 300
 """A failure reason is echoed in Metadata and status tables: long paths are cut."""
+_READ_CTX = struct.Struct(">qqq")  # node id, this process's nonce, sequence
 DEAD_PEER_PROBE_S = 3.0
 """How often a quiesced leader sends a heartbeat to each follower the transport reported
 dead when the group quiesced (instead of one every tick, or none)."""
 
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
-SnapshotDataFn = Callable[[], bytes]
 SoftStateFn = Callable[[SoftState], None]
 DurableFn = Callable[[str, int], None]
 
@@ -127,6 +132,29 @@ class LogReads(Protocol):
     def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> ReadResult: ...
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None: ...
+
+
+class SnapshotStore(Protocol):
+    """The state of a group whose state is *not* its log (a replicated state machine,
+    ``raftmq/raft/host/state_machine.py``): its snapshots, which the host needs at three
+    moments. A partition has none (its log is its state; its snapshot is a start point).
+
+    The store's latest snapshot is always at the log's start (``index == start_index - 1``):
+    the store saves a snapshot durably *before* the log is cut to it (by
+    :meth:`RaftHost.compact` with ``through``, or by a received snapshot), and the host
+    redoes a cut that a crash interrupted when it opens the group. Any other order leaves
+    a log starting after the state it would be applied to."""
+
+    def latest(self) -> tuple[SnapshotMeta, bytes] | None:
+        """The latest durable snapshot (metadata and bytes), or None before the first.
+        Read when the group opens (to redo an interrupted cut) and when a follower needs
+        entries below the log's start (its bytes travel in the SNAP message)."""
+        ...
+
+    def install(self, meta: SnapshotMeta, data: bytes) -> None:
+        """A snapshot received from the leader: save it durably and restore the state from
+        it. Called before the log restarts at ``meta.index + 1`` (and before the ack)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,11 +192,11 @@ class RaftGroup:
         apply: ApplyFn | None,
         on_soft_state: SoftStateFn | None,
         on_snapshot: SnapshotFn | None = None,
-        snapshot_data: SnapshotDataFn | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         self.name = name
         self.on_snapshot = on_snapshot
-        self.snapshot_data = snapshot_data
+        self.snapshots = snapshots
         self.core = core
         self.log = log_
         self.directory = directory
@@ -178,6 +206,8 @@ class RaftGroup:
         self.saved_hard = HardState()
         # index -> (term, future, resolve once durable locally instead of once committed)
         self.waiters: dict[int, tuple[int, asyncio.Future[int], bool]] = {}
+        # read-index context -> the caller waiting for its read point
+        self.reads: dict[bytes, asyncio.Future[int]] = {}
         self.hinted_commit = 0
         self.hint_due_s = 0.0
         self.quiesced = False
@@ -322,6 +352,8 @@ class RaftHost(SelfRepair):
         self._injected_fault: BaseException | None = None
         self._repairs: dict[str, asyncio.Task[None]] = {}
         self._repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]] = {}
+        self._read_nonce = secrets.randbits(63)
+        self._read_seq = itertools.count()
         transport.set_handler(self)
 
     # --- groups -------------------------------------------------------------------------
@@ -337,7 +369,7 @@ class RaftHost(SelfRepair):
         on_soft_state: SoftStateFn | None = None,
         replay: bool = True,
         on_snapshot: SnapshotFn | None = None,
-        snapshot_data: SnapshotDataFn | None = None,
+        snapshots: SnapshotStore | None = None,
         on_durable: DurableFn | None = None,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
@@ -354,6 +386,10 @@ class RaftHost(SelfRepair):
         Their ``apply`` gets no bytes (``b""``), only the index the commit reached: reading
         committed entries back from the log would be a copy of every entry for nothing.
 
+        ``snapshots`` is for groups whose state is not their log (a replicated state
+        machine, opened with ``replay=True``): see :class:`SnapshotStore`. ``on_snapshot``
+        is told of a received snapshot after the log restarted at it.
+
         ``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
         """
         if name in self.groups or name in self.quarantined:
@@ -361,7 +397,14 @@ class RaftHost(SelfRepair):
         path = Path(directory)
         config = log_config or LogConfig()
         core, log_, hs = load_group(
-            name, path, membership, config, replay, node_id=self.node_id, core_cfg=self._core_cfg
+            name,
+            path,
+            membership,
+            config,
+            replay,
+            node_id=self.node_id,
+            core_cfg=self._core_cfg,
+            snapshot=snapshots.latest() if snapshots is not None else None,
         )
         log_.on_durable = on_durable
         group = RaftGroup(
@@ -373,7 +416,7 @@ class RaftHost(SelfRepair):
             apply=apply,
             on_soft_state=on_soft_state,
             on_snapshot=on_snapshot,
-            snapshot_data=snapshot_data,
+            snapshots=snapshots,
         )
         group.opened_with = (membership, config, replay)
         self._attach(group, hs)
@@ -487,24 +530,82 @@ class RaftHost(SelfRepair):
         self._mark(group)
         return fut
 
-    def compact(self, name: str) -> int:
+    def compact(self, name: str, *, through: int | None = None) -> int:
         """Apply the log's retention, never past what this node applied, and record the
         new start point. Returns how many segments were deleted.
+
+        With ``through`` (a state machine's snapshot, saved durably first: see
+        :class:`SnapshotStore`), cut the log exactly after that index instead, which must
+        be applied here; retention does not run.
 
         A follower that later needs entries below the start gets a snapshot (for a
         partition: just the start point, since its state is the log itself)."""
         group = self.groups.get(name)
         if group is None:
             return 0  # quarantined: retention runs again once it is reopened
+        log_ = group.log
+        if through is not None:
+            applied = group.core.log.applied
+            if not log_.start_index - 1 <= through <= applied:
+                raise ValueError(
+                    f"group {name}: cannot cut the log after {through}: it starts at "
+                    f"{log_.start_index} and {applied} is applied"
+                )
         try:
-            deleted = group.log.apply_retention(max_index=group.core.log.applied + 1)
-            if deleted:
+            if through is None:
+                deleted = log_.apply_retention(max_index=group.core.log.applied + 1)
+            else:
+                before = len(log_.segments())
+                log_.truncate_prefix(through + 1)
+                deleted = before - len(log_.segments())
+            if deleted or through is not None:
                 meta = group.core.snapshot_meta()
                 save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
         except Exception as exc:
             self._quarantine(group, "retention", exc)
             return 0
         return deleted
+
+    def snapshot_point(self, name: str, index: int) -> SnapshotMeta:
+        """Where a state machine's snapshot taken at ``index`` (applied here) sits: the
+        term and next offset there and the committed configuration in force, which a
+        restart or a follower installing it needs."""
+        group = self._live(name)
+        core = group.core
+        if not group.log.start_index - 1 <= index <= core.log.applied:
+            raise ValueError(
+                f"group {name}: no snapshot point at {index}: the log starts at "
+                f"{group.log.start_index} and {core.log.applied} is applied"
+            )
+        if index == group.log.start_index - 1:
+            return core.snapshot_meta()
+        header = entry.parse_header(group.log.read_by_index(index, 1).data)
+        assert header.index == index, (header.index, index)
+        return SnapshotMeta(index, header.term, header.next_offset, core.membership_at(index))
+
+    def read_index(self, name: str) -> asyncio.Future[int]:
+        """A linearizable read point of group ``name``: the future gives the leader's
+        commit index at the time of the call, once a quorum confirmed that leader still
+        leads (Raft thesis 6.4). Serve the read once this node applied that far.
+
+        Works on followers too (the core asks the leader). Raises NotLeaderError when no
+        leader is known; the future fails with ReadIndexError when the request is lost
+        (leadership moved, the group failed, the node stopped). A request the leader
+        never answers (it lost its quorum) leaves the future pending: wait with a
+        timeout, then ask again."""
+        if self.failed is not None:
+            raise ReadIndexError(f"node {self.node_id} stopped: {self.failed!r}")
+        group = self._live(name)
+        self._unquiesce(group)
+        # Unique among every node's outstanding requests, across restarts: the leader
+        # treats a known context as a duplicate and answers only the first.
+        ctx = _READ_CTX.pack(self.node_id, self._read_nonce, next(self._read_seq))
+        group.core.read_index(ctx)
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        group.reads[ctx] = fut
+        fut.add_done_callback(lambda _: group.reads.pop(ctx, None))
+        self._mark(group)
+        return fut
 
     def campaign(self, name: str) -> None:
         group = self._live(name)
@@ -740,12 +841,20 @@ class RaftHost(SelfRepair):
         for group in self.groups.values():
             self._fail_group_waiters(group, why)
 
-    @staticmethod
-    def _fail_group_waiters(group: RaftGroup, why: str) -> None:
+    @classmethod
+    def _fail_group_waiters(cls, group: RaftGroup, why: str) -> None:
         for _, fut, _ in group.waiters.values():
             if not fut.done():
                 fut.set_exception(OutcomeUnknownError(why))
         group.waiters.clear()
+        cls._fail_reads(group, why)
+
+    @staticmethod
+    def _fail_reads(group: RaftGroup, why: str) -> None:
+        reads, group.reads = group.reads, {}
+        for read in reads.values():
+            if not read.done():
+                read.set_exception(ReadIndexError(f"group {group.name}: read point lost: {why}"))
 
     # --- failure isolation --------------------------------------------------------------
 
@@ -847,6 +956,7 @@ class RaftHost(SelfRepair):
             replay,
             node_id=self.node_id,
             core_cfg=self._core_cfg,
+            snapshot=group.snapshots.latest() if group.snapshots is not None else None,
         )
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
@@ -901,6 +1011,10 @@ class RaftHost(SelfRepair):
             for group, rd in round_:
                 if group.failure is None:
                     try:
+                        if rd.snapshot is not None and group.snapshots is not None:
+                            # The state first, durably: a crash after the cut below must
+                            # not leave a log that starts after the state it extends.
+                            group.snapshots.install(rd.snapshot, rd.snapshot_data)
                         write_to_storage(group.log, rd)
                     except Exception as exc:
                         self._quarantine(group, "write", exc)
@@ -1005,6 +1119,13 @@ class RaftHost(SelfRepair):
             self._resolve(group, rd.last_index, local_only=True)
         if rd.applied_to:
             self._resolve(group, rd.applied_to)
+        for rs in rd.read_states:
+            read = group.reads.pop(rs.context, None)
+            if read is not None and not read.done():
+                read.set_result(rs.index)
+        if rd.soft_state is not None and group.reads:
+            # The core drops read requests when leadership moves; their answers never come.
+            self._fail_reads(group, f"the leader changed (now {rd.soft_state.leader or 'none'})")
         group.core.advance(rd)
         group.in_round = False
         if rd.soft_state is not None and rd.soft_state.role != Role.LEADER:
@@ -1078,8 +1199,19 @@ class RaftHost(SelfRepair):
                 # The core sends metadata only; the application's bytes ride along. The
                 # transport owns delivery from here: a lost snapshot shows up as a
                 # rejected append and is sent again.
-                if group.snapshot_data is not None:
-                    m.data = group.snapshot_data()
+                kept = group.snapshots.latest() if group.snapshots is not None else None
+                if kept is not None:
+                    meta, m.data = kept
+                    assert m.snapshot is not None
+                    if meta.index > m.snapshot.index:
+                        # A cut interrupted by an error (the group was reopened before it
+                        # was redone): the state covers more than the log lacks, and the
+                        # follower then takes the entries after it as usual.
+                        m.snapshot = meta
+                    assert meta.index == m.snapshot.index, (
+                        f"group {group.name}: the state's snapshot at {meta.index} is below "
+                        f"the log start {m.snapshot.index + 1}"
+                    )
                 self.transport.send(m.dst, group.name, m, urgent=False)
                 group.core.report_snapshot(m.dst, ok=True)
                 continue

@@ -1,0 +1,425 @@
+"""The replicated state machine runner (raftmq/raft/host/state_machine.py) on real hosts
+with real logs on disk, over the in-memory network and over TCP: proposals answered with
+apply results, snapshots installed on a lagging follower and used on restart,
+linearizable reads across a leader change, watchers, and a partition group beside it.
+
+The tenant is a small key-value machine defined here: a fixture, not a mock of ours."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from raftmq.raft.errors import (
+    NotLeaderError,
+    OutcomeUnknownError,
+    ProposalDroppedError,
+    ReadIndexError,
+)
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.state_machine import (
+    SNAPSHOT_FILE,
+    Applied,
+    CommandTooLargeError,
+    ReplicatedStateMachine,
+    Restored,
+    WatcherDroppedError,
+)
+from raftmq.raft.host.transport import MemoryNetwork
+from raftmq.raft.membership import Membership
+from tests.raft.test_driver import (
+    FAST,
+    MEMBERS,
+    SMALL,
+    batch,
+    tcp_transports,
+    tell_ports,
+    wait_for,
+)
+from tests.raft.test_driver import (
+    Applied as LogApplied,
+)
+
+NAME = "__meta"
+
+
+class KV:
+    """``set K V`` answers the previous value, ``incr K`` the new count, anything else
+    ``error: ...`` (never an exception). Records which indexes it applied."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        self.indexes: list[int] = []
+        self.restored_at: list[int] = []
+
+    def apply(self, index: int, command: bytes) -> bytes:
+        self.indexes.append(index)
+        op, _, rest = command.decode().partition(" ")
+        if op == "set":
+            key, _, value = rest.partition(" ")
+            before = self.data.get(key, "")
+            self.data[key] = value
+            return before.encode()
+        if op == "incr":
+            value = str(int(self.data.get(rest, "0")) + 1)
+            self.data[rest] = value
+            return value.encode()
+        return f"error: unknown command {op!r}".encode()
+
+    def snapshot(self) -> bytes:
+        return json.dumps(self.data, sort_keys=True).encode()
+
+    def restore(self, data: bytes) -> None:
+        self.data = json.loads(data)
+        self.restored_at.append(len(self.indexes))
+
+
+Rsm = ReplicatedStateMachine[KV]
+
+
+class Cluster:
+    """Three hosts on one in-memory network, each running the KV group."""
+
+    def __init__(self, tmp: Path, **rsm_options: int) -> None:
+        self.tmp = tmp
+        self.net = MemoryNetwork()
+        self.hosts: dict[int, RaftHost] = {}
+        self.rsms: dict[int, Rsm] = {}
+        self.options = rsm_options
+
+    async def start(self, node: int) -> Rsm:
+        host = RaftHost(node, self.net.transport(node), seed=node, **FAST)
+        rsm = ReplicatedStateMachine(
+            host, NAME, self.tmp / f"n{node}" / NAME, MEMBERS, KV(), **self.options
+        )
+        await host.start()
+        self.hosts[node], self.rsms[node] = host, rsm
+        return rsm
+
+    async def start_all(self) -> Cluster:
+        for node in (1, 2, 3):
+            await self.start(node)
+        return self
+
+    async def stop(self, node: int) -> None:
+        host = self.hosts.pop(node)
+        self.rsms.pop(node)
+        await host.stop()
+
+    async def stop_all(self) -> None:
+        for node in list(self.hosts):
+            await self.stop(node)
+
+    async def leader(self, among: set[int] | None = None) -> Rsm:
+        nodes = among or set(self.rsms)
+
+        def one() -> bool:
+            return sum(self.rsms[n].is_leader for n in nodes) == 1
+
+        await wait_for(one, what="one leader")
+        return next(self.rsms[n] for n in nodes if self.rsms[n].is_leader)
+
+    def node_of(self, rsm: Rsm) -> int:
+        return next(n for n, r in self.rsms.items() if r is rsm)
+
+
+async def propose(cluster: Cluster, command: str, among: set[int] | None = None) -> bytes:
+    """Through whichever node leads, retrying while a leader is being elected."""
+    for _ in range(100):
+        leader = await cluster.leader(among)
+        try:
+            return await leader.propose(command.encode())
+        except (NotLeaderError, ProposalDroppedError, OutcomeUnknownError):
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"no leader took {command!r}")
+
+
+async def test_proposals_resolve_with_apply_results_everywhere_in_order(tmp_path):
+    cluster = await Cluster(tmp_path).start_all()
+    try:
+        leader = await cluster.leader()
+        watcher = cluster.rsms[1].watch()
+        results = await asyncio.gather(*(leader.propose(b"incr n") for _ in range(20)))
+        assert results == [str(i).encode() for i in range(1, 21)]  # in proposal order
+        assert await leader.propose(b"set k v1") == b""
+        assert await leader.propose(b"set k v2") == b"v1"
+        assert await leader.propose(b"bogus") == b"error: unknown command 'bogus'"
+        last = leader.applied_index
+        await wait_for(lambda: all(r.applied_index == last for r in cluster.rsms.values()))
+        for rsm in cluster.rsms.values():
+            assert rsm.machine.data == {"n": "20", "k": "v2"}
+            # Every command once, in index order (NOOPs and configs skip the machine).
+            assert rsm.machine.indexes == sorted(set(rsm.machine.indexes))
+            assert len(rsm.machine.indexes) == 23
+            index, value = rsm.local_read(lambda kv: kv.data["k"])
+            assert (index, value) == (last, "v2")
+        seen = [await watcher.get() for _ in range(23)]
+        assert all(isinstance(e, Applied) for e in seen)
+        assert [e.index for e in seen] == cluster.rsms[1].machine.indexes
+        assert seen[-1].command == b"bogus" and seen[-2].result == b"v1"
+        assert watcher.start_index < seen[0].index
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_follower_refuses_a_proposal_with_the_leader_hint(tmp_path):
+    cluster = await Cluster(tmp_path).start_all()
+    try:
+        leader = await cluster.leader()
+        await leader.propose(b"set a 1")  # every follower knows the leader by now
+        follower = next(r for r in cluster.rsms.values() if r is not leader)
+        await wait_for(lambda: follower.leader == cluster.node_of(leader))
+        with pytest.raises(NotLeaderError) as refused:
+            await follower.propose(b"set a 2")
+        assert refused.value.leader == cluster.node_of(leader)
+        with pytest.raises(CommandTooLargeError):
+            await leader.propose(b"x" * (leader.max_command_bytes + 1))
+        assert await leader.propose(b"set a 3") == b"1"  # neither was appended
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_lagging_follower_catches_up_through_a_snapshot(tmp_path):
+    cluster = await Cluster(tmp_path, snapshot_every_entries=10).start_all()
+    try:
+        leader = await cluster.leader()
+        lagging = next(n for n in cluster.rsms if cluster.rsms[n] is not leader)
+        for peer in (1, 2, 3):
+            if peer != lagging:
+                cluster.net.cut(lagging, peer)
+        behind = cluster.hosts[lagging].status(NAME).last_index
+        majority = {n for n in cluster.rsms if n != lagging}
+        for i in range(45):
+            await propose(cluster, f"set k{i % 7} {i}", majority)
+        leader = await cluster.leader(majority)
+        leader_node = cluster.node_of(leader)
+        # The leader's log was cut below its snapshot, past what the follower holds.
+        start = cluster.hosts[leader_node].groups[NAME].log_reader.start_index
+        assert leader.snapshot_index >= 40 and start == leader.snapshot_index + 1 > behind + 1
+        watcher = cluster.rsms[lagging].watch()
+        cluster.net.heal()
+        await wait_for(
+            lambda: cluster.rsms[lagging].applied_index == leader.applied_index,
+            what="the follower to catch up",
+        )
+        follower = cluster.rsms[lagging]
+        assert follower.machine.data == leader.machine.data
+        assert follower.snapshot_index >= start - 1  # installed (and saved) the leader's
+        assert follower.machine.restored_at
+        event = await watcher.get()
+        assert isinstance(event, Restored) and event.index >= start - 1
+        # It goes on applying after the snapshot, and answers reads like any member.
+        await propose(cluster, "set after snap")
+        assert await follower.linearizable_read(lambda kv: kv.data["after"]) == "snap"
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_restart_restores_the_snapshot_and_replays_only_the_tail(tmp_path):
+    cluster = await Cluster(tmp_path, snapshot_every_entries=8).start_all()
+    for i in range(30):
+        await propose(cluster, f"incr c{i % 3}")
+    leader = await cluster.leader()
+    await wait_for(
+        lambda: all(r.applied_index == leader.applied_index for r in cluster.rsms.values())
+    )
+    want = dict(leader.machine.data)
+    snapshots = {n: r.snapshot_index for n, r in cluster.rsms.items()}
+    assert all(s > 0 for s in snapshots.values()), snapshots
+    await cluster.stop_all()
+
+    await cluster.start_all()
+    try:
+        for node, rsm in cluster.rsms.items():
+            # Restored from its own snapshot before anything was applied.
+            assert rsm.snapshot_index == snapshots[node] == rsm.applied_index
+            assert rsm.machine.restored_at == [0]
+        assert await propose(cluster, "incr c0") == b"11"
+        leader = await cluster.leader()
+        await wait_for(
+            lambda: all(r.applied_index == leader.applied_index for r in cluster.rsms.values())
+        )
+        want["c0"] = "11"
+        for node, rsm in cluster.rsms.items():
+            assert rsm.machine.data == want
+            # Only the log after the snapshot was applied: never from the start.
+            assert rsm.machine.indexes and min(rsm.machine.indexes) > snapshots[node]
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
+    """The snapshot is written before the log is cut: a crash in between leaves a log
+    starting below it, which the host cuts at open (the state is not applied twice)."""
+    one = Membership(frozenset({1}))
+    net = MemoryNetwork()
+    host = RaftHost(1, net.transport(1), seed=1, **FAST)
+    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
+    await host.start()
+    await wait_for(lambda: rsm.is_leader)
+    for i in range(5):
+        await rsm.propose(f"incr x{i}".encode())
+    host.compact = lambda name, through=None: 0  # type: ignore[method-assign]  # the "crash"
+    index = rsm.take_snapshot()
+    assert host.groups[NAME].log_reader.start_index == 1
+    await rsm.propose(b"incr x0")
+    await host.stop()
+
+    host = RaftHost(1, net.transport(1), seed=1, **FAST)
+    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
+    assert host.groups[NAME].log_reader.start_index == index + 1
+    await host.start()
+    try:
+        await wait_for(lambda: rsm.is_leader)
+        assert await rsm.propose(b"incr x0") == b"3"
+        assert min(rsm.machine.indexes) == index + 1
+    finally:
+        await host.stop()
+
+
+async def test_linearizable_reads_see_every_write_through_a_leader_change(tmp_path):
+    cluster = await Cluster(tmp_path).start_all()
+    try:
+        first = await cluster.leader()
+        old = cluster.node_of(first)
+        await first.propose(b"set x 1")
+        for rsm in cluster.rsms.values():  # on the leader and, through it, on followers
+            assert await rsm.linearizable_read(lambda kv: kv.data.get("x")) == "1"
+
+        for peer in (1, 2, 3):
+            if peer != old:
+                cluster.net.cut(old, peer)
+        survivors = {n for n in cluster.rsms if n != old}
+        assert await propose(cluster, "set x 2", survivors) == b"1"
+        second = await cluster.leader(survivors)
+        other = next(cluster.rsms[n] for n in survivors if cluster.rsms[n] is not second)
+        assert await second.linearizable_read(lambda kv: kv.data["x"]) == "2"
+        assert await other.linearizable_read(lambda kv: kv.data["x"]) == "2"
+        # The deposed leader, cut off, cannot confirm a read point: no stale answer.
+        with pytest.raises((ReadIndexError, NotLeaderError)):
+            await cluster.rsms[old].linearizable_read(lambda kv: kv.data["x"], timeout_s=1.0)
+        assert cluster.rsms[old].local_read(lambda kv: kv.data["x"])[1] == "1"  # stale
+
+        cluster.net.heal()
+        # Back in the group, its linearizable read waits until it applied the new write.
+        assert await cluster.rsms[old].linearizable_read(lambda kv: kv.data["x"]) == "2"
+    finally:
+        await cluster.stop_all()
+
+
+async def test_proposals_of_a_deposed_leader_fail_as_outcome_unknown(tmp_path):
+    cluster = await Cluster(tmp_path).start_all()
+    try:
+        leader = await cluster.leader()
+        old = cluster.node_of(leader)
+        await leader.propose(b"set y 0")
+        for peer in (1, 2, 3):
+            if peer != old:
+                cluster.net.cut(old, peer)
+        pending = asyncio.ensure_future(leader.propose(b"set y lost?"))
+        with pytest.raises((OutcomeUnknownError, NotLeaderError, ProposalDroppedError)):
+            await asyncio.wait_for(pending, 10)
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_slow_watcher_is_dropped_not_grown(tmp_path):
+    one = Membership(frozenset({1}))
+    host = RaftHost(1, MemoryNetwork().transport(1), seed=1, **FAST)
+    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
+    await host.start()
+    try:
+        await wait_for(lambda: rsm.is_leader)
+        slow = rsm.watch(max_pending=5)
+        fast = rsm.watch(max_pending=100)
+        for i in range(8):
+            await rsm.propose(f"set k {i}".encode())
+        assert slow.dropped and not fast.dropped
+        got = [await slow.get() for _ in range(5)]  # what was queued is still read...
+        assert [e.result for e in got if isinstance(e, Applied)][1:] == [b"0", b"1", b"2", b"3"]
+        with pytest.raises(WatcherDroppedError):  # ...then it must resync
+            await slow.get()
+        assert len([await fast.get() for _ in range(8)]) == 8
+    finally:
+        await host.stop()
+
+
+async def test_a_partition_group_and_the_state_machine_share_the_hosts(tmp_path):
+    cluster = Cluster(tmp_path)
+    logs: dict[int, LogApplied] = {}
+    for node in (1, 2, 3):
+        rsm = await cluster.start(node)
+        logs[node] = LogApplied()
+        host = cluster.hosts[node]
+        # A partition-style group opened on the running host beside the metadata group.
+        host.open_group(
+            "p0", tmp_path / f"n{node}" / "p0", MEMBERS, log_config=SMALL, apply=logs[node]
+        )
+        assert rsm.name in host.groups
+    try:
+        assert await propose(cluster, "set topic demo") == b""
+
+        def p_leader() -> RaftHost | None:
+            leaders = [h for h in cluster.hosts.values() if h.groups["p0"].is_leader]
+            return leaders[0] if len(leaders) == 1 else None
+
+        await wait_for(lambda: p_leader() is not None, what="a partition leader")
+        host = p_leader()
+        assert host is not None
+        proposed = [host.propose("p0", batch(i)) for i in range(10)]
+        await asyncio.gather(*(p.done for p in proposed))
+        assert proposed[-1].last_offset == 9  # a partition's offsets, untouched by the RSM
+        await wait_for(lambda: all(len(a.entries) >= 11 for a in logs.values()))
+        assert logs[1].entries == logs[2].entries == logs[3].entries
+        assert await propose(cluster, "set topic demo2") == b"demo"
+        for rsm in cluster.rsms.values():
+            assert await rsm.linearizable_read(lambda kv: kv.data["topic"]) == "demo2"
+    finally:
+        await cluster.stop_all()
+
+
+async def test_over_tcp_a_returning_follower_installs_the_snapshot(tmp_path):
+    """Snapshot bytes cross the real wire: node 3 is down while the others cut their
+    logs, then comes back on a new port and restores the leader's snapshot."""
+    transports = tcp_transports((1, 2, 3))
+    hosts: dict[int, RaftHost] = {}
+    rsms: dict[int, Rsm] = {}
+
+    def open_node(node: int, transport) -> None:
+        hosts[node] = RaftHost(node, transport, seed=node, **FAST)
+        rsms[node] = ReplicatedStateMachine(
+            hosts[node], NAME, tmp_path / f"n{node}", MEMBERS, KV(), snapshot_every_entries=5
+        )
+
+    for node, transport in transports.items():
+        open_node(node, transport)
+    for h in hosts.values():
+        await h.start()  # binds port 0
+    tell_ports(transports)
+    try:
+        await wait_for(lambda: sum(r.is_leader for r in rsms.values()) == 1, what="a leader")
+        await hosts[3].stop()
+        del hosts[3]
+        value = "v" * 20_000  # a snapshot of 400 KiB: more than one frame's worth
+        for i in range(20):
+            await wait_for(lambda: rsms[1].is_leader or rsms[2].is_leader, what="a leader")
+            leader = rsms[1] if rsms[1].is_leader else rsms[2]
+            assert await leader.propose(f"set k{i} {value}".encode()) == b""
+        assert leader.snapshot_index >= 15
+
+        transports[3] = tcp_transports((1, 2, 3))[3]
+        open_node(3, transports[3])
+        await hosts[3].start()
+        tell_ports(transports)
+        await wait_for(
+            lambda: rsms[3].applied_index >= leader.applied_index, 20, "node 3 to catch up"
+        )
+        assert rsms[3].machine.restored_at, "caught up by a snapshot"
+        assert rsms[3].machine.data == leader.machine.data and len(rsms[3].machine.data) == 20
+        assert (tmp_path / "n3" / SNAPSHOT_FILE).exists()
+    finally:
+        for h in hosts.values():
+            await h.stop()
