@@ -28,7 +28,7 @@ from raftmq.raft.host.state_machine import (
     Restored,
     WatcherDroppedError,
 )
-from raftmq.raft.host.transport import MemoryNetwork
+from raftmq.raft.host.transport import MemoryNetwork, Transport
 from raftmq.raft.membership import Membership
 from tests.raft.test_driver import (
     FAST,
@@ -44,6 +44,17 @@ from tests.raft.test_driver import (
 )
 
 NAME = "__meta"
+
+
+def new_host(node: int, transport: Transport) -> RaftHost:
+    return RaftHost(
+        node,
+        transport,
+        seed=node,
+        tick_s=FAST["tick_s"],
+        election_tick=int(FAST["election_tick"]),
+        heartbeat_tick=int(FAST["heartbeat_tick"]),
+    )
 
 
 class KV:
@@ -83,17 +94,22 @@ Rsm = ReplicatedStateMachine[KV]
 class Cluster:
     """Three hosts on one in-memory network, each running the KV group."""
 
-    def __init__(self, tmp: Path, **rsm_options: int) -> None:
+    def __init__(self, tmp: Path, *, snapshot_every_entries: int = 10_000) -> None:
         self.tmp = tmp
         self.net = MemoryNetwork()
         self.hosts: dict[int, RaftHost] = {}
         self.rsms: dict[int, Rsm] = {}
-        self.options = rsm_options
+        self.snapshot_every_entries = snapshot_every_entries
 
     async def start(self, node: int) -> Rsm:
-        host = RaftHost(node, self.net.transport(node), seed=node, **FAST)
+        host = new_host(node, self.net.transport(node))
         rsm = ReplicatedStateMachine(
-            host, NAME, self.tmp / f"n{node}" / NAME, MEMBERS, KV(), **self.options
+            host,
+            NAME,
+            self.tmp / f"n{node}" / NAME,
+            MEMBERS,
+            KV(),
+            snapshot_every_entries=self.snapshot_every_entries,
         )
         await host.start()
         self.hosts[node], self.rsms[node] = host, rsm
@@ -157,9 +173,9 @@ async def test_proposals_resolve_with_apply_results_everywhere_in_order(tmp_path
             index, value = rsm.local_read(lambda kv: kv.data["k"])
             assert (index, value) == (last, "v2")
         seen = [await watcher.get() for _ in range(23)]
-        assert all(isinstance(e, Applied) for e in seen)
-        assert [e.index for e in seen] == cluster.rsms[1].machine.indexes
-        assert seen[-1].command == b"bogus" and seen[-2].result == b"v1"
+        applied = [e for e in seen if isinstance(e, Applied)]
+        assert [e.index for e in applied] == cluster.rsms[1].machine.indexes
+        assert applied[-1].command == b"bogus" and applied[-2].result == b"v1"
         assert watcher.start_index < seen[0].index
     finally:
         await cluster.stop_all()
@@ -256,19 +272,23 @@ async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
     starting below it, which the host cuts at open (the state is not applied twice)."""
     one = Membership(frozenset({1}))
     net = MemoryNetwork()
-    host = RaftHost(1, net.transport(1), seed=1, **FAST)
+    host = new_host(1, net.transport(1))
     rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
     await host.start()
     await wait_for(lambda: rsm.is_leader)
     for i in range(5):
         await rsm.propose(f"incr x{i}".encode())
-    host.compact = lambda name, through=None: 0  # type: ignore[method-assign]  # the "crash"
+
+    def crash_before_the_cut(name: str, *, through: int | None = None) -> int:
+        return 0
+
+    host.compact = crash_before_the_cut  # type: ignore[method-assign]
     index = rsm.take_snapshot()
     assert host.groups[NAME].log_reader.start_index == 1
     await rsm.propose(b"incr x0")
     await host.stop()
 
-    host = RaftHost(1, net.transport(1), seed=1, **FAST)
+    host = new_host(1, net.transport(1))
     rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
     assert host.groups[NAME].log_reader.start_index == index + 1
     await host.start()
@@ -320,15 +340,18 @@ async def test_proposals_of_a_deposed_leader_fail_as_outcome_unknown(tmp_path):
             if peer != old:
                 cluster.net.cut(old, peer)
         pending = asyncio.ensure_future(leader.propose(b"set y lost?"))
-        with pytest.raises((OutcomeUnknownError, NotLeaderError, ProposalDroppedError)):
+        # Appended in its log, never committed: once it steps down (check-quorum), the
+        # entry may still commit under a new leader that got it, or vanish.
+        with pytest.raises(OutcomeUnknownError):
             await asyncio.wait_for(pending, 10)
+        assert not leader.is_leader
     finally:
         await cluster.stop_all()
 
 
 async def test_a_slow_watcher_is_dropped_not_grown(tmp_path):
     one = Membership(frozenset({1}))
-    host = RaftHost(1, MemoryNetwork().transport(1), seed=1, **FAST)
+    host = new_host(1, MemoryNetwork().transport(1))
     rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
     await host.start()
     try:
@@ -367,9 +390,9 @@ async def test_a_partition_group_and_the_state_machine_share_the_hosts(tmp_path)
             return leaders[0] if len(leaders) == 1 else None
 
         await wait_for(lambda: p_leader() is not None, what="a partition leader")
-        host = p_leader()
-        assert host is not None
-        proposed = [host.propose("p0", batch(i)) for i in range(10)]
+        p_host = p_leader()
+        assert p_host is not None
+        proposed = [p_host.propose("p0", batch(i)) for i in range(10)]
         await asyncio.gather(*(p.done for p in proposed))
         assert proposed[-1].last_offset == 9  # a partition's offsets, untouched by the RSM
         await wait_for(lambda: all(len(a.entries) >= 11 for a in logs.values()))
@@ -389,7 +412,7 @@ async def test_over_tcp_a_returning_follower_installs_the_snapshot(tmp_path):
     rsms: dict[int, Rsm] = {}
 
     def open_node(node: int, transport) -> None:
-        hosts[node] = RaftHost(node, transport, seed=node, **FAST)
+        hosts[node] = new_host(node, transport)
         rsms[node] = ReplicatedStateMachine(
             hosts[node], NAME, tmp_path / f"n{node}", MEMBERS, KV(), snapshot_every_entries=5
         )

@@ -244,6 +244,14 @@ class ReplicatedStateMachine(Generic[M]):
             replay=True,
             snapshots=self,
         )
+        start = self._group.log_reader.start_index
+        if start - 1 != self._applied:
+            raise ValueError(
+                f"group {name}: its log starts at {start} but its snapshot "
+                f"{self.directory / SNAPSHOT_FILE} is at {self._applied} (or missing): the "
+                "entries between are lost; delete the group's directory (keep its "
+                ".raft-promised record) to resynchronise it from its peers"
+            )
 
     # --- state ----------------------------------------------------------------------------
 
@@ -449,6 +457,11 @@ class ReplicatedStateMachine(Generic[M]):
         """A leader's snapshot: this node was too far behind. Saved before the host cuts
         the log to it; the machine is replaced and watchers told."""
         self._save_snapshot(meta, data)
+        if meta.index <= self._applied:
+            # Only after a reopen from disk (the core's commit restarts below what the
+            # machine holds): the machine is already past it, and the entries after
+            # the snapshot that it holds are skipped when the core hands them again.
+            return
         self.machine.restore(data)
         self._applied = meta.index
         self._since_entries = self._since_bytes = 0
