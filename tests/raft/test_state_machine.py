@@ -300,6 +300,48 @@ async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
         await host.stop()
 
 
+class BrokenOnce(KV):
+    """A machine with a bug: the first ``boom`` raises after half-applying it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised = False
+
+    def apply(self, index: int, command: bytes) -> bytes:
+        if command == b"boom" and not self.raised:
+            self.raised = True
+            self.data["half"] = "changed"
+            raise RuntimeError("a bug in the machine")
+        if command == b"boom":
+            self.indexes.append(index)
+            return b"ok"
+        return super().apply(index, command)
+
+
+async def test_a_machine_that_raises_is_rebuilt_from_its_snapshot_after_the_reopen(tmp_path):
+    one = Membership(frozenset({1}))
+    host = new_host(1, MemoryNetwork().transport(1))
+    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, BrokenOnce())
+    await host.start()
+    try:
+        await wait_for(lambda: rsm.is_leader)
+        await rsm.propose(b"set a 1")
+        rsm.take_snapshot()
+        await rsm.propose(b"incr n")
+        watcher = rsm.watch()
+        with pytest.raises(OutcomeUnknownError):  # the group is quarantined here
+            await rsm.propose(b"boom")
+        assert host.status(NAME).failed is not None
+        await wait_for(lambda: rsm.is_leader, what="the reopened group to lead again")
+        assert await rsm.propose(b"incr n") == b"2"
+        # Rebuilt from the snapshot, then every later entry applied again, once.
+        assert rsm.machine.data == {"a": "1", "n": "2"}
+        assert rsm.machine.restored_at
+        assert isinstance(await watcher.get(), Restored)
+    finally:
+        await host.stop()
+
+
 async def test_linearizable_reads_see_every_write_through_a_leader_change(tmp_path):
     cluster = await Cluster(tmp_path).start_all()
     try:

@@ -222,7 +222,10 @@ class ReplicatedStateMachine(Generic[M]):
         self._watchers: set[Watcher] = set()
         self._snapshot: tuple[SnapshotMeta, bytes] | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._tainted = False  # apply raised: rebuild before applying again
         kept = self._load_snapshot()
+        # Before the first snapshot, the state to rebuild from after a failed apply.
+        self._initial = machine.snapshot() if kept is None else b""
         if kept is not None:
             machine.restore(kept[1])
             self._snapshot = kept
@@ -344,20 +347,31 @@ class ReplicatedStateMachine(Generic[M]):
     def _apply(self, buf: bytes, applied_to: int) -> None:
         """Committed entries from the host, in order. Entries at or below what the
         machine holds are skipped: after a quarantined group is reopened the core
-        re-hands entries from its log start, which is at or below our applied index."""
+        re-hands entries from its log start, which is at or below our applied index.
+
+        An exception from the machine quarantines the group here (a bug: ``apply`` must
+        answer a bad command, not raise); the machine may be half-changed, so when the
+        reopened group hands entries again it is first rebuilt from the snapshot."""
+        if self._tainted:
+            self._rebuild()
         for h in entry.iter_headers(buf, verify=False):
             if h.index <= self._applied:
                 continue
             assert h.index == self._applied + 1, (
                 f"group {self.name}: applied {self._applied}, got {h.index}"
             )
-            self._applied = h.index
             self._since_entries += 1
             self._since_bytes += h.size
             if h.type != EntryType.METADATA:
+                self._applied = h.index
                 continue  # NOOP, CONFIG: Raft's own
             command = bytes(entry.payload_of(buf, h))
-            result = self.machine.apply(h.index, command)
+            try:
+                result = self.machine.apply(h.index, command)
+            except BaseException:
+                self._tainted = True
+                raise
+            self._applied = h.index
             waiting = self._proposals.get(h.index)
             if waiting is not None and not waiting[1].done():
                 if waiting[0] == h.term:
@@ -384,6 +398,20 @@ class ReplicatedStateMachine(Generic[M]):
             self._snapshot_due = True
             asyncio.get_running_loop().call_soon(self._snapshot_when_due)
 
+    def _rebuild(self) -> None:
+        """Restore the machine from the latest snapshot (or as it was opened), where the
+        reopened group's core starts applying again."""
+        meta, data = self._snapshot if self._snapshot is not None else (None, self._initial)
+        index = meta.index if meta is not None else 0
+        assert index == self._group.log_reader.start_index - 1, "the log starts at the snapshot"
+        self.machine.restore(data)
+        self._applied = index
+        self._tainted = False
+        log.warning("group %s: machine rebuilt from the snapshot at %d", self.name, index)
+        for watcher in list(self._watchers):
+            watcher._offer(Restored(index))
+        self._wake_readers()
+
     def _wake_readers(self) -> None:
         self._applied_changed.set()
         self._applied_changed = asyncio.Event()
@@ -407,8 +435,8 @@ class ReplicatedStateMachine(Generic[M]):
         """Snapshot the machine at the applied index now, durably, and cut the log below
         it. Returns the snapshot's index (the previous one if this one was too large)."""
         index = self._applied
-        if index == self.snapshot_index:
-            return index
+        if index == self.snapshot_index or self._tainted:
+            return self.snapshot_index  # nothing new, or a machine half-changed by a raise
         data = self.machine.snapshot()
         if len(data) > self.max_snapshot_bytes:
             if not self._too_large_logged:
