@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from raftmq.log.atomic_file import write_atomic
 from raftmq.raft.errors import (
     NotLeaderError,
     OutcomeUnknownError,
@@ -27,9 +28,11 @@ from raftmq.raft.host.state_machine import (
     ReplicatedStateMachine,
     Restored,
     WatcherDroppedError,
+    encode_snapshot,
 )
 from raftmq.raft.host.transport import MemoryNetwork, Transport
 from raftmq.raft.membership import Membership
+from raftmq.raft.messages import SnapshotMeta
 from tests.raft.test_driver import (
     FAST,
     MEMBERS,
@@ -89,6 +92,22 @@ class KV:
 
 
 Rsm = ReplicatedStateMachine[KV]
+
+
+ALONE = Membership(frozenset({1}))
+
+
+def open_alone(directory: Path, machine: KV) -> tuple[RaftHost, Rsm]:
+    """A one-node group (it elects itself): for what needs no peers."""
+    host = new_host(1, MemoryNetwork().transport(1))
+    return host, ReplicatedStateMachine(host, NAME, directory, ALONE, machine)
+
+
+async def start_alone(directory: Path, machine: KV) -> tuple[RaftHost, Rsm]:
+    host, rsm = open_alone(directory, machine)
+    await host.start()
+    await wait_for(lambda: rsm.is_leader, what="the lone node to lead")
+    return host, rsm
 
 
 class Cluster:
@@ -270,12 +289,7 @@ async def test_a_restart_restores_the_snapshot_and_replays_only_the_tail(tmp_pat
 async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
     """The snapshot is written before the log is cut: a crash in between leaves a log
     starting below it, which the host cuts at open (the state is not applied twice)."""
-    one = Membership(frozenset({1}))
-    net = MemoryNetwork()
-    host = new_host(1, net.transport(1))
-    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
-    await host.start()
-    await wait_for(lambda: rsm.is_leader)
+    host, rsm = await start_alone(tmp_path / NAME, KV())
     for i in range(5):
         await rsm.propose(f"incr x{i}".encode())
 
@@ -288,14 +302,35 @@ async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
     await rsm.propose(b"incr x0")
     await host.stop()
 
-    host = new_host(1, net.transport(1))
-    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
+    host, rsm = open_alone(tmp_path / NAME, KV())
     assert host.groups[NAME].log_reader.start_index == index + 1
     await host.start()
     try:
         await wait_for(lambda: rsm.is_leader)
         assert await rsm.propose(b"incr x0") == b"3"
         assert min(rsm.machine.indexes) == index + 1
+    finally:
+        await host.stop()
+
+
+async def test_a_restart_after_an_install_whose_cut_was_interrupted_starts_after_it(tmp_path):
+    """An installed snapshot is saved before the log restarts at it: a crash in between
+    leaves the old log, which the host replaces at open (another history's tail goes)."""
+    host, rsm = await start_alone(tmp_path / NAME, KV())
+    await rsm.propose(b"set old 1")
+    status = host.status(NAME)
+    await host.stop()
+    installed = SnapshotMeta(status.last_index + 10, status.term, 0, ALONE)
+    write_atomic(tmp_path / NAME / SNAPSHOT_FILE, encode_snapshot(installed, b'{"new": "2"}'))
+
+    host, rsm = open_alone(tmp_path / NAME, KV())
+    assert host.groups[NAME].log_reader.start_index == installed.index + 1
+    assert rsm.applied_index == installed.index and rsm.machine.data == {"new": "2"}
+    await host.start()
+    try:
+        await wait_for(lambda: rsm.is_leader)
+        assert await rsm.propose(b"set new 3") == b"2"
+        assert min(rsm.machine.indexes) > installed.index
     finally:
         await host.stop()
 
@@ -319,12 +354,8 @@ class BrokenOnce(KV):
 
 
 async def test_a_machine_that_raises_is_rebuilt_from_its_snapshot_after_the_reopen(tmp_path):
-    one = Membership(frozenset({1}))
-    host = new_host(1, MemoryNetwork().transport(1))
-    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, BrokenOnce())
-    await host.start()
+    host, rsm = await start_alone(tmp_path / NAME, BrokenOnce())
     try:
-        await wait_for(lambda: rsm.is_leader)
         await rsm.propose(b"set a 1")
         rsm.take_snapshot()
         await rsm.propose(b"incr n")
@@ -392,12 +423,8 @@ async def test_proposals_of_a_deposed_leader_fail_as_outcome_unknown(tmp_path):
 
 
 async def test_a_slow_watcher_is_dropped_not_grown(tmp_path):
-    one = Membership(frozenset({1}))
-    host = new_host(1, MemoryNetwork().transport(1))
-    rsm = ReplicatedStateMachine(host, NAME, tmp_path / NAME, one, KV())
-    await host.start()
+    host, rsm = await start_alone(tmp_path / NAME, KV())
     try:
-        await wait_for(lambda: rsm.is_leader)
         slow = rsm.watch(max_pending=5)
         fast = rsm.watch(max_pending=100)
         for i in range(8):
