@@ -113,12 +113,15 @@ async def start_alone(directory: Path, machine: KV) -> tuple[RaftHost, Rsm]:
 class Cluster:
     """Three hosts on one in-memory network, each running the KV group."""
 
-    def __init__(self, tmp: Path, *, snapshot_every_entries: int = 10_000) -> None:
+    def __init__(
+        self, tmp: Path, *, snapshot_every_entries: int = 10_000, catch_up_entries: int = 1_000
+    ) -> None:
         self.tmp = tmp
         self.net = MemoryNetwork()
         self.hosts: dict[int, RaftHost] = {}
         self.rsms: dict[int, Rsm] = {}
         self.snapshot_every_entries = snapshot_every_entries
+        self.catch_up_entries = catch_up_entries
 
     async def start(self, node: int) -> Rsm:
         host = new_host(node, self.net.transport(node))
@@ -129,6 +132,7 @@ class Cluster:
             MEMBERS,
             KV(),
             snapshot_every_entries=self.snapshot_every_entries,
+            catch_up_entries=self.catch_up_entries,
         )
         await host.start()
         self.hosts[node], self.rsms[node] = host, rsm
@@ -218,7 +222,7 @@ async def test_a_follower_refuses_a_proposal_with_the_leader_hint(tmp_path):
 
 
 async def test_a_lagging_follower_catches_up_through_a_snapshot(tmp_path):
-    cluster = await Cluster(tmp_path, snapshot_every_entries=10).start_all()
+    cluster = await Cluster(tmp_path, snapshot_every_entries=10, catch_up_entries=0).start_all()
     try:
         leader = await cluster.leader()
         lagging = next(n for n in cluster.rsms if cluster.rsms[n] is not leader)
@@ -483,7 +487,13 @@ async def test_over_tcp_a_returning_follower_installs_the_snapshot(tmp_path):
     def open_node(node: int, transport) -> None:
         hosts[node] = new_host(node, transport)
         rsms[node] = ReplicatedStateMachine(
-            hosts[node], NAME, tmp_path / f"n{node}", MEMBERS, KV(), snapshot_every_entries=5
+            hosts[node],
+            NAME,
+            tmp_path / f"n{node}",
+            MEMBERS,
+            KV(),
+            snapshot_every_entries=5,
+            catch_up_entries=3,  # the SNAP then names the store's index, above the log start
         )
 
     for node, transport in transports.items():
@@ -501,6 +511,9 @@ async def test_over_tcp_a_returning_follower_installs_the_snapshot(tmp_path):
             leader = rsms[1] if rsms[1].is_leader else rsms[2]
             assert await leader.propose(f"set k{i} {value}".encode()) == b""
         assert leader.snapshot_index >= 15
+        leader_node = next(n for n, r in rsms.items() if r is leader)
+        start = hosts[leader_node].groups[NAME].log_reader.start_index
+        assert 1 < start <= leader.snapshot_index - 2  # entries kept below the snapshot
 
         transports[3] = tcp_transports((1, 2, 3))[3]
         open_node(3, transports[3])
@@ -510,6 +523,7 @@ async def test_over_tcp_a_returning_follower_installs_the_snapshot(tmp_path):
             lambda: rsms[3].applied_index >= leader.applied_index, 20, "node 3 to catch up"
         )
         assert rsms[3].machine.restored_at, "caught up by a snapshot"
+        assert rsms[3].snapshot_index > start - 1  # the store's, above the leader's log start
         assert rsms[3].machine.data == leader.machine.data and len(rsms[3].machine.data) == 20
         assert (tmp_path / "n3" / SNAPSHOT_FILE).exists()
     finally:

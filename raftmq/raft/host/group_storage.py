@@ -172,8 +172,9 @@ def load_group(
 
 
 def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, node_id: int) -> None:
-    """Make the log start right after a state machine's snapshot, redoing a cut that a
-    crash (or an error) interrupted: the snapshot is saved before the log is cut to it.
+    """Make the log start right after a state machine's snapshot: the entries kept below
+    it for followers a little behind go, and a cut that a crash (or an error) interrupted
+    is completed (the snapshot is saved before the log is cut).
 
     The log still holding the snapshot's entry with its term: the prefix up to it goes
     (the entries after it extend that state). Otherwise the snapshot came from a leader
@@ -193,8 +194,8 @@ def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, nod
             write_to_storage(log_, Ready(snapshot=snap))
             log_.flush()
         log.info(
-            "group %s on node %d: the log now starts after the snapshot at %d (a cut that "
-            "was interrupted)",
+            "group %s on node %d: the log now starts after the state machine's snapshot "
+            "at %d",
             name,
             node_id,
             snap.index,

@@ -139,11 +139,13 @@ class SnapshotStore(Protocol):
     ``raftmq/raft/host/state_machine.py``): its snapshots, which the host needs at three
     moments. A partition has none (its log is its state; its snapshot is a start point).
 
-    The store's latest snapshot is always at the log's start (``index == start_index - 1``):
-    the store saves a snapshot durably *before* the log is cut to it (by
-    :meth:`RaftHost.compact` with ``through``, or by a received snapshot), and the host
-    redoes a cut that a crash interrupted when it opens the group. Any other order leaves
-    a log starting after the state it would be applied to."""
+    The store's latest snapshot is never below the log's start point (``index >=
+    start_index - 1``), and exactly at it when the group opens: the store saves a
+    snapshot durably *before* the log is cut to it or below it (by :meth:`RaftHost.compact`
+    with ``through``, or by a received snapshot), and the host redoes the cut when it opens
+    the group (entries kept below a snapshot for followers a little behind go then, and a
+    cut a crash interrupted is completed). Any other order could leave a log starting
+    after the state it would be applied to."""
 
     def latest(self) -> tuple[SnapshotMeta, bytes] | None:
         """The latest durable snapshot (metadata and bytes), or None before the first.
@@ -1204,9 +1206,9 @@ class RaftHost(SelfRepair):
                     meta, m.data = kept
                     assert m.snapshot is not None
                     if meta.index > m.snapshot.index:
-                        # A cut interrupted by an error (the group was reopened before it
-                        # was redone): the state covers more than the log lacks, and the
-                        # follower then takes the entries after it as usual.
+                        # The log keeps entries below the snapshot (for followers a little
+                        # behind): the state covers more than the follower lacks, and it
+                        # then takes the entries after it as usual.
                         m.snapshot = meta
                     assert meta.index == m.snapshot.index, (
                         f"group {group.name}: the state's snapshot at {meta.index} is below "

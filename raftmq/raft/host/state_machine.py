@@ -49,6 +49,9 @@ SNAPSHOT_EVERY_ENTRIES = 10_000
 """Default: take a snapshot (and cut the log) after this many applied entries..."""
 SNAPSHOT_EVERY_BYTES = 16 * MIB
 """...or this many bytes of applied entries, whichever comes first."""
+CATCH_UP_ENTRIES = 1_000
+"""Default: entries kept in the log below a snapshot (etcd keeps 5,000), so a follower a
+little behind catches up by entries rather than by the whole snapshot."""
 MAX_COMMAND_BYTES = 1 * MIB
 """Default bound of one command; larger ones are refused before they are proposed."""
 MAX_SNAPSHOT_BYTES = 16 * MIB
@@ -194,12 +197,15 @@ class ReplicatedStateMachine(Generic[M]):
         *,
         snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES,
         snapshot_every_bytes: int = SNAPSHOT_EVERY_BYTES,
+        catch_up_entries: int = CATCH_UP_ENTRIES,
         max_command_bytes: int = MAX_COMMAND_BYTES,
         max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
         on_soft_state: Callable[[SoftState], None] | None = None,
     ) -> None:
         if snapshot_every_entries < 1 or snapshot_every_bytes < 1:
             raise ValueError("snapshot thresholds must be at least 1")
+        if catch_up_entries < 0:
+            raise ValueError("catch_up_entries must be at least 0")
         if not 1 <= max_command_bytes <= entry.MAX_PAYLOAD:
             raise ValueError(f"max_command_bytes must be from 1 to {entry.MAX_PAYLOAD}")
         self.name = name
@@ -207,6 +213,7 @@ class ReplicatedStateMachine(Generic[M]):
         self.directory = Path(directory)
         self.snapshot_every_entries = snapshot_every_entries
         self.snapshot_every_bytes = snapshot_every_bytes
+        self.catch_up_entries = catch_up_entries
         self.max_command_bytes = max_command_bytes
         self.max_snapshot_bytes = max_snapshot_bytes
         self._host = host
@@ -453,9 +460,17 @@ class ReplicatedStateMachine(Generic[M]):
         meta = self._host.snapshot_point(self.name, index)
         self._save_snapshot(meta, data)
         self._since_entries = self._since_bytes = 0
-        self._host.compact(self.name, through=index)
+        # Keep the last entries below it: a follower a little behind (the usual case just
+        # after a commit) then catches up by entries, not by the whole snapshot.
+        through = index - self.catch_up_entries
+        if through >= self._group.log_reader.start_index:
+            self._host.compact(self.name, through=through)
         log.info(
-            "group %s: snapshot at %d (%d bytes); log cut below it", self.name, index, len(data)
+            "group %s: snapshot at %d (%d bytes); the log starts at %d",
+            self.name,
+            index,
+            len(data),
+            self._group.log_reader.start_index,
         )
         return index
 
