@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from raftmq.raft.host import wire
 from raftmq.raft.host.transport import AuditReply, AuditRequest, RepairReply, RepairRequest
-from raftmq.raft.messages import Message, MsgType
+from raftmq.raft.membership import Membership
+from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 
 
 def round_trip(batch):
@@ -37,5 +38,15 @@ def test_repair_and_audit_messages_survive_the_wire():
         ("t/0", AuditReply(2, 1, 10, 40, 12345, True)),
         ("t/0", AuditReply(2, 1, 10, 40, -1, False)),
         ("t/0", (1, 2, 7, 40, 40)),  # a quiesce notice beside them
+    ]
+    assert round_trip(batch) == batch
+
+
+def test_a_snapshot_message_carries_its_metadata_and_the_state_machine_bytes():
+    meta = SnapshotMeta(1234, 7, 0, Membership(frozenset({1, 2, 3}), frozenset({4})))
+    data = bytes(range(256)) * 2048  # 512 KiB: larger than a bulk frame's target
+    batch = [
+        ("__meta", Message(MsgType.SNAP, 1, 3, 7, snapshot=meta, data=data)),
+        ("__meta", Message(MsgType.HEARTBEAT, 1, 3, 7, commit=1200, context=b"read-ctx")),
     ]
     assert round_trip(batch) == batch

@@ -315,8 +315,8 @@ class ReplicatedStateMachine(Generic[M]):
         """The host's outcome: a success was already answered by :meth:`_apply` (the
         host resolves after applying); a failure is passed on."""
         waiting = self._proposals.get(index)
-        if waiting is None or waiting[1].done() or done.cancelled():
-            return
+        if waiting is None or waiting[2] is not done or waiting[1].done() or done.cancelled():
+            return  # answered, or a later proposal now holds this index
         exc = done.exception()
         if exc is not None:
             waiting[1].set_exception(exc)
@@ -505,7 +505,9 @@ class ReplicatedStateMachine(Generic[M]):
             # machine holds): the machine is already past it, and the entries after
             # the snapshot that it holds are skipped when the core hands them again.
             return
+        self._tainted = True  # until restored: a restore that raises leaves it half-done
         self.machine.restore(data)
+        self._tainted = False
         self._applied = meta.index
         self._since_entries = self._since_bytes = 0
         for index, (_, ours, _) in list(self._proposals.items()):
