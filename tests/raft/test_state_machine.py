@@ -310,6 +310,7 @@ async def test_a_restart_redoes_a_cut_that_a_crash_interrupted(tmp_path):
         await wait_for(lambda: rsm.is_leader)
         assert await rsm.propose(b"incr x0") == b"3"
         assert min(rsm.machine.indexes) == index + 1
+        assert await rsm.linearizable_read(lambda kv: kv.data["x0"]) == "3"  # quorum of one
     finally:
         await host.stop()
 

@@ -423,7 +423,9 @@ class ReplicatedStateMachine(Generic[M]):
         self._applied_changed.set()
         self._applied_changed = asyncio.Event()
 
-    async def _wait_applied(self, index: int) -> None:
+    async def wait_applied(self, index: int) -> None:
+        """Return once this node applied ``index`` (or a snapshot past it): for callers
+        that hold an index (a read point, a version seen elsewhere). No timeout: wrap it."""
         while self._applied < index:
             await self._applied_changed.wait()
 
@@ -547,7 +549,7 @@ class ReplicatedStateMachine(Generic[M]):
                 if not isinstance(exc, TimeoutError):
                     await asyncio.sleep(0.02)  # an election is under way
         try:
-            await asyncio.wait_for(self._wait_applied(index), max(0.0, deadline_s - loop.time()))
+            await asyncio.wait_for(self.wait_applied(index), max(0.0, deadline_s - loop.time()))
         except TimeoutError:
             raise ReadIndexError(
                 f"group {self.name}: applied {self._applied} of read point {index} within "
