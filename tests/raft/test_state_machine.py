@@ -161,6 +161,11 @@ class Cluster:
         await wait_for(one, what="one leader")
         return next(self.rsms[n] for n in nodes if self.rsms[n].is_leader)
 
+    def isolate(self, node: int) -> None:
+        for peer in (1, 2, 3):
+            if peer != node:
+                self.net.cut(node, peer)
+
     def node_of(self, rsm: Rsm) -> int:
         return next(n for n, r in self.rsms.items() if r is rsm)
 
@@ -384,9 +389,7 @@ async def test_linearizable_reads_see_every_write_through_a_leader_change(tmp_pa
         for rsm in cluster.rsms.values():  # on the leader and, through it, on followers
             assert await rsm.linearizable_read(lambda kv: kv.data.get("x")) == "1"
 
-        for peer in (1, 2, 3):
-            if peer != old:
-                cluster.net.cut(old, peer)
+        cluster.isolate(old)
         survivors = {n for n in cluster.rsms if n != old}
         assert await propose(cluster, "set x 2", survivors) == b"1"
         second = await cluster.leader(survivors)
@@ -411,9 +414,7 @@ async def test_proposals_of_a_deposed_leader_fail_as_outcome_unknown(tmp_path):
         leader = await cluster.leader()
         old = cluster.node_of(leader)
         await leader.propose(b"set y 0")
-        for peer in (1, 2, 3):
-            if peer != old:
-                cluster.net.cut(old, peer)
+        cluster.isolate(old)
         pending = asyncio.ensure_future(leader.propose(b"set y lost?"))
         # Appended in its log, never committed: once it steps down (check-quorum), the
         # entry may still commit under a new leader that got it, or vanish.
