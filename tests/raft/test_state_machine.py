@@ -97,14 +97,14 @@ Rsm = ReplicatedStateMachine[KV]
 ALONE = Membership(frozenset({1}))
 
 
-def open_alone(directory: Path, machine: KV) -> tuple[RaftHost, Rsm]:
+def open_alone(directory: Path, machine: KV, **options: int) -> tuple[RaftHost, Rsm]:
     """A one-node group (it elects itself): for what needs no peers."""
     host = new_host(1, MemoryNetwork().transport(1))
-    return host, ReplicatedStateMachine(host, NAME, directory, ALONE, machine)
+    return host, ReplicatedStateMachine(host, NAME, directory, ALONE, machine, **options)  # type: ignore[arg-type]
 
 
-async def start_alone(directory: Path, machine: KV) -> tuple[RaftHost, Rsm]:
-    host, rsm = open_alone(directory, machine)
+async def start_alone(directory: Path, machine: KV, **options: int) -> tuple[RaftHost, Rsm]:
+    host, rsm = open_alone(directory, machine, **options)
     await host.start()
     await wait_for(lambda: rsm.is_leader, what="the lone node to lead")
     return host, rsm
@@ -338,6 +338,26 @@ async def test_a_restart_after_an_install_whose_cut_was_interrupted_starts_after
         await wait_for(lambda: rsm.is_leader)
         assert await rsm.propose(b"set new 3") == b"2"
         assert min(rsm.machine.indexes) > installed.index
+    finally:
+        await host.stop()
+
+
+async def test_snapshots_follow_applied_bytes_and_skip_one_too_large_to_send(tmp_path):
+    host, rsm = await start_alone(
+        tmp_path / NAME, KV(), snapshot_every_bytes=10_000, catch_up_entries=0
+    )
+    try:
+        for i in range(3):
+            await rsm.propose(f"set k{i} {'v' * 4_000}".encode())
+        await wait_for(lambda: rsm.snapshot_index > 0, what="a snapshot by bytes")
+        assert host.groups[NAME].log_reader.start_index == rsm.snapshot_index + 1
+        rsm.max_snapshot_bytes = 5_000  # the state (12 KB) no longer fits one message
+        before = rsm.snapshot_index
+        for i in range(3):
+            await rsm.propose(f"set j{i} {'w' * 4_000}".encode())
+        await asyncio.sleep(0.1)
+        assert rsm.take_snapshot() == before == rsm.snapshot_index  # none taken...
+        assert host.groups[NAME].log_reader.start_index == before + 1  # ...nor any cut
     finally:
         await host.stop()
 
