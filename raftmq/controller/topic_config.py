@@ -4,7 +4,7 @@ place for topic creation and ``alter``.
 A topic stores only the keys an operator set (its overrides, as canonical strings), as
 Kafka does; :func:`resolve` fills in the defaults. The defaults and bounds of the log's
 own settings are :class:`~raftmq.log.config.LogConfig`'s, so a config this module accepts
-is one a log opens with, and :meth:`TopicConfig.log_config` hands it over. Why strings on
+is one a log opens with, and :attr:`TopicConfig.log_config` hands it over. Why strings on
 the wire: they are what an operator types (``--config retention.ms=3600000``), and one
 canonical text per value keeps equal configs byte-equal in snapshots.
 """
@@ -51,12 +51,9 @@ class ConfigError(ValueError):
 class TopicConfig:
     """A topic's settings with every default filled in."""
 
-    log: LogConfig
+    log_config: LogConfig
+    """The settings a replica opens this topic's partition logs with."""
     min_insync_replicas: int = 1
-
-    def log_config(self) -> LogConfig:
-        """The settings a replica opens this topic's partition logs with."""
-        return self.log
 
 
 def canonical(overrides: Mapping[str, str], replication_factor: int) -> dict[str, str]:
@@ -96,7 +93,7 @@ def resolve(overrides: Mapping[str, str], replication_factor: int) -> TopicConfi
             value = overrides[key]
             log_values[field] = FlushPolicy(value) if key == FLUSH_POLICY else int(value)
     try:
-        log = dataclasses.replace(LogConfig(), **log_values)  # type: ignore[arg-type]
+        log_config = dataclasses.replace(LogConfig(), **log_values)  # type: ignore[arg-type]
     except ValueError as exc:
         # LogConfig names its fields (segment_bytes); the operator typed segment.bytes
         message = str(exc)
@@ -109,4 +106,4 @@ def resolve(overrides: Mapping[str, str], replication_factor: int) -> TopicConfi
             f"{MIN_INSYNC_REPLICAS} must be from 1 to the replication factor "
             f"({replication_factor}), got {min_insync}"
         )
-    return TopicConfig(log, min_insync)
+    return TopicConfig(log_config, min_insync)

@@ -237,7 +237,7 @@ def _decommission(state: MetadataState, index: int, c: DecommissionPartitions) -
             Code.INVALID_PARTITIONS,
             f"that would leave topic {c.name} no partition to write to; delete the topic instead",
         )
-    retention_ms = topic.settings.log.retention_ms
+    retention_ms = topic.settings.log_config.retention_ms
     delete_after_ms = None if retention_ms == -1 else min(c.now_ms + retention_ms, codec.INT64_MAX)
     parts = list(topic.partitions)
     for p in c.partitions:
