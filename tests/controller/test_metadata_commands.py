@@ -150,10 +150,11 @@ def _snapshot_of(state: object) -> bytes:
 
 def test_create_topic_places_and_records_it(three: Driver) -> None:
     result = three(CreateTopic("orders", 3, 2, {"retention.ms": "3600000"}))
-    assert result == TopicCreated(three.index, result.replicas)  # type: ignore[union-attr]
+    assert isinstance(result, TopicCreated)
+    assert result.topic_id == three.index
     topic = three.machine.state.topics["orders"]
     assert topic.topic_id == three.index
-    assert [p.replicas for p in topic.partitions] == list(result.replicas)  # type: ignore[union-attr]
+    assert [p.replicas for p in topic.partitions] == list(result.replicas)
     assert topic.config == {"retention.ms": "3600000"}
     assert topic.settings.log_config.retention_ms == 3_600_000
     assert topic.settings.log_config.segment_bytes == 128 * 1024 * 1024  # a default
@@ -392,3 +393,11 @@ def test_commands_encode_canonically() -> None:
     b = CreateTopic("t", 1, 1, {"retention.ms": "2", "segment.ms": "1"})
     assert encode(a) == encode(b)
     assert encode(a).startswith(b'{"args":{"config":{"retention.ms":"2","segment.ms":"1"}')
+
+
+def test_the_view_is_a_cluster_metadata(three: Driver) -> None:
+    from raftmq.controller.metadata import ClusterMetadata
+
+    view: ClusterMetadata = three.machine.metadata()  # mypy checks the protocol here
+    assert view.name == "test"
+    assert sorted(view.brokers) == [1, 2, 3]

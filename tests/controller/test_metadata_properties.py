@@ -79,7 +79,8 @@ def commands(draw: st.DrawFn) -> list[c.Command]:
         topic = state.topics.get(t)
         p = draw(st.integers(0, len(topic.partitions) - 1)) if topic else 0
         moving = [i for i, q in enumerate(topic.partitions) if q.learners] if topic else []
-        if moving and draw(st.booleans()):  # a move under way: finish it more often
+        finish: bool = draw(st.booleans())
+        if moving and finish:  # a move under way: finish it more often
             p = draw(st.sampled_from(moving))
         part = topic.partitions[p] if topic else None
         members = sorted(part.replicas + part.learners) if part else [1]

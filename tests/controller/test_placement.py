@@ -99,8 +99,8 @@ def test_racks_given_keep_replicas_apart() -> None:
         d.register(b, rack=rack)
     created = d(CreateTopic("t", 12, 3))
     assert isinstance(created, TopicCreated)
-    rack = {b: d.machine.state.brokers[b].rack for b in range(1, 7)}
+    rack_of = {b: d.machine.state.brokers[b].rack for b in range(1, 7)}
     for replicas in created.replicas:
-        assert len({rack[b] for b in replicas}) == 3
+        assert len({rack_of[b] for b in replicas}) == 3
     leaders = Counter(r[0] for r in created.replicas)
     assert sorted(leaders.values()) == [2] * 6
