@@ -40,11 +40,14 @@ def plan(
       (per broker id; missing ids count as zero).
 
     Greedy, partition by partition: the leader is the candidate leading least (then
-    holding fewest replicas); each follower the candidate on the least-used rack holding
-    fewest replicas, and among equals the one leading MOST: one that leads less will
-    likely take a leadership, and so a replica, later. On a fresh cluster without racks
-    this keeps both counts within one of each other across brokers (the property tests
-    check it), and new load always goes to the least-loaded brokers first.
+    holding fewest replicas, then on the least-loaded rack); each follower the candidate
+    on the least-used rack holding fewest replicas, then on the least-loaded rack, and
+    among equals the one leading MOST: one that leads less will likely take a leadership,
+    and so a replica, later. On a fresh cluster this keeps preferred leaderships within
+    one of each other across brokers, and replicas too when there are no racks or every
+    rack has as many brokers (the property tests check both); uneven racks make uneven
+    replica counts, since rack spread comes first. New load goes to the least-loaded
+    brokers first.
 
     Deterministic: ties go by broker id, rotated with the partition index
     (``first_partition`` + i), so equal inputs give equal plans on every replica.
@@ -56,23 +59,33 @@ def plan(
     rack = {c.broker_id: c.rack if c.rack is not None else f"\0{c.broker_id}" for c in candidates}
     replicas = {b: (replica_load or {}).get(b, 0) for b in ids}
     leaders = {b: (leader_load or {}).get(b, 0) for b in ids}
+    on_rack: dict[str, int] = {}  # replicas per rack
+    for b in ids:
+        on_rack[rack[b]] = on_rack.get(rack[b], 0) + replicas[b]
     n = len(ids)
     out = []
     for i in range(partitions):
         p = first_partition + i
         turn = {b: (k - p) % n for k, b in enumerate(ids)}
-        chosen = [min(ids, key=lambda b: (leaders[b], replicas[b], turn[b]))]
+        chosen = [min(ids, key=lambda b: (leaders[b], replicas[b], on_rack[rack[b]], turn[b]))]
         used_racks = {rack[chosen[0]]: 1}
         while len(chosen) < factor:
             follower = min(
                 (b for b in ids if b not in chosen),
-                key=lambda b: (used_racks.get(rack[b], 0), replicas[b], -leaders[b], turn[b]),
+                key=lambda b: (
+                    used_racks.get(rack[b], 0),
+                    replicas[b],
+                    on_rack[rack[b]],
+                    -leaders[b],
+                    turn[b],
+                ),
             )
             chosen.append(follower)
             used_racks[rack[follower]] = used_racks.get(rack[follower], 0) + 1
         leaders[chosen[0]] += 1
         for b in chosen:
             replicas[b] += 1
+            on_rack[rack[b]] += 1
         out.append(tuple(chosen))
     return tuple(out)
 

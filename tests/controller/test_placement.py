@@ -1,6 +1,7 @@
 """Placement invariants for random clusters: no broker twice in a partition, racks spread
-as far as they go, and on a fresh cluster without racks every broker within one of the
-others in replicas and in preferred leaderships; and existing load steers new replicas."""
+as far as they go, preferred leaderships within one of each other on a fresh cluster,
+and replicas too when there are no racks or the racks are even; and existing load
+steers new replicas."""
 
 from __future__ import annotations
 
@@ -48,6 +49,33 @@ def test_no_broker_twice_and_racks_spread_as_far_as_they_go(
         assert len({rack[b] for b in replicas}) == min(factor, racks)
     shuffled = random.Random(partitions).sample(candidates, len(candidates))
     assert plan(shuffled, partitions, factor) == result  # the input order does not matter
+    leaders = Counter(r[0] for r in result)
+    assert spread(leaders, list(rack)) <= 1  # racks or not: leaders come first
+
+
+@st.composite
+def even_racks(draw: st.DrawFn) -> tuple[list[Candidate], int, int]:
+    """Clusters whose racks all hold as many brokers, ids and racks shuffled."""
+    racks, per_rack = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    ids = draw(
+        st.lists(
+            st.integers(1, 1000), min_size=racks * per_rack, max_size=racks * per_rack, unique=True
+        )
+    )
+    candidates = [Candidate(b, f"rack{i % racks}") for i, b in enumerate(ids)]
+    return candidates, draw(st.integers(1, 60)), draw(st.integers(1, len(ids)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(even_racks())
+def test_even_racks_keep_a_fresh_cluster_balanced_within_one(
+    cluster: tuple[list[Candidate], int, int],
+) -> None:
+    candidates, partitions, factor = cluster
+    ids = [c.broker_id for c in candidates]
+    result = plan(candidates, partitions, factor)
+    assert spread(Counter(b for r in result for b in r), ids) <= 1, result
+    assert spread(Counter(r[0] for r in result), ids) <= 1, result
 
 
 @settings(max_examples=300, deadline=None)
