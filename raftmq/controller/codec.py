@@ -13,6 +13,7 @@ values therefore encode to equal bytes on every replica and every Python version
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -80,8 +81,7 @@ def from_json(tp: Any, value: Any, where: str) -> Any:
     shapes (an extra field, a bool for an int, an int past 64 bits) is ever applied."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp)
-        names = [f.name for f in dataclasses.fields(tp)]
+        hints, names = _fields(tp)
         if not isinstance(value, dict) or set(value) != set(names):
             raise TypeError(f"{where} needs exactly the fields {', '.join(sorted(names))}")
         return tp(**{n: from_json(hints[n], value[n], f"{where}.{n}") for n in names})
@@ -132,3 +132,10 @@ def _key(tp: Any, text: str, where: str) -> Any:
     if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit()) or str(int(text)) != text:
         raise TypeError(f"{where}: key {text!r} is not an integer in canonical form")
     return int(text)
+
+
+@functools.cache
+def _fields(tp: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A dataclass's resolved field types and names: resolving string annotations costs
+    far more than reading a value, and a snapshot reads thousands of partitions."""
+    return typing.get_type_hints(tp), tuple(f.name for f in dataclasses.fields(tp))

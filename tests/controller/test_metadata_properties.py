@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -73,63 +74,58 @@ def commands(draw: st.DrawFn) -> list[c.Command]:
     for cmd in out:
         d(cmd)
     for _ in range(draw(st.integers(0, 40))):
-        state = d.machine.state
-        names = sorted(state.topics) or ["a"]
-        t = draw(st.sampled_from(names))
-        topic = state.topics.get(t)
-        p = draw(st.integers(0, len(topic.partitions) - 1)) if topic else 0
-        moving = [i for i, q in enumerate(topic.partitions) if q.learners] if topic else []
-        finish: bool = draw(st.booleans())
-        if moving and finish:  # a move under way: finish it more often
-            p = draw(st.sampled_from(moving))
-        part = topic.partitions[p] if topic else None
-        members = sorted(part.replicas + part.learners) if part else [1]
-        others = sorted(set(state.brokers) - set(members)) or [1]
-        learners = list(part.learners) if part and part.learners else members
-        b = draw(st.sampled_from(sorted(state.brokers)))
-        incarnation = state.brokers[b].incarnation
-        step: list[c.Command] = draw(
-            st.sampled_from(
-                [
-                    [c.AddReplica(t, p, draw(st.sampled_from(others)))],
-                    [c.PromoteReplica(t, p, draw(st.sampled_from(learners)))],
-                    [c.RemoveReplica(t, p, draw(st.sampled_from(members)))],
-                    [c.ReportLeader(t, p, draw(st.sampled_from(members)), draw(st.integers(0, 9)))],
-                    [c.ReorderReplicas(t, p, tuple(draw(st.permutations(part.replicas))))]
-                    if part
-                    else [],
-                    [c.AddPartitions(t, len(topic.partitions) + draw(st.integers(0, 3)))]
-                    if topic
-                    else [],
-                    [
-                        c.CreateTopic(
-                            draw(st.sampled_from("bcde")),
-                            draw(st.integers(1, 5)),
-                            draw(st.integers(1, 4)),
-                            draw(configs),
-                        )
-                    ],
-                    [c.DecommissionPartitions(t, (p,), draw(times))],
-                    [c.AlterTopicConfig(t, draw(configs))],
-                    [c.DeleteTopic(t)],
-                    [c.FenceBroker(b)],
-                    [c.UnfenceBroker(b, incarnation)],
-                    [c.BrokerHeartbeat(b, incarnation, draw(times))],
-                    [c.DrainBroker(b)],
-                    [c.AllocateProducerIds(b, draw(st.integers(1, 100)))],
-                    [
-                        c.RegisterBroker(
-                            b, "127.0.0.1", 1, "127.0.0.1", 2, f"r{b % 3}", incarnation + 1, 0
-                        )
-                    ],
-                    [draw(command)],
-                ]
-            )
-        )
-        for cmd in step:
-            d(cmd)
-        out += step
+        cmd = _next_command(draw, d.machine.state)
+        d(cmd)
+        out.append(cmd)
     return out
+
+
+def _next_command(draw: st.DrawFn, state: MetadataState) -> c.Command:
+    """One command against ``state``; only the chosen command's arguments are drawn."""
+    names = sorted(state.topics) or ["a"]
+    t = draw(st.sampled_from(names))
+    topic = state.topics.get(t)
+    p = draw(st.integers(0, len(topic.partitions) - 1)) if topic else 0
+    moving = [i for i, q in enumerate(topic.partitions) if q.learners] if topic else []
+    finish: bool = draw(st.booleans())
+    if moving and finish:  # a move under way: finish it more often
+        p = draw(st.sampled_from(moving))
+    part = topic.partitions[p] if topic else None
+    members = sorted(part.replicas + part.learners) if part else [1]
+    others = sorted(set(state.brokers) - set(members)) or [1]
+    learners = list(part.learners) if part and part.learners else members
+    voters = list(part.replicas) if part else [1]
+    b = draw(st.sampled_from(sorted(state.brokers)))
+    incarnation = state.brokers[b].incarnation
+    choices: list[Callable[[], c.Command]] = [
+        lambda: c.AddReplica(t, p, draw(st.sampled_from(others))),
+        lambda: c.PromoteReplica(t, p, draw(st.sampled_from(learners))),
+        lambda: c.RemoveReplica(t, p, draw(st.sampled_from(members))),
+        lambda: c.ReportLeader(t, p, draw(st.sampled_from(members)), draw(st.integers(0, 9))),
+        lambda: c.ReorderReplicas(t, p, tuple(draw(st.permutations(voters)))),
+        lambda: c.AddPartitions(
+            t, (len(topic.partitions) if topic else 0) + draw(st.integers(0, 3))
+        ),
+        lambda: c.CreateTopic(
+            draw(st.sampled_from("bcde")),
+            draw(st.integers(1, 5)),
+            draw(st.integers(1, 4)),
+            draw(configs),
+        ),
+        lambda: c.DecommissionPartitions(t, (p,), draw(times)),
+        lambda: c.AlterTopicConfig(t, draw(configs)),
+        lambda: c.DeleteTopic(t),
+        lambda: c.FenceBroker(b),
+        lambda: c.UnfenceBroker(b, incarnation),
+        lambda: c.BrokerHeartbeat(b, incarnation, draw(times)),
+        lambda: c.DrainBroker(b),
+        lambda: c.AllocateProducerIds(b, draw(st.integers(1, 100))),
+        lambda: c.RegisterBroker(
+            b, "127.0.0.1", 1, "127.0.0.1", 2, f"r{b % 3}", incarnation + 1, 0
+        ),
+        lambda: draw(command),
+    ]
+    return draw(st.sampled_from(choices))()
 
 
 junk = st.binary(max_size=12)
