@@ -30,8 +30,9 @@ MAX_COMMAND_BYTES = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class RegisterBroker:
-    """A broker process announces itself at start; a new ``incarnation`` means the
-    process restarted (it is unfenced and gets a new epoch), the same one is a retry."""
+    """A broker process announces itself at start; a higher ``incarnation`` means the
+    process restarted (it is unfenced and gets a new epoch), the same one is a retry, a
+    lower one is stale (see :attr:`~raftmq.controller.model.Broker.incarnation`)."""
 
     broker_id: int
     host: str

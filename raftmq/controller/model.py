@@ -32,9 +32,10 @@ class Broker:
     raft_port: int
     rack: str | None
     incarnation: int
-    """Chosen by the broker process at start (a random or boot-counter value): a
-    registration with a new incarnation is a restarted process, one with the same is a
-    retry of the same registration."""
+    """Chosen by the broker process at start, growing with every start (a boot counter
+    kept with its data, or its start time in ms): a registration with a higher
+    incarnation is a restarted process, one with the same is a retry, one with a lower
+    is a late message from a process since replaced, and refused."""
     epoch: int
     """The index of the entry that registered this incarnation (as KRaft's broker epoch):
     grows with every new incarnation, so anything stamped with an older one is stale."""

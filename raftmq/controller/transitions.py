@@ -105,6 +105,13 @@ def _register(state: MetadataState, index: int, c: RegisterBroker) -> Outcome:
                 "other addresses; a restarted broker must pick a new incarnation",
             )
         return state, BrokerRegistered(old.epoch)  # a retry of the same registration
+    if old is not None and c.incarnation < old.incarnation:
+        raise _Refusal(
+            Code.STALE_BROKER_INCARNATION,
+            f"broker {c.broker_id} is registered as incarnation {old.incarnation}, newer "
+            f"than {c.incarnation}: this registration comes from a process since replaced "
+            "(or two brokers share the id)",
+        )
     broker = Broker(
         c.broker_id,
         c.host,

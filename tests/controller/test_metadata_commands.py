@@ -84,6 +84,9 @@ def test_registration_refusals(three: Driver) -> None:
     refused(three, reg(incarnation=-1), Code.INVALID_BROKER)
     msg = refused(three, reg(broker_id=1, incarnation=1), Code.INVALID_BROKER)
     assert "new incarnation" in msg  # same incarnation, other addresses
+    three.register(1, incarnation=5)
+    msg = refused(three, reg(broker_id=1, incarnation=4), Code.STALE_BROKER_INCARNATION)
+    assert "since replaced" in msg
 
 
 def test_heartbeat_stamps_the_proposers_time(three: Driver) -> None:
