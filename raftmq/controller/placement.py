@@ -1,9 +1,93 @@
-"""Where a topic's partitions get their replicas: written once, here, for the cluster
-file, the local cluster launcher and the chaos harness alike."""
+"""Where a topic's partitions get their replicas: written once, here.
+
+:func:`plan` is the controller's placement (rack-aware, load-aware, preferred leaders
+balanced); :func:`round_robin` stays for the static cluster file, the local cluster
+launcher and the chaos harness until brokers take their topics from the controller.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A broker that may take new replicas (alive: not fenced, not draining)."""
+
+    broker_id: int
+    rack: str | None = None
+
+
+def plan(
+    candidates: Sequence[Candidate],
+    partitions: int,
+    factor: int,
+    *,
+    replica_load: Mapping[int, int] | None = None,
+    leader_load: Mapping[int, int] | None = None,
+    first_partition: int = 0,
+) -> tuple[tuple[int, ...], ...]:
+    """Replica lists (preferred leader first) for ``partitions`` new partitions of
+    ``factor`` replicas each, over ``candidates``.
+
+    Rules, in order of precedence:
+    - no broker twice in one partition;
+    - spread over as many racks as possible (none twice when there are at least
+      ``factor`` racks; a broker without a rack counts as a rack of its own);
+    - the fewest replicas, and for the preferred leader the fewest preferred
+      leaderships, counting the cluster's existing ``replica_load`` and ``leader_load``
+      (per broker id; missing ids count as zero).
+
+    Greedy, partition by partition: the leader is the candidate leading least (then
+    holding fewest replicas, then on the least-loaded rack); each follower the candidate
+    on the least-used rack holding fewest replicas, then on the least-loaded rack, and
+    among equals the one leading MOST: one that leads less will likely take a leadership,
+    and so a replica, later. On a fresh cluster this keeps preferred leaderships within
+    one of each other across brokers, and replicas too when there are no racks or every
+    rack has as many brokers (the property tests check both); uneven racks make uneven
+    replica counts, since rack spread comes first. New load goes to the least-loaded
+    brokers first.
+
+    Deterministic: ties go by broker id, rotated with the partition index
+    (``first_partition`` + i), so equal inputs give equal plans on every replica.
+    """
+    ids = sorted({c.broker_id for c in candidates})
+    assert len(ids) == len(candidates), "a broker is listed twice"
+    assert 1 <= factor <= len(ids), (factor, ids)
+    assert partitions >= 0, partitions
+    rack = {c.broker_id: c.rack if c.rack is not None else f"\0{c.broker_id}" for c in candidates}
+    replicas = {b: (replica_load or {}).get(b, 0) for b in ids}
+    leaders = {b: (leader_load or {}).get(b, 0) for b in ids}
+    on_rack: dict[str, int] = {}  # replicas per rack
+    for b in ids:
+        on_rack[rack[b]] = on_rack.get(rack[b], 0) + replicas[b]
+    n = len(ids)
+    out = []
+    for i in range(partitions):
+        p = first_partition + i
+        turn = {b: (k - p) % n for k, b in enumerate(ids)}
+        chosen = [min(ids, key=lambda b: (leaders[b], replicas[b], on_rack[rack[b]], turn[b]))]
+        used_racks = {rack[chosen[0]]: 1}
+        while len(chosen) < factor:
+            follower = min(
+                (b for b in ids if b not in chosen),
+                key=lambda b: (
+                    used_racks.get(rack[b], 0),
+                    replicas[b],
+                    on_rack[rack[b]],
+                    -leaders[b],
+                    turn[b],
+                ),
+            )
+            chosen.append(follower)
+            used_racks[rack[follower]] = used_racks.get(rack[follower], 0) + 1
+        leaders[chosen[0]] += 1
+        for b in chosen:
+            replicas[b] += 1
+            on_rack[rack[b]] += 1
+        out.append(tuple(chosen))
+    return tuple(out)
 
 
 def round_robin(

@@ -1,0 +1,313 @@
+"""The commands the metadata state machine applies (one Raft entry each) and the results
+it returns, with their encoding. Callers build and read these typed values; only
+:func:`encode`, :func:`decode_command` and :func:`decode_result` see bytes.
+
+Times (``now_ms``) are stamped into a command by the controller that proposes it, from
+its own clock: applying never reads a clock, so every replica reaches the same state.
+
+Encoding: canonical JSON (codec.py) of ``{"format": 1, "type": NAME, "args": {...}}``;
+results are ``{"format": 1, "type": NAME, "fields": {...}}``. A reader refuses a format
+it does not know, an unknown type, a missing or extra field, and a value of the wrong
+type, so a command from a newer controller is refused as a whole, never half-read.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from raftmq.controller import codec
+from raftmq.controller.errors import RefusalCode
+
+FORMAT_VERSION = 1
+MAX_COMMAND_BYTES = 1024 * 1024
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBroker:
+    """A broker process announces itself at start; a higher ``incarnation`` means the
+    process restarted (it is unfenced and gets a new epoch), the same one is a retry, a
+    lower one is stale (see :attr:`~raftmq.controller.model.Broker.incarnation`)."""
+
+    broker_id: int
+    host: str
+    port: int
+    raft_host: str
+    raft_port: int
+    rack: str | None
+    incarnation: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeat:
+    broker_id: int
+    incarnation: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceBroker:
+    """Proposed by the controller leader when, by its own stamps, a broker's heartbeats
+    stopped for longer than the session timeout."""
+
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnfenceBroker:
+    """Proposed by the controller leader when a fenced broker of this incarnation
+    heartbeats again and has caught up."""
+
+    broker_id: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainBroker:
+    """The broker takes no new replicas; healing (a later slice) moves its replicas off."""
+
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopicConfig:
+    """Sets the keys in ``updates`` and returns the keys in ``removals`` to their defaults
+    (Kafka's incremental alter); the resulting config is checked as a whole."""
+
+    name: str
+    updates: Mapping[str, str] = field(default_factory=dict)
+    removals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitions:
+    """Grows the topic to ``count`` partitions in all; existing ones stay as they are."""
+
+    name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecommissionPartitions:
+    """No new writes to these partitions; their data is deleted once the topic's
+    retention has passed since ``now_ms``."""
+
+    name: str
+    partitions: tuple[int, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLeader:
+    """A partition's Raft group elected ``leader`` in ``term``; a report from an older
+    term than the one recorded is refused as stale."""
+
+    name: str
+    partition: int
+    leader: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddReplica:
+    """First step of a move: ``broker_id`` joins the partition as a learner (it copies
+    the log but does not vote). At most one replica beyond the factor at a time."""
+
+    name: str
+    partition: int
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteReplica:
+    """Second step: the learner, caught up (the proposer checked its Raft progress),
+    becomes a voter."""
+
+    name: str
+    partition: int
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveReplica:
+    """Last step: drop a voter (never below the replication factor) or cancel a learner."""
+
+    name: str
+    partition: int
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReorderReplicas:
+    """The same voters in a new order: changes only the preferred leader (first)."""
+
+    name: str
+    partition: int
+    replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateProducerIds:
+    """Hands ``count`` consecutive producer ids to a broker for idempotent producers."""
+
+    broker_id: int
+    count: int
+
+
+Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
+    RegisterBroker,
+    BrokerHeartbeat,
+    FenceBroker,
+    UnfenceBroker,
+    DrainBroker,
+    CreateTopic,
+    AlterTopicConfig,
+    AddPartitions,
+    DecommissionPartitions,
+    DeleteTopic,
+    ReportLeader,
+    AddReplica,
+    PromoteReplica,
+    RemoveReplica,
+    ReorderReplicas,
+    AllocateProducerIds,
+]
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The command changed nothing; ``message`` says why and what to do instead."""
+
+    code: RefusalCode
+    message: str
+
+    ok: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Applied; the command returns nothing more."""
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistered:
+    epoch: int
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCreated:
+    topic_id: int
+    replicas: tuple[tuple[int, ...], ...]  # per partition, preferred leader first
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsAdded:
+    first_partition: int
+    replicas: tuple[tuple[int, ...], ...]  # of the new partitions only
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdsAllocated:
+    first_id: int
+    count: int
+
+    ok: ClassVar[bool] = True
+
+
+Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
+    Refused, Done, BrokerRegistered, TopicCreated, PartitionsAdded, ProducerIdsAllocated
+]
+
+_COMMANDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
+_RESULTS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Result)}
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+
+class MalformedCommand(ValueError):
+    """Bytes that are no command this version can apply; ``code`` says which way."""
+
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(value: Command | Result) -> bytes:
+    """The canonical bytes of a command (to propose) or a result (to return)."""
+    kind = "fields" if type(value).__name__ in _RESULTS else "args"
+    return codec.dumps(
+        {"format": FORMAT_VERSION, "type": type(value).__name__, kind: codec.to_json(value)}
+    )
+
+
+def decode_command(data: bytes) -> Command:
+    """Raises :class:`MalformedCommand` for anything but a command of a known type."""
+    if len(data) > MAX_COMMAND_BYTES:
+        raise MalformedCommand(
+            RefusalCode.MALFORMED_COMMAND,
+            f"a command of {len(data)} bytes exceeds the {MAX_COMMAND_BYTES}-byte limit",
+        )
+    value: Command = _decode(data, _COMMANDS, "args")
+    return value
+
+
+def decode_result(data: bytes) -> Result:
+    """The typed result of an applied command (raises :class:`MalformedCommand` for bytes
+    that are not one: a bug, since only the state machine writes results)."""
+    value: Result = _decode(data, _RESULTS, "fields")
+    return value
+
+
+def _decode(data: bytes, known: dict[str, type], kind: str) -> Any:
+    try:
+        raw = codec.loads(data)
+    except codec.CodecError as exc:
+        raise MalformedCommand(RefusalCode.MALFORMED_COMMAND, str(exc)) from None
+    if not isinstance(raw, dict) or set(raw) != {"format", "type", kind}:
+        raise MalformedCommand(
+            RefusalCode.MALFORMED_COMMAND, f"expected an object with format, type and {kind}"
+        )
+    if raw["format"] != FORMAT_VERSION:
+        raise MalformedCommand(
+            RefusalCode.UNSUPPORTED_VERSION,
+            f"format {raw['format']!r} is not {FORMAT_VERSION}, the one this controller "
+            "reads; upgrade every controller before using newer commands",
+        )
+    cls = known.get(raw["type"]) if isinstance(raw["type"], str) else None
+    if cls is None:
+        raise MalformedCommand(RefusalCode.MALFORMED_COMMAND, f"unknown type {raw['type']!r}")
+    try:
+        return codec.from_json(cls, raw[kind], cls.__name__)
+    except TypeError as exc:
+        raise MalformedCommand(RefusalCode.MALFORMED_COMMAND, str(exc)) from None

@@ -1,0 +1,37 @@
+"""Why the metadata state machine refused a command: one symbolic code per kind of
+mistake, in one place. A refusal is a result, not an exception: it travels back to the
+proposer through the Raft log's apply result, and the api floor maps each code to its own
+``ErrorCode`` (and gRPC status) when the admin service lands. Every refusal carries a
+sentence a person can act on besides the code."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RefusalCode(StrEnum):
+    # The command itself
+    MALFORMED_COMMAND = "MALFORMED_COMMAND"  # not a command this version can read
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"  # a format version from a newer controller
+    # Topics
+    INVALID_TOPIC_NAME = "INVALID_TOPIC_NAME"
+    TOPIC_ALREADY_EXISTS = "TOPIC_ALREADY_EXISTS"
+    UNKNOWN_TOPIC = "UNKNOWN_TOPIC"
+    INVALID_PARTITIONS = "INVALID_PARTITIONS"  # a count out of bounds, or one that shrinks
+    UNKNOWN_PARTITION = "UNKNOWN_PARTITION"
+    PARTITION_DECOMMISSIONED = "PARTITION_DECOMMISSIONED"
+    INVALID_REPLICATION_FACTOR = "INVALID_REPLICATION_FACTOR"
+    NOT_ENOUGH_BROKERS = "NOT_ENOUGH_BROKERS"  # too few live, unfenced, non-draining brokers
+    INVALID_CONFIG = "INVALID_CONFIG"
+    # Brokers
+    INVALID_BROKER = "INVALID_BROKER"  # a registration with bad fields
+    UNKNOWN_BROKER = "UNKNOWN_BROKER"
+    STALE_BROKER_INCARNATION = "STALE_BROKER_INCARNATION"  # from a process since replaced
+    BROKER_NOT_AVAILABLE = "BROKER_NOT_AVAILABLE"  # fenced or draining: not a target
+    # Replicas and leaders
+    STALE_LEADER_TERM = "STALE_LEADER_TERM"
+    NOT_A_REPLICA = "NOT_A_REPLICA"
+    INVALID_REPLICA_CHANGE = "INVALID_REPLICA_CHANGE"  # would break a replica-set invariant
+    # Producer ids
+    INVALID_PRODUCER_ID_BLOCK = "INVALID_PRODUCER_ID_BLOCK"
+    PRODUCER_IDS_EXHAUSTED = "PRODUCER_IDS_EXHAUSTED"

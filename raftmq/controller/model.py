@@ -1,0 +1,120 @@
+"""The cluster's metadata as the controller group holds it: immutable records, and one
+immutable :class:`MetadataState` that the state machine replaces on every applied entry.
+
+Why immutable, copied on write: a command is checked against one state and produces the
+next one whole, so a refusal leaves nothing half-applied, and a reader (a watch stream,
+the ``ClusterMetadata`` view) can hold on to a state as a consistent picture of one
+version while later entries apply. The maps are plain dicts by type only; nothing
+mutates one after the state holding it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from raftmq.controller.topic_config import TopicConfig, resolve
+
+
+class BrokerState(StrEnum):
+    ALIVE = "alive"
+    FENCED = "fenced"  # heartbeats stopped: no placement target, its replicas get replaced
+    DRAINING = "draining"  # leaving: no placement target, its replicas move off it
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    id: int
+    host: str  # where clients reach it (gRPC)
+    port: int
+    raft_host: str  # where its peers reach its Raft transport
+    raft_port: int
+    rack: str | None
+    incarnation: int
+    """Chosen by the broker process at start, growing with every start (a boot counter
+    kept with its data, or its start time in ms): a registration with a higher
+    incarnation is a restarted process, one with the same is a retry, one with a lower
+    is a late message from a process since replaced, and refused."""
+    epoch: int
+    """The index of the entry that registered this incarnation (as KRaft's broker epoch):
+    grows with every new incarnation, so anything stamped with an older one is stale."""
+    last_heartbeat_ms: int  # as stamped by the proposing controller, on its clock
+    fenced: bool = False
+    draining: bool = False
+    """Kept apart from ``fenced`` so a draining broker that dies and comes back is still
+    draining: the operator's intent outlives the process."""
+
+    @property
+    def state(self) -> BrokerState:
+        if self.fenced:
+            return BrokerState.FENCED
+        return BrokerState.DRAINING if self.draining else BrokerState.ALIVE
+
+    @property
+    def placeable(self) -> bool:
+        """Whether new replicas may go to this broker."""
+        return self.state == BrokerState.ALIVE
+
+
+class PartitionState(StrEnum):
+    ACTIVE = "active"
+    DECOMMISSIONED = "decommissioned"  # no new writes; readable until deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    replicas: tuple[int, ...]
+    """The voting replicas, preferred leader first."""
+    learners: tuple[int, ...] = ()
+    """Replicas being added (healing, rebalance): they copy the log but do not vote until
+    promoted."""
+    leader: int | None = None  # as last reported by the partition's own Raft group
+    leader_term: int = 0
+    state: PartitionState = PartitionState.ACTIVE
+    delete_after_ms: int | None = None
+    """For a decommissioned partition: when its data may be deleted (None: never, its
+    topic keeps data forever)."""
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    topic_id: int
+    """The index of the entry that created the topic: unique for ever, so a topic deleted
+    and created again under the same name is told apart (a broker that was down during the
+    delete finds its old replicas under an id that no longer exists)."""
+    replication_factor: int
+    config: Mapping[str, str]  # the overrides an operator set, canonical text
+    partitions: tuple[Partition, ...]
+
+    @property
+    def settings(self) -> TopicConfig:
+        """The overrides with every default filled in."""
+        return resolve(self.config, self.replication_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroup:
+    """Issue 14 (consumer groups) fills this in: membership and committed offsets. Here
+    only so the state, its snapshot and its encoding have their place from the start."""
+
+    group_id: str
+    committed_offsets: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataState:
+    cluster_name: str
+    version: int = 0
+    """The index of the last applied entry (refused ones too): a broker whose copy is at
+    version V has seen exactly the entries up to V, so a watch resumes from V."""
+    brokers: Mapping[int, Broker] = field(default_factory=dict)
+    topics: Mapping[str, Topic] = field(default_factory=dict)
+    next_producer_id: int = 0
+    consumer_groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
+    """Empty until issue 14 (consumer groups and committed offsets) fills it."""
