@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 
 from raftmq.client.lowlevel import ClientError, LowLevelClient
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
-from raftmq.format.records import decode_records
+from raftmq.format.records import Record, decode_records
 from raftmq.spark.options import ReadOptions, SourceError
 from raftmq.spark.planning import OffsetRange, data_lost, error_code
 
@@ -130,48 +129,38 @@ def decode_batch(
     """The records of ``entries`` with offsets in [cur, rng.end) as one Arrow batch (None if
     there are none), and the offset to fetch next. Offsets must run on from ``cur`` without a
     gap: anything else means the answer is not what was asked for, and the task fails."""
-    keys: list[bytes | None] = []
-    values: list[bytes | None] = []
-    stamps_us: list[int] = []
+    recs: list[Record] = []
     types: list[int] = []
-    headers: list[list[dict[str, Any]]] = []
-    with_headers = len(schema) > 7
-    nxt = cur
     for header in entry.iter_headers(entries):
-        if header.type != EntryType.DATA or header.next_offset <= nxt:
+        if header.type != EntryType.DATA or header.next_offset <= cur + len(recs):
             continue
         if header.base_offset >= rng.end:
             break
-        ts_type = 1 if header.attributes & entry.TIMESTAMP_LOG_APPEND else 0
-        for rec in decode_records(entries, header):
-            if rec.offset < nxt:
-                continue
-            if rec.offset >= rng.end:
-                break
-            if rec.offset != nxt:
-                raise SourceError(
-                    f"{rng.topic}/{rng.partition}: expected offset {nxt}, the broker sent "
-                    f"{rec.offset}; the range [{rng.start}, {rng.end}) cannot be read in order"
-                )
-            nxt += 1
-            keys.append(rec.key)
-            values.append(rec.value)
-            stamps_us.append(rec.timestamp * 1000)
-            types.append(ts_type)
-            if with_headers:
-                headers.append([{"key": k, "value": v} for k, v in rec.headers])
-    if nxt == cur:
+        if header.base_offset > cur + len(recs):
+            raise SourceError(
+                f"{rng.topic}/{rng.partition}: expected offset {cur + len(recs)}, the broker "
+                f"sent {header.base_offset}; [{rng.start}, {rng.end}) cannot be read in order"
+            )
+        # Offsets within an entry run on from its base (check_records proves it).
+        first = cur + len(recs) - header.base_offset
+        taken = decode_records(entries, header)[first : rng.end - header.base_offset]
+        recs += taken
+        types += [1 if header.attributes & entry.TIMESTAMP_LOG_APPEND else 0] * len(taken)
+    if not recs:
         return None, cur  # nothing committed there yet (or only control entries)
-    n = len(keys)
+    n = len(recs)
+    nxt = cur + n
     columns = [
-        pa.array(keys, pa.binary()),
-        pa.array(values, pa.binary()),
+        pa.array([r.key for r in recs], pa.binary()),
+        pa.array([r.value for r in recs], pa.binary()),
         pa.array([rng.topic] * n, pa.string()),
         pa.array([rng.partition] * n, pa.int32()),
         pa.array(range(cur, nxt), pa.int64()),
-        pa.array(stamps_us, pa.timestamp("us", tz="UTC")),
+        pa.array([r.timestamp * 1000 for r in recs], pa.timestamp("us", tz="UTC")),
         pa.array(types, pa.int32()),
     ]
-    if with_headers:
+    if len(schema) > len(columns):
+        headers = [[{"key": k, "value": v} for k, v in r.headers] for r in recs]
         columns.append(pa.array(headers, schema.field("headers").type))
+    assert recs[0].offset == cur and recs[-1].offset == nxt - 1, "offsets out of order"
     return pa.RecordBatch.from_arrays(columns, schema=schema), nxt
