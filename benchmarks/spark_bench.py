@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: python benchmarks/spark_bench.py
@@ -40,6 +41,10 @@ from benchmarks.harness import (  # noqa: E402
 from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
+from raftmq.spark.session import local_session  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 TOPIC = "bench"
 PARTITIONS = 3
@@ -87,37 +92,14 @@ def read_plain(client: LowLevelClient) -> tuple[int, int, float]:
     return count, nbytes, time.monotonic() - started
 
 
-def read_spark(spark: object, bootstrap: str, ending: str | None) -> tuple[int, int, float]:
+def read_spark(spark: SparkSession, bootstrap: str, ending: str | None) -> tuple[int, int, float]:
     started = time.monotonic()
-    reader = spark.read.format("raftmq").option("bootstrap", bootstrap)  # type: ignore[attr-defined]
+    reader = spark.read.format("raftmq").option("bootstrap", bootstrap)
     reader = reader.option("subscribe", TOPIC).option("fetchMaxBytes", str(FETCH_BYTES))
     if ending:
         reader = reader.option("endingOffsets", ending)
     row = reader.load().selectExpr("count(*) as n", "sum(length(value)) as b").collect()[0]
     return row.n, row.b or 0, time.monotonic() - started
-
-
-def start_spark() -> object:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("raftmq-spark-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    import raftmq.spark
-
-    raftmq.spark.register(spark)
-    return spark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = fill(client, records)
         print(f"produced in {fill_s:.1f} s")
         plain = read_plain(client)
-    spark = start_spark()
-    add_cleanup(spark.stop)  # type: ignore[attr-defined]
+    spark = local_session("raftmq-spark-bench")
+    add_cleanup(spark.stop)
     # Warm-up: the first query starts Spark's Python workers and JIT-compiles its code.
     warm = read_spark(spark, bootstrap, json.dumps({TOPIC: {"0": 1000}}))
     figures_spark = read_spark(spark, bootstrap, None)

@@ -27,6 +27,8 @@ JsonOffsets = dict[str, dict[str, int]]
 
 LIST_OFFSETS_TRIES = 20
 RPC_TIMEOUT_S = 10.0
+LEADERS_TIMEOUT_S = 2.0
+"""Per broker, when asking every broker for leaders: a stopped one must not hold planning."""
 
 
 def error_code(err: ClientError) -> str:
@@ -162,7 +164,7 @@ class Planner:
                 f"{','.join(opts.bootstrap)}; its topics are: {', '.join(sorted(known)) or 'none'}"
             )
         assigned = set(opts.assign)
-        leaders = self.client.refresh_leaders(timeout=RPC_TIMEOUT_S)
+        leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
         out = {}
         for name in sorted(known):
             if not opts.wants(name):
@@ -212,7 +214,7 @@ class Planner:
                     if error_code(last) in ("UNKNOWN_TOPIC", "UNKNOWN_PARTITION"):
                         raise SourceError(f"{tp[0]}/{tp[1]}: {last}") from None
             time.sleep(min(1.0, 0.05 * 1.5**attempt))
-            leaders = self.client.refresh_leaders(timeout=RPC_TIMEOUT_S)
+            leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
         raise SourceError(
             f"{tp[0]}/{tp[1]} has no leader that answers ({last or 'none elected'}); "
             "is a majority of its replicas running? (`raftmq status`)"
@@ -271,7 +273,7 @@ class Planner:
         return e.log_start
 
     def _offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int:
-        leaders = self.client.refresh_leaders(timeout=RPC_TIMEOUT_S)
+        leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
         request = pb.ListOffsetsRequest(topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms)
         return self._list_offsets(tp, leaders, request)[0]
 

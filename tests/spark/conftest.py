@@ -1,14 +1,10 @@
 """Fixtures for the Spark reader tests: one real ``local[2]`` SparkSession for the whole run
 (starting one costs seconds; UI off, loopback only, UTC) and one real 3-broker raftmq
-cluster per module. Spark's Python workers run this interpreter with this checkout on
-their path, set before the JVM starts (it passes its environment on to them)."""
+cluster per module (raftmq.spark.session says how the session reaches this checkout)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -23,12 +19,10 @@ from tests.broker.conftest import (
 
 __all__ = ["make_cluster"]
 
-ROOT = Path(__file__).resolve().parents[2]
-
 # Topics of the shared cluster, one per test. Its brokers keep at most RETENTION_BYTES per
 # partition in SEGMENT_BYTES segments so the data-loss test can make retention delete
 # records; every other test writes far less than that to its topic.
-SPARK_TOPICS = {"batch": 3, "stream": 2, "errors": 1, "gone": 1, "capped": 2}
+SPARK_TOPICS = {"batch": 3, "stream": 2, "errors": 1, "gone": 1, "capped": 2, "grown": 2}
 SEGMENT_BYTES = 32 * 1024
 RETENTION_BYTES = 256 * 1024
 RETENTION_ARGS = [
@@ -43,27 +37,9 @@ RETENTION_ARGS = [
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
+    from raftmq.spark.session import local_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("raftmq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    import raftmq.spark
-
-    raftmq.spark.register(session)
+    session = local_session("raftmq-tests")
     yield session
     session.stop()
 

@@ -104,6 +104,11 @@ def test_batch_read_equals_what_was_produced_in_offset_order(spark, cluster: Loc
         assert [[(h.key, h.value) for h in r.headers] for r in got[p]] == [
             list(r.headers) for r in expected
         ]
+    # The same from follower replicas too (each range from one of its replicas).
+    spread = reader(spark, cluster, "batch", readFromReplicas="true", minPartitions=6)
+    assert sorted((r.partition, r.offset, r.value) for r in spread.collect()) == sorted(
+        (r.partition, r.offset, r.value) for p, rows in got.items() for r in rows
+    )
     # A range given as JSON: offsets [10, 30) of partition 1 only; -1 is the committed end.
     part = reader(
         spark,
@@ -185,6 +190,31 @@ def test_max_offsets_per_trigger_caps_micro_batches(spark, cluster: LocalCluster
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sizes == [70, 70, 70, 30]
     assert spark.sql("select count(*) as n from capped").collect()[0].n == 240
+
+
+def test_partitions_are_re_read_at_every_trigger(cluster: LocalCluster):
+    """A partition missing from the last offsets (added to the topic since) is planned from
+    its first offset; driven directly, as Spark's planner process does."""
+    with cluster.client() as client:
+        for p in range(2):
+            produce(client, "grown", p, records(f"g{p}", 30))
+    stream = RaftmqStreamReader(
+        parse_options(
+            {"bootstrap": ",".join(cluster.addresses), "subscribe": "grown"}, streaming=True
+        )
+    )
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    start = {"grown": {"0": 10}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"grown": {"0": 30, "1": 30}}
+    ranges = sorted(
+        (p.value.partition, p.value.start, p.value.end) for p in stream.partitions(start, end)
+    )
+    assert ranges == [(0, 10, 30), (1, 0, 30)]
+    # A read limit is shared in proportion to each partition's backlog (20 and 30).
+    assert stream.latestOffset(start, ReadMaxRows(5)) == {"grown": {"0": 12, "1": 3}}
+    stream.stop()
 
 
 def test_records_not_yet_committed_are_never_read(spark, make_cluster: ClusterFactory):
