@@ -409,34 +409,8 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
             raw, pos = uv(data, pos, stop)
         ts = first_ts + ((raw >> 1) ^ -(raw & 1))
         pos = pos + 1 if data[pos] < 0x80 else uv(data, pos, stop)[1]  # offset delta: checked
-        b = data[pos]
-        if b < 0x80:
-            raw = b
-            pos += 1
-        elif data[pos + 1] < 0x80:
-            raw = (b & 0x7F) | (data[pos + 1] << 7)
-            pos += 2
-        else:
-            raw, pos = uv(data, pos, stop)
-        if raw & 1:
-            key = None
-        else:
-            key = data[pos : pos + (raw >> 1)]
-            pos += raw >> 1
-        b = data[pos]
-        if b < 0x80:
-            raw = b
-            pos += 1
-        elif data[pos + 1] < 0x80:
-            raw = (b & 0x7F) | (data[pos + 1] << 7)
-            pos += 2
-        else:
-            raw, pos = uv(data, pos, stop)
-        if raw & 1:
-            value = None
-        else:
-            value = data[pos : pos + (raw >> 1)]
-            pos += raw >> 1
+        key, pos = _bytes_at(data, pos, stop)
+        value, pos = _bytes_at(data, pos, stop)
         headers: tuple[tuple[str, bytes | None], ...] = ()
         if data[pos]:
             headers = _decode_headers(data, pos, stop)
@@ -445,6 +419,24 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
         pos = stop
     assert len(records) == header.record_count, "check_records let a count mismatch through"
     return records
+
+
+def _bytes_at(data: bytes, pos: int, stop: int) -> tuple[bytes | None, int]:
+    """The key or value at ``pos`` of a record whose framing is proved, and the position
+    after it; lengths under 16 KiB (one or two varint bytes) without a loop."""
+    b = data[pos]
+    if b < 0x80:
+        raw = b
+        pos += 1
+    elif data[pos + 1] < 0x80:
+        raw = (b & 0x7F) | (data[pos + 1] << 7)
+        pos += 2
+    else:
+        raw, pos = _uvarint_at(data, pos, stop)
+    if raw & 1:
+        return None, pos  # -1: null (check_records refused other negative lengths)
+    end = pos + (raw >> 1)
+    return data[pos:end], end
 
 
 def _decode_headers(data: bytes, pos: int, stop: int) -> tuple[tuple[str, bytes | None], ...]:

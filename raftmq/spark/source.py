@@ -76,6 +76,8 @@ class RaftmqDataSource(DataSource):
 
 def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     rng = partition.value
+    if rng is None:
+        return  # nothing to read: Spark plans one InputPartition(None) for an empty list
     assert isinstance(rng, OffsetRange), f"not a raftmq partition: {partition!r}"
     yield from read_range(rng, options)
 

@@ -10,11 +10,10 @@ import pytest
 
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import (
-    LEADER_TIMEOUT,
     SHARED_BROKER_ARGS,
     cluster_spec,
-    log_tails,
     make_cluster,  # a fresh cluster per test, for the one that stops brokers
+    module_cluster,
 )
 
 __all__ = ["make_cluster"]
@@ -48,17 +47,10 @@ def spark() -> Iterator[object]:
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[LocalCluster]:
-    failed_before = request.session.testsfailed
-    cluster = LocalCluster(
+    with module_cluster(
         tmp_path_factory.mktemp("spark-cluster"),
         cluster_spec(SPARK_TOPICS),
-        broker_args=[*SHARED_BROKER_ARGS, *RETENTION_ARGS],
-    )
-    try:
-        cluster.start()
-        cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)
+        [*SHARED_BROKER_ARGS, *RETENTION_ARGS],
+        request,
+    ) as cluster:
         yield cluster
-    finally:
-        if request.session.testsfailed > failed_before:
-            print("\nspark test cluster broker logs:\n" + log_tails(cluster))
-        cluster.close()

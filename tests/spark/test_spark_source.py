@@ -49,12 +49,17 @@ def records(tag: str, n: int, *, headers: bool = False) -> list[Record]:
     ]
 
 
-def reader(spark, cluster: LocalCluster, topic: str, **options):
-    r = spark.read.format("raftmq").option("bootstrap", ",".join(cluster.addresses))
+def load(builder, cluster: LocalCluster, topic: str, **options):
+    """``builder`` (spark.read or spark.readStream) on the raftmq source, reading ``topic``."""
+    r = builder.format("raftmq").option("bootstrap", ",".join(cluster.addresses))
     r = r.option("subscribe", topic)
     for k, v in options.items():
         r = r.option(k, str(v))
     return r.load()
+
+
+def reader(spark, cluster: LocalCluster, topic: str, **options):
+    return load(spark.read, cluster, topic, **options)
 
 
 def rows_by_partition(rows) -> dict[int, list[tuple]]:
@@ -131,13 +136,12 @@ def test_stream_restarted_from_checkpoint_delivers_every_record_once(
         first = {p: produce(client, "stream", p, records(f"a{p}", 300)) for p in range(2)}
 
     def start(**trigger):
-        stream = (
-            spark.readStream.format("raftmq")
-            .option("bootstrap", ",".join(cluster.addresses))
-            .option("subscribe", "stream")
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "100")
-            .load()
+        stream = load(
+            spark.readStream,
+            cluster,
+            "stream",
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger=100,
         )
         return (
             stream.select("partition", "offset", "value")
@@ -173,14 +177,11 @@ def test_max_offsets_per_trigger_caps_micro_batches(spark, cluster: LocalCluster
     with cluster.client() as client:
         for p in range(2):
             produce(client, "capped", p, records(f"c{p}", 90 + 60 * p))
+    stream = load(
+        spark.readStream, cluster, "capped", startingOffsets="earliest", maxOffsetsPerTrigger=70
+    )
     query = (
-        spark.readStream.format("raftmq")
-        .option("bootstrap", ",".join(cluster.addresses))
-        .option("subscribe", "capped")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "70")
-        .load()
-        .writeStream.format("memory")
+        stream.writeStream.format("memory")
         .queryName("capped")
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
@@ -262,13 +263,7 @@ def test_records_not_yet_committed_are_never_read(spark, make_cluster: ClusterFa
     cluster.wait_for_leaders(timeout=30)
     deadline = time.monotonic() + 30
     while True:
-        count = (
-            spark.read.format("raftmq")
-            .option("bootstrap", ",".join(cluster.addresses))
-            .option("subscribe", "held")
-            .load()
-            .count()
-        )
+        count = reader(spark, cluster, "held").count()
         if count == 120 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -276,6 +271,7 @@ def test_records_not_yet_committed_are_never_read(spark, make_cluster: ClusterFa
 
 
 def test_mistakes_fail_with_a_sentence_that_says_what_to_fix(spark, cluster: LocalCluster):
+    assert reader(spark, cluster, "errors").count() == 0  # an empty topic is no mistake
     with pytest.raises(Exception, match="topic 'nope' does not exist"):
         reader(spark, cluster, "nope").collect()
     with pytest.raises(Exception, match=r"no raftmq broker answered at 127\.0\.0\.1"):
