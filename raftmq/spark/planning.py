@@ -130,13 +130,15 @@ class Planner:
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._client: LowLevelClient | None = None
+        self._leaders: Mapping = {}  # from the last describe()
 
-    def __getstate__(self) -> dict[str, object]:
-        return {"options": self.options, "_client": None}
+    def __getstate__(self) -> dict[str, ReadOptions]:
+        return {"options": self.options}  # channels are per process: never pickled
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.options = state["options"]  # type: ignore[assignment]
+    def __setstate__(self, state: dict[str, ReadOptions]) -> None:
+        self.options = state["options"]
         self._client = None
+        self._leaders = {}
 
     @property
     def client(self) -> LowLevelClient:
@@ -164,7 +166,7 @@ class Planner:
                 f"{','.join(opts.bootstrap)}; its topics are: {', '.join(sorted(known)) or 'none'}"
             )
         assigned = set(opts.assign)
-        leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
+        self._leaders = leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
         out = {}
         for name in sorted(known):
             if not opts.wants(name):
@@ -235,7 +237,10 @@ class Planner:
         deleted is data loss (see :meth:`check_start`)."""
         opts = self.options
         if starting and opts.starting_timestamp_ms is not None:
-            return {tp: self._offset_for_time(tp, opts.starting_timestamp_ms) for tp in ends}
+            return {
+                tp: min(self._offset_for_time(tp, opts.starting_timestamp_ms), e.high_watermark)
+                for tp, e in ends.items()
+            }
         spec = default if spec is None else spec
         name = "startingOffsets" if starting else "endingOffsets"
         if isinstance(spec, dict):
@@ -273,9 +278,9 @@ class Planner:
         return e.log_start
 
     def _offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int:
-        leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
+        """The first offset at or after ``timestamp_ms`` (the high watermark if none is)."""
         request = pb.ListOffsetsRequest(topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms)
-        return self._list_offsets(tp, leaders, request)[0]
+        return self._list_offsets(tp, self._leaders, request)[0]
 
     def ranges(
         self,

@@ -92,3 +92,16 @@ def test_offsets_json_round_trip_uses_string_keys():
     offsets = {("a", 0): 5, ("a", 10): 7, ("b", 1): 0}
     assert to_json(offsets) == {"a": {"0": 5, "10": 7}, "b": {"1": 0}}
     assert from_json(to_json(offsets)) == offsets
+
+
+def test_readers_pickle_without_their_channels():
+    """Spark pickles readers to its workers: only options travel, channels are reopened."""
+    import pickle
+
+    from raftmq.spark.source import RaftmqStreamReader
+
+    reader = RaftmqStreamReader(parse_options(BASE, streaming=True))
+    assert reader.planner.client is not None  # opened (lazily; nothing is dialled yet)
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy.options == reader.options and copy.planner._client is None
+    reader.stop()
