@@ -10,13 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, free_port
 from raftmq.format.records import Record, build_batch
-from raftmq.spark.fetching import arrow_schema
-from raftmq.spark.options import parse_options
+from raftmq.spark.fetching import arrow_schema, read_range
+from raftmq.spark.options import SourceError, parse_options
+from raftmq.spark.planning import OffsetRange
 from raftmq.spark.source import HEADERS_COLUMN, KAFKA_SCHEMA, RaftmqStreamReader
 from tests.broker.conftest import ClusterFactory
 
@@ -204,8 +206,6 @@ def test_partitions_are_re_read_at_every_trigger(cluster: LocalCluster):
             {"bootstrap": ",".join(cluster.addresses), "subscribe": "grown"}, streaming=True
         )
     )
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
     start = {"grown": {"0": 10}}
     end = stream.latestOffset(start, ReadAllAvailable())
     assert end == {"grown": {"0": 30, "1": 30}}
@@ -251,8 +251,6 @@ def test_records_not_yet_committed_are_never_read(spark, make_cluster: ClusterFa
                 parse_options({"bootstrap": leader, "subscribe": "held"}, streaming=True)
             )
             assert stream.initialOffset() == {"held": {"0": 100}}
-            from pyspark.sql.streaming.datasource import ReadAllAvailable
-
             assert stream.latestOffset({"held": {"0": 0}}, ReadAllAvailable()) == {
                 "held": {"0": 100}
             }
@@ -311,3 +309,19 @@ def test_data_deleted_by_retention_is_named_or_skipped(spark, cluster: LocalClus
     # What is read runs without a gap from where the log started to the end.
     assert offsets and offsets[0] >= log_start and sorted(offsets) == list(range(offsets[0], 400))
     assert reader(spark, cluster, "gone").count() <= hw - log_start
+    # A stream whose checkpoint is behind the log start: named, or skipped on both sides
+    # (the driver plans from the log start, the executor reads on from it).
+    options = {"bootstrap": ",".join(cluster.addresses), "subscribe": "gone"}
+    stream = RaftmqStreamReader(parse_options(options, streaming=True))
+    with pytest.raises(SourceError, match=r"gone/0: offsets 0 to \d+ were deleted"):
+        stream.latestOffset({"gone": {"0": 0}}, ReadAllAvailable())
+    stream.stop()
+    lenient = parse_options({**options, "failOnDataLoss": "false"}, streaming=True)
+    assert RaftmqStreamReader(lenient).latestOffset({"gone": {"0": 0}}, ReadAllAvailable()) == {
+        "gone": {"0": 400}
+    }
+    batches = list(read_range(OffsetRange("gone", 0, 0, 400), lenient))
+    read = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert read and read[0] >= log_start and read == list(range(read[0], 400))
+    with pytest.raises(SourceError, match=r"gone/0: offsets 0 to \d+ were deleted"):
+        list(read_range(OffsetRange("gone", 0, 0, 400), stream.options))
