@@ -112,15 +112,15 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
         if after > cur:
             cur = after
             stalled_since = time.monotonic()
-        elif time.monotonic() - stalled_since > STALL_S / 4 and target is not None:
-            target = None  # a follower that does not catch up: ask the leader
+        elif target is not None:
+            target = None  # a follower that has not learnt of these commits: ask the leader
         elif time.monotonic() - stalled_since > STALL_S:
             raise SourceError(
                 f"no replica of {rng.topic}/{rng.partition} served offset {cur} within "
                 f"{STALL_S:.0f} s (the range ends at {rng.end}); is the partition led?"
             )
-        elif target is None:
-            time.sleep(0.05)
+        else:
+            time.sleep(0.05)  # e.g. a new leader that has not yet committed in its term
 
 
 def decode_batch(

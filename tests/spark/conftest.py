@@ -21,7 +21,15 @@ __all__ = ["make_cluster"]
 # Topics of the shared cluster, one per test. Its brokers keep at most RETENTION_BYTES per
 # partition in SEGMENT_BYTES segments so the data-loss test can make retention delete
 # records; every other test writes far less than that to its topic.
-SPARK_TOPICS = {"batch": 3, "stream": 2, "errors": 1, "gone": 1, "capped": 2, "grown": 2}
+SPARK_TOPICS = {
+    "batch": 3,
+    "stream": 2,
+    "errors": 1,
+    "gone": 1,
+    "capped": 2,
+    "grown": 2,
+    "spread": 1,
+}
 SEGMENT_BYTES = 32 * 1024
 RETENTION_BYTES = 256 * 1024
 RETENTION_ARGS = [

@@ -218,6 +218,27 @@ def test_partitions_are_re_read_at_every_trigger(cluster: LocalCluster):
     stream.stop()
 
 
+def test_replica_reads_are_whole_from_a_follower_or_a_dead_address(cluster: LocalCluster):
+    """readFromReplicas: a range naming a follower, or an address where nothing listens (so
+    the leader must take over), still yields every record of the range once, in order."""
+    with cluster.client() as client:
+        sent = produce(client, "spread", 0, records("s", 80))
+    options = parse_options(
+        {
+            "bootstrap": ",".join(cluster.addresses),
+            "subscribe": "spread",
+            "readFromReplicas": "true",
+        },
+        streaming=False,
+    )
+    follower = cluster.spec.brokers[cluster.spec.topics["spread"].replicas[0][1]].address
+    for replica in (follower, f"127.0.0.1:{free_port()}"):
+        batches = list(read_range(OffsetRange("spread", 0, 5, 80, (replica,)), options))
+        got = [(b.column("offset").to_pylist(), b.column("value").to_pylist()) for b in batches]
+        assert [o for offsets, _ in got for o in offsets] == list(range(5, 80))
+        assert [v for _, values in got for v in values] == [r.value for r in sent[5:]]
+
+
 def test_records_not_yet_committed_are_never_read(spark, make_cluster: ClusterFactory):
     """The followers of the only partition are stopped, so the leader appends but cannot
     commit: Spark must read up to the high watermark only, then the rest once it commits."""
