@@ -5,6 +5,7 @@ printed with the failure report (the shared cluster's at the end of the module).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -111,17 +112,14 @@ SHARED_TOPICS = {
 SHARED_SINGLE = {"solo": 3}
 
 
-@pytest.fixture(scope="module")
-def shared_cluster(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+@contextlib.contextmanager
+def module_cluster(
+    data: Path, spec: ClusterSpec, broker_args: list[str], request: pytest.FixtureRequest
 ) -> Iterator[LocalCluster]:
-    """One cluster for the tests that do not kill brokers; each test uses its own topic."""
+    """A cluster that serves a whole module: started, every partition led by its preferred
+    replica, stopped gracefully at the end, its brokers' logs shown if a test failed."""
     failed_before = request.session.testsfailed
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("shared"),
-        cluster_spec(SHARED_TOPICS, single_replica=SHARED_SINGLE),
-        broker_args=SHARED_BROKER_ARGS,
-    )
+    cluster = LocalCluster(data, spec, broker_args=broker_args)
     try:
         cluster.start()
         cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)
@@ -132,3 +130,17 @@ def shared_cluster(
             if reporter is not None:
                 reporter.write_line("\nshared cluster broker logs:\n" + log_tails(cluster))
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalCluster]:
+    """One cluster for the tests that do not kill brokers; each test uses its own topic."""
+    with module_cluster(
+        tmp_path_factory.mktemp("shared"),
+        cluster_spec(SHARED_TOPICS, single_replica=SHARED_SINGLE),
+        SHARED_BROKER_ARGS,
+        request,
+    ) as cluster:
+        yield cluster

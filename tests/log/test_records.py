@@ -33,6 +33,24 @@ def test_records_round_trip_through_a_stamped_entry(records, base_offset):
     assert h.max_timestamp == max(r.timestamp for r in records)
 
 
+def test_large_fields_and_memoryview_buffers_decode_alike():
+    """Lengths of one, two and three varint bytes, from bytes and from a memoryview of a
+    larger buffer (decode_records takes a fast path for the first)."""
+    records = [
+        Record(b"k", b"v" * 100, 5),
+        Record(b"k" * 200, b"v" * 20_000, 6, (("h", b"x" * 300),)),
+        Record(None, b"", 7),
+    ]
+    raw = entry.stamp(build_batch(records), index=1, term=1, base_offset=10)
+    h = entry.parse_header(raw)
+    framed = memoryview(b"junk" + raw)[4:]
+    for buf in (raw, framed, bytearray(raw)):
+        back = decode_records(buf, h)
+        assert [(r.key, r.value, r.timestamp, r.headers, r.offset) for r in back] == [
+            (r.key, r.value, r.timestamp, r.headers, 10 + i) for i, r in enumerate(records)
+        ]
+
+
 def test_a_payload_that_lies_about_its_record_count_is_refused():
     raw = build_batch([Record(b"k", b"v", 1), Record(b"k", b"w", 1)])
     h = entry.parse_header(raw)
