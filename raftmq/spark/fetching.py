@@ -14,12 +14,13 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from raftmq.client.lowlevel import ClientError, LowLevelClient
+from raftmq.client.errors import ClientError, ErrorCode
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.format.records import Record, decode_records
 from raftmq.spark.options import ReadOptions, SourceError
-from raftmq.spark.planning import OffsetRange, data_lost, error_code
+from raftmq.spark.planning import OffsetRange, data_lost
 
 STALL_S = 60.0
 """How long a range may make no progress (no replica serving it) before the task fails."""
@@ -85,7 +86,8 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
             )
         except ClientError as err:
             log_start = int(err.meta.get("raftmq-log-start-offset", -1))
-            if error_code(err) == "OFFSET_OUT_OF_RANGE" and cur < log_start:
+            out_of_range = err.code == ErrorCode.ERROR_CODE_OFFSET_OUT_OF_RANGE
+            if out_of_range and cur < log_start:
                 if options.fail_on_data_loss:
                     raise SourceError(
                         data_lost((rng.topic, rng.partition), cur, log_start)
@@ -95,11 +97,11 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
             if target is not None:
                 target = None  # this replica cannot serve it now: the leader can
                 continue
-            if time.monotonic() - stalled_since > STALL_S or error_code(err) not in (
-                "OFFSET_OUT_OF_RANGE",  # a new leader that has not yet committed in its term
-                "UNAVAILABLE",
-                "LEADER_NOT_AVAILABLE",
-            ):
+            # Worth waiting for: an election or a broker restart (retriable codes, or no
+            # answer at all), or a new leader that has not yet committed in its term
+            # (out of range above its high watermark).
+            passing = out_of_range or err.retriable or err.unreachable
+            if time.monotonic() - stalled_since > STALL_S or not passing:
                 raise SourceError(
                     f"reading {rng.topic}/{rng.partition} at offset {cur} (for [{rng.start}, "
                     f"{rng.end})) failed: {err}"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.lowlevel import ClientError, LowLevelClient, error_of
+from raftmq.client.errors import ClientError, ErrorCode, error_of
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, SourceError
 
 TopicPartition = tuple[str, int]
@@ -29,11 +30,6 @@ LIST_OFFSETS_TRIES = 20
 RPC_TIMEOUT_S = 10.0
 LEADERS_TIMEOUT_S = 2.0
 """Per broker, when asking every broker for leaders: a stopped one must not hold planning."""
-
-
-def error_code(err: ClientError) -> str:
-    """The raftmq-error name of ``err``, whether the client gives it as a string or an enum."""
-    return str(getattr(err.code, "name", err.code))
 
 
 def data_lost(tp: TopicPartition, wanted: int, log_start: int) -> str:
@@ -213,7 +209,10 @@ class Planner:
                     return r.offset, r.log_start_offset, r.high_watermark
                 except grpc.RpcError as exc:
                     last = error_of(exc)
-                    if error_code(last) in ("UNKNOWN_TOPIC", "UNKNOWN_PARTITION"):
+                    if last.code in (
+                        ErrorCode.ERROR_CODE_UNKNOWN_TOPIC,
+                        ErrorCode.ERROR_CODE_UNKNOWN_PARTITION,
+                    ):
                         raise SourceError(f"{tp[0]}/{tp[1]}: {last}") from None
             time.sleep(min(1.0, 0.05 * 1.5**attempt))
             leaders = self.client.refresh_leaders(timeout=LEADERS_TIMEOUT_S)
