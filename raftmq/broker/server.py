@@ -88,8 +88,14 @@ class Broker:
         leader_rebalance_seconds: float = 5.0,
         durability_markers: bool = False,
         inject_host_fault_after_s: float | None = None,
+        new_broker: bool = False,
     ) -> None:
-        """``listen`` binds the client service elsewhere than the address the cluster file
+        """``new_broker``: the operator's word that this broker never held a replica (a
+        new cluster, or a broker being added), so a missing data folder needs no probe of
+        its peers for a past: a broker that merely starts after its peers elected leaders
+        must not pass for one whose disk was replaced, which would keep its replicas from
+        voting until a leader catches them up. Ignored when the data folder exists.
+        ``listen`` binds the client service elsewhere than the address the cluster file
         advertises (clients of a chaos test reach it through a proxy).
         ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
@@ -122,6 +128,7 @@ class Broker:
         self.leader_rebalance_seconds = leader_rebalance_seconds
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
+        self.new_broker = new_broker
         self.health = health.aio.HealthServicer()
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
@@ -147,7 +154,12 @@ class Broker:
             self.open_files_note,
         )
         if not self.data_dir.exists() and len(self.spec.brokers) > 1:
-            await self._mark_replaced_replicas({(t.name, p) for t, p, _ in hosted})
+            if self.new_broker:
+                log.info(
+                    "broker %d: a new broker (--new): its peers are not asked for a past", self.id
+                )
+            else:
+                await self._mark_replaced_replicas({(t.name, p) for t, p, _ in hosted})
         for topic, p, replicas in hosted:
             directory = self.data_dir / f"{topic.name}-{p}"
             self.replicas[topic.name, p] = PartitionReplica(

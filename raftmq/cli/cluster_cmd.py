@@ -120,6 +120,17 @@ def broker(
             "broker's parent; 'raftmq dev' sets it, so its brokers never outlive it.",
         ),
     ] = None,
+    new: Annotated[
+        bool,
+        typer.Option(
+            "--new",
+            help="This broker never held a replica (a new cluster, or a broker being added): "
+            "with no data folder it starts empty without asking its peers whether it lost "
+            "data. Never set it when restarting a broker whose disk was wiped or replaced: "
+            "without it, such a broker's replicas rejoin safely. Ignored when the data folder "
+            "exists.",
+        ),
+    ] = False,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -157,6 +168,7 @@ def broker(
             inject_host_fault_after_s=(
                 None if inject_host_fault_after_ms is None else inject_host_fault_after_ms / 1000
             ),
+            new_broker=new,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

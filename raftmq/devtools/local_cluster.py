@@ -105,6 +105,10 @@ class LocalCluster:
         self.per_broker_args = per_broker_args or {}
         self.nofile = nofile
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        # Brokers with no folder yet are new: their first start says so (``--new``), so
+        # one that starts after its peers elected leaders is not taken for a broker whose
+        # disk was replaced. Later starts (after a wipe, say) leave the question to it.
+        self._new = {bid for bid in spec.brokers if not (data / f"broker-{bid}").exists()}
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
         self.cluster_path.write_text(cluster_file.dump(spec))
@@ -143,6 +147,9 @@ class LocalCluster:
                 *self.broker_args,
             ]
             cmd += self.per_broker_args.get(bid, [])
+            if bid in self._new:
+                cmd.append("--new")
+                self._new.discard(bid)
             if open_files_limit is not None:
                 # prlimit(1) (util-linux) rather than a preexec_fn: forking a process that
                 # runs gRPC threads to call setrlimit in the child is not safe.
