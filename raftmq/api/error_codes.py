@@ -57,6 +57,28 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_TIMEOUT: Rule(grpc.StatusCode.DEADLINE_EXCEEDED, retriable=False),
     pb.ERROR_CODE_CORRUPT_DATA: Rule(grpc.StatusCode.DATA_LOSS, retriable=True),
     pb.ERROR_CODE_INTERNAL: Rule(grpc.StatusCode.INTERNAL, retriable=False),
+    # controller and admin service
+    pb.ERROR_CODE_NOT_CONTROLLER: Rule(_UA, retriable=True),
+    pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE: Rule(_UA, retriable=True),
+    pb.ERROR_CODE_INVALID_TOPIC_NAME: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_TOPIC_ALREADY_EXISTS: Rule(grpc.StatusCode.ALREADY_EXISTS, retriable=False),
+    pb.ERROR_CODE_INVALID_PARTITIONS: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_INVALID_REPLICATION_FACTOR: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_INVALID_CONFIG: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_NOT_ENOUGH_BROKERS: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_PARTITION_DECOMMISSIONED: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_INVALID_BROKER: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_UNKNOWN_BROKER: Rule(_NF, retriable=False),
+    pb.ERROR_CODE_STALE_BROKER_INCARNATION: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_BROKER_NOT_AVAILABLE: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_STALE_LEADER_TERM: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_NOT_A_REPLICA: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_INVALID_REPLICA_CHANGE: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_PRODUCER_IDS_EXHAUSTED: Rule(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False
+    ),
+    pb.ERROR_CODE_UNSUPPORTED_VERSION: Rule(_FP, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

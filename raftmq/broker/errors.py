@@ -12,13 +12,20 @@ is kept for the broker's own bugs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 
 from raftmq.api.error_codes import RULES, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.controller.errors import RefusalCode
+from raftmq.controller.quorum import (
+    ControllerError,
+    ControllerRefusal,
+    NotControllerError,
+    OutcomeUnknown,
+)
 from raftmq.partition.errors import CorruptDataError, NotLeaderError, OffsetOutOfRangeError
 
 if TYPE_CHECKING:
@@ -110,3 +117,28 @@ async def abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn
     """End the call with the refusal's status, message and trailers."""
     await context.abort(refusal.status, refusal.message, trailing_metadata=refusal.trailers())
     raise AssertionError("unreachable: abort raises")
+
+
+def controller_refusal(exc: ControllerError, addresses: Mapping[int, str]) -> Refusal:
+    """The refusal for what the controller quorum raised. ``addresses``: each voter's
+    client address, for NOT_CONTROLLER's leader hint (without the leader's address the
+    client is told there is no controller and retries any voter)."""
+    if isinstance(exc, ControllerRefusal):
+        if exc.code == RefusalCode.MALFORMED_COMMAND:  # only we encode commands: our bug
+            return Refusal(pb.ERROR_CODE_INTERNAL, f"the controller refused its own command: {exc}")
+        code = code_of(exc.code.value)  # every RefusalCode has an ErrorCode of its name
+        assert code != pb.ERROR_CODE_UNSPECIFIED, f"{exc.code} has no ErrorCode"
+        return Refusal(code, exc.message)
+    if isinstance(exc, NotControllerError):
+        address = addresses.get(exc.leader)
+        if address is not None:
+            return Refusal(
+                pb.ERROR_CODE_NOT_CONTROLLER,
+                f"{exc}: resend to {address}",
+                leader_id=exc.leader,
+                leader_address=address,
+            )
+        return Refusal(pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE, f"{exc}, at an unknown address")
+    if isinstance(exc, OutcomeUnknown):
+        return Refusal(pb.ERROR_CODE_OUTCOME_UNKNOWN, str(exc))
+    return Refusal(pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE, str(exc))

@@ -74,7 +74,7 @@ class _Malformed:
             pb.ERROR_CODE_MALFORMED_REQUEST,
             f"the request bytes are not a valid protobuf encoding of "
             f"{message_type.DESCRIPTOR.full_name} ({exc}); build it from "
-            "raftmq/api/v1/broker.proto",
+            f"{message_type.DESCRIPTOR.file.name}",
         )
 
 
@@ -152,28 +152,63 @@ def _streaming(
     return handle
 
 
+def _server_streaming(
+    rpc: str,
+    method: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]],
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]]:
+    """One request, a stream of answers: the bidi wrapper over a stream of one request,
+    so both kinds of stream end with the same error handling."""
+
+    async def each(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
+        async for request in requests:  # exactly one, checked well-formed by _streaming
+            async for answer in method(request, context):
+                yield answer
+
+    bidi = _streaming(rpc, each)
+
+    async def handle(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        async def one() -> AsyncIterator[object]:
+            yield request
+
+        async for answer in bidi(one(), context):
+            yield answer
+
+    return handle
+
+
 def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
-    """Register ``service`` as raftmq.v1.Broker on ``server``: one handler per method of
-    the proto's service, with the generated message classes (stubs stay unchanged); only
-    the deserializers and the error handling are ours."""
+    """Register ``service`` as raftmq.v1.Broker on ``server``."""
+    add_service(service, server, pb, "Broker")
+
+
+def add_service(service: object, server: grpc.aio.Server, module: Any, name: str) -> None:
+    """Register ``service`` as raftmq.v1.``name`` (declared in the generated ``module``)
+    on ``server``: one handler per method of the proto's service, with the generated
+    message classes (stubs stay unchanged); only the deserializers and the error handling
+    are ours, so every service answers with the same error contract."""
     handlers = {}
-    for method in pb.DESCRIPTOR.services_by_name["Broker"].methods:
+    for method in module.DESCRIPTOR.services_by_name[name].methods:
         behaviour = getattr(service, method.name)
         make: Callable[..., grpc.RpcMethodHandler]
         handle: Callable[..., Any]  # a coroutine (unary) or an async generator (stream)
         if method.client_streaming:
             assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
             make, handle = grpc.stream_stream_rpc_method_handler, _streaming(method.name, behaviour)
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+            handle = _server_streaming(method.name, behaviour)
         else:
-            assert not method.server_streaming, f"{method.name}: only bidi streams are wrapped"
             make, handle = grpc.unary_unary_rpc_method_handler, _unary(method.name, behaviour)
         handlers[method.name] = make(
             handle,
-            request_deserializer=_deserializer(getattr(pb, method.input_type.name)),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            request_deserializer=_deserializer(getattr(module, method.input_type.name)),
+            response_serializer=getattr(module, method.output_type.name).SerializeToString,
         )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    full_name = f"{module.DESCRIPTOR.package}.{name}"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
+    server.add_registered_method_handlers(full_name, handlers)
 
 
 SERVICE = "raftmq.v1.Broker"

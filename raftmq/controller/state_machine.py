@@ -68,12 +68,18 @@ class MetadataStateMachine:
 
     def snapshot(self) -> bytes:
         """The whole state in canonical JSON: equal states give equal bytes."""
-        return codec.dumps({"format": SNAPSHOT_FORMAT, "state": codec.to_json(self._state)})
+        return encode_snapshot(self._state)
 
     def restore(self, data: bytes) -> None:
         """Replaces the state with the snapshot's; raises :class:`SnapshotError` (and
         keeps the current state) if ``data`` is not a snapshot this version reads."""
         self._state = decode_snapshot(data)
+
+
+def encode_snapshot(state: MetadataState) -> bytes:
+    """``state`` as a snapshot: what :func:`decode_snapshot` reads (also the watch
+    stream's encoding of a whole state, controller.proto)."""
+    return codec.dumps({"format": SNAPSHOT_FORMAT, "state": codec.to_json(state)})
 
 
 def decode_snapshot(data: bytes) -> MetadataState:

@@ -1,0 +1,216 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BrokerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BROKER_STATE_UNSPECIFIED: _ClassVar[BrokerState]
+    BROKER_STATE_ALIVE: _ClassVar[BrokerState]
+    BROKER_STATE_FENCED: _ClassVar[BrokerState]
+    BROKER_STATE_DRAINING: _ClassVar[BrokerState]
+
+class PartitionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PARTITION_STATE_UNSPECIFIED: _ClassVar[PartitionState]
+    PARTITION_STATE_ACTIVE: _ClassVar[PartitionState]
+    PARTITION_STATE_DECOMMISSIONED: _ClassVar[PartitionState]
+BROKER_STATE_UNSPECIFIED: BrokerState
+BROKER_STATE_ALIVE: BrokerState
+BROKER_STATE_FENCED: BrokerState
+BROKER_STATE_DRAINING: BrokerState
+PARTITION_STATE_UNSPECIFIED: PartitionState
+PARTITION_STATE_ACTIVE: PartitionState
+PARTITION_STATE_DECOMMISSIONED: PartitionState
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("name", "partitions", "replication_factor", "config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: int
+    replication_factor: int
+    config: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("topic", "metadata_version")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicDescription
+    metadata_version: int
+    def __init__(self, topic: _Optional[_Union[TopicDescription, _Mapping]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ChangeResponse(_message.Message):
+    __slots__ = ("metadata_version",)
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    metadata_version: int
+    def __init__(self, metadata_version: _Optional[int] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics", "metadata_version")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicDescription]
+    metadata_version: int
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicDescription, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AlterTopicConfigRequest(_message.Message):
+    __slots__ = ("name", "set", "reset")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    set: _containers.ScalarMap[str, str]
+    reset: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., reset: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AddPartitionsRequest(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class AddPartitionsResponse(_message.Message):
+    __slots__ = ("topic", "metadata_version")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicDescription
+    metadata_version: int
+    def __init__(self, topic: _Optional[_Union[TopicDescription, _Mapping]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class DecommissionPartitionsRequest(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DescribeClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeClusterResponse(_message.Message):
+    __slots__ = ("cluster", "brokers", "controller_voters", "controller_leader_id", "controller_id", "metadata_version")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_VOTERS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerDescription]
+    controller_voters: _containers.RepeatedScalarFieldContainer[int]
+    controller_leader_id: int
+    controller_id: int
+    metadata_version: int
+    def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerDescription, _Mapping]]] = ..., controller_voters: _Optional[_Iterable[int]] = ..., controller_leader_id: _Optional[int] = ..., controller_id: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class BrokerDescription(_message.Message):
+    __slots__ = ("id", "host", "port", "raft_host", "raft_port", "rack", "state", "incarnation", "epoch")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAFT_HOST_FIELD_NUMBER: _ClassVar[int]
+    RAFT_PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    host: str
+    port: int
+    raft_host: str
+    raft_port: int
+    rack: str
+    state: BrokerState
+    incarnation: int
+    epoch: int
+    def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., raft_host: _Optional[str] = ..., raft_port: _Optional[int] = ..., rack: _Optional[str] = ..., state: _Optional[_Union[BrokerState, str]] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class PartitionDescription(_message.Message):
+    __slots__ = ("partition", "replicas", "learners", "leader_id", "leader_term", "state", "delete_after_ms")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DELETE_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    learners: _containers.RepeatedScalarFieldContainer[int]
+    leader_id: int
+    leader_term: int
+    state: PartitionState
+    delete_after_ms: int
+    def __init__(self, partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., learners: _Optional[_Iterable[int]] = ..., leader_id: _Optional[int] = ..., leader_term: _Optional[int] = ..., state: _Optional[_Union[PartitionState, str]] = ..., delete_after_ms: _Optional[int] = ...) -> None: ...
+
+class TopicDescription(_message.Message):
+    __slots__ = ("name", "topic_id", "replication_factor", "partitions", "config", "effective_config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class EffectiveConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic_id: int
+    replication_factor: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionDescription]
+    config: _containers.ScalarMap[str, str]
+    effective_config: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., replication_factor: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionDescription, _Mapping]]] = ..., config: _Optional[_Mapping[str, str]] = ..., effective_config: _Optional[_Mapping[str, str]] = ...) -> None: ...

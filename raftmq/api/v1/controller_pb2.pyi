@@ -1,0 +1,61 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("broker_id", "host", "port", "raft_host", "raft_port", "rack", "incarnation")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAFT_HOST_FIELD_NUMBER: _ClassVar[int]
+    RAFT_PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    host: str
+    port: int
+    raft_host: str
+    raft_port: int
+    rack: str
+    incarnation: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., raft_host: _Optional[str] = ..., raft_port: _Optional[int] = ..., rack: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class RegisterBrokerResponse(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("broker_id", "incarnation", "metadata_version")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    incarnation: int
+    metadata_version: int
+    def __init__(self, broker_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("fenced", "metadata_version")
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    fenced: bool
+    metadata_version: int
+    def __init__(self, fenced: _Optional[bool] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class WatchMetadataRequest(_message.Message):
+    __slots__ = ("from_version",)
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    from_version: int
+    def __init__(self, from_version: _Optional[int] = ...) -> None: ...
+
+class MetadataUpdate(_message.Message):
+    __slots__ = ("version", "state")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    state: bytes
+    def __init__(self, version: _Optional[int] = ..., state: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,214 @@
+"""raftmq.v1.Admin (admin.proto): the documented admin service operators use, on every
+controller voter. A thin adapter over :class:`~raftmq.controller.quorum.ControllerQuorum`:
+changes go through the quorum's leader (others answer NOT_CONTROLLER with its address, as
+the Controller service does); reads are linearizable on any voter.
+
+Request fields are range-checked here only where protobuf's types are wider than the
+command's (a uint32 count is checked by the state machine, which refuses with the
+sentence); names, configs and counts are the state machine's to judge, so one rule holds
+whichever way a command arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+import grpc
+
+from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.controller_service import ControllerFace
+from raftmq.broker.errors import Refusal, name_list, shorten
+from raftmq.broker.service import add_service
+from raftmq.controller.metadata import TOPIC_NAME
+from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic
+from raftmq.controller.topic_config import KEYS, MAX_CONFIG_VALUE_CHARS
+from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC
+
+_BROKER_STATE = {
+    BrokerState.ALIVE: apb.BROKER_STATE_ALIVE,
+    BrokerState.FENCED: apb.BROKER_STATE_FENCED,
+    BrokerState.DRAINING: apb.BROKER_STATE_DRAINING,
+}
+_PARTITION_STATE = {
+    PartitionState.ACTIVE: apb.PARTITION_STATE_ACTIVE,
+    PartitionState.DECOMMISSIONED: apb.PARTITION_STATE_DECOMMISSIONED,
+}
+
+
+def topic_description(topic: Topic) -> apb.TopicDescription:
+    settings = topic.settings
+    log_config = settings.log_config
+    effective = {
+        "retention.ms": log_config.retention_ms,
+        "retention.bytes": log_config.retention_bytes,
+        "segment.bytes": log_config.segment_bytes,
+        "segment.ms": log_config.segment_ms,
+        "max.message.bytes": log_config.max_message_bytes,
+        "flush.policy": log_config.flush_policy.value,
+        "flush.interval.ms": log_config.flush_interval_ms,
+        "min.insync.replicas": settings.min_insync_replicas,
+    }
+    assert set(effective) == set(KEYS), "a topic setting is missing from the description"
+    return apb.TopicDescription(
+        name=topic.name,
+        topic_id=topic.topic_id,
+        replication_factor=topic.replication_factor,
+        partitions=[
+            apb.PartitionDescription(
+                partition=i,
+                replicas=part.replicas,
+                learners=part.learners,
+                leader_id=part.leader or 0,
+                leader_term=part.leader_term,
+                state=_PARTITION_STATE[part.state],
+                delete_after_ms=part.delete_after_ms or 0,
+            )
+            for i, part in enumerate(topic.partitions)
+        ],
+        config=dict(topic.config),
+        effective_config={k: str(v) for k, v in effective.items()},
+    )
+
+
+def broker_description(broker: Broker) -> apb.BrokerDescription:
+    return apb.BrokerDescription(
+        id=broker.id,
+        host=broker.host,
+        port=broker.port,
+        raft_host=broker.raft_host,
+        raft_port=broker.raft_port,
+        rack=broker.rack or "",
+        state=_BROKER_STATE[broker.state],
+        incarnation=broker.incarnation,
+        epoch=broker.epoch,
+    )
+
+
+def _topic(state: MetadataState, name: str) -> Topic:
+    topic = state.topics.get(name)
+    if topic is None:
+        raise Refusal(pb.ERROR_CODE_UNKNOWN_TOPIC, f"there is no topic {shorten(name)}")
+    return topic
+
+
+def _check_name(name: str) -> str:
+    """Checked here as well as by the state machine so that a huge or garbled name is
+    refused quoted short, before it becomes a command."""
+    if not TOPIC_NAME.fullmatch(name):
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_TOPIC_NAME,
+            f"topic name {shorten(name)} must be 1-200 characters of A-Z a-z 0-9 . _ -",
+        )
+    return name
+
+
+def _check_keys(keys: Collection[str], values: Iterable[str] = ()) -> None:
+    """Unknown keys and long values refused quoted short (the state machine judges the
+    rest, with the same codes)."""
+    unknown = [k for k in keys if k not in KEYS]
+    if unknown:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_CONFIG,
+            f"{name_list(unknown)}: not a topic setting; the settings are {', '.join(KEYS)}",
+        )
+    for value in values:
+        if len(value) > MAX_CONFIG_VALUE_CHARS:
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_CONFIG,
+                f"the value {shorten(value)} is over {MAX_CONFIG_VALUE_CHARS} characters",
+            )
+
+
+class AdminService(ControllerFace):
+    async def CreateTopic(
+        self, request: apb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> apb.CreateTopicResponse:
+        _check_name(request.name)
+        _check_keys(request.config, request.config.values())
+        created = await self.call(
+            self.quorum.create_topic(
+                request.name,
+                request.partitions,
+                request.replication_factor,
+                dict(request.config),
+            )
+        )
+        topic, version = self._described(request.name, created.topic_id)
+        return apb.CreateTopicResponse(topic=topic, metadata_version=version)
+
+    def _described(self, name: str, topic_id: int) -> tuple[apb.TopicDescription, int]:
+        """The topic as applied here right after the leader's own command returned, and the
+        version (it may hold later commands too; a topic deleted meanwhile is described by
+        name and id only)."""
+        version, state = self.quorum.local_state()
+        topic = state.topics.get(name)
+        if topic is None or topic.topic_id != topic_id:
+            return apb.TopicDescription(name=name, topic_id=topic_id), version
+        return topic_description(topic), version
+
+    async def DeleteTopic(
+        self, request: apb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ChangeResponse:
+        await self.call(self.quorum.delete_topic(_check_name(request.name)))
+        return apb.ChangeResponse(metadata_version=self.quorum.local_state()[0])
+
+    async def ListTopics(
+        self, request: apb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListTopicsResponse:
+        version, state = await self.call(self.quorum.metadata(linearizable=True))
+        return apb.ListTopicsResponse(
+            topics=[topic_description(t) for _, t in sorted(state.topics.items())],
+            metadata_version=version,
+        )
+
+    async def DescribeTopic(
+        self, request: apb.DescribeTopicRequest, context: grpc.aio.ServicerContext
+    ) -> apb.TopicDescription:
+        _, state = await self.call(self.quorum.metadata(linearizable=True))
+        return topic_description(_topic(state, _check_name(request.name)))
+
+    async def AlterTopicConfig(
+        self, request: apb.AlterTopicConfigRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ChangeResponse:
+        _check_name(request.name)
+        _check_keys([*request.set, *request.reset], request.set.values())
+        await self.call(self.quorum.alter_config(request.name, dict(request.set), request.reset))
+        return apb.ChangeResponse(metadata_version=self.quorum.local_state()[0])
+
+    async def AddPartitions(
+        self, request: apb.AddPartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.AddPartitionsResponse:
+        await self.call(self.quorum.add_partitions(_check_name(request.name), request.count))
+        found = self.quorum.local_state()[1].topics.get(request.name)
+        topic, version = self._described(request.name, found.topic_id if found else 0)
+        return apb.AddPartitionsResponse(topic=topic, metadata_version=version)
+
+    async def DecommissionPartitions(
+        self, request: apb.DecommissionPartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ChangeResponse:
+        if len(request.partitions) > MAX_PARTITIONS_PER_TOPIC:
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_PARTITIONS,
+                f"{len(request.partitions)} partitions named; a topic has at most "
+                f"{MAX_PARTITIONS_PER_TOPIC}",
+            )
+        await self.call(self.quorum.decommission(_check_name(request.name), request.partitions))
+        return apb.ChangeResponse(metadata_version=self.quorum.local_state()[0])
+
+    async def DescribeCluster(
+        self, request: apb.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> apb.DescribeClusterResponse:
+        version, state = await self.call(self.quorum.metadata(linearizable=True))
+        return apb.DescribeClusterResponse(
+            cluster=state.cluster_name,
+            brokers=[broker_description(b) for _, b in sorted(state.brokers.items())],
+            controller_voters=sorted(self.quorum.voters),
+            controller_leader_id=self.quorum.leader,
+            controller_id=self.quorum.node_id,
+            metadata_version=version,
+        )
+
+
+def add_admin_service(service: AdminService, server: grpc.aio.Server) -> None:
+    add_service(service, server, apb, "Admin")

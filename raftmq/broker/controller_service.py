@@ -1,0 +1,91 @@
+"""raftmq.v1.Controller (controller.proto): the gRPC face of one controller voter that
+brokers register, heartbeat and watch metadata through. A thin adapter over
+:class:`~raftmq.controller.quorum.ControllerQuorum`: fields are checked here, everything
+else is the quorum's.
+
+Not forwarded: a voter that does not lead answers NOT_CONTROLLER with the leader's client
+address in ``raftmq-leader-address`` and the client resends there. A proxy would hide
+which voter leads, hold two calls open per request, and still need the same answer when
+the leader is unreachable from this voter; the redirect costs one round trip, once per
+leader change (docs/controller.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import TypeVar
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.broker.errors import Refusal, controller_refusal, shorten
+from raftmq.broker.service import add_service
+from raftmq.controller.quorum import ControllerError, ControllerQuorum
+from raftmq.controller.state_machine import encode_snapshot
+
+T = TypeVar("T")
+MAX_HOST_CHARS = 253  # a DNS name
+
+
+class ControllerFace:
+    """What both controller services share: the quorum, the voters' client addresses
+    (for the leader hint; a dict the caller may fill once its ports are bound), and the
+    one translation of the quorum's errors into refusals."""
+
+    def __init__(self, quorum: ControllerQuorum, addresses: Mapping[int, str]) -> None:
+        self.quorum = quorum
+        self.addresses = addresses
+
+    async def call(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except ControllerError as exc:
+            raise controller_refusal(exc, self.addresses) from None
+
+
+class ControllerService(ControllerFace):
+    async def RegisterBroker(
+        self, request: cpb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.RegisterBrokerResponse:
+        for what, host in (("host", request.host), ("raft_host", request.raft_host)):
+            if not 1 <= len(host) <= MAX_HOST_CHARS:
+                raise Refusal(
+                    pb.ERROR_CODE_INVALID_BROKER,
+                    f"{what} {shorten(host)} is not a host name of 1-{MAX_HOST_CHARS} characters",
+                )
+        registered = await self.call(
+            self.quorum.register_broker(
+                request.broker_id,
+                request.host,
+                request.port,
+                request.raft_host,
+                request.raft_port,
+                request.rack or None,
+                request.incarnation,
+            )
+        )
+        return cpb.RegisterBrokerResponse(epoch=registered.epoch)
+
+    async def Heartbeat(
+        self, request: cpb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.HeartbeatResponse:
+        fenced, version = await self.call(
+            self.quorum.heartbeat(request.broker_id, request.incarnation, request.metadata_version)
+        )
+        return cpb.HeartbeatResponse(fenced=fenced, metadata_version=version)
+
+    async def WatchMetadata(
+        self, request: cpb.WatchMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.MetadataUpdate]:
+        if request.from_version < 0:
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_ARGUMENT,
+                f"from_version {request.from_version} is negative; send 0 for everything",
+            )
+        async for version, state in self.quorum.watch(request.from_version):
+            yield cpb.MetadataUpdate(version=version, state=encode_snapshot(state))
+
+
+def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
+    add_service(service, server, cpb, "Controller")

@@ -1,0 +1,145 @@
+"""A synchronous client of the raftmq.v1.Admin API (admin.proto): topics and the cluster.
+
+It finds the controller quorum's leader from any bootstrap address: a voter that does not
+lead answers NOT_CONTROLLER with the leader's address, and the call is resent there; with
+no leader yet (CONTROLLER_NOT_AVAILABLE) or no answer, the next address is tried after a
+backoff, a bounded number of times. Anything else is raised as a
+:class:`~raftmq.client.errors.ClientError` with the code and the sentence.
+
+A change whose connection broke mid-call is retried too, so it may turn out applied by the
+first try: a create then answers TOPIC_ALREADY_EXISTS, a delete UNKNOWN_TOPIC. Callers
+that must know describe the topic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.errors import ClientError, error_of
+
+_REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
+_TRY_ANOTHER = (pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE,)
+
+
+class AdminClient:
+    def __init__(
+        self,
+        bootstrap: Iterable[str],
+        *,
+        attempts: int = 60,
+        backoff_s: float = 0.1,
+        timeout_s: float = 15.0,
+    ) -> None:
+        self.bootstrap = list(bootstrap)
+        if not self.bootstrap:
+            raise ValueError("give at least one controller address host:port")
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._leader: str | None = None  # the controller leader's address, once known
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def _stub(self, address: str) -> apb_grpc.AdminStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        return apb_grpc.AdminStub(channel)
+
+    def _call(self, rpc: str, request: Any) -> Any:
+        last: ClientError | None = None
+        turn = 0
+        for _ in range(self.attempts):
+            if self._leader is not None:
+                address = self._leader
+            else:
+                address = self.bootstrap[turn % len(self.bootstrap)]
+                turn += 1
+            try:
+                return getattr(self._stub(address), rpc)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                last = error_of(exc)
+            hint = last.meta.get("raftmq-leader-address", "")
+            if last.code in _REDIRECTED and hint and hint != address:
+                self._leader = hint
+                continue
+            if last.code in _REDIRECTED or last.code in _TRY_ANOTHER or last.unreachable:
+                self._leader = None
+                time.sleep(self.backoff_s)
+                continue
+            raise last
+        assert last is not None
+        raise last
+
+    # --- topics -------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str] | None = None,
+    ) -> apb.CreateTopicResponse:
+        return self._call(
+            "CreateTopic",
+            apb.CreateTopicRequest(
+                name=name,
+                partitions=partitions,
+                replication_factor=replication_factor,
+                config=dict(config or {}),
+            ),
+        )
+
+    def delete_topic(self, name: str) -> apb.ChangeResponse:
+        return self._call("DeleteTopic", apb.DeleteTopicRequest(name=name))
+
+    def list_topics(self) -> apb.ListTopicsResponse:
+        return self._call("ListTopics", apb.ListTopicsRequest())
+
+    def describe_topic(self, name: str) -> apb.TopicDescription:
+        return self._call("DescribeTopic", apb.DescribeTopicRequest(name=name))
+
+    def alter_topic_config(
+        self, name: str, set: Mapping[str, str] | None = None, reset: Iterable[str] = ()
+    ) -> apb.ChangeResponse:
+        return self._call(
+            "AlterTopicConfig",
+            apb.AlterTopicConfigRequest(name=name, set=dict(set or {}), reset=list(reset)),
+        )
+
+    def add_partitions(self, name: str, count: int) -> apb.AddPartitionsResponse:
+        return self._call("AddPartitions", apb.AddPartitionsRequest(name=name, count=count))
+
+    def decommission_partitions(self, name: str, partitions: Iterable[int]) -> apb.ChangeResponse:
+        return self._call(
+            "DecommissionPartitions",
+            apb.DecommissionPartitionsRequest(name=name, partitions=list(partitions)),
+        )
+
+    # --- cluster ------------------------------------------------------------------------
+
+    def describe_cluster(self) -> apb.DescribeClusterResponse:
+        return self._call("DescribeCluster", apb.DescribeClusterRequest())
