@@ -497,7 +497,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             topics.append(pb.TopicInfo(name=name, partitions=parts))
         brokers = [pb.BrokerInfo(id=b.id, host=b.host, port=b.port) for b in spec.brokers.values()]
         return pb.MetadataResponse(
-            cluster=spec.name, brokers=brokers, topics=topics, broker_id=self.broker.id
+            cluster=spec.name,
+            brokers=brokers,
+            topics=topics,
+            broker_id=self.broker.id,
+            metadata_version=self.broker.metadata_version,
         )
 
 

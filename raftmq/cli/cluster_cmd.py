@@ -62,8 +62,22 @@ def _parse_peers(text: str) -> dict[int, tuple[str, int]]:
 def broker(
     id: Annotated[int, typer.Option("--id", help="This broker's id, as in the cluster file.")],
     cluster: Annotated[
-        Path, typer.Option(help="The cluster file (TOML) listing brokers and topics.")
+        Path,
+        typer.Option(
+            help="The bootstrap file (TOML): the nodes' addresses and the controller voters. "
+            "Topics come from the controller."
+        ),
     ],
+    roles: Annotated[
+        str,
+        typer.Option(
+            help="broker, controller, or broker,controller (combined mode). Default: "
+            "combined for a controller voter, broker for any other node."
+        ),
+    ] = "",
+    rack: Annotated[
+        str, typer.Option(help="This broker's rack: no two replicas of a partition share one.")
+    ] = "",
     data: Annotated[
         Path, typer.Option(help="Data folder; this broker uses DATA/broker-ID.")
     ] = DEFAULT_DATA,
@@ -82,13 +96,13 @@ def broker(
         ),
     ] = "",
     segment_bytes: Annotated[
-        int, typer.Option(min=1024, help="segment.bytes of every partition log.")
+        int, typer.Option(min=1024, help="segment.bytes of a topic that sets none.")
     ] = 128 * 1024 * 1024,
     retention_bytes: Annotated[
-        int, typer.Option(min=-1, help="retention.bytes per partition (-1: unlimited).")
+        int, typer.Option(min=-1, help="retention.bytes of a topic that sets none (-1: unlimited).")
     ] = -1,
     retention_ms: Annotated[
-        int, typer.Option(min=-1, help="retention.ms per partition (-1: forever).")
+        int, typer.Option(min=-1, help="retention.ms of a topic that sets none (-1: forever).")
     ] = 14 * 24 * 3600 * 1000,
     retention_check_ms: Annotated[
         int, typer.Option(min=100, help="How often retention runs.")
@@ -142,6 +156,8 @@ def broker(
             id,
             spec,
             data,
+            roles=frozenset(r.strip() for r in roles.split(",") if r.strip()) or None,
+            rack=rack or None,
             raft_peers=_parse_peers(peers) or None,
             tick_seconds=tick_ms / 1000,
             election_tick=election_ticks,

@@ -268,9 +268,16 @@ class ControllerQuorum:
         partitions: int,
         replication_factor: int,
         config: Mapping[str, str] | None = None,
+        assignment: Iterable[Iterable[int]] = (),
     ) -> c.TopicCreated:
         return await self._propose(
-            c.CreateTopic(name, partitions, replication_factor, dict(config or {})),
+            c.CreateTopic(
+                name,
+                partitions,
+                replication_factor,
+                dict(config or {}),
+                tuple(tuple(r) for r in assignment),
+            ),
             c.TopicCreated,
         )
 
