@@ -194,6 +194,7 @@ class Broker:
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self.open_files_note = ""
+        self._said_too_few_files = False
         self.bound: BoundAddresses | None = None
 
     async def start(self) -> None:
@@ -201,8 +202,10 @@ class Broker:
         background, register with the controller and follow its metadata: the partition
         replicas open as the metadata names them (:meth:`_reconcile`)."""
         # Before any log opens: the cap decides how many segment files stay open.
+        # Replicas open later, as the metadata names them (checked again then).
         known = len(list(self.data_dir.glob(f"*{TOPIC_ID_SUFFIX}")))
         self.open_files_note, too_low = open_files_note(known)
+        self._said_too_few_files = too_low
         log.log(
             logging.WARNING if too_low else logging.INFO,
             "broker %d: %s",
@@ -348,6 +351,8 @@ class Broker:
             if older:
                 await self._mark_replaced_replicas(older)
         self.spec = view  # before opening: Metadata answers for what opens
+        if opening:
+            self._check_open_files(len(self.replicas) + len(opening))
         opened = []
         for topic, p, replicas in opening:
             if self.stopping:
@@ -371,6 +376,13 @@ class Broker:
             task = asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
             self._prefer_tasks.add(task)
             task.add_done_callback(self._prefer_tasks.discard)
+
+    def _check_open_files(self, replicas: int) -> None:
+        """Before more logs open: say once if the open-file limit is too low for them."""
+        self.open_files_note, too_low = open_files_note(replicas)
+        if too_low and not self._said_too_few_files:
+            self._said_too_few_files = True
+            log.warning("broker %d: %s", self.id, self.open_files_note)
 
     def _log_config(self, topic: Topic) -> LogConfig:
         """The broker's defaults with the settings the topic overrides."""

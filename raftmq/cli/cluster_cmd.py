@@ -22,7 +22,7 @@ from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
-from raftmq.controller.cluster_file import ClusterFileError
+from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
@@ -209,19 +209,24 @@ def dev(
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
     path = data / CLUSTER_FILE
+    demo = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
     if path.exists():
-        spec = cluster_file.load(path)
-        if len(spec.brokers) != brokers or spec.topics[DEMO_TOPIC].partitions != partitions:
+        try:
+            spec = cluster_file.load(path)
+        except ClusterFileError as exc:
+            raise _fail(f"{exc}. Remove {data} to start a new cluster.", 2) from None
+        if len(spec.brokers) != brokers:
             raise _fail(
-                f"{data} holds a cluster of {len(spec.brokers)} brokers and "
-                f"{spec.topics[DEMO_TOPIC].partitions} partitions. Start it with those numbers, "
-                f"remove the folder, or pass another --data.",
+                f"{data} holds a cluster of {len(spec.brokers)} brokers. Start it with "
+                f"--brokers {len(spec.brokers)}, remove the folder, or pass another --data.",
                 2,
             )
-        # Its ports as written (clients may know them); a busy one is an error, below.
+        # Its ports as written (clients may know them); a busy one is an error, below. The
+        # demo topic is created once; on a restart the controller has it already.
+        spec = ClusterSpec(spec.name, spec.brokers, demo.topics, spec.controller_voters)
         where = f"remove {data} to start a new cluster on other ports"
     else:
-        spec = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
+        spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
         cluster = LocalCluster(data, spec)
@@ -238,7 +243,10 @@ def dev(
     try:
         cluster.start()
         with Progress(console=console, transient=True) as progress:
-            progress.add_task("waiting for every partition to elect a leader", total=None)
+            progress.add_task(
+                "waiting for the controller, the demo topic and every partition's leader",
+                total=None,
+            )
             try:
                 cluster.wait_for_leaders(timeout=60)
             except TimeoutError as exc:
