@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -40,7 +41,7 @@ from raftmq.controller.leadership import HandBack, LedGroup
 from raftmq.controller.metadata import ClusterMetadata
 from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState, Topic
-from raftmq.controller.quorum import ControllerQuorum
+from raftmq.controller.quorum import GROUP, ControllerQuorum
 from raftmq.controller.topic_config import LOG_FIELDS as _TOPIC_LOG_FIELDS
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import LogConfig
@@ -221,6 +222,7 @@ class Broker:
         await self.host.start()
         if self.quorum is not None:
             self.quorum.start()
+            self._track(asyncio.get_running_loop().create_task(self._campaign_for_metadata()))
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
@@ -373,9 +375,14 @@ class Broker:
             opened.append(self.replicas[topic.name, p])
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
-            task = asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
-            self._prefer_tasks.add(task)
-            task.add_done_callback(self._prefer_tasks.discard)
+            self._track(
+                asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
+            )
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a short-lived task until it ends (stop cancels what still runs)."""
+        self._prefer_tasks.add(task)
+        task.add_done_callback(self._prefer_tasks.discard)
 
     def _check_open_files(self, replicas: int) -> None:
         """Before more logs open: say once if the open-file limit is too low for them."""
@@ -504,21 +511,42 @@ class Broker:
         a leader that is already there. A group whose preferred broker started too late, or
         came back after a failure, is handed back by its leader: see
         :meth:`_restore_preferred_leaders`."""
-        pending = {
-            group_name(r.topic, r.partition): r
+        pending: dict[str, tuple[Callable[[], int], list[int]]] = {
+            group_name(r.topic, r.partition): (_leader_of(r), r.replicas)
             for r in opened
             if self.spec.preferred_leader(r.topic, r.partition) == self.id and len(r.replicas) > 1
         }
+        await self._campaign_while_leaderless(pending, within)
+
+    async def _campaign_while_leaderless(
+        self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float
+    ) -> None:
+        """Campaign for each group of ``pending`` (name: its leader as known here, and its
+        replicas) once one of its peers is reachable, unless it has a leader by then."""
         deadline = time.monotonic() + within
         while pending and time.monotonic() < deadline and not self.stopping:
-            for name, r in list(pending.items()):
-                if r.group.leader:
+            for name, (leader, replicas) in list(pending.items()):
+                peers = [p for p in replicas if p != self.id]
+                if leader():
                     del pending[name]  # someone leads (maybe us): leave it be
-                elif any(self.transport.peer_alive(p) for p in r.replicas if p != self.id):
+                elif not peers or any(self.transport.peer_alive(p) for p in peers):
                     with contextlib.suppress(RaftError):  # e.g. its replica failed meanwhile
                         self.host.campaign(name)
                     del pending[name]
             await asyncio.sleep(0.02)
+
+    async def _campaign_for_metadata(self) -> None:
+        """The first controller voter campaigns for the metadata group as soon as a peer
+        is reachable, as a preferred replica does for its partition: nothing in the
+        cluster works before the controller has a leader, and a long election timeout
+        (seconds, with slow ticks) would otherwise delay every start by that much."""
+        assert self.quorum is not None
+        voters = sorted(self.quorum.voters)
+        if voters[0] == self.id:
+            quorum = self.quorum
+            await self._campaign_while_leaderless(
+                {GROUP: (lambda: quorum.leader, voters)}, PREFER_WINDOW_SECONDS
+            )
 
     async def _restore_preferred_leaders(self) -> None:
         """Every ``leader_rebalance_seconds``, hand each group this broker leads back to its
@@ -571,6 +599,10 @@ class Broker:
 PARENT_CHECK_SECONDS = 0.5
 STOP_AFTER_FAILURE_S = 10.0
 """How long a broker whose host failed tries to close its files before it exits anyway."""
+
+
+def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
+    return lambda: replica.group.leader
 
 
 def _topic_id_path(directory: Path) -> Path:
