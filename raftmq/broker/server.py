@@ -217,7 +217,11 @@ class Broker:
         self.incarnation = self._next_incarnation()
         if CONTROLLER in self.roles:
             self.quorum = ControllerQuorum(
-                self.host, self.data_dir, self.voter_addresses, self.bootstrap.name
+                self.host,
+                self.data_dir,
+                self.voter_addresses,
+                self.bootstrap.name,
+                on_durable=durability_marker_writer() if self.durability_markers else None,
             )
         await self.host.start()
         if self.quorum is not None:
