@@ -7,6 +7,9 @@ later take records."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import batch, read_all, wait_until
 
+RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
 CONTROLLER_FAILOVER_S = 10.0
 """Killing the controller's leader to a topic created through another: an election
 (20 ms ticks here) plus the admin client's retries."""
@@ -167,3 +171,31 @@ def test_partitions_added_later_take_records(make_cluster: ClusterFactory) -> No
             produce_and_read(client, "grow", p, [f"new-{p}".encode()])
         records, _ = read_all(client, "grow", 0)
         assert [r.value for r in records] == [b"old"]
+
+
+def test_topic_commands_create_list_describe_and_delete(make_cluster: ClusterFactory) -> None:
+    cluster = make_cluster({})
+    bootstrap = ["--bootstrap", ",".join(cluster.addresses)]
+
+    def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*RAFTMQ, "topic", *args, *bootstrap], capture_output=True, text=True, timeout=60
+        )
+
+    made = raftmq("create", "cli", "--partitions", "2", "--config", "retention.ms=60000")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "Created topic cli with 2 partitions" in made.stdout
+    listed = json.loads(raftmq("list", "--json").stdout)
+    assert [t["name"] for t in listed["topics"]] == ["cli"]
+    described = json.loads(raftmq("describe", "cli", "--json").stdout)
+    assert len(described["partitions"]) == 2
+    assert described["config"] == {"retention.ms": "60000"}
+    table = raftmq("describe", "cli").stdout
+    assert "topic cli" in table and "retention.ms" in table
+    again = raftmq("create", "cli")
+    assert again.returncode == 1
+    assert "exists already" in again.stdout and "TOPIC_ALREADY_EXISTS" in again.stdout
+    assert raftmq("delete", "cli").returncode == 0
+    missing = raftmq("describe", "cli")
+    assert missing.returncode == 1 and "UNKNOWN_TOPIC" in missing.stdout
+    assert "Traceback" not in missing.stdout + missing.stderr
