@@ -75,9 +75,7 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_NOT_A_REPLICA: Rule(_FP, retriable=False),
     pb.ERROR_CODE_INVALID_REPLICA_CHANGE: Rule(_FP, retriable=False),
     pb.ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: Rule(_IA, retriable=False),
-    pb.ERROR_CODE_PRODUCER_IDS_EXHAUSTED: Rule(
-        grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False
-    ),
+    pb.ERROR_CODE_PRODUCER_IDS_EXHAUSTED: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
     pb.ERROR_CODE_UNSUPPORTED_VERSION: Rule(_FP, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""

@@ -3,10 +3,11 @@ controller voter. A thin adapter over :class:`~raftmq.controller.quorum.Controll
 changes go through the quorum's leader (others answer NOT_CONTROLLER with its address, as
 the Controller service does); reads are linearizable on any voter.
 
-Request fields are range-checked here only where protobuf's types are wider than the
-command's (a uint32 count is checked by the state machine, which refuses with the
-sentence); names, configs and counts are the state machine's to judge, so one rule holds
-whichever way a command arrives.
+Checked here: what could make a command huge or a message long (a topic name, config
+keys and values, a list of partitions), so it is refused quoted short before it is
+proposed, with the code the state machine would give. Everything else (counts, factors,
+config values, the state of topics and brokers) is the state machine's to judge, so one
+rule holds whichever way a command arrives.
 """
 
 from __future__ import annotations

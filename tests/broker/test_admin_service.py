@@ -141,6 +141,28 @@ async def test_topic_lifecycle_from_any_voter(tmp_path):
         await cluster.stop()
 
 
+async def test_the_admin_client_follows_a_new_controller_leader(tmp_path):
+    """The leader's voter stops (its gRPC server and its host, as a crash would end them):
+    the same client, bootstrapped with every voter, finds the new leader, and the metadata
+    written through the old one is all there."""
+    cluster = await QuorumCluster(tmp_path, grpc_servers=True).start()
+    try:
+        await register_brokers(cluster)
+        admin = AdminClient(list(cluster.addresses.values()))
+        await in_thread(lambda: admin.create_topic("before", 3, 2))
+        old = await cluster.leader()
+        await cluster.stop(old.node_id)
+        await in_thread(lambda: admin.create_topic("after", 2, 2))
+        listed = await in_thread(admin.list_topics)
+        assert [t.name for t in listed.topics] == ["after", "before"]
+        assert len(listed.topics[1].partitions) == 3
+        view = await in_thread(admin.describe_cluster)
+        assert view.controller_leader_id not in (0, old.node_id)
+        admin.close()
+    finally:
+        await cluster.stop()
+
+
 async def test_bad_input_is_refused_with_its_code_and_nothing_applied(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     cluster = await QuorumCluster(tmp_path, grpc_servers=True).start()

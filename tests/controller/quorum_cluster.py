@@ -26,7 +26,8 @@ VOTERS = (1, 2, 3)
 class QuorumCluster:
     def __init__(self, tmp: Path, *, grpc_servers: bool = False, **options: Any) -> None:
         self.tmp = tmp
-        self.options = options
+        # Brokers registered by a test but not beating stay unfenced unless a test asks.
+        self.options = {"session_timeout_s": 60.0, **options}
         self.grpc_servers = grpc_servers
         self.transports: dict[int, TcpTransport] = {}
         self.hosts: dict[int, RaftHost] = {}
