@@ -578,11 +578,19 @@ class Broker:
                     log.info("no hand-back of %s: %s", name, exc)
 
     async def _hand_over_leadership(self, wait: float) -> None:
-        """Move each partition this broker leads to a live follower that is caught up, so
-        producers see a short redirect instead of an election timeout."""
-        led = [r for r in self.replicas.values() if r.is_leader]
-        for r in led:
-            st = self.host.status(group_name(r.topic, r.partition))
+        """Move each partition this broker leads, and the controller's metadata group if it
+        leads that, to a live follower that is caught up, so producers (and brokers, and
+        operators) see a short redirect instead of an election timeout."""
+        led: list[tuple[str, Callable[[], bool]]] = [
+            (group_name(r.topic, r.partition), _is_leader(r))
+            for r in self.replicas.values()
+            if r.is_leader
+        ]
+        quorum = self.quorum
+        if quorum is not None and quorum.is_leader:
+            led.append((GROUP, lambda: quorum.is_leader))
+        for name, _ in led:
+            st = self.host.status(name)
             # The most caught-up live follower; the core brings it fully up to date before
             # telling it to campaign, so it need not match the log at this very moment.
             candidates = sorted(
@@ -592,11 +600,9 @@ class Broker:
             )
             if candidates:
                 with contextlib.suppress(Exception):
-                    self.host.transfer_leadership(
-                        group_name(r.topic, r.partition), candidates[-1][1]
-                    )
+                    self.host.transfer_leadership(name, candidates[-1][1])
         deadline = time.monotonic() + wait
-        while any(r.is_leader for r in led) and time.monotonic() < deadline:
+        while any(leads() for _, leads in led) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
 
@@ -607,6 +613,10 @@ STOP_AFTER_FAILURE_S = 10.0
 
 def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
     return lambda: replica.group.leader
+
+
+def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
+    return lambda: replica.is_leader
 
 
 def _topic_id_path(directory: Path) -> Path:
