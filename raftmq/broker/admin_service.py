@@ -24,7 +24,7 @@ from raftmq.broker.service import add_service
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic
 from raftmq.controller.topic_config import KEYS, MAX_CONFIG_VALUE_CHARS
-from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC
+from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC, MAX_REPLICATION_FACTOR
 
 _BROKER_STATE = {
     BrokerState.ALIVE: apb.BROKER_STATE_ALIVE,
@@ -127,12 +127,21 @@ class AdminService(ControllerFace):
     ) -> apb.CreateTopicResponse:
         _check_name(request.name)
         _check_keys(request.config, request.config.values())
+        if len(request.assignment) > MAX_PARTITIONS_PER_TOPIC or any(
+            len(r.brokers) > MAX_REPLICATION_FACTOR for r in request.assignment
+        ):
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_PARTITIONS,
+                f"a replica assignment lists at most {MAX_PARTITIONS_PER_TOPIC} partitions of "
+                f"at most {MAX_REPLICATION_FACTOR} brokers",
+            )
         created = await self.call(
             self.quorum.create_topic(
                 request.name,
                 request.partitions,
                 request.replication_factor,
                 dict(request.config),
+                [tuple(r.brokers) for r in request.assignment],
             )
         )
         topic, version = self._described(request.name, created.topic_id)

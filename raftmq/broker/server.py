@@ -16,28 +16,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq.broker import ready_file
+from raftmq.broker.admin_service import AdminService, add_admin_service
+from raftmq.broker.controller_link import ControllerLink, LinkRefusal
+from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.history_probe import partitions_with_history
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
+from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.leadership import HandBack, LedGroup
 from raftmq.controller.metadata import ClusterMetadata
+from raftmq.controller.metadata_view import ControllerMetadata
+from raftmq.controller.model import MetadataState, Topic
+from raftmq.controller.quorum import GROUP, ControllerQuorum
+from raftmq.controller.topic_config import LOG_FIELDS as _TOPIC_LOG_FIELDS
+from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
 from raftmq.raft.errors import RaftError
-from raftmq.raft.host.group_storage import record_promised
+from raftmq.raft.host.group_storage import promised_path, record_promised
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
 
@@ -51,7 +63,17 @@ HEALTH_SERVICES = ("", "raftmq.v1.Broker")
 GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
 PREFER_WINDOW_SECONDS = 10.0
-"""How long after start a preferred replica may still start an election for its group."""
+"""How long after it opens a preferred replica may still start an election for its group."""
+HEARTBEAT_SECONDS = 1.0
+"""How often a broker heartbeats to the controller (fenced after its session timeout)."""
+BROKER = "broker"
+CONTROLLER = "controller"
+ROLES = frozenset({BROKER, CONTROLLER})
+TOPIC_ID_SUFFIX = ".topic-id"
+"""Beside each replica's directory, the id of the topic it belongs to: a replica whose
+topic is gone from the metadata, or was deleted and created again under its name, is
+deleted (also when the broker was down at the time of the delete)."""
+INCARNATION_FILE = "incarnation"
 
 
 def open_files_note(replicas: int) -> tuple[str, bool]:
@@ -76,9 +98,11 @@ class Broker:
     def __init__(
         self,
         broker_id: int,
-        spec: ClusterMetadata,
+        bootstrap: ClusterSpec,
         data_dir: Path,
         *,
+        roles: frozenset[str] | None = None,
+        rack: str | None = None,
         raft_peers: dict[int, tuple[str, int]] | None = None,
         log_config: LogConfig | None = None,
         tick_seconds: float = 0.1,
@@ -90,29 +114,63 @@ class Broker:
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
     ) -> None:
-        """``new_broker``: the operator's word that this broker never held a replica (a
-        new cluster, or a broker being added), so a missing data folder needs no probe of
-        its peers for a past: a broker that merely starts after its peers elected leaders
-        must not pass for one whose disk was replaced, which would keep its replicas from
-        voting until a leader catches them up. Ignored when the data folder exists.
-        ``listen`` binds the client service elsewhere than the address the cluster file
+        """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
+        voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
+        ``roles``: BROKER (hosts partition replicas), CONTROLLER (a voter of the metadata
+        group), or both (combined mode, the default for a voter; BROKER for the others).
+        ``new_broker``: the operator's word that this broker never held a replica (a new
+        cluster, or a broker being added), so a missing data folder needs no probe of its
+        peers for a past: a broker that merely starts after its peers elected leaders must
+        not pass for one whose disk was replaced, which would keep its replicas from voting
+        until a leader catches them up. Ignored when the data folder exists.
+        ``listen`` binds the client service elsewhere than the address the bootstrap file
         advertises (clients of a chaos test reach it through a proxy).
+        ``log_config`` holds the broker-wide defaults; a topic's config overrides them.
         ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
         start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`)."""
-        if broker_id not in spec.brokers:
+        if broker_id not in bootstrap.brokers:
             raise ValueError(
-                f"broker id {broker_id} is not in the cluster file (ids: {sorted(spec.brokers)})"
+                f"broker id {broker_id} is not in the cluster file "
+                f"(ids: {sorted(bootstrap.brokers)})"
+            )
+        if bootstrap.topics:
+            raise ValueError(
+                "the cluster file lists topics; topics now live in the controller: remove "
+                "its [[topics]] and create them with 'raftmq topic create' or the admin API"
+            )
+        voters = bootstrap.voters
+        is_voter = broker_id in voters
+        roles = roles if roles is not None else (ROLES if is_voter else frozenset({BROKER}))
+        if not roles or not roles <= ROLES:
+            raise ValueError(f"roles must be broker, controller or both, not {sorted(roles)}")
+        if (CONTROLLER in roles) != is_voter:
+            raise ValueError(
+                f"node {broker_id} {'is' if is_voter else 'is not'} a controller voter in the "
+                f"cluster file (voters: {sorted(voters)}), so its roles must "
+                f"{'' if is_voter else 'not '}include controller"
             )
         self.id = broker_id
-        self.spec = spec
+        self.roles = roles
+        self.rack = rack
+        self.bootstrap = bootstrap
+        self.spec: ClusterMetadata = ControllerMetadata(MetadataState(bootstrap.name))
+        """The newest metadata this broker applied (empty until the first arrives)."""
+        self.metadata_version = 0
         self.data_dir = data_dir / f"broker-{broker_id}"
-        me = spec.brokers[broker_id]
-        peers = raft_peers or {
-            b.id: (b.host, b.raft_port) for b in spec.brokers.values() if b.id != broker_id
+        self._new_data_dir = not self.data_dir.exists()
+        me = bootstrap.brokers[broker_id]
+        self.advertised = (me.host, me.port)
+        self.raft_peers = dict(raft_peers or {})
+        peers = {
+            b.id: self.raft_peers.get(b.id, (b.host, b.raft_port))
+            for b in bootstrap.brokers.values()
+            if b.id != broker_id
         }
-        self.transport = TcpTransport(broker_id, (me.host, me.raft_port), peers, cluster=spec.name)
+        self.transport = TcpTransport(
+            broker_id, (me.host, me.raft_port), peers, cluster=bootstrap.name
+        )
         self.host = RaftHost(
             broker_id,
             self.transport,
@@ -120,6 +178,9 @@ class Broker:
             election_tick=election_tick,
             seed=broker_id,
         )
+        self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
+        self.quorum: ControllerQuorum | None = None
+        self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.stopping = False
@@ -130,51 +191,49 @@ class Broker:
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.new_broker = new_broker
         self.health = health.aio.HealthServicer()
+        self.incarnation = 0
+        self.epoch = 0
+        self.fenced = False
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
-        self._prefer_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self.open_files_note = ""
+        self._said_too_few_files = False
         self.bound: BoundAddresses | None = None
 
     async def start(self) -> None:
-        hosted = [
-            (topic, p, replicas)
-            for topic in self.spec.topics.values()
-            for p, replicas in enumerate(topic.replicas)
-            if self.id in replicas
-        ]
+        """Open the controller's metadata group (a voter), serve clients, then, in the
+        background, register with the controller and follow its metadata: the partition
+        replicas open as the metadata names them (:meth:`_reconcile`)."""
         # Before any log opens: the cap decides how many segment files stay open.
-        self.open_files_note, too_low = open_files_note(len(hosted))
+        # Replicas open later, as the metadata names them (checked again then).
+        known = len(list(self.data_dir.glob(f"*{TOPIC_ID_SUFFIX}")))
+        self.open_files_note, too_low = open_files_note(known)
+        self._said_too_few_files = too_low
         log.log(
             logging.WARNING if too_low else logging.INFO,
             "broker %d: %s",
             self.id,
             self.open_files_note,
         )
-        if not self.data_dir.exists() and len(self.spec.brokers) > 1:
-            if self.new_broker:
-                log.info(
-                    "broker %d: a new broker (--new): its peers are not asked for a past", self.id
-                )
-            else:
-                await self._mark_replaced_replicas({(t.name, p) for t, p, _ in hosted})
-        for topic, p, replicas in hosted:
-            directory = self.data_dir / f"{topic.name}-{p}"
-            self.replicas[topic.name, p] = PartitionReplica(
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.incarnation = self._next_incarnation()
+        if CONTROLLER in self.roles:
+            self.quorum = ControllerQuorum(
                 self.host,
-                topic.name,
-                p,
-                directory,
-                list(replicas),
-                self.log_config,
-                # Set as each log opens, before the host starts: no fsync of this run may
-                # go unreported.
+                self.data_dir,
+                self.voter_addresses,
+                self.bootstrap.name,
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
         await self.host.start()
-        me = self.spec.brokers[self.id]
+        if self.quorum is not None:
+            self.quorum.start()
+            self._track(asyncio.get_running_loop().create_task(self._campaign_for_metadata()))
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
@@ -182,10 +241,16 @@ class Broker:
             ]
         )
         add_to_server(BrokerService(self), self._server)
+        if self.quorum is not None:
+            add_controller_service(
+                ControllerService(self.quorum, self.voter_addresses), self._server
+            )
+            add_admin_service(AdminService(self.quorum, self.voter_addresses), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
         # What was bound, not what was asked for: the launcher waits on this (ready_file).
+        me = self.bootstrap.brokers[self.id]
         self.bound = BoundAddresses(
             os.getpid(), f"{self.listen[0]}:{client_port}", f"{me.host}:{self.transport.port}"
         )
@@ -197,27 +262,195 @@ class Broker:
             fault = RuntimeError("injected host fault (--inject-host-fault-after-ms, tests only)")
             loop.call_later(self.inject_host_fault_after_s, self.host.inject_host_fault, fault)
         self._retention_task = loop.create_task(self._retention_loop())
-        self._prefer_task = loop.create_task(self._campaign_where_preferred())
-        if self.leader_rebalance_seconds > 0:
-            self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
+        if BROKER in self.roles:
+            self._follow_task = loop.create_task(self._join_and_follow())
+            if self.leader_rebalance_seconds > 0:
+                self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         log.info(
-            "broker %d serving clients on %s, raft on %s, %d replicas",
+            "broker %d (%s) serving clients on %s, raft on %s",
             self.id,
+            " and ".join(sorted(self.roles)),
             self.bound.client,
             self.bound.raft,
-            len(self.replicas),
         )
+
+    def _next_incarnation(self) -> int:
+        """A boot counter kept in the data folder: higher with every start of this process
+        (the controller tells a restarted broker from a late message of its former self)."""
+        path = self.data_dir / INCARNATION_FILE
+        raw = read_atomic(path)
+        # Start time in ms unless the counter is ahead: a wiped data folder (its counter
+        # lost) must still register above the incarnation the controller holds.
+        incarnation = max((int(raw) if raw else 0) + 1, time.time_ns() // 1_000_000)
+        write_atomic(path, str(incarnation).encode())
+        return incarnation
 
     async def _not_serving_once_the_host_fails(self) -> None:
         await self.host.wait_failed()
         await self.health.enter_graceful_shutdown()  # NOT_SERVING, and it stays so
+
+    # --- following the controller ---------------------------------------------------------
+
+    async def _join_and_follow(self) -> None:
+        """Register (retried until the controller answers), heartbeat, and apply every
+        metadata version the controller publishes."""
+        await self._register()
+        log.info(
+            "broker %d registered with the controller (incarnation %d, epoch %d)",
+            self.id,
+            self.incarnation,
+            self.epoch,
+        )
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        if self.quorum is not None:
+            updates = self.quorum.watch(self.metadata_version)
+        else:
+            updates = self.link.watch(self.metadata_version)
+        async for version, state in updates:
+            if self.stopping:
+                return
+            try:
+                await self._reconcile(state)
+            except Exception:  # one bad version must not stop the broker following
+                log.exception("broker %d: applying metadata version %d failed", self.id, version)
+            self.metadata_version = version
+
+    async def _register(self) -> None:
+        """Register this incarnation, retried until the controller takes it."""
+        raft_address = (self.bootstrap.brokers[self.id].host, self.transport.port)
+        while not self.stopping:
+            try:
+                self.epoch = await self.link.register(
+                    self.id, self.advertised, raft_address, self.rack, self.incarnation
+                )
+                return
+            except LinkRefusal as exc:
+                log.error("broker %d: the controller refused its registration: %s", self.id, exc)
+                await asyncio.sleep(5 * HEARTBEAT_SECONDS)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                fenced = await self.link.heartbeat(self.id, self.incarnation, self.metadata_version)
+            except LinkRefusal as exc:
+                log.warning("broker %d: heartbeat refused (%s); registering again", self.id, exc)
+                await self._register()
+                continue
+            if fenced != self.fenced:
+                log.info("broker %d is %s", self.id, "fenced" if fenced else "unfenced")
+                self.fenced = fenced
+
+    async def _reconcile(self, state: MetadataState) -> None:
+        """Make the local replicas what ``state`` says: learn peers' Raft addresses, delete
+        the replicas of deleted topics, open the replicas this broker hosts."""
+        view = ControllerMetadata(state)
+        for b in state.brokers.values():
+            if b.id != self.id and b.id not in self.raft_peers:
+                self.transport.add_peer(b.id, (b.raft_host, b.raft_port))
+        await self._delete_gone_replicas(state)
+        wanted = [
+            (topic, p, part.replicas + part.learners)
+            for _, topic in sorted(state.topics.items())
+            for p, part in enumerate(topic.partitions)
+            if self.id in part.replicas or self.id in part.learners
+        ]
+        opening = [(t, p, r) for t, p, r in wanted if (t.name, p) not in self.replicas]
+        if opening and self._new_data_dir and self.new_broker:
+            self._new_data_dir = False
+            log.info("broker %d: new (--new): its peers are not asked for a past", self.id)
+        if opening and self._new_data_dir and len(self.bootstrap.brokers) > 1:
+            # Topics created before this process registered may have had a replica here
+            # on a disk since lost; ones created later are new to every broker.
+            self._new_data_dir = False
+            older = {(t.name, p) for t, p, _ in opening if t.topic_id < self.epoch}
+            if older:
+                await self._mark_replaced_replicas(older)
+        self.spec = view  # before opening: Metadata answers for what opens
+        if opening:
+            self._check_open_files(len(self.replicas) + len(opening))
+        opened = []
+        for topic, p, replicas in opening:
+            if self.stopping:
+                return
+            directory = self.data_dir / f"{topic.name}-{p}"
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(_topic_id_path(directory), str(topic.topic_id).encode())
+            self.replicas[topic.name, p] = PartitionReplica(
+                self.host,
+                topic.name,
+                p,
+                directory,
+                list(replicas),
+                self._log_config(topic),
+                # Set as each log opens: no fsync of this run may go unreported.
+                on_durable=durability_marker_writer() if self.durability_markers else None,
+            )
+            opened.append(self.replicas[topic.name, p])
+        if opened:
+            log.info("broker %d: opened %d replicas", self.id, len(opened))
+            self._track(
+                asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
+            )
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a short-lived task until it ends (stop cancels what still runs)."""
+        self._prefer_tasks.add(task)
+        task.add_done_callback(self._prefer_tasks.discard)
+
+    def _check_open_files(self, replicas: int) -> None:
+        """Before more logs open: say once if the open-file limit is too low for them."""
+        self.open_files_note, too_low = open_files_note(replicas)
+        if too_low and not self._said_too_few_files:
+            self._said_too_few_files = True
+            log.warning("broker %d: %s", self.id, self.open_files_note)
+
+    def _log_config(self, topic: Topic) -> LogConfig:
+        """The broker's defaults with the settings the topic overrides."""
+        settings = topic.settings.log_config
+        overridden = {
+            field: getattr(settings, field)
+            for key, field in _TOPIC_LOG_FIELDS.items()
+            if key in topic.config
+        }
+        return dataclasses.replace(self.log_config, **overridden)
+
+    async def _delete_gone_replicas(self, state: MetadataState) -> None:
+        """Delete each local replica whose topic id the metadata no longer holds. Only when
+        the metadata is at least as new as the topic (its id is the index of the entry that
+        created it, the version the index of the last applied): a lagging voter's older
+        copy lacks topics created since, and that must not delete them."""
+        if not self.data_dir.exists():
+            return
+        for marker in sorted(self.data_dir.glob(f"*{TOPIC_ID_SUFFIX}")):
+            stem = marker.name[: -len(TOPIC_ID_SUFFIX)]
+            name, _, part = stem.rpartition("-")
+            raw = read_atomic(marker)
+            if not name or not part.isdigit() or not raw:
+                continue
+            topic_id = int(raw)
+            topic = state.topics.get(name)
+            if topic is not None and topic.topic_id == topic_id:
+                continue
+            if topic_id > state.version:
+                continue
+            await self._delete_replica(name, int(part), marker.parent / stem)
+
+    async def _delete_replica(self, topic: str, partition: int, directory: Path) -> None:
+        replica = self.replicas.pop((topic, partition), None)
+        if replica is not None:
+            await self.host.close_group(group_name(topic, partition))
+        shutil.rmtree(directory, ignore_errors=True)
+        promised_path(directory).unlink(missing_ok=True)
+        _topic_id_path(directory).unlink(missing_ok=True)
+        log.info("broker %d: deleted its replica of %s/%d (topic gone)", self.id, topic, partition)
 
     async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
         """No data directory: a new broker, or one whose disk was replaced. The partitions
         its peers know a past for are marked as once promised, so their replicas rejoin
         (no votes until caught up) instead of passing for new ones
         (:mod:`raftmq.broker.history_probe`)."""
-        seen, answered = await partitions_with_history(self.spec, self.id, hosted)
+        seen, answered = await partitions_with_history(self.bootstrap, self.id, hosted)
         if not answered:
             log.info(
                 "broker %d: no data directory and no peer answering: starting as a new broker",
@@ -245,7 +478,14 @@ class Broker:
         if graceful:
             await self._hand_over_leadership(transfer_wait)
         self.stopping = True
-        tasks = (self._retention_task, self._prefer_task, self._rebalance_task, self._watch_task)
+        tasks = (
+            self._retention_task,
+            self._rebalance_task,
+            self._watch_task,
+            self._follow_task,
+            self._heartbeat_task,
+            *self._prefer_tasks,
+        )
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -253,6 +493,9 @@ class Broker:
                     await task
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
+        if self.quorum is not None:
+            await self.quorum.stop()
+        await self.link.close()
         await self.host.stop()
 
     async def _retention_loop(self) -> None:
@@ -266,7 +509,9 @@ class Broker:
                 except Exception:
                     log.exception("retention of %s/%d failed", r.topic, r.partition)
 
-    async def _campaign_where_preferred(self, within: float = PREFER_WINDOW_SECONDS) -> None:
+    async def _campaign_where_preferred(
+        self, opened: list[PartitionReplica], within: float = PREFER_WINDOW_SECONDS
+    ) -> None:
         """Campaign at once for the partitions whose replica list names this broker first
         (the preferred leader, as in Kafka), as soon as a peer of the group is reachable,
         while the group has no leader yet.
@@ -275,25 +520,47 @@ class Broker:
         one broker for most partitions, and that broker's single event loop then carries
         most of the produce load while the others idle (seen as 4 of 6 leaders on one
         broker in the produce benchmark). Replica lists rotate the first broker, so this
-        spreads leaders evenly. It only starts elections a timeout would start anyway, and
-        pre-vote keeps it from disturbing a leader that is already there. A group whose
-        preferred broker started too late, or came back after a failure, is handed back by
-        its leader: see :meth:`_restore_preferred_leaders`."""
-        pending = {
-            group_name(r.topic, r.partition): r
-            for r in self.replicas.values()
+        spreads leaders evenly. It runs for the replicas each metadata version opens. It only
+        starts elections a timeout would start anyway, and pre-vote keeps it from disturbing
+        a leader that is already there. A group whose preferred broker started too late, or
+        came back after a failure, is handed back by its leader: see
+        :meth:`_restore_preferred_leaders`."""
+        pending: dict[str, tuple[Callable[[], int], list[int]]] = {
+            group_name(r.topic, r.partition): (_leader_of(r), r.replicas)
+            for r in opened
             if self.spec.preferred_leader(r.topic, r.partition) == self.id and len(r.replicas) > 1
         }
+        await self._campaign_while_leaderless(pending, within)
+
+    async def _campaign_while_leaderless(
+        self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float
+    ) -> None:
+        """Campaign for each group of ``pending`` (name: its leader as known here, and its
+        replicas) once one of its peers is reachable, unless it has a leader by then."""
         deadline = time.monotonic() + within
         while pending and time.monotonic() < deadline and not self.stopping:
-            for name, r in list(pending.items()):
-                if r.group.leader:
+            for name, (leader, replicas) in list(pending.items()):
+                peers = [p for p in replicas if p != self.id]
+                if leader():
                     del pending[name]  # someone leads (maybe us): leave it be
-                elif any(self.transport.peer_alive(p) for p in r.replicas if p != self.id):
+                elif not peers or any(self.transport.peer_alive(p) for p in peers):
                     with contextlib.suppress(RaftError):  # e.g. its replica failed meanwhile
                         self.host.campaign(name)
                     del pending[name]
             await asyncio.sleep(0.02)
+
+    async def _campaign_for_metadata(self) -> None:
+        """The first controller voter campaigns for the metadata group as soon as a peer
+        is reachable, as a preferred replica does for its partition: nothing in the
+        cluster works before the controller has a leader, and a long election timeout
+        (seconds, with slow ticks) would otherwise delay every start by that much."""
+        assert self.quorum is not None
+        voters = sorted(self.quorum.voters)
+        if voters[0] == self.id:
+            quorum = self.quorum
+            await self._campaign_while_leaderless(
+                {GROUP: (lambda: quorum.leader, voters)}, PREFER_WINDOW_SECONDS
+            )
 
     async def _restore_preferred_leaders(self) -> None:
         """Every ``leader_rebalance_seconds``, hand each group this broker leads back to its
@@ -321,11 +588,19 @@ class Broker:
                     log.info("no hand-back of %s: %s", name, exc)
 
     async def _hand_over_leadership(self, wait: float) -> None:
-        """Move each partition this broker leads to a live follower that is caught up, so
-        producers see a short redirect instead of an election timeout."""
-        led = [r for r in self.replicas.values() if r.is_leader]
-        for r in led:
-            st = self.host.status(group_name(r.topic, r.partition))
+        """Move each partition this broker leads, and the controller's metadata group if it
+        leads that, to a live follower that is caught up, so producers (and brokers, and
+        operators) see a short redirect instead of an election timeout."""
+        led: list[tuple[str, Callable[[], bool]]] = [
+            (group_name(r.topic, r.partition), _is_leader(r))
+            for r in self.replicas.values()
+            if r.is_leader
+        ]
+        quorum = self.quorum
+        if quorum is not None and quorum.is_leader:
+            led.append((GROUP, lambda: quorum.is_leader))
+        for name, _ in led:
+            st = self.host.status(name)
             # The most caught-up live follower; the core brings it fully up to date before
             # telling it to campaign, so it need not match the log at this very moment.
             candidates = sorted(
@@ -335,17 +610,27 @@ class Broker:
             )
             if candidates:
                 with contextlib.suppress(Exception):
-                    self.host.transfer_leadership(
-                        group_name(r.topic, r.partition), candidates[-1][1]
-                    )
+                    self.host.transfer_leadership(name, candidates[-1][1])
         deadline = time.monotonic() + wait
-        while any(r.is_leader for r in led) and time.monotonic() < deadline:
+        while any(leads() for _, leads in led) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
 
 PARENT_CHECK_SECONDS = 0.5
 STOP_AFTER_FAILURE_S = 10.0
 """How long a broker whose host failed tries to close its files before it exits anyway."""
+
+
+def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
+    return lambda: replica.group.leader
+
+
+def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
+    return lambda: replica.is_leader
+
+
+def _topic_id_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + TOPIC_ID_SUFFIX)
 
 
 async def run(broker: Broker, *, parent_pid: int | None = None) -> int:

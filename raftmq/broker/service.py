@@ -236,6 +236,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.broker = broker
         self._parked = asyncio.Semaphore(MAX_PARKED_FETCHES)
 
+    def _check_has_metadata(self) -> None:
+        """A broker that has no metadata yet (just started, registering with the
+        controller) cannot tell an unknown topic from one it will host in a moment."""
+        if self.broker.metadata_version == 0:
+            raise Refusal(
+                pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+                f"broker {self.broker.id} has no cluster metadata yet (it is joining the "
+                "controller); retry shortly",
+            )
+
     def _replica(self, topic: str, partition: int) -> PartitionReplica:
         if self.broker.stopping:
             raise Refusal(
@@ -244,6 +254,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         spec = self.broker.spec.topics.get(topic)
         if spec is None:
+            self._check_has_metadata()
             if not TOPIC_NAME.fullmatch(topic):
                 raise Refusal(
                     pb.ERROR_CODE_INVALID_ARGUMENT,
@@ -475,6 +486,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
+            self._check_has_metadata()
             raise Refusal(
                 pb.ERROR_CODE_UNKNOWN_TOPIC,
                 f"unknown topics: {name_list(unknown, 5)}; known: {name_list(sorted(spec.topics))}",
@@ -497,7 +509,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             topics.append(pb.TopicInfo(name=name, partitions=parts))
         brokers = [pb.BrokerInfo(id=b.id, host=b.host, port=b.port) for b in spec.brokers.values()]
         return pb.MetadataResponse(
-            cluster=spec.name, brokers=brokers, topics=topics, broker_id=self.broker.id
+            cluster=spec.name,
+            brokers=brokers,
+            topics=topics,
+            broker_id=self.broker.id,
+            metadata_version=self.broker.metadata_version,
         )
 
 

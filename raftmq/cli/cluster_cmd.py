@@ -22,7 +22,7 @@ from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
-from raftmq.controller.cluster_file import ClusterFileError
+from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
@@ -62,8 +62,22 @@ def _parse_peers(text: str) -> dict[int, tuple[str, int]]:
 def broker(
     id: Annotated[int, typer.Option("--id", help="This broker's id, as in the cluster file.")],
     cluster: Annotated[
-        Path, typer.Option(help="The cluster file (TOML) listing brokers and topics.")
+        Path,
+        typer.Option(
+            help="The bootstrap file (TOML): the nodes' addresses and the controller voters. "
+            "Topics come from the controller."
+        ),
     ],
+    roles: Annotated[
+        str,
+        typer.Option(
+            help="broker, controller, or broker,controller (combined mode). Default: "
+            "combined for a controller voter, broker for any other node."
+        ),
+    ] = "",
+    rack: Annotated[
+        str, typer.Option(help="This broker's rack: no two replicas of a partition share one.")
+    ] = "",
     data: Annotated[
         Path, typer.Option(help="Data folder; this broker uses DATA/broker-ID.")
     ] = DEFAULT_DATA,
@@ -82,13 +96,13 @@ def broker(
         ),
     ] = "",
     segment_bytes: Annotated[
-        int, typer.Option(min=1024, help="segment.bytes of every partition log.")
+        int, typer.Option(min=1024, help="segment.bytes of a topic that sets none.")
     ] = 128 * 1024 * 1024,
     retention_bytes: Annotated[
-        int, typer.Option(min=-1, help="retention.bytes per partition (-1: unlimited).")
+        int, typer.Option(min=-1, help="retention.bytes of a topic that sets none (-1: unlimited).")
     ] = -1,
     retention_ms: Annotated[
-        int, typer.Option(min=-1, help="retention.ms per partition (-1: forever).")
+        int, typer.Option(min=-1, help="retention.ms of a topic that sets none (-1: forever).")
     ] = 14 * 24 * 3600 * 1000,
     retention_check_ms: Annotated[
         int, typer.Option(min=100, help="How often retention runs.")
@@ -153,6 +167,8 @@ def broker(
             id,
             spec,
             data,
+            roles=frozenset(r.strip() for r in roles.split(",") if r.strip()) or None,
+            rack=rack or None,
             raft_peers=_parse_peers(peers) or None,
             tick_seconds=tick_ms / 1000,
             election_tick=election_ticks,
@@ -205,19 +221,24 @@ def dev(
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
     path = data / CLUSTER_FILE
+    demo = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
     if path.exists():
-        spec = cluster_file.load(path)
-        if len(spec.brokers) != brokers or spec.topics[DEMO_TOPIC].partitions != partitions:
+        try:
+            spec = cluster_file.load(path)
+        except ClusterFileError as exc:
+            raise _fail(f"{exc}. Remove {data} to start a new cluster.", 2) from None
+        if len(spec.brokers) != brokers:
             raise _fail(
-                f"{data} holds a cluster of {len(spec.brokers)} brokers and "
-                f"{spec.topics[DEMO_TOPIC].partitions} partitions. Start it with those numbers, "
-                f"remove the folder, or pass another --data.",
+                f"{data} holds a cluster of {len(spec.brokers)} brokers. Start it with "
+                f"--brokers {len(spec.brokers)}, remove the folder, or pass another --data.",
                 2,
             )
-        # Its ports as written (clients may know them); a busy one is an error, below.
+        # Its ports as written (clients may know them); a busy one is an error, below. The
+        # demo topic is created once; on a restart the controller has it already.
+        spec = ClusterSpec(spec.name, spec.brokers, demo.topics, spec.controller_voters)
         where = f"remove {data} to start a new cluster on other ports"
     else:
-        spec = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
+        spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
         cluster = LocalCluster(data, spec)
@@ -234,7 +255,10 @@ def dev(
     try:
         cluster.start()
         with Progress(console=console, transient=True) as progress:
-            progress.add_task("waiting for every partition to elect a leader", total=None)
+            progress.add_task(
+                "waiting for the controller, the demo topic and every partition's leader",
+                total=None,
+            )
             try:
                 cluster.wait_for_leaders(timeout=60)
             except TimeoutError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, status_cmd
+from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, status_cmd, topic_cmd
 from raftmq.cli.helptext import unwrap_help
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(log_cmd.app, name="log")
 app.add_typer(chaos_cmd.app, name="chaos")
+app.add_typer(topic_cmd.app, name="topic")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(cluster_cmd.broker)

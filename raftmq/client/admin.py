@@ -102,7 +102,10 @@ class AdminClient:
         partitions: int,
         replication_factor: int,
         config: Mapping[str, str] | None = None,
+        assignment: Iterable[Iterable[int]] = (),
     ) -> apb.CreateTopicResponse:
+        """``assignment``: the brokers of each partition, preferred leader first (empty:
+        the controller places them)."""
         return self._call(
             "CreateTopic",
             apb.CreateTopicRequest(
@@ -110,6 +113,7 @@ class AdminClient:
                 partitions=partitions,
                 replication_factor=replication_factor,
                 config=dict(config or {}),
+                assignment=[apb.ReplicaList(brokers=list(r)) for r in assignment],
             ),
         )
 

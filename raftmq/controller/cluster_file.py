@@ -1,21 +1,18 @@
-"""The static cluster file (TOML) that stands in for the controller until it exists: which
-brokers there are, and which topics with which replica sets.
+"""The bootstrap file (TOML) a broker starts from: which nodes there are, where they listen,
+and which of them are the controller quorum's voters (KRaft's ``controller.quorum.voters``).
+Topics, replica sets and topic configs are not here: the controller holds them.
 
     cluster = "local"
+    controller_voters = [1, 2, 3]   # optional; default: every listed node
     [[brokers]]
     id = 1
     host = "127.0.0.1"
-    port = 9091        # client gRPC
-    raft_port = 9191   # broker-to-broker Raft traffic
-    [[topics]]
-    name = "demo"
-    partitions = 3
-    replication = 3    # replicas placed round-robin; or replicas = [[1,2,3], ...]
+    port = 9091        # client gRPC (and, on a voter, the Controller and Admin services)
+    raft_port = 9191   # node-to-node Raft traffic (partitions and the metadata group)
 
-Kept deliberately small: the controller issue replaces it with replicated metadata.
-:class:`ClusterSpec` implements :class:`~raftmq.controller.metadata.ClusterMetadata`;
-only the controller package (and the launchers that write a file for brokers to read)
-knows that it comes from a file.
+:class:`ClusterSpec` also carries, in memory only, the topics a launcher (the local
+cluster, the chaos harness) creates through the admin API once the cluster is up; a file
+that lists ``[[topics]]`` is refused by the broker, with what to do instead.
 """
 
 from __future__ import annotations
@@ -37,6 +34,12 @@ class ClusterSpec:
     name: str
     brokers: dict[int, BrokerSpec]
     topics: dict[str, TopicSpec] = field(default_factory=dict)
+    controller_voters: tuple[int, ...] = ()
+    """Empty: every node is a voter."""
+
+    @property
+    def voters(self) -> tuple[int, ...]:
+        return self.controller_voters or tuple(sorted(self.brokers))
 
     def replicas(self, topic: str, partition: int) -> tuple[int, ...]:
         return self.topics[topic].replicas[partition]
@@ -98,12 +101,25 @@ def parse(raw: dict, where: str = "cluster file") -> ClusterSpec:
         if not replicas:
             raise ClusterFileError(f"{where}: topic {name} needs at least one partition")
         topics[name] = TopicSpec(name, replicas)
-    return ClusterSpec(str(raw.get("cluster", "raftmq")), brokers, topics)
+    try:
+        voters = tuple(sorted({int(v) for v in raw.get("controller_voters", [])}))
+    except (TypeError, ValueError):
+        raise ClusterFileError(f"{where}: controller_voters must be a list of node ids") from None
+    if set(voters) - set(ids):
+        raise ClusterFileError(
+            f"{where}: controller_voters {list(voters)} names nodes not listed in [[brokers]] "
+            f"({ids})"
+        )
+    return ClusterSpec(str(raw.get("cluster", "raftmq")), brokers, topics, voters)
 
 
 def dump(spec: ClusterSpec) -> str:
-    """TOML text for ``spec`` (used by ``raftmq dev`` to write the local cluster's file)."""
-    lines = [f'cluster = "{spec.name}"', ""]
+    """TOML text for ``spec``'s nodes and voters (used by ``raftmq dev`` to write the local
+    cluster's bootstrap file); its topics are not written: the controller holds them."""
+    lines = [f'cluster = "{spec.name}"']
+    if spec.controller_voters:
+        lines.append(f"controller_voters = [{', '.join(map(str, spec.controller_voters))}]")
+    lines.append("")
     for b in spec.brokers.values():
         lines += [
             "[[brokers]]",
@@ -113,7 +129,4 @@ def dump(spec: ClusterSpec) -> str:
             f"raft_port = {b.raft_port}",
             "",
         ]
-    for t in spec.topics.values():
-        rows = ", ".join("[" + ", ".join(map(str, r)) + "]" for r in t.replicas)
-        lines += ["[[topics]]", f'name = "{t.name}"', f"replicas = [{rows}]", ""]
     return "\n".join(lines)

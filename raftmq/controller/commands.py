@@ -77,10 +77,16 @@ class DrainBroker:
 
 @dataclass(frozen=True, slots=True)
 class CreateTopic:
+    """``replica_assignment``, when given, is the replica list of each partition
+    (preferred leader first), as Kafka's ``--replica-assignment``: the launchers of local
+    clusters place replicas round-robin so that tests know who leads what. Empty: the
+    controller's plan."""
+
     name: str
     partitions: int
     replication_factor: int
     config: Mapping[str, str] = field(default_factory=dict)
+    replica_assignment: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
     ReadIndexError,
 )
-from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.host import DurableFn, RaftHost
 from raftmq.raft.host.state_machine import CommandTooLargeError, ReplicatedStateMachine
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role, SoftState
@@ -102,6 +102,7 @@ class ControllerQuorum:
         propose_timeout_s: float = PROPOSE_TIMEOUT_S,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic_s: Callable[[], float] = time.monotonic,
+        on_durable: DurableFn | None = None,
         **rsm_options: int,
     ) -> None:
         self.voters = frozenset(voters)
@@ -126,6 +127,7 @@ class ControllerQuorum:
             Membership(self.voters),
             MetadataStateMachine(cluster_name),
             on_soft_state=self._soft_state,
+            on_durable=on_durable,
             **rsm_options,
         )
 
@@ -268,9 +270,16 @@ class ControllerQuorum:
         partitions: int,
         replication_factor: int,
         config: Mapping[str, str] | None = None,
+        assignment: Iterable[Iterable[int]] = (),
     ) -> c.TopicCreated:
         return await self._propose(
-            c.CreateTopic(name, partitions, replication_factor, dict(config or {})),
+            c.CreateTopic(
+                name,
+                partitions,
+                replication_factor,
+                dict(config or {}),
+                tuple(tuple(r) for r in assignment),
+            ),
             c.TopicCreated,
         )
 

@@ -28,7 +28,7 @@ FLUSH_POLICY = "flush.policy"
 FLUSH_INTERVAL_MS = "flush.interval.ms"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 
-_LOG_FIELDS = {
+LOG_FIELDS = {
     RETENTION_MS: "retention_ms",
     RETENTION_BYTES: "retention_bytes",
     SEGMENT_BYTES: "segment_bytes",
@@ -39,7 +39,7 @@ _LOG_FIELDS = {
 }
 """Topic keys that are log settings, and the LogConfig field each one sets."""
 
-KEYS = (*_LOG_FIELDS, MIN_INSYNC_REPLICAS)
+KEYS = (*LOG_FIELDS, MIN_INSYNC_REPLICAS)
 """Every key a topic accepts; anything else is refused."""
 
 
@@ -88,7 +88,7 @@ def resolve(overrides: Mapping[str, str], replication_factor: int) -> TopicConfi
     """The full settings for canonical ``overrides``; raises :class:`ConfigError` if
     they do not hold together."""
     log_values: dict[str, object] = {}
-    for key, field in _LOG_FIELDS.items():
+    for key, field in LOG_FIELDS.items():
         if key in overrides:
             value = overrides[key]
             log_values[field] = FlushPolicy(value) if key == FLUSH_POLICY else int(value)
@@ -97,7 +97,7 @@ def resolve(overrides: Mapping[str, str], replication_factor: int) -> TopicConfi
     except ValueError as exc:
         # LogConfig names its fields (segment_bytes); the operator typed segment.bytes
         message = str(exc)
-        for key, field in _LOG_FIELDS.items():
+        for key, field in LOG_FIELDS.items():
             message = message.replace(field, key)
         raise ConfigError(message) from None
     min_insync = int(overrides.get(MIN_INSYNC_REPLICAS, "1"))

@@ -190,7 +190,10 @@ def _create_topic(state: MetadataState, index: int, c: CreateTopic) -> Outcome:
             f"replication factor {c.replication_factor} is not 1-{MAX_REPLICATION_FACTOR}",
         )
     config = _checked_config(c.config, c.replication_factor)
-    replicas = _place(state, c.partitions, c.replication_factor, first_partition=0)
+    if c.replica_assignment:
+        replicas = _checked_assignment(state, c)
+    else:
+        replicas = _place(state, c.partitions, c.replication_factor, first_partition=0)
     topic = Topic(
         c.name,
         topic_id=index,
@@ -424,6 +427,38 @@ def _checked_config(config: Mapping[str, str], replication_factor: int) -> dict[
         return canonical(config, replication_factor)
     except ConfigError as exc:
         raise _Refusal(Code.INVALID_CONFIG, str(exc)) from None
+
+
+def _checked_assignment(state: MetadataState, c: CreateTopic) -> tuple[tuple[int, ...], ...]:
+    """The explicit replica lists of ``c``, refused unless there is one per partition, of
+    ``replication_factor`` distinct brokers, each registered and taking new replicas."""
+    if len(c.replica_assignment) != c.partitions:
+        raise _Refusal(
+            Code.INVALID_PARTITIONS,
+            f"the replica assignment lists {len(c.replica_assignment)} partitions, "
+            f"not {c.partitions}",
+        )
+    for p, replicas in enumerate(c.replica_assignment):
+        if len(replicas) != c.replication_factor or len(set(replicas)) != len(replicas):
+            raise _Refusal(
+                Code.INVALID_REPLICATION_FACTOR,
+                f"partition {p} is assigned to brokers {list(replicas)}; each partition needs "
+                f"{c.replication_factor} distinct brokers (the replication factor)",
+            )
+        for b in replicas:
+            broker = state.brokers.get(b)
+            if broker is None:
+                raise _Refusal(
+                    Code.UNKNOWN_BROKER,
+                    f"partition {p} is assigned to broker {b}, which has not registered",
+                )
+            if not broker.placeable:
+                raise _Refusal(
+                    Code.BROKER_NOT_AVAILABLE,
+                    f"partition {p} is assigned to broker {b}, which is {broker.state} and "
+                    "takes no new replicas",
+                )
+    return c.replica_assignment
 
 
 def _place(

@@ -1,6 +1,11 @@
 """A cluster of real broker processes on this machine, for ``raftmq dev``, integration tests
 and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data and addresses
 (reserved for the cluster's lifetime: raftmq.devtools.ports), wait for leaders.
+
+Every broker runs in combined mode (a controller voter too, as KRaft's combined mode); the
+bootstrap file names the nodes and voters only. The spec's topics are created through the
+admin API once the brokers registered (:meth:`LocalCluster.create_topics`), with their
+replica lists as given (round-robin from :func:`local_spec`), so tests know who leads what.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from pathlib import Path
 
 from raftmq.broker import ready_file
 from raftmq.broker.ready_file import BoundAddresses
+from raftmq.client.admin import AdminClient
+from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterSpec
@@ -67,7 +74,7 @@ def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpe
         )
         for b in spec.brokers.values()
     }
-    return ClusterSpec(spec.name, brokers, spec.topics)
+    return ClusterSpec(spec.name, brokers, spec.topics, spec.controller_voters)
 
 
 class LocalCluster:
@@ -109,6 +116,7 @@ class LocalCluster:
         # one that starts after its peers elected leaders is not taken for a broker whose
         # disk was replaced. Later starts (after a wipe, say) leave the question to it.
         self._new = {bid for bid in spec.brokers if not (data / f"broker-{bid}").exists()}
+        self.topics_created = False
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
         self.cluster_path.write_text(cluster_file.dump(spec))
@@ -235,6 +243,51 @@ class LocalCluster:
                 )
             time.sleep(0.02)
 
+    def admin(self) -> AdminClient:
+        """A client of the controller's admin API (any broker: every one is a voter)."""
+        return AdminClient(self.addresses)
+
+    def create_topics(self, timeout: float = 60.0) -> None:
+        """Once per cluster: wait until the controller has a leader and every broker
+        registered, then create the spec's topics with their replica lists. A topic that
+        exists already (a cluster restarted on its data) is taken as it is: the spec is
+        updated to the controller's replica lists."""
+        if self.topics_created:
+            return
+        deadline = time.monotonic() + timeout
+        wanted = set(self.spec.brokers)
+        with self.admin() as admin:
+            while True:
+                try:
+                    brokers = {b.id for b in admin.describe_cluster().brokers}
+                except ClientError:
+                    brokers = set()
+                if wanted <= brokers:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"brokers {sorted(wanted - brokers)} did not register with the "
+                        f"controller within {timeout:.0f} s; see {self.data}/broker-*.log"
+                    )
+                time.sleep(0.05)
+            topics = dict(self.spec.topics)
+            for name, topic in self.spec.topics.items():
+                try:
+                    admin.create_topic(
+                        name, topic.partitions, len(topic.replicas[0]), assignment=topic.replicas
+                    )
+                except ClientError as exc:
+                    if exc.label != "TOPIC_ALREADY_EXISTS":
+                        raise
+                    described = admin.describe_topic(name)
+                    topics[name] = TopicSpec(
+                        name, tuple(tuple(p.replicas) for p in described.partitions)
+                    )
+        self.spec = ClusterSpec(
+            self.spec.name, self.spec.brokers, topics, self.spec.controller_voters
+        )
+        self.topics_created = True
+
     def client(self) -> LowLevelClient:
         return LowLevelClient(self.addresses)
 
@@ -244,6 +297,8 @@ class LocalCluster:
         """Block until every partition reports a leader (optionally one of ``among``; with
         ``preferred``, its first-listed replica, where leader rebalancing puts it once that
         replica is in sync: then no hand-back will move it later)."""
+        self.wait_ready(timeout=timeout, exited_ok=True)
+        self.create_topics(timeout=timeout)
         wanted = {(t.name, p) for t in self.spec.topics.values() for p in range(t.partitions)}
         first = {
             (t.name, p): replicas[0]
@@ -251,7 +306,6 @@ class LocalCluster:
             for p, replicas in enumerate(t.replicas)
         }
         deadline = time.monotonic() + timeout
-        self.wait_ready(timeout=timeout, exited_ok=True)  # then ask the listening ones
         with LowLevelClient(self.addresses, retries=1) as client:
             while True:
                 leaders = client.refresh_leaders(timeout=1.0)

@@ -192,6 +192,31 @@ def test_create_topic_refusals(three: Driver, command: CreateTopic, code: Code) 
     refused(three, command, code)
 
 
+def test_create_topic_takes_an_explicit_replica_assignment(three: Driver) -> None:
+    assignment = ((3, 1), (2, 3), (1, 2))
+    result = three(CreateTopic("placed", 3, 2, replica_assignment=assignment))
+    assert isinstance(result, TopicCreated) and result.replicas == assignment
+    topic = three.machine.state.topics["placed"]
+    assert tuple(p.replicas for p in topic.partitions) == assignment
+
+
+@pytest.mark.parametrize(
+    ("assignment", "code"),
+    [
+        (((1, 2),), Code.INVALID_PARTITIONS),  # one list for two partitions
+        (((1, 2), (3,)), Code.INVALID_REPLICATION_FACTOR),  # a list of the wrong length
+        (((1, 1), (2, 3)), Code.INVALID_REPLICATION_FACTOR),  # a broker twice
+        (((1, 2), (2, 4)), Code.UNKNOWN_BROKER),  # never registered
+        (((1, 2), (2, 3)), Code.BROKER_NOT_AVAILABLE),  # 3 is fenced, below
+    ],
+)
+def test_replica_assignment_refusals(
+    three: Driver, assignment: tuple[tuple[int, ...], ...], code: Code
+) -> None:
+    three(FenceBroker(3))
+    refused(three, CreateTopic("t", 2, 2, replica_assignment=assignment), code)
+
+
 def test_a_duplicate_topic_is_refused(three: Driver) -> None:
     three(CreateTopic("t", 1, 1))
     refused(three, CreateTopic("t", 2, 1), Code.TOPIC_ALREADY_EXISTS)

@@ -28,7 +28,7 @@ PARTITION_STATE_ACTIVE: PartitionState
 PARTITION_STATE_DECOMMISSIONED: PartitionState
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("name", "partitions", "replication_factor", "config")
+    __slots__ = ("name", "partitions", "replication_factor", "config", "assignment")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,11 +40,19 @@ class CreateTopicRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     partitions: int
     replication_factor: int
     config: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    assignment: _containers.RepeatedCompositeFieldContainer[ReplicaList]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., config: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ...) -> None: ...
+
+class ReplicaList(_message.Message):
+    __slots__ = ("brokers",)
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, brokers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicResponse(_message.Message):
     __slots__ = ("topic", "metadata_version")

@@ -272,13 +272,15 @@ class TopicInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("cluster", "brokers", "topics", "broker_id")
+    __slots__ = ("cluster", "brokers", "topics", "broker_id", "metadata_version")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
     topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
     broker_id: int
-    def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ..., broker_id: _Optional[int] = ...) -> None: ...
+    metadata_version: int
+    def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ..., broker_id: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...

@@ -437,6 +437,27 @@ class RaftHost(SelfRepair):
         self.groups[group.name] = group
         self._mark(group)
 
+    async def close_group(self, name: str) -> bool:
+        """Stop running group ``name`` and close its files (its replica is being deleted:
+        the broker removes the directory afterwards); False if it is not open here. Its
+        pending proposals and reads fail; a leader hands the group away first."""
+        group = self.groups.pop(name, None)
+        if group is None:
+            group = self.quarantined.pop(name, None)
+            recovery = self._recoveries.pop(name, None)
+            if recovery is not None:
+                recovery.cancel()
+            if group is None:
+                return False
+        self._dirty.discard(group)
+        with contextlib.suppress(Exception):
+            self._hand_away(group)
+        self._fail_group_waiters(group, "the replica was closed")
+        while group.in_round:  # its write or fsync may still run in the pool
+            await asyncio.sleep(0.01)
+        self._close_group(group, clean=group.failure is None)
+        return True
+
     def _close_group(self, group: RaftGroup, *, clean: bool) -> None:
         """Close a group's files: on stop ``clean`` (the commit hint saved, the log flushed);
         when quarantined, without a flush or a write (see :meth:`Log.abandon`)."""

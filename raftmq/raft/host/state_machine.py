@@ -36,7 +36,7 @@ from raftmq.raft.errors import (
     RaftError,
     ReadIndexError,
 )
-from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.host import DurableFn, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.ready import Role, SoftState
@@ -201,7 +201,9 @@ class ReplicatedStateMachine(Generic[M]):
         max_command_bytes: int = MAX_COMMAND_BYTES,
         max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
         on_soft_state: Callable[[SoftState], None] | None = None,
+        on_durable: DurableFn | None = None,
     ) -> None:
+        """``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`."""
         if snapshot_every_entries < 1 or snapshot_every_bytes < 1:
             raise ValueError("snapshot thresholds must be at least 1")
         if catch_up_entries < 0:
@@ -252,6 +254,7 @@ class ReplicatedStateMachine(Generic[M]):
             apply=self._apply,
             on_soft_state=self._soft_state,
             replay=True,
+            on_durable=on_durable,
             snapshots=self,
         )
         start = self._group.log_reader.start_index

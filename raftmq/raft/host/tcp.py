@@ -174,13 +174,9 @@ class TcpTransport:
         self._server = await asyncio.start_server(
             self._accept, self.listen[0], self.listen[1], reuse_port=True
         )
-        loop = asyncio.get_running_loop()
         for p in self._peers.values():
-            p.last_heard_s = time.monotonic()
-            self._tasks.append(loop.create_task(self._writer_loop(p)))
-            if self.node_id < p.node_id:
-                self._tasks.append(loop.create_task(self._dial_loop(p)))
-        self._tasks.append(loop.create_task(self._ping_loop()))
+            self._start_peer(p)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._ping_loop()))
 
     @property
     def port(self) -> int:
@@ -192,6 +188,24 @@ class TcpTransport:
         """Where to dial ``peer``, for peers given no address (None) at construction:
         nodes in one process each bind port 0, start, and only then learn the others'."""
         self._peers[peer].address = address
+
+    def add_peer(self, peer: int, address: tuple[str, int]) -> bool:
+        """Learn a peer at runtime (a broker that registered with the controller after this
+        one started); True if it was new. A known peer keeps its address: one given at
+        construction may be a proxy the operator chose (the chaos harness's)."""
+        if peer == self.node_id or peer in self._peers:
+            return False
+        p = self._peers[peer] = _Peer(peer, address)
+        if self._server is not None and not self._closing:
+            self._start_peer(p)
+        return True
+
+    def _start_peer(self, p: _Peer) -> None:
+        loop = asyncio.get_running_loop()
+        p.last_heard_s = time.monotonic()
+        self._tasks.append(loop.create_task(self._writer_loop(p)))
+        if self.node_id < p.node_id:
+            self._tasks.append(loop.create_task(self._dial_loop(p)))
 
     async def _dial_loop(self, p: _Peer) -> None:
         backoff_s = DIAL_BACKOFF_FIRST_S

@@ -1,0 +1,144 @@
+"""A broker's link to the controller quorum (controller.proto): register, heartbeat, and
+follow the metadata, over gRPC to the voters' client addresses.
+
+Calls go to the leader the last answer named (``raftmq-leader-address`` on a
+NOT_CONTROLLER refusal), else to the voters in turn, and are retried while the quorum has
+no leader or a voter does not answer: a broker cannot do anything useful without the
+controller, so it waits for one rather than giving up. A refusal that says the request
+itself is wrong (an unknown or stale broker) is raised as :class:`LinkRefusal`.
+
+The watch needs no leader: any voter streams its applied copy, and a stream that breaks
+resumes from the last version on the next voter (each message is a whole state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+
+from raftmq.api.error_codes import code_of
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
+from raftmq.controller.model import MetadataState
+from raftmq.controller.state_machine import decode_snapshot
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 5.0
+RETRY_S = 0.2
+_RETRIED = (
+    pb.ERROR_CODE_NOT_CONTROLLER,
+    pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE,
+)
+
+
+class LinkRefusal(Exception):
+    """The controller refused the request itself (not for want of a leader)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ControllerLink:
+    def __init__(self, voters: Mapping[int, str]) -> None:
+        """``voters``: each controller voter's client address (host:port)."""
+        assert voters, "a broker needs at least one controller voter"
+        self.voters = dict(sorted(voters.items()))
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._leader: str | None = None
+        self._turn = 0
+
+    def _stub(self, address: str) -> cpb_grpc.ControllerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return cpb_grpc.ControllerStub(channel)
+
+    def _next_voter(self) -> str:
+        addresses = list(self.voters.values())
+        self._turn += 1
+        return addresses[self._turn % len(addresses)]
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def call(self, rpc: str, request: Any) -> Any:
+        """``rpc`` on the quorum's leader, retried until it answers; raises LinkRefusal for
+        a refusal of the request itself."""
+        while True:
+            address = self._leader or self._next_voter()
+            try:
+                return await getattr(self._stub(address), rpc)(request, timeout=CALL_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                meta = dict(exc.trailing_metadata() or ())
+                code = code_of(str(meta.get("raftmq-error", "")))
+                hint = str(meta.get("raftmq-leader-address", ""))
+                if code == pb.ERROR_CODE_NOT_CONTROLLER and hint and hint != address:
+                    self._leader = hint
+                    continue
+                self._leader = None
+                if code in _RETRIED or code == pb.ERROR_CODE_UNSPECIFIED:
+                    # no leader yet, or no answer (UNAVAILABLE, a deadline): another voter
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                raise LinkRefusal(code, exc.details() or str(exc.code())) from None
+
+    async def register(
+        self,
+        broker_id: int,
+        client: tuple[str, int],
+        raft: tuple[str, int],
+        rack: str | None,
+        incarnation: int,
+    ) -> int:
+        """Register this process; returns its epoch."""
+        answer = await self.call(
+            "RegisterBroker",
+            cpb.RegisterBrokerRequest(
+                broker_id=broker_id,
+                host=client[0],
+                port=client[1],
+                raft_host=raft[0],
+                raft_port=raft[1],
+                rack=rack or "",
+                incarnation=incarnation,
+            ),
+        )
+        return int(answer.epoch)
+
+    async def heartbeat(self, broker_id: int, incarnation: int, version: int) -> bool:
+        """One beat; True while the broker is fenced."""
+        answer = await self.call(
+            "Heartbeat",
+            cpb.HeartbeatRequest(
+                broker_id=broker_id, incarnation=incarnation, metadata_version=version
+            ),
+        )
+        return bool(answer.fenced)
+
+    async def watch(self, from_version: int) -> AsyncIterator[tuple[int, MetadataState]]:
+        """Every newer metadata state, from any voter, for ever (reconnecting)."""
+        last = from_version
+        while True:
+            address = self._next_voter()
+            try:
+                stream = self._stub(address).WatchMetadata(
+                    cpb.WatchMetadataRequest(from_version=last)
+                )
+                async for update in stream:
+                    if update.version > last:
+                        last = update.version
+                        yield last, decode_snapshot(update.state)
+            except grpc.aio.AioRpcError as exc:
+                log.info("metadata watch on %s ended: %s", address, exc.details())
+            await asyncio.sleep(RETRY_S)

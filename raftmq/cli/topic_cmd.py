@@ -1,0 +1,223 @@
+"""``raftmq topic ...``: create, list, describe, alter, grow and delete topics through the
+controller's admin API (admin.proto). Any broker of the cluster will do as a bootstrap
+address: a voter that does not lead the controller says which one does.
+
+Reads print rich tables, or with ``--json`` the admin API's answer as JSON for scripts.
+Errors are the controller's sentences with their code, exit status 1 (2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.table import Table
+
+from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.cli.cluster_cmd import (
+    DEFAULT_DATA,
+    BootstrapAddresses,
+    RunningClusterData,
+    cluster_addresses,
+    console,
+)
+from raftmq.client.admin import AdminClient
+from raftmq.client.errors import ClientError
+
+app = typer.Typer(help="Topics: create, list, describe, alter, add partitions, delete.")
+
+ADMIN_ATTEMPTS = 30
+"""Calls retried while the controller elects a leader (0.1 s apart, then given up)."""
+T = TypeVar("T")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ConfigPairs = Annotated[
+    list[str] | None,
+    typer.Option("--config", help="A topic setting as key=value (repeatable)."),
+]
+
+
+def _admin(data: Path, bootstrap: str) -> AdminClient:
+    return AdminClient(cluster_addresses(data, bootstrap), attempts=ADMIN_ATTEMPTS)
+
+
+def _call(data: Path, bootstrap: str, work: Callable[[AdminClient], T]) -> T:
+    """``work`` on an admin client; a refusal or no answer is printed as a sentence."""
+    try:
+        with _admin(data, bootstrap) as admin:
+            return work(admin)
+    except ClientError as exc:
+        if exc.unreachable:
+            console.print(
+                "[red]No broker answered. Is the cluster running? Pass --bootstrap "
+                "host:port of any broker.[/]"
+            )
+        else:
+            console.print(f"[red]{exc} ({exc.label})[/]", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def _pairs(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            console.print(f"[red]--config {item!r} is not key=value (e.g. retention.ms=3600000)[/]")
+            raise typer.Exit(2)
+        out[key] = value
+    return out
+
+
+def _json(message: Message) -> None:
+    as_dict: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    print(json.dumps(as_dict, indent=2, sort_keys=True))
+
+
+def _ids(values: Any) -> str:
+    return ",".join(map(str, values)) or "-"
+
+
+def _describe_table(topic: apb.TopicDescription) -> Table:
+    table = Table(
+        title=f"topic {topic.name} (id {topic.topic_id}, replication factor "
+        f"{topic.replication_factor})"
+    )
+    for col in ("partition", "replicas", "learners", "leader", "state"):
+        table.add_column(col)
+    for p in topic.partitions:
+        table.add_row(
+            str(p.partition),
+            _ids(p.replicas),
+            _ids(p.learners),
+            str(p.leader_id or "-"),
+            apb.PartitionState.Name(p.state).removeprefix("PARTITION_STATE_").lower(),
+        )
+    return table
+
+
+def _config_table(topic: apb.TopicDescription) -> Table:
+    table = Table(title="config (* set on the topic, else the default)")
+    table.add_column("key")
+    table.add_column("value")
+    for key, value in sorted(topic.effective_config.items()):
+        table.add_row(("* " if key in topic.config else "  ") + key, value)
+    return table
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="The topic's name: 1-200 of A-Z a-z 0-9 . _ -")],
+    partitions: Annotated[int, typer.Option(min=1, help="How many partitions.")] = 1,
+    replication_factor: Annotated[
+        int, typer.Option(min=1, help="Replicas per partition, on distinct brokers.")
+    ] = 3,
+    config: ConfigPairs = None,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Create a topic; the controller places its replicas over the alive brokers."""
+    settings = _pairs(config)
+    created = _call(
+        data,
+        bootstrap,
+        lambda a: a.create_topic(name, partitions, replication_factor, settings),
+    )
+    console.print(
+        f"Created topic {name} with {partitions} partitions of {replication_factor} "
+        f"replicas (metadata version {created.metadata_version}).",
+        highlight=False,
+    )
+
+
+@app.command("list")
+def list_topics(
+    json_out: JsonFlag = False,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Every topic, with its partition count and replication factor."""
+    answer = _call(data, bootstrap, lambda a: a.list_topics())
+    if json_out:
+        _json(answer)
+        return
+    table = Table(title=f"topics (metadata version {answer.metadata_version})")
+    for col in ("name", "id", "partitions", "replication factor", "config set"):
+        table.add_column(col)
+    for t in answer.topics:
+        overrides = ", ".join(f"{k}={v}" for k, v in sorted(t.config.items())) or "-"
+        table.add_row(
+            t.name, str(t.topic_id), str(len(t.partitions)), str(t.replication_factor), overrides
+        )
+    console.print(table)
+
+
+@app.command()
+def describe(
+    name: Annotated[str, typer.Argument(help="The topic.")],
+    json_out: JsonFlag = False,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """A topic's partitions (replicas, learners, leader as last reported, state) and its
+    config with defaults filled in."""
+    topic = _call(data, bootstrap, lambda a: a.describe_topic(name))
+    if json_out:
+        _json(topic)
+        return
+    console.print(_describe_table(topic))
+    console.print(_config_table(topic))
+
+
+@app.command()
+def alter(
+    name: Annotated[str, typer.Argument(help="The topic.")],
+    config: ConfigPairs = None,
+    reset: Annotated[
+        list[str] | None, typer.Option("--reset", help="A key back to its default (repeatable).")
+    ] = None,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Set or reset topic settings. Brokers apply them to replicas they open from then on
+    (a replica already open keeps its settings until its broker restarts)."""
+    settings = _pairs(config)
+    if not settings and not reset:
+        console.print("[red]Give at least one --config key=value or --reset key.[/]")
+        raise typer.Exit(2)
+    done = _call(data, bootstrap, lambda a: a.alter_topic_config(name, settings, reset or []))
+    console.print(f"Altered {name} (metadata version {done.metadata_version}).", highlight=False)
+
+
+@app.command("add-partitions")
+def add_partitions(
+    name: Annotated[str, typer.Argument(help="The topic.")],
+    count: Annotated[int, typer.Option(min=1, help="The partition count in all, after.")],
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Grow a topic to COUNT partitions; existing partitions and their data stay put."""
+    added = _call(data, bootstrap, lambda a: a.add_partitions(name, count))
+    console.print(
+        f"{name} now has {len(added.topic.partitions)} partitions "
+        f"(metadata version {added.metadata_version}).",
+        highlight=False,
+    )
+
+
+@app.command()
+def delete(
+    name: Annotated[str, typer.Argument(help="The topic.")],
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Delete a topic: every broker removes its replicas' data, also one that is down now
+    (when it comes back)."""
+    done = _call(data, bootstrap, lambda a: a.delete_topic(name))
+    console.print(f"Deleted {name} (metadata version {done.metadata_version}).", highlight=False)
