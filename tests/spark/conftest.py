@@ -28,6 +28,7 @@ SPARK_TOPICS = {
     "gone": 1,
     "capped": 2,
     "grown": 2,
+    "added": 1,
     "spread": 1,
 }
 SEGMENT_BYTES = 32 * 1024

@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.admin import AdminClient
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.devtools.ports import reserve
@@ -22,6 +23,7 @@ from raftmq.spark.options import SourceError, parse_options
 from raftmq.spark.planning import OffsetRange
 from raftmq.spark.source import HEADERS_COLUMN, KAFKA_SCHEMA, RaftmqStreamReader
 from tests.broker.conftest import ClusterFactory
+from tests.broker.test_broker_cluster import wait_until
 
 T0_MS = int(time.time() * 1000) - 3_600_000
 """Recent: older records would be deleted by the brokers' time retention (14 days)."""
@@ -225,6 +227,41 @@ def test_partitions_are_re_read_at_every_trigger(cluster: LocalCluster):
     # A read limit is shared in proportion to each partition's backlog (20 and 30).
     assert stream.latestOffset(start, ReadMaxRows(5)) == {"grown": {"0": 12, "1": 3}}
     stream.stop()
+
+
+def test_a_stream_picks_up_partitions_added_later_from_their_first_offset(
+    spark, cluster: LocalCluster, tmp_path: Path
+):
+    """The end to end twin of the test above: a partition added through the admin API
+    between two runs of a checkpointed stream is read from offset 0, once."""
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+
+    def run_once() -> None:
+        query = (
+            load(spark.readStream, cluster, "added", startingOffsets="earliest")
+            .select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+
+    with cluster.client() as client:
+        sent = {0: produce(client, "added", 0, records("before", 20))}
+    run_once()
+    with AdminClient(cluster.addresses) as admin:
+        admin.add_partitions("added", 2)
+    with cluster.client() as client:
+        wait_until(lambda: ("added", 1) in client.refresh_leaders(), 30, "added/1 to be led")
+        sent[1] = produce(client, "added", 1, records("new", 15))
+        sent[0] += produce(client, "added", 0, records("after", 5))
+    run_once()
+    got = rows_by_partition(spark.read.parquet(str(out)).collect())
+    for p in (0, 1):
+        assert [(r.offset, r.value) for r in got[p]] == [(r.offset, r.value) for r in sent[p]]
 
 
 def test_replica_reads_are_whole_from_a_follower_or_a_dead_address(
