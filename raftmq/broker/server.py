@@ -159,7 +159,12 @@ class Broker:
         """The newest metadata this broker applied (empty until the first arrives)."""
         self.metadata_version = 0
         self.data_dir = data_dir / f"broker-{broker_id}"
-        self._new_data_dir = not self.data_dir.exists()
+        self._probe_for_a_past = not self.data_dir.exists() and len(bootstrap.brokers) > 1
+        """No data folder: ask the peers, once, whether this broker lost one (see
+        :meth:`_mark_replaced_replicas`), unless the operator said it is new."""
+        if self._probe_for_a_past and new_broker:
+            self._probe_for_a_past = False
+            log.info("broker %d: new (--new): its peers are not asked for a past", broker_id)
         me = bootstrap.brokers[broker_id]
         self.advertised = (me.host, me.port)
         self.raft_peers = dict(raft_peers or {})
@@ -189,7 +194,6 @@ class Broker:
         self.leader_rebalance_seconds = leader_rebalance_seconds
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
-        self.new_broker = new_broker
         self.health = health.aio.HealthServicer()
         self.incarnation = 0
         self.epoch = 0
@@ -356,13 +360,10 @@ class Broker:
             if self.id in part.replicas or self.id in part.learners
         ]
         opening = [(t, p, r) for t, p, r in wanted if (t.name, p) not in self.replicas]
-        if opening and self._new_data_dir and self.new_broker:
-            self._new_data_dir = False
-            log.info("broker %d: new (--new): its peers are not asked for a past", self.id)
-        if opening and self._new_data_dir and len(self.bootstrap.brokers) > 1:
+        if opening and self._probe_for_a_past:
             # Topics created before this process registered may have had a replica here
             # on a disk since lost; ones created later are new to every broker.
-            self._new_data_dir = False
+            self._probe_for_a_past = False
             older = {(t.name, p) for t, p, _ in opening if t.topic_id < self.epoch}
             if older:
                 await self._mark_replaced_replicas(older)
