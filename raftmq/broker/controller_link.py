@@ -126,6 +126,22 @@ class ControllerLink:
         )
         return bool(answer.fenced)
 
+    async def report_leader(self, topic: str, partition: int, leader: int, term: int) -> int:
+        """Say this broker leads the partition in ``term``; the metadata version holding it."""
+        answer = await self.call(
+            "ReportLeader",
+            cpb.ReportLeaderRequest(topic=topic, partition=partition, leader_id=leader, term=term),
+        )
+        return int(answer.metadata_version)
+
+    async def promote_replica(self, topic: str, partition: int, broker_id: int) -> int:
+        """Say the learner ``broker_id`` caught up; the metadata version that promotes it."""
+        answer = await self.call(
+            "PromoteReplica",
+            cpb.PromoteReplicaRequest(topic=topic, partition=partition, broker_id=broker_id),
+        )
+        return int(answer.metadata_version)
+
     async def watch(self, from_version: int) -> AsyncIterator[tuple[int, MetadataState]]:
         """Every newer metadata state, from any voter, for ever (reconnecting)."""
         last = from_version

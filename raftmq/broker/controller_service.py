@@ -75,6 +75,24 @@ class ControllerService(ControllerFace):
         )
         return cpb.HeartbeatResponse(fenced=fenced, metadata_version=version)
 
+    async def ReportLeader(
+        self, request: cpb.ReportLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ChangeDone:
+        await self.call(
+            self.quorum.report_leader(
+                request.topic, request.partition, request.leader_id, request.term
+            )
+        )
+        return cpb.ChangeDone(metadata_version=self.quorum.local_state()[0])
+
+    async def PromoteReplica(
+        self, request: cpb.PromoteReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ChangeDone:
+        await self.call(
+            self.quorum.promote_replica(request.topic, request.partition, request.broker_id)
+        )
+        return cpb.ChangeDone(metadata_version=self.quorum.local_state()[0])
+
     async def WatchMetadata(
         self, request: cpb.WatchMetadataRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.MetadataUpdate]:

@@ -136,17 +136,22 @@ class ReportLeader:
 @dataclass(frozen=True, slots=True)
 class AddReplica:
     """First step of a move: ``broker_id`` joins the partition as a learner (it copies
-    the log but does not vote). At most one replica beyond the factor at a time."""
+    the log but does not vote). At most one replica beyond the factor at a time.
+    ``replacing``: the voter this learner takes the place of once promoted (healing a
+    fenced broker's replica, draining, rebalancing); None to grow the set instead."""
 
     name: str
     partition: int
     broker_id: int
+    replacing: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PromoteReplica:
-    """Second step: the learner, caught up (the proposer checked its Raft progress),
-    becomes a voter."""
+    """Second step: the learner, caught up (the partition's leader checked its Raft
+    progress and proposes this), becomes a voter; the voter the move replaces, if any,
+    leaves in the same entry and the learner takes its place in the list (so a replaced
+    preferred leader is replaced as preferred leader too)."""
 
     name: str
     partition: int

@@ -69,6 +69,11 @@ class Partition:
     learners: tuple[int, ...] = ()
     """Replicas being added (healing, rebalance): they copy the log but do not vote until
     promoted."""
+    replacing: int | None = None
+    """The voter the move under way replaces: it leaves ``replicas`` in the same entry that
+    promotes the learner, so the voting set never drops below the factor and is never two
+    beyond it. None: no move, or one that adds a replica beyond the factor (a
+    ``RemoveReplica`` ends that)."""
     leader: int | None = None  # as last reported by the partition's own Raft group
     leader_term: int = 0
     state: PartitionState = PartitionState.ACTIVE

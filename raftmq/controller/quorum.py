@@ -308,8 +308,12 @@ class ControllerQuorum:
     async def report_leader(self, name: str, partition: int, leader: int, term: int) -> c.Done:
         return await self._propose(c.ReportLeader(name, partition, leader, term), c.Done)
 
-    async def add_replica(self, name: str, partition: int, broker_id: int) -> c.Done:
-        return await self._propose(c.AddReplica(name, partition, broker_id), c.Done)
+    async def add_replica(
+        self, name: str, partition: int, broker_id: int, *, replacing: int | None = None
+    ) -> c.Done:
+        return await self._propose(
+            c.AddReplica(name, partition, broker_id, replacing=replacing), c.Done
+        )
 
     async def promote_replica(self, name: str, partition: int, broker_id: int) -> c.Done:
         return await self._propose(c.PromoteReplica(name, partition, broker_id), c.Done)

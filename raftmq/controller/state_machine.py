@@ -115,6 +115,10 @@ def _check(state: MetadataState) -> None:
             members = part.replicas + part.learners
             if not part.replicas or len(set(members)) != len(members):
                 problems.append(f"{name}/{p} has replicas {members}")
+            if part.replacing is not None and (
+                part.replacing not in part.replicas or not part.learners
+            ):
+                problems.append(f"{name}/{p} replaces {part.replacing} with no move under way")
     problems += [
         f"group key {k!r} holds group {g.group_id!r}"
         for k, g in state.consumer_groups.items()

@@ -307,7 +307,15 @@ def _add_replica(state: MetadataState, index: int, c: AddReplica) -> Outcome:
             f"{c.name}/{c.partition} already runs one replica beyond its factor "
             f"({topic.replication_factor}); finish that move (promote, then remove) first",
         )
-    changed = dataclasses.replace(part, learners=(*part.learners, c.broker_id))
+    if c.replacing is not None and c.replacing not in part.replicas:
+        raise _Refusal(
+            Code.NOT_A_REPLICA,
+            f"broker {c.replacing} is no voting replica of {c.name}/{c.partition} "
+            f"(replicas {list(part.replicas)}), so a move cannot replace it",
+        )
+    changed = dataclasses.replace(
+        part, learners=(*part.learners, c.broker_id), replacing=c.replacing
+    )
     return _with_partition(state, topic, c.partition, changed), Done()
 
 
@@ -319,10 +327,16 @@ def _promote_replica(state: MetadataState, index: int, c: PromoteReplica) -> Out
             Code.NOT_A_REPLICA,
             f"broker {c.broker_id} is no learner of {c.name}/{c.partition}; add it first",
         )
+    if part.replacing is None:
+        replicas = (*part.replicas, c.broker_id)
+    else:  # the learner takes the replaced voter's place, first (preferred) included
+        replicas = tuple(c.broker_id if b == part.replacing else b for b in part.replicas)
     changed = dataclasses.replace(
         part,
-        replicas=(*part.replicas, c.broker_id),
+        replicas=replicas,
         learners=tuple(b for b in part.learners if b != c.broker_id),
+        replacing=None,
+        leader=None if part.leader == part.replacing else part.leader,
     )
     return _with_partition(state, topic, c.partition, changed), Done()
 
@@ -332,7 +346,7 @@ def _remove_replica(state: MetadataState, index: int, c: RemoveReplica) -> Outco
     part = _partition(topic, c.partition)
     if c.broker_id in part.learners:  # a move given up before its promotion
         changed = dataclasses.replace(
-            part, learners=tuple(b for b in part.learners if b != c.broker_id)
+            part, learners=tuple(b for b in part.learners if b != c.broker_id), replacing=None
         )
     elif c.broker_id in part.replicas:
         if len(part.replicas) <= topic.replication_factor:

@@ -342,6 +342,31 @@ def test_a_move_adds_a_learner_promotes_it_then_removes_the_old_replica(three: D
     assert part.leader is None  # the removed replica led it
 
 
+def test_a_replacing_move_swaps_the_voter_in_one_step(three: Driver) -> None:
+    three(CreateTopic("t", 1, 3))
+    three.register(4)
+    old = three.machine.state.topics["t"].partitions[0].replicas
+    three(ReportLeader("t", 0, old[0], 1))
+    refused(three, AddReplica("t", 0, 4, replacing=4), Code.NOT_A_REPLICA)
+    assert three(AddReplica("t", 0, 4, replacing=old[0])) == Done()
+    assert three.machine.state.topics["t"].partitions[0].replacing == old[0]
+    assert three(PromoteReplica("t", 0, 4)) == Done()
+    part = three.machine.state.topics["t"].partitions[0]
+    # the learner takes the replaced voter's place: here the preferred leader's
+    assert part.replicas == (4, *old[1:])
+    assert (part.learners, part.replacing, part.leader) == ((), None, None)
+
+
+def test_a_given_up_move_forgets_what_it_replaced(three: Driver) -> None:
+    three(CreateTopic("t", 1, 3))
+    three.register(4)
+    old = three.machine.state.topics["t"].partitions[0].replicas
+    three(AddReplica("t", 0, 4, replacing=old[1]))
+    assert three(RemoveReplica("t", 0, 4)) == Done()
+    part = three.machine.state.topics["t"].partitions[0]
+    assert (part.replicas, part.learners, part.replacing) == (old, (), None)
+
+
 def test_at_most_one_replica_beyond_the_factor(three: Driver) -> None:
     three.register(4)
     three.register(5)

@@ -24,25 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eraftmq/api/v1/controller.proto\x12\traftmq.v1\"\x8f\x01\n\x15RegisterBrokerRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x11\n\traft_host\x18\x04 \x01(\t\x12\x11\n\traft_port\x18\x05 \x01(\r\x12\x0c\n\x04rack\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\x03\"\'\n\x16RegisterBrokerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\"T\n\x10HeartbeatRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x18\n\x10metadata_version\x18\x03 \x01(\x03\"=\n\x11HeartbeatResponse\x12\x0e\n\x06\x66\x65nced\x18\x01 \x01(\x08\x12\x18\n\x10metadata_version\x18\x02 \x01(\x03\",\n\x14WatchMetadataRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x03\"0\n\x0eMetadataUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05state\x18\x02 \x01(\x0c\x32\xfa\x01\n\nController\x12U\n\x0eRegisterBroker\x12 .raftmq.v1.RegisterBrokerRequest\x1a!.raftmq.v1.RegisterBrokerResponse\x12\x46\n\tHeartbeat\x12\x1b.raftmq.v1.HeartbeatRequest\x1a\x1c.raftmq.v1.HeartbeatResponse\x12M\n\rWatchMetadata\x12\x1f.raftmq.v1.WatchMetadataRequest\x1a\x19.raftmq.v1.MetadataUpdate0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eraftmq/api/v1/controller.proto\x12\traftmq.v1\"X\n\x13ReportLeaderRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12\x0c\n\x04term\x18\x04 \x01(\x04\"L\n\x15PromoteReplicaRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x11\n\tbroker_id\x18\x03 \x01(\x05\"&\n\nChangeDone\x12\x18\n\x10metadata_version\x18\x01 \x01(\x03\"\x8f\x01\n\x15RegisterBrokerRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x11\n\traft_host\x18\x04 \x01(\t\x12\x11\n\traft_port\x18\x05 \x01(\r\x12\x0c\n\x04rack\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\x03\"\'\n\x16RegisterBrokerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\"T\n\x10HeartbeatRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x18\n\x10metadata_version\x18\x03 \x01(\x03\"=\n\x11HeartbeatResponse\x12\x0e\n\x06\x66\x65nced\x18\x01 \x01(\x08\x12\x18\n\x10metadata_version\x18\x02 \x01(\x03\",\n\x14WatchMetadataRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x03\"0\n\x0eMetadataUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05state\x18\x02 \x01(\x0c\x32\x8c\x03\n\nController\x12U\n\x0eRegisterBroker\x12 .raftmq.v1.RegisterBrokerRequest\x1a!.raftmq.v1.RegisterBrokerResponse\x12\x46\n\tHeartbeat\x12\x1b.raftmq.v1.HeartbeatRequest\x1a\x1c.raftmq.v1.HeartbeatResponse\x12M\n\rWatchMetadata\x12\x1f.raftmq.v1.WatchMetadataRequest\x1a\x19.raftmq.v1.MetadataUpdate0\x01\x12\x45\n\x0cReportLeader\x12\x1e.raftmq.v1.ReportLeaderRequest\x1a\x15.raftmq.v1.ChangeDone\x12I\n\x0ePromoteReplica\x12 .raftmq.v1.PromoteReplicaRequest\x1a\x15.raftmq.v1.ChangeDoneb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.api.v1.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERBROKERREQUEST']._serialized_start=46
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=189
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=191
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=230
-  _globals['_HEARTBEATREQUEST']._serialized_start=232
-  _globals['_HEARTBEATREQUEST']._serialized_end=316
-  _globals['_HEARTBEATRESPONSE']._serialized_start=318
-  _globals['_HEARTBEATRESPONSE']._serialized_end=379
-  _globals['_WATCHMETADATAREQUEST']._serialized_start=381
-  _globals['_WATCHMETADATAREQUEST']._serialized_end=425
-  _globals['_METADATAUPDATE']._serialized_start=427
-  _globals['_METADATAUPDATE']._serialized_end=475
-  _globals['_CONTROLLER']._serialized_start=478
-  _globals['_CONTROLLER']._serialized_end=728
+  _globals['_REPORTLEADERREQUEST']._serialized_start=45
+  _globals['_REPORTLEADERREQUEST']._serialized_end=133
+  _globals['_PROMOTEREPLICAREQUEST']._serialized_start=135
+  _globals['_PROMOTEREPLICAREQUEST']._serialized_end=211
+  _globals['_CHANGEDONE']._serialized_start=213
+  _globals['_CHANGEDONE']._serialized_end=251
+  _globals['_REGISTERBROKERREQUEST']._serialized_start=254
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=397
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=399
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=438
+  _globals['_HEARTBEATREQUEST']._serialized_start=440
+  _globals['_HEARTBEATREQUEST']._serialized_end=524
+  _globals['_HEARTBEATRESPONSE']._serialized_start=526
+  _globals['_HEARTBEATRESPONSE']._serialized_end=587
+  _globals['_WATCHMETADATAREQUEST']._serialized_start=589
+  _globals['_WATCHMETADATAREQUEST']._serialized_end=633
+  _globals['_METADATAUPDATE']._serialized_start=635
+  _globals['_METADATAUPDATE']._serialized_end=683
+  _globals['_CONTROLLER']._serialized_start=686
+  _globals['_CONTROLLER']._serialized_end=1082
 # @@protoc_insertion_point(module_scope)

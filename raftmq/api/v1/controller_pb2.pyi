@@ -4,6 +4,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReportLeaderRequest(_message.Message):
+    __slots__ = ("topic", "partition", "leader_id", "term")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    leader_id: int
+    term: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class PromoteReplicaRequest(_message.Message):
+    __slots__ = ("topic", "partition", "broker_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    broker_id: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., broker_id: _Optional[int] = ...) -> None: ...
+
+class ChangeDone(_message.Message):
+    __slots__ = ("metadata_version",)
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    metadata_version: int
+    def __init__(self, metadata_version: _Optional[int] = ...) -> None: ...
+
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port", "raft_host", "raft_port", "rack", "incarnation")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,16 @@ class ControllerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.WatchMetadataRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.MetadataUpdate.FromString,
                 _registered_method=True)
+        self.ReportLeader = channel.unary_unary(
+                '/raftmq.v1.Controller/ReportLeader',
+                request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ReportLeaderRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
+                _registered_method=True)
+        self.PromoteReplica = channel.unary_unary(
+                '/raftmq.v1.Controller/PromoteReplica',
+                request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -83,6 +93,27 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLeader(self, request, context):
+        """A partition's Raft leader says it leads (sent on each new term it leads in), so the
+        metadata and what clients see of it name the leader. Errors: NOT_A_REPLICA,
+        STALE_LEADER_TERM (a newer term was reported already: drop it), UNKNOWN_TOPIC,
+        UNKNOWN_PARTITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteReplica(self, request, context):
+        """A partition's Raft leader says a learner of a move holds its whole log: the learner
+        becomes a voter, and the voter the move replaces leaves, in one metadata entry. The
+        leader then changes the group's own configuration to match. Errors: NOT_A_REPLICA
+        (no such learner: the move ended another way), PARTITION_DECOMMISSIONED,
+        UNKNOWN_TOPIC, UNKNOWN_PARTITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -100,6 +131,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.WatchMetadata,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.WatchMetadataRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.MetadataUpdate.SerializeToString,
+            ),
+            'ReportLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLeader,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ReportLeaderRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.SerializeToString,
+            ),
+            'PromoteReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteReplica,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +224,60 @@ class Controller:
             '/raftmq.v1.Controller/WatchMetadata',
             raftmq_dot_api_dot_v1_dot_controller__pb2.WatchMetadataRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_controller__pb2.MetadataUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/ReportLeader',
+            raftmq_dot_api_dot_v1_dot_controller__pb2.ReportLeaderRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/PromoteReplica',
+            raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
             options,
             channel_credentials,
             insecure,
