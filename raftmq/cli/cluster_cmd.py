@@ -8,7 +8,6 @@ import logging
 import signal
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +20,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client.partitioner import partition_for_key
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
@@ -294,10 +294,6 @@ def dev(
 # --- demo ----------------------------------------------------------------------------
 
 
-def _partition_for(key: bytes, partitions: int) -> int:
-    return zlib.crc32(key) % partitions
-
-
 def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:
     """Produce ``records`` tagged with a fresh run id, read back the offsets the broker
     acknowledged, and check them (see raftmq.cli.demo_check); other writers' records in
@@ -321,7 +317,7 @@ def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:
         task = progress.add_task(f"producing {records:,} records (acks=all)", total=records)
         for i in range(records):
             key = f"user-{i % 97}".encode()
-            p = _partition_for(key, partitions)
+            p = partition_for_key(key, partitions)
             now = time.time_ns() // 1_000_000
             pending[p].append(Record(key, f"{run_id.hex()}-{i}".encode(), now, tag))
             if len(pending[p]) >= batch:
