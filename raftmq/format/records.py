@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from raftmq.format import entry
+from raftmq.format import compression, entry
+from raftmq.format.compression import Codec
 from raftmq.format.entry import EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
 
@@ -209,15 +210,75 @@ def check_records(
     timestamp; no record timestamp is negative; record attributes are 0; key and value
     lengths are -1 (null) or more; at most MAX_HEADERS headers; header names are UTF-8.
     """
+    n, top, _, low = _walk_records(buf, start, end, record_count, (0, 0, 0), partial=False)
+    _check_totals(n, top, low, record_count, first_timestamp, max_timestamp)
+
+
+def check_payload(
+    codec: int,
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    record_count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+) -> None:
+    """:func:`check_records` or :func:`check_compressed_records`, as the entry's attribute
+    bits ``codec`` say: the check for a payload read from a request or a segment."""
+    if codec:
+        payload = memoryview(buf)[start:end]
+        check_compressed_records(codec, payload, record_count, first_timestamp, max_timestamp)
+    else:
+        check_records(buf, start, end, record_count, first_timestamp, max_timestamp)
+
+
+def check_compressed_records(
+    codec: int,
+    payload: bytes | memoryview,
+    record_count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+) -> None:
+    """:func:`check_records` for a compressed payload, decompressed a chunk at a time: the
+    memory it takes is a chunk plus the largest record, not the payload, so a small request
+    that inflates a lot costs the broker little (Kafka's broker validates the same way)."""
+    window = bytearray()
+    state = (0, 0, 0)  # records seen, largest and smallest timestamp delta
+    for chunk in compression.iter_decompressed(codec, payload):
+        window += chunk
+        n, top, used, low = _walk_records(window, 0, len(window), record_count, state, partial=True)
+        state = (n, top, low)
+        del window[:used]
+    n, top, _, low = _walk_records(window, 0, len(window), record_count, state, partial=False)
+    _check_totals(n, top, low, record_count, first_timestamp, max_timestamp)
+
+
+_LONGEST_VARINT = 10
+
+
+def _walk_records(
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    record_count: int,
+    state: tuple[int, int, int],
+    *,
+    partial: bool,
+) -> tuple[int, int, int, int]:
+    """Walk the records of ``buf[start:end]`` that follow the ``state`` (records seen,
+    largest and smallest timestamp delta) of a walk so far; return the new state with the
+    position where the walk stopped as (n, top, position, low). ``partial``: ``buf`` ends
+    mid-payload (a decompressed chunk), so stop before a record that may not be whole."""
     # The hot loop of the produce path: one-byte varints are read inline, and a record's
     # fields are walked optimistically and compared with its declared length once at the
     # end (positions only move forward, so a field that ran past it is caught there).
     uv = _uvarint_at
     pos = start
-    n = 0
-    top = low = 0  # largest and smallest timestamp delta seen
+    n, top, low = state
+    limit = end - _LONGEST_VARINT if partial else end  # a length prefix may be cut short
     try:
-        while pos < end:
+        while pos < limit:
+            rec = pos
             b = buf[pos]
             if b < 0x80:
                 length = b
@@ -226,6 +287,9 @@ def check_records(
                 length, pos = uv(buf, pos, end)
             stop = pos + length
             if stop > end or n == record_count or length < _MIN_RECORD_BYTES or buf[pos]:
+                if partial and stop > end and n < record_count:
+                    pos = rec  # not whole yet: the next chunk brings the rest
+                    break
                 _refuse_record_start(buf, start, pos, end, n, length, record_count)
             b = buf[pos + 1]
             if b < 0x80:
@@ -290,6 +354,13 @@ def check_records(
         raise InvalidEntryError(f"record {n}: {exc}") from None
     except IndexError:
         raise InvalidEntryError(f"record {n}'s fields run past the end of the payload") from None
+    return n, top, pos, low
+
+
+def _check_totals(
+    n: int, top: int, low: int, record_count: int, first_timestamp: int, max_timestamp: int
+) -> None:
+    """What the whole payload must add up to, once every record is walked."""
     if n != record_count:
         raise InvalidEntryError(f"record_count is {record_count} but the payload holds {n} records")
     if first_timestamp + top != max_timestamp:
@@ -334,34 +405,30 @@ def build_batch(
     producer_id: int = entry.NO_PRODUCER_ID,
     producer_epoch: int = -1,
     base_sequence: int = entry.NO_SEQUENCE,
-    attributes: int = 0,
+    compression_codec: Codec = Codec.NONE,
 ) -> bytes:
-    """A producer's DATA entry for ``records`` (index, term and offset left for the leader).
-
-    ``attributes`` must be 0: no compression codec is implemented (the codec bits are
-    reserved, and a broker refuses them), and the log-append-time bit is the broker's."""
+    """A producer's DATA entry for ``records`` (index, term and offset left for the leader),
+    its records payload compressed with ``compression_codec`` (docs/format.md, "Codecs")."""
     if not records:
         raise ValueError("a batch needs at least one record")
-    if attributes & entry.CODEC_MASK:
-        raise ValueError(
-            f"attributes {attributes:#x} select compression codec {attributes & entry.CODEC_MASK}; "
-            "no codec is implemented yet, so the codec bits are reserved and must be 0"
-        )
-    if attributes:
-        raise ValueError(
-            f"attributes {attributes:#x}: the log-append-time bit is set by the broker, and no "
-            "other bit is defined; producers send 0"
-        )
     stamps = [r.timestamp for r in records]
     if min(stamps) < 0:
         raise ValueError(f"record timestamp {min(stamps)} is negative; use ms since the epoch")
     first = stamps[0]
+    payload = encode_records(records, base_timestamp=first)
+    if compression_codec != Codec.NONE:
+        if len(payload) > compression.MAX_UNCOMPRESSED_PAYLOAD_BYTES:
+            raise ValueError(
+                f"the records take {len(payload)} bytes uncompressed; one entry holds at most "
+                f"{compression.MAX_UNCOMPRESSED_PAYLOAD_BYTES}: build smaller batches"
+            )
+        payload = compression.compress(compression_codec, payload)
     return entry.encode(
-        encode_records(records, base_timestamp=first),
+        payload,
         record_count=len(records),
         first_timestamp=first,
         max_timestamp=max(stamps),
-        attributes=attributes,
+        attributes=int(compression_codec),
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
@@ -377,11 +444,19 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
     if header.type != EntryType.DATA:
         return []
     payload = entry.payload_of(buf, header)
+    codec = header.attributes & entry.CODEC_MASK
+    if codec:
+        # The consumer takes the whole entry at once; the broker checked it inflates to
+        # at most MAX_UNCOMPRESSED_PAYLOAD_BYTES, and iter_decompressed checks it again.
+        payload = memoryview(compression.decompress(codec, payload))
     check_records(
         payload, 0, len(payload), header.record_count, header.first_timestamp, header.max_timestamp
     )
     # Slices of bytes are bytes: one copy per key or value, none for the walk.
-    if isinstance(buf, bytes):
+    if codec:
+        data, pos, end = payload.obj, 0, len(payload)
+        assert isinstance(data, bytes)
+    elif isinstance(buf, bytes):
         data, pos, end = buf, header.position + entry.HEADER_SIZE, header.end
     else:
         data, pos, end = bytes(payload), 0, len(payload)

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftmq.format.entry import HEADER_SIZE, EntryHeader, EntryType
+from raftmq.format.entry import CODEC_MASK, HEADER_SIZE, EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
-from raftmq.format.records import check_records
+from raftmq.format.records import check_payload
 from raftmq.log.atomic_file import read_atomic
 from raftmq.log.checkpoints import START_CHECKPOINT, TERMS_CHECKPOINT, read_start
 from raftmq.log.segment import LOG_SUFFIX, Segment, first_unsealed, parse_segment_name
@@ -187,8 +187,14 @@ def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[Entr
         for h in data_entries:
             payload = os.pread(fd, h.payload_length, h.position + HEADER_SIZE)
             try:
-                check_records(
-                    payload, 0, len(payload), h.record_count, h.first_timestamp, h.max_timestamp
+                check_payload(
+                    h.attributes & CODEC_MASK,
+                    payload,
+                    0,
+                    len(payload),
+                    h.record_count,
+                    h.first_timestamp,
+                    h.max_timestamp,
                 )
             except InvalidEntryError as exc:
                 bad += 1

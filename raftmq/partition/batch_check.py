@@ -17,17 +17,16 @@ the field, the value and the limit.
 
 from __future__ import annotations
 
-from raftmq.format import entry
+from raftmq.format import compression, entry
 from raftmq.format.entry import EntryType
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
-from raftmq.format.records import check_records
+from raftmq.format.records import check_payload
 from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, InvalidBatchError
 
 MAX_ENTRIES_PER_PRODUCE = 10_000
 _DATA = int(EntryType.DATA)
 _I32_MAX = (1 << 31) - 1
 _I16_MAX = (1 << 15) - 1
-CODEC_NAMES = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
 def check_produce(entries: bytes, *, max_entry_bytes: int, max_future_ms: int, now_ms: int) -> int:
@@ -88,12 +87,9 @@ def _check_entry(
             "and base_offset are all 0 in a produced entry)"
         )
     codec = attributes & entry.CODEC_MASK
-    if codec:
-        raise refuse(
-            f"attributes {attributes:#x} select compression codec {codec} "
-            f"({CODEC_NAMES.get(codec, 'unknown')}); no codec is implemented yet, so the codec "
-            "bits are reserved and must be 0: send records uncompressed"
-        )
+    unsupported = compression.unsupported_reason(codec)
+    if unsupported is not None:
+        raise refuse(f"attributes {attributes:#x} select a compression codec: {unsupported}")
     if attributes & entry.TIMESTAMP_LOG_APPEND:
         raise refuse(
             f"attributes {attributes:#x} set the log-append-time bit (0x8); that bit is "
@@ -127,9 +123,10 @@ def _check_entry(
                 f"{_I32_MAX}; the sequence of the last record must fit 32 bits"
             )
     # record_count and timestamps against the records themselves: only the length
-    # prefixes are read, keys and values are skipped (check_records).
+    # prefixes are read, keys and values are skipped (check_records); a compressed payload
+    # is inflated a chunk at a time to do so (check_compressed_records).
     start = position + entry.HEADER_SIZE
     try:
-        check_records(buf, start, start + payload_length, record_count, first_ts, max_ts)
+        check_payload(codec, buf, start, start + payload_length, record_count, first_ts, max_ts)
     except InvalidEntryError as exc:
         raise refuse(str(exc)) from None

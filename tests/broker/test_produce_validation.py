@@ -17,7 +17,8 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry
-from raftmq.format.records import Record, encode_records, iter_records
+from raftmq.format.compression import Codec
+from raftmq.format.records import Record, build_batch, decode_records, encode_records, iter_records
 from tests.broker.test_broker_cluster import (
     RPC_TIMEOUT,
     address_of,
@@ -28,6 +29,7 @@ from tests.broker.test_broker_cluster import (
     offsets,
     read_all,
     rpc_error,
+    wait_until,
 )
 
 TOPIC = "bad"
@@ -64,7 +66,8 @@ LIES: dict[str, tuple[Callable[[], bytes], tuple[str, ...]]] = {
         lambda: lying(max_timestamp=honest_fields()[1]["first_timestamp"] - 1)(),
         ("below first_timestamp",),
     ),
-    "gzip-bit-uncompressed": (lying(attributes=1), ("codec 1 (gzip)", "reserved")),
+    "gzip-bit-uncompressed": (lying(attributes=1), ("not valid gzip data",)),
+    "snappy-bit": (lying(attributes=2), ("snappy (codec 2) is not supported",)),
     "log-append-time-bit": (lying(attributes=8), ("log-append-time", "broker")),
     "non-zero-index": (lying(index=7), ("index is 7", "broker assigns offsets")),
     "non-zero-term": (lying(term=2), ("term is 2", "broker assigns offsets")),
@@ -116,3 +119,36 @@ def test_every_broker_keeps_serving_after_the_lies(
     for address in shared_cluster.addresses:
         _, raw = read_all(client, TOPIC, 0, address=address)
         list(iter_records(raw))
+
+
+@pytest.mark.timeout(60)
+def test_compressed_batches_are_stored_as_sent_and_read_back_on_every_replica(
+    shared_cluster: LocalCluster,
+    client: LowLevelClient,  # noqa: F811
+) -> None:
+    """The broker inflates a compressed entry only to check it: the log keeps the bytes
+    the producer sent, and every replica serves records a consumer decodes."""
+    now = int(time.time() * 1000)
+    sent: dict[Codec, tuple[int, bytes, list[bytes]]] = {}
+    for codec in (Codec.GZIP, Codec.LZ4, Codec.ZSTD):
+        values = [f"{codec.name}-{i}".encode() * 40 for i in range(300)]
+        entry_bytes = build_batch(
+            [Record(None, v, now + i) for i, v in enumerate(values)], compression_codec=codec
+        )
+        r = client.produce(TOPIC, 0, entry_bytes, timeout_ms=10_000)
+        sent[codec] = (r.base_offset, entry_bytes, values)
+    leader = address_of(shared_cluster, leader_of(client, TOPIC))
+    hw = offsets(client, leader, TOPIC)[1]
+    for address in shared_cluster.addresses:
+        wait_until(
+            lambda a=address: offsets(client, a, TOPIC)[1] >= hw, 10, f"{address} to catch up"
+        )
+        _, raw = read_all(
+            client, TOPIC, 0, address=address, start=min(base for base, _, _ in sent.values())
+        )
+        stored = {h.base_offset: h for h in entry.iter_headers(raw)}
+        for codec, (base, entry_bytes, values) in sent.items():
+            h = stored[base]
+            assert h.attributes & entry.CODEC_MASK == codec
+            assert raw[h.position + entry.HEADER_SIZE : h.end] == entry_bytes[entry.HEADER_SIZE :]
+            assert [x.value for x in decode_records(raw, h)] == values

@@ -50,8 +50,11 @@ LIES: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "max-below-first": ({"max_timestamp": NOW_MS - 1}, ("below first_timestamp",)),
     "max-not-the-max": ({"max_timestamp": NOW_MS + 4}, ("largest record timestamp is",)),
     "negative-first": ({"first_timestamp": -1, "max_timestamp": 4}, ("first_timestamp is -1",)),
-    "gzip-bit": ({"attributes": 1}, ("codec 1 (gzip)", "reserved", "uncompressed")),
-    "zstd-bit": ({"attributes": 4}, ("codec 4 (zstd)",)),
+    "gzip-bit-uncompressed": ({"attributes": 1}, ("not valid gzip data",)),
+    "zstd-bit-uncompressed": ({"attributes": 4}, ("not a zstd frame",)),
+    "lz4-bit-uncompressed": ({"attributes": 3}, ("not valid lz4 data",)),
+    "snappy-bit": ({"attributes": 2}, ("snappy (codec 2) is not supported", "zstd (4)")),
+    "codec-7": ({"attributes": 7}, ("codec 7 is not defined",)),
     "log-append-bit": ({"attributes": 8}, ("log-append-time", "broker")),
     "index": ({"index": 3}, ("index is 3", "broker assigns offsets")),
     "term": ({"term": 1}, ("term is 1",)),
@@ -91,10 +94,3 @@ def test_sizes_crc_and_entry_count_keep_their_codes() -> None:
         check(lie() * (MAX_ENTRIES_PER_PRODUCE + 1))
     with pytest.raises(InvalidBatchError, match="no entries"):
         check(b"")
-
-
-def test_build_batch_refuses_codec_and_broker_bits() -> None:
-    with pytest.raises(ValueError, match="codec"):
-        build_batch(RECORDS, attributes=1)
-    with pytest.raises(ValueError, match="log-append-time"):
-        build_batch(RECORDS, attributes=8)
