@@ -228,7 +228,9 @@ async def raftmq_produce_worker(
 
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+    from raftmq.client.errors import ClientError
     from raftmq.client.lowlevel import GRPC_OPTIONS
+    from raftmq.client.produce_stream import ProduceStream
     from raftmq.format.records import Record, build_batch
 
     channels = {addr: grpc.aio.insecure_channel(addr, options=GRPC_OPTIONS) for addr, _ in targets}
@@ -251,7 +253,7 @@ async def raftmq_produce_worker(
     sent = 0
     errors: list[str] = []
 
-    streams = {addr: ProduceStreamer(stub) for addr, stub in stubs.items()} if stream else {}
+    streams = {addr: ProduceStream(ch, addr) for addr, ch in channels.items()} if stream else {}
 
     async def loop(i: int) -> None:
         nonlocal counted, sent
@@ -267,15 +269,15 @@ async def raftmq_produce_worker(
                 return
             try:
                 if streamer is not None:
-                    answer = await streamer.produce(req)
-                    if answer.HasField("error"):
-                        errors.append(f"{answer.error.code}: {answer.error.message}")
-                        if len(errors) > 100:
-                            return
-                        await asyncio.sleep(0.05)
-                        continue
+                    await asyncio.wait_for(streamer.produce(req), 35)
                 else:
                     await stub.Produce(req, timeout=35)
+            except ClientError as exc:  # a refusal on the stream, or the stream ended
+                errors.append(f"{exc.label}: {exc}")
+                if len(errors) > 100:
+                    return
+                await asyncio.sleep(0.05)
+                continue
             except grpc.aio.AioRpcError as exc:
                 errors.append(f"{exc.code().name}: {exc.details()}")
                 if len(errors) > 100:
@@ -299,68 +301,6 @@ async def raftmq_produce_worker(
         for ch in channels.values():
             await ch.close()
     return _publish_result(counted, sent, latencies, errors, cpu, warmup + seconds)
-
-
-class ProduceStreamer:
-    """One ProduceStream to one broker: requests from many tasks, answers matched by id.
-
-    Requests made while a write is on its way go out together in the next message, as
-    Kafka's producer packs the batches ready for one broker into one request: under load
-    a message carries many requests, at low load each goes alone and at once."""
-
-    MAX_PER_MESSAGE = 256
-
-    def __init__(self, stub: Any) -> None:
-        from raftmq.api.v1 import broker_pb2 as pb
-
-        self.pb = pb
-        self.call = stub.ProduceStream()
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
-        self.next_id = 0
-        self.queued: list[Any] = []
-        self.wake = asyncio.Event()
-        self.reader = asyncio.create_task(self._read())
-        self.writer = asyncio.create_task(self._write())
-
-    async def _read(self) -> None:
-        try:
-            async for message in self.call:
-                for answer in message.responses:
-                    fut = self.waiting.pop(answer.request_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(answer)
-        finally:
-            for fut in self.waiting.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionError("the produce stream ended"))
-
-    async def _write(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            while self.queued:
-                now = self.queued[: self.MAX_PER_MESSAGE]
-                del self.queued[: self.MAX_PER_MESSAGE]
-                await self.call.write(self.pb.ProduceStreamRequest(requests=now))
-
-    async def produce(self, request: Any) -> Any:
-        self.next_id += 1
-        request.request_id = self.next_id
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[self.next_id] = fut
-        self.queued.append(request)
-        self.wake.set()
-        return await asyncio.wait_for(fut, 35)
-
-    async def close(self) -> None:
-        self.writer.cancel()
-        with contextlib.suppress(BaseException):
-            await self.writer
-        with contextlib.suppress(Exception):
-            await self.call.done_writing()
-        self.reader.cancel()
-        with contextlib.suppress(BaseException):
-            await self.reader
 
 
 async def raftmq_consume_worker(

@@ -9,13 +9,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.cluster_view import Leader, merge_metadata
 from raftmq.client.errors import ClientError, error_of
 
 GRPC_OPTIONS = [
@@ -23,12 +23,6 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 72 << 20),
 ]
 BROKER_SERVICE = "raftmq.v1.Broker"
-
-
-@dataclass(frozen=True, slots=True)
-class Leader:
-    broker_id: int
-    address: str
 
 
 class LowLevelClient:
@@ -107,24 +101,15 @@ class LowLevelClient:
         )
 
     def refresh_leaders(self, timeout: float = 2.0) -> dict[tuple[str, int], Leader]:
-        seen: dict[tuple[str, int], tuple[int, Leader]] = {}
+        answers = []
         for address in self._addresses():
             try:
-                md = self.stub(address).Metadata(pb.MetadataRequest(), timeout=timeout)
+                answers.append(self.stub(address).Metadata(pb.MetadataRequest(), timeout=timeout))
             except grpc.RpcError:
                 continue
-            for b in md.brokers:
-                self._brokers[b.id] = f"{b.host}:{b.port}"
-            for t in md.topics:
-                for p in t.partitions:
-                    if p.leader_id and p.leader_id in self._brokers:
-                        key = (t.name, p.partition)
-                        if key not in seen or p.leader_term > seen[key][0]:
-                            seen[key] = (
-                                p.leader_term,
-                                Leader(p.leader_id, self._brokers[p.leader_id]),
-                            )
-        self._leaders = {k: v for k, (_, v) in seen.items()}
+        view = merge_metadata(answers)
+        self._brokers.update(view.brokers)
+        self._leaders = view.leaders
         return dict(self._leaders)
 
     def _addresses(self) -> Iterator[str]:

@@ -1,0 +1,181 @@
+"""The producer's record accumulator: records wait here, grouped into one open batch per
+partition, until the batch is full (``batch_size``) or has waited ``linger_ms``; then the
+sender takes it. Every record's bytes count against ``buffer_memory`` from ``send`` until
+its batch is answered, so a producer faster than its brokers blocks in ``send`` instead
+of growing without bound.
+
+Thread-safe: the synchronous Producer's callers append from their threads while its
+sender drains on its event-loop thread; one lock guards everything, held for
+microseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from raftmq.format.records import Record
+
+RECORD_OVERHEAD_BYTES = 24
+"""What a record costs beyond its key, value and header bytes: framing varints, and the
+slack that keeps the estimate of a batch's size above its encoded size."""
+
+Done = Callable[[int, int, BaseException | None], None]
+"""Told a record's fate: (offset, timestamp, None), or (-1, -1, the error)."""
+
+
+def record_size(record: Record) -> int:
+    """The bytes a record is counted for, before compression."""
+    size = RECORD_OVERHEAD_BYTES + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += len(name) + len(value or b"") + 4
+    return size
+
+
+@dataclass(slots=True)
+class Batch:
+    topic: str
+    partition: int
+    created_s: float
+    deadline_s: float
+    """When ``delivery_timeout_ms`` after the first record's send runs out."""
+    records: list[Record] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
+    size_bytes: int = 0
+    attempts: int = 0
+    entry: bytes | None = None
+    """The entry as sent, built once on the first send so every retry sends the same bytes."""
+
+    def finish(self, base_offset: int, error: BaseException | None) -> None:
+        for i, (record, done) in enumerate(zip(self.records, self.done, strict=True)):
+            if error is not None:
+                done(-1, -1, error)
+            else:
+                done(base_offset + i if base_offset >= 0 else -1, record.timestamp, None)
+
+
+class BufferFullError(TimeoutError):
+    """``send`` waited ``max_block_ms`` and ``buffer_memory`` never had room."""
+
+
+class Accumulator:
+    def __init__(
+        self, *, batch_size_bytes: int, linger_s: float, buffer_bytes: int, delivery_s: float
+    ) -> None:
+        self.batch_size_bytes = batch_size_bytes
+        self.linger_s = linger_s
+        self.buffer_bytes = buffer_bytes
+        self.delivery_s = delivery_s
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._open: dict[tuple[str, int], Batch] = {}
+        self._ready: dict[tuple[str, int], deque[Batch]] = {}
+        self.used_bytes = 0
+
+    def append(
+        self, topic: str, partition: int, record: Record, done: Done, max_block_s: float
+    ) -> tuple[bool, bool]:
+        """Add ``record``. Returns (wake, rolled): wake when the sender should look now (a
+        new batch's linger started), rolled when a full batch closed (a sticky partitioner
+        moves on). Blocks up to ``max_block_s`` for buffer room; raises BufferFullError
+        after that."""
+        size = record_size(record)
+        with self._lock:
+            if self.used_bytes + size > self.buffer_bytes:
+                deadline = time.monotonic() + max_block_s
+                while self.used_bytes + size > self.buffer_bytes:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BufferFullError  # the producer says it in its own words
+                    self._room.wait(left)
+            self.used_bytes += size
+            key = (topic, partition)
+            batch = self._open.get(key)
+            rolled = False
+            if batch is not None and batch.size_bytes + size > self.batch_size_bytes:
+                self._close(key, batch)  # full: this record starts the next one
+                batch, rolled = None, True
+            wake = rolled
+            if batch is None:
+                now = time.monotonic()
+                batch = Batch(topic, partition, now, now + self.delivery_s)
+                self._open[key] = batch
+                wake = True
+            batch.records.append(record)
+            batch.done.append(done)
+            batch.size_bytes += size
+            return wake, rolled
+
+    def _close(self, key: tuple[str, int], batch: Batch) -> None:
+        del self._open[key]
+        self._ready.setdefault(key, deque()).append(batch)
+
+    def drain(
+        self, now_s: float, claim: Callable[[tuple[str, int]], bool], *, flush: bool
+    ) -> tuple[list[Batch], float | None]:
+        """The batches to send now, each of a partition for which ``claim`` took a send
+        slot (the sender's in-flight limits), oldest first per partition, and when the next
+        open batch's linger runs out. ``flush``: close open batches at once."""
+        out: list[Batch] = []
+        next_due: float | None = None
+        with self._lock:
+            for key, batch in list(self._open.items()):
+                due = batch.created_s + self.linger_s
+                if flush or due <= now_s:
+                    self._close(key, batch)
+                elif next_due is None or due < next_due:
+                    next_due = due
+            for key, queue in list(self._ready.items()):
+                while queue and claim(key):
+                    out.append(queue.popleft())
+                if not queue:
+                    del self._ready[key]
+        return out, next_due
+
+    def retry_first(self, batch: Batch) -> None:
+        """Put a batch that failed back at the head of its partition: it goes again before
+        anything sent after it, so the partition keeps its order."""
+        with self._lock:
+            self._ready.setdefault((batch.topic, batch.partition), deque()).appendleft(batch)
+
+    def release(self, batch: Batch) -> None:
+        """A batch was answered (or failed for good): its records' bytes are free."""
+        with self._lock:
+            self.used_bytes -= batch.size_bytes
+            assert self.used_bytes >= 0, "released more than was appended"
+            self._room.notify_all()
+
+    def expired(self, now_s: float) -> list[Batch]:
+        """Take out every waiting batch (open or ready) whose delivery timeout ran out."""
+        out = []
+        with self._lock:
+            for key, batch in list(self._open.items()):
+                if batch.deadline_s <= now_s:
+                    del self._open[key]
+                    out.append(batch)
+            for key, queue in list(self._ready.items()):
+                keep = deque(b for b in queue if b.deadline_s > now_s)
+                out += [b for b in queue if b.deadline_s <= now_s]
+                if keep:
+                    self._ready[key] = keep
+                else:
+                    del self._ready[key]
+        return out
+
+    def take_all(self) -> list[Batch]:
+        """Every waiting batch (the producer closes without sending them)."""
+        with self._lock:
+            out = list(self._open.values())
+            self._open.clear()
+            for queue in self._ready.values():
+                out += queue
+            self._ready.clear()
+        return out
+
+    @property
+    def waiting(self) -> bool:
+        with self._lock:
+            return bool(self._open) or any(self._ready.values())

@@ -1,0 +1,642 @@
+"""The producer: ``send`` returns at once with a future of the record's offset; records
+are batched per partition, compressed, and sent over one ProduceStream per broker, with
+retries on the errors a retry can mend.
+
+Two faces over one engine: :class:`Producer` (call it from any thread; its engine runs an
+event loop on a thread of its own) and :class:`AsyncProducer` (its engine runs in the
+caller's event loop). Futures are the one way to learn a record's fate: ``result()`` /
+``await``, or ``add_done_callback``. The synchronous producer's callbacks run on its I/O
+thread: keep them short, and never call ``flush`` or ``close`` from one.
+
+Delivery (README, "Delivery semantics"): acks='all' waits until a majority of replicas
+has the record on disk, acks=1 until the leader has appended it, acks=0 not at all (the
+offset is then -1). Per partition, batches go one after another and a failed one is
+retried before anything sent after it, so records of one partition are stored in the
+order of their ``send`` calls. A retry after an answer that never came (a broken
+connection, a timeout) may store a batch twice: that is at-least-once, and set
+``retries=0`` for at-most-once. The idempotent producer, which removes those duplicates,
+is not built yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypedDict, Unpack
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.accumulator import Accumulator, Batch, BufferFullError
+from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
+from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import GRPC_OPTIONS
+from raftmq.client.partitioner import Partitioner, StickyPartitioner
+from raftmq.client.produce_stream import ProduceStream
+from raftmq.format.compression import Codec, codec_named
+from raftmq.format.entry import MAX_ENTRY_BYTES
+from raftmq.format.records import Record, build_batch
+
+Acks = Literal["all", 1, 0]
+_ACKS = {"all": pb.ACKS_ALL, 1: pb.ACKS_LEADER, 0: pb.ACKS_NONE}
+_MAY_DUPLICATE = {pb.ERROR_CODE_OUTCOME_UNKNOWN, pb.ERROR_CODE_TIMEOUT}
+"""Refusals after which the batch may or may not be stored: retried (at-least-once)."""
+METADATA_TIMEOUT_S = 5.0
+
+
+class ProducerClosedError(RuntimeError):
+    """``send`` after ``close``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+    """-1 with acks=0 (the broker does not say)."""
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Every setting, checked once at construction: a bad one fails there, not later."""
+
+    bootstrap: tuple[str, ...]
+    acks: Acks = "all"
+    """'all': stored on a majority's disks; 1: appended by the leader; 0: not waited for."""
+    linger_ms: int = 5
+    """How long a batch waits for more records before it is sent (it goes at once when
+    full). A few ms make batches, and so throughput, much larger under load."""
+    batch_size: int = 256 * 1024
+    """A batch is sent once its records reach this many bytes (before compression)."""
+    buffer_memory: int = 64 * 1024 * 1024
+    """Bytes of records held from send until answered; send blocks when it is full."""
+    compression: str | None = None
+    """None, 'gzip', 'lz4' or 'zstd': the codec of each batch's records."""
+    max_in_flight: int = 64
+    """Batches awaiting an answer, over all brokers (one per partition at a time)."""
+    retries: int = 10
+    """Attempts after the first, for errors a retry can mend. 0: at-most-once."""
+    retry_backoff_ms: int = 50
+    """The first wait before a retry; it doubles with each attempt, up to 1 s."""
+    request_timeout_ms: int = 30_000
+    """How long the broker (and then this client) waits for one attempt's acks."""
+    delivery_timeout_ms: int = 120_000
+    """From send to answer, retries included: then the record's future fails."""
+    max_block_ms: int = 60_000
+    """How long send may block, for buffer room or a topic's first metadata."""
+    max_request_size: int = 1024 * 1024
+    """The largest record (key and value) send takes."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ValueError("give at least one broker address host:port in bootstrap")
+        if self.acks not in _ACKS:
+            raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
+        for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
+        for name in ("batch_size", "buffer_memory", "max_in_flight", "request_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not 1 <= self.max_request_size <= MAX_ENTRY_BYTES:
+            raise ValueError(
+                f"max_request_size must be 1 to {MAX_ENTRY_BYTES} bytes (the largest entry), "
+                f"not {self.max_request_size}"
+            )
+        if self.batch_size > self.max_request_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must not exceed max_request_size "
+                f"({self.max_request_size}): a full batch must fit one request"
+            )
+        if self.buffer_memory < self.batch_size:
+            raise ValueError(
+                f"buffer_memory ({self.buffer_memory}) must hold at least one batch "
+                f"(batch_size {self.batch_size})"
+            )
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError(
+                f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least linger_ms "
+                f"+ request_timeout_ms ({self.linger_ms + self.request_timeout_ms}): a record "
+                "must have time for one attempt"
+            )
+        codec_named(self.compression)  # raises a sentence for an unknown codec
+
+    @property
+    def codec(self) -> Codec:
+        return codec_named(self.compression)
+
+
+class ProducerSettings(TypedDict, total=False):
+    """The keyword settings of both producers (defaults and meaning: ProducerConfig)."""
+
+    acks: Acks
+    linger_ms: int
+    batch_size: int
+    buffer_memory: int
+    compression: str | None
+    max_in_flight: int
+    retries: int
+    retry_backoff_ms: int
+    request_timeout_ms: int
+    delivery_timeout_ms: int
+    max_block_ms: int
+    max_request_size: int
+
+
+class _Engine:
+    """Drains the accumulator into produce requests, on one event loop."""
+
+    def __init__(self, config: ProducerConfig, accumulator: Accumulator) -> None:
+        self.config = config
+        self.acc = accumulator
+        self.view = ClusterView()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, ProduceStream] = {}
+        self._in_flight: dict[tuple[str, int], int] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self.room = asyncio.Event()
+        """Set when a batch releases buffer room (the async producer waits on it)."""
+        self._flushing = 0
+        self._idle = asyncio.Event()
+        self._stopping = False
+        self._refreshing: asyncio.Task[None] | None = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # --- metadata ---------------------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    async def refresh(self) -> None:
+        """Ask every known broker for Metadata, at most one refresh at a time."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        addresses = list(dict.fromkeys([*self.config.bootstrap, *self.view.brokers.values()]))
+
+        async def ask(address: str) -> pb.MetadataResponse | None:
+            stub = pb_grpc.BrokerStub(self._channel(address))
+            try:
+                answer: pb.MetadataResponse = await stub.Metadata(
+                    pb.MetadataRequest(), timeout=METADATA_TIMEOUT_S
+                )
+                return answer
+            except grpc.aio.AioRpcError:
+                return None
+
+        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
+        if answers:
+            self.view = merge_metadata(answers)
+
+    async def partitions_of(self, topic: str, wait_s: float) -> int:
+        """The partition count of ``topic``, refreshing metadata for up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while topic not in self.view.partitions:
+            await self.refresh()
+            if topic in self.view.partitions:
+                break
+            if time.monotonic() >= deadline:
+                raise ClientError(
+                    f"topic {topic!r} does not exist (no broker's metadata names it); create "
+                    "it with 'raftmq topic create' or the admin API",
+                    pb.ERROR_CODE_UNKNOWN_TOPIC,
+                    grpc.StatusCode.NOT_FOUND,
+                    {},
+                    "UNKNOWN_TOPIC",
+                )
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return self.view.partitions[topic]
+
+    # --- sending ------------------------------------------------------------------------
+
+    def _claim(self, key: tuple[str, int]) -> bool:
+        """One batch per partition at a time (so a retry cannot reorder), and at most
+        max_in_flight batches in all."""
+        if self._in_flight.get(key) or len(self._sending) >= self.config.max_in_flight:
+            return False
+        self._in_flight[key] = 1
+        return True
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            for batch in self.acc.expired(time.monotonic()):
+                self._fail(batch, self._expired(batch))
+            batches, next_due = self.acc.drain(
+                time.monotonic(), self._claim, flush=self._flushing > 0 or self._stopping
+            )
+            for batch in batches:
+                task = loop.create_task(self._send(batch))
+                self._sending.add(task)
+                task.add_done_callback(self._sent)
+            if not self._sending and not self.acc.waiting:
+                self._idle.set()
+                if self._stopping:
+                    return
+            else:
+                self._idle.clear()
+            timeout = 1.0 if next_due is None else max(0.0, next_due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._wake.set()
+
+    async def _send(self, batch: Batch) -> None:
+        key = (batch.topic, batch.partition)
+        try:
+            if batch.entry is None:
+                batch.entry = build_batch(batch.records, compression_codec=self.config.codec)
+            error = await self._attempt(batch)
+            if error is None:
+                return
+            if self._retriable(error) and batch.attempts <= self.config.retries:
+                backoff_s = min(
+                    1.0, self.config.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1)
+                )
+                await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                if time.monotonic() < batch.deadline_s:
+                    self.acc.retry_first(batch)
+                    return
+                error = self._expired(batch, error)
+            self._fail(batch, error)
+        finally:
+            self._in_flight.pop(key, None)
+
+    async def _attempt(self, batch: Batch) -> BaseException | None:
+        """One try; None when the batch was stored (its futures are then done)."""
+        batch.attempts += 1
+        key = (batch.topic, batch.partition)
+        leader = self.view.leaders.get(key)
+        if leader is None:
+            await self.refresh()
+            leader = self.view.leaders.get(key)
+            if leader is None:
+                return ClientError(
+                    f"no leader is known for {batch.topic}/{batch.partition}",
+                    pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+                    grpc.StatusCode.UNAVAILABLE,
+                    {},
+                    "LEADER_NOT_AVAILABLE",
+                )
+        assert batch.entry is not None
+        request = pb.ProduceRequest(
+            topic=batch.topic,
+            partition=batch.partition,
+            entries=batch.entry,
+            acks=_ACKS[self.config.acks],
+            timeout_ms=self.config.request_timeout_ms,
+        )
+        try:
+            answer = await asyncio.wait_for(
+                self._stream(leader.address).produce(request),
+                self.config.request_timeout_ms / 1000 + 1,
+            )
+        except ClientError as exc:
+            self._learn_from(key, exc)
+            return exc
+        except TimeoutError:
+            return ClientError(
+                f"{leader.address} did not answer for {batch.topic}/{batch.partition} within "
+                f"{self.config.request_timeout_ms} ms (request_timeout_ms)",
+                pb.ERROR_CODE_TIMEOUT,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                {},
+                "TIMEOUT",
+            )
+        self.acc.release(batch)
+        self.room.set()
+        batch.finish(answer.base_offset, None)
+        return None
+
+    def _stream(self, address: str) -> ProduceStream:
+        stream = self._streams.get(address)
+        if stream is None or stream.ended:
+            stream = ProduceStream(self._channel(address), address)
+            self._streams[address] = stream
+        return stream
+
+    def _learn_from(self, key: tuple[str, int], error: ClientError) -> None:
+        """A NOT_LEADER names the leader: use it at once. Any other failure: ask again."""
+        hinted = error.meta.get("raftmq-leader-address")
+        if hinted:
+            self.view.leaders[key] = Leader(int(error.meta.get("raftmq-leader-id", 0)), hinted)
+        else:
+            self.view.leaders.pop(key, None)
+
+    def _retriable(self, error: BaseException) -> bool:
+        if not isinstance(error, ClientError):
+            return False
+        return error.retriable or error.unreachable or error.code in _MAY_DUPLICATE
+
+    def _expired(self, batch: Batch, last: BaseException | None = None) -> ClientError:
+        why = f"; the last attempt failed: {last}" if last is not None else ""
+        return ClientError(
+            f"{len(batch.records)} records for {batch.topic}/{batch.partition} were not "
+            f"stored within {self.config.delivery_timeout_ms} ms (delivery_timeout_ms) after "
+            f"{batch.attempts} attempts{why}",
+            pb.ERROR_CODE_TIMEOUT,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            {},
+            "TIMEOUT",
+        )
+
+    def _fail(self, batch: Batch, error: BaseException) -> None:
+        self.acc.release(batch)
+        self.room.set()
+        batch.finish(-1, error)
+
+    # --- flush and close ------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send everything waiting and wait for every answer."""
+        self._flushing += 1
+        try:
+            self._idle.clear()
+            self._wake.set()
+            await self._idle.wait()
+        finally:
+            self._flushing -= 1
+
+    async def close(self, *, abandon: bool) -> None:
+        """Send what waits (unless ``abandon``: fail it), then close every connection."""
+        if abandon:
+            for batch in self.acc.take_all():
+                self._fail(batch, ProducerClosedError("the producer closed before sending it"))
+        self._stopping = True
+        self._wake.set()
+        await self._task
+        for stream in self._streams.values():
+            await stream.close()
+        for channel in self._channels.values():
+            await channel.close()
+
+
+def _record(
+    value: bytes | None,
+    key: bytes | None,
+    headers: Mapping[str, bytes | None] | Sequence[tuple[str, bytes | None]] | None,
+    tags: Sequence[str] | None,
+    timestamp: int | None,
+) -> Record:
+    pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
+    pairs += [("tag", t.encode()) for t in tags or ()]
+    ts = int(time.time() * 1000) if timestamp is None else timestamp
+    if ts < 0:
+        raise ValueError(f"timestamp {ts} is negative; use ms since the epoch")
+    return Record(key, value, ts, tuple(pairs))
+
+
+class _Face:
+    """What both producers share: the settings, the accumulator, the partitioner and the
+    checks each send makes before a record is accepted."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        partitioner: Partitioner | None,
+        settings: ProducerSettings,
+    ) -> None:
+        addresses = tuple(bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap)
+        config = ProducerConfig(addresses, **settings)
+        self.config = config
+        self.partitioner: Partitioner = partitioner or StickyPartitioner()
+        self.acc = Accumulator(
+            batch_size_bytes=config.batch_size,
+            linger_s=config.linger_ms / 1000,
+            buffer_bytes=config.buffer_memory,
+            delivery_s=config.delivery_timeout_ms / 1000,
+        )
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ProducerClosedError("the producer is closed; create a new one to send")
+
+    def _place(self, topic: str, record: Record, partition: int | None, partitions: int) -> int:
+        size = len(record.key or b"") + len(record.value or b"")
+        if size > self.config.max_request_size:
+            raise ValueError(
+                f"the record is {size} bytes, more than max_request_size "
+                f"({self.config.max_request_size}); send smaller records or raise it (and the "
+                "topic's max.message.bytes)"
+            )
+        if partition is None:
+            return self.partitioner.partition(topic, record.key, partitions)
+        if not 0 <= partition < partitions:
+            raise ValueError(f"topic {topic} has partitions 0-{partitions - 1}, not {partition}")
+        return partition
+
+    def _buffer_full(self) -> BufferFullError:
+        return BufferFullError(
+            f"the producer's buffer ({self.config.buffer_memory} bytes, buffer_memory) stayed "
+            f"full for {self.config.max_block_ms} ms (max_block_ms): the brokers take records "
+            "slower than they are sent; send slower, flush, or raise buffer_memory"
+        )
+
+    def _rolled(self, topic: str, partition: int, partitions: int) -> None:
+        batch_sent = getattr(self.partitioner, "batch_sent", None)
+        if batch_sent is not None:
+            batch_sent(topic, partition, partitions)
+
+
+class Producer(_Face):
+    """A thread-safe producer. ``with Producer(...) as p:`` closes (after sending
+    everything) on exit."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        partitioner: Partitioner | None = None,
+        **settings: Unpack[ProducerSettings],
+    ) -> None:
+        """``bootstrap``: broker addresses host:port (a list, or comma-separated);
+        ``partitioner``: where records without an explicit partition go (default:
+        StickyPartitioner); the settings and their defaults: ProducerConfig."""
+        super().__init__(bootstrap, partitioner, settings)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="raftmq-producer", daemon=True
+        )
+        self._thread.start()
+        self._engine = asyncio.run_coroutine_threadsafe(self._make_engine(), self._loop).result()
+
+    async def _make_engine(self) -> _Engine:
+        return _Engine(self.config, self.acc)
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes | None] | Sequence[tuple[str, bytes | None]] | None = None,
+        tags: Sequence[str] | None = None,
+        timestamp: int | None = None,
+        partition: int | None = None,
+    ) -> concurrent.futures.Future[RecordMetadata]:
+        """Queue one record; the future holds its RecordMetadata once stored, or the
+        ClientError that stopped it. Blocks (up to max_block_ms) only for buffer room or
+        a topic's first metadata."""
+        self._check_open()
+        record = _record(value, key, headers, tags, timestamp)
+        partitions = self._partitions(topic)
+        p = self._place(topic, record, partition, partitions)
+        fut: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
+
+        def done(offset: int, ts: int, error: BaseException | None) -> None:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(RecordMetadata(topic, p, offset, ts))
+
+        try:
+            wake, rolled = self.acc.append(topic, p, record, done, self.config.max_block_ms / 1000)
+        except BufferFullError:
+            raise self._buffer_full() from None
+        if rolled:
+            self._rolled(topic, p, partitions)
+        if wake:
+            self._loop.call_soon_threadsafe(self._engine.wake)
+        return fut
+
+    def _partitions(self, topic: str) -> int:
+        count = self._engine.view.partitions.get(topic)
+        if count is None:
+            wait_s = self.config.max_block_ms / 1000
+            fut = asyncio.run_coroutine_threadsafe(
+                self._engine.partitions_of(topic, wait_s), self._loop
+            )
+            count = fut.result()
+        return count
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every queued record now and wait until each has its answer."""
+        self._check_open()
+        asyncio.run_coroutine_threadsafe(self._engine.flush(), self._loop).result(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued (waiting up to ``timeout``; then the rest fails), and stop.
+        Closing twice is allowed."""
+        if self.closed:
+            return
+        self.closed = True
+        flushed = asyncio.run_coroutine_threadsafe(self._engine.flush(), self._loop)
+        abandon = False
+        try:
+            flushed.result(timeout)
+        except concurrent.futures.TimeoutError:
+            abandon = True
+        asyncio.run_coroutine_threadsafe(self._engine.close(abandon=abandon), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncProducer(_Face):
+    """The producer for asyncio code: create it inside the event loop that uses it
+    (``async with AsyncProducer(...) as p``), and ``await p.send(...)`` returns the
+    record's future once the record is queued."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        partitioner: Partitioner | None = None,
+        **settings: Unpack[ProducerSettings],
+    ) -> None:
+        """``bootstrap``: broker addresses host:port (a list, or comma-separated);
+        ``partitioner``: where records without an explicit partition go (default:
+        StickyPartitioner); the settings and their defaults: ProducerConfig."""
+        super().__init__(bootstrap, partitioner, settings)
+        self._engine = _Engine(self.config, self.acc)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes | None] | Sequence[tuple[str, bytes | None]] | None = None,
+        tags: Sequence[str] | None = None,
+        timestamp: int | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """As :meth:`Producer.send`; waits (without blocking the loop) for buffer room."""
+        self._check_open()
+        record = _record(value, key, headers, tags, timestamp)
+        partitions = await self._engine.partitions_of(topic, self.config.max_block_ms / 1000)
+        p = self._place(topic, record, partition, partitions)
+        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+
+        def done(offset: int, ts: int, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(RecordMetadata(topic, p, offset, ts))
+
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        while True:
+            try:
+                wake, rolled = self.acc.append(topic, p, record, done, 0)
+                break
+            except BufferFullError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._buffer_full() from None
+                self._engine.room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._engine.room.wait(), left)
+        if rolled:
+            self._rolled(topic, p, partitions)
+        if wake:
+            self._engine.wake()
+        return fut
+
+    async def flush(self) -> None:
+        self._check_open()
+        await self._engine.flush()
+
+    async def close(self, timeout: float | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        abandon = False
+        try:
+            await asyncio.wait_for(self._engine.flush(), timeout)
+        except TimeoutError:
+            abandon = True
+        await self._engine.close(abandon=abandon)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,102 @@
+"""The producer's accumulator alone: batches roll when full and leave when their linger
+runs out, a failed batch goes back ahead of later ones, the buffer bound blocks and frees,
+and batches past their delivery timeout come out."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from raftmq.client.accumulator import Accumulator, BufferFullError, record_size
+from raftmq.format.records import Record
+
+NOW = 1_700_000_000_000
+
+
+def acc(**kw: float) -> Accumulator:
+    settings = {
+        "batch_size_bytes": 1000,
+        "linger_s": 0.05,
+        "buffer_bytes": 10_000,
+        "delivery_s": 60,
+    }
+    settings.update(kw)
+    return Accumulator(**settings)  # type: ignore[arg-type]
+
+
+def ignore(offset: int, ts: int, error: BaseException | None) -> None:
+    pass
+
+
+def rec(n: int) -> Record:
+    return Record(None, b"v" * n, NOW)
+
+
+def always(key: tuple[str, int]) -> bool:
+    return True
+
+
+def test_a_full_batch_rolls_and_an_open_one_waits_for_its_linger() -> None:
+    a = acc()
+    assert a.append("t", 0, rec(400), ignore, 0) == (True, False)  # new batch: linger starts
+    assert a.append("t", 0, rec(400), ignore, 0) == (False, False)
+    assert a.append("t", 0, rec(400), ignore, 0) == (True, True)  # over 1000: rolled
+    batches, due = a.drain(time.monotonic(), always, flush=False)
+    assert [len(b.records) for b in batches] == [2]
+    assert due is not None and due > time.monotonic()
+    batches, _ = a.drain(time.monotonic() + 0.06, always, flush=False)
+    assert [len(b.records) for b in batches] == [1]
+
+
+def test_claim_limits_what_drains_and_a_retry_goes_first() -> None:
+    a = acc(linger_s=0)
+    for _ in range(3):
+        a.append("t", 0, rec(900), ignore, 0)
+    taken, _ = a.drain(time.monotonic(), lambda key: False, flush=True)
+    assert taken == []
+    claims = iter([True, False])
+    first, _ = a.drain(time.monotonic(), lambda key: next(claims), flush=True)
+    assert len(first) == 1
+    a.retry_first(first[0])
+    again, _ = a.drain(time.monotonic(), always, flush=True)
+    assert again[0] is first[0] and len(again) == 3
+
+
+def test_a_full_buffer_blocks_until_room_is_released() -> None:
+    one = record_size(rec(4000))
+    a = acc(batch_size_bytes=one, buffer_bytes=2 * one)
+    a.append("t", 0, rec(4000), ignore, 0)
+    a.append("t", 1, rec(4000), ignore, 0)
+    with pytest.raises(BufferFullError):
+        a.append("t", 2, rec(4000), ignore, 0.05)
+    batches, _ = a.drain(time.monotonic(), always, flush=True)
+    threading.Timer(0.1, a.release, [batches[0]]).start()
+    started = time.monotonic()
+    a.append("t", 2, rec(4000), ignore, 5)
+    assert 0.05 < time.monotonic() - started < 4
+    assert a.used_bytes == 2 * one
+
+
+def test_batches_past_their_delivery_timeout_come_out() -> None:
+    a = acc(delivery_s=0.01, linger_s=10)
+    a.append("t", 0, rec(10), ignore, 0)
+    a.append("t", 1, rec(10), ignore, 0)
+    assert a.expired(time.monotonic()) == []
+    expired = a.expired(time.monotonic() + 1)
+    assert sorted(b.partition for b in expired) == [0, 1]
+    assert not a.waiting
+
+
+def test_a_batch_finishing_tells_every_record() -> None:
+    a = acc(linger_s=0)
+    told: list[tuple[int, int, BaseException | None]] = []
+    for i in range(3):
+        a.append("t", 0, Record(None, b"x", NOW + i), lambda o, t, e: told.append((o, t, e)), 0)
+    (batch,), _ = a.drain(time.monotonic(), always, flush=True)
+    batch.finish(40, None)
+    assert told == [(40, NOW, None), (41, NOW + 1, None), (42, NOW + 2, None)]
+    boom = RuntimeError("no")
+    batch.finish(-1, boom)
+    assert told[3:] == [(-1, -1, boom)] * 3
