@@ -18,7 +18,20 @@ from tests.broker.conftest import (
 __all__ = ["make_cluster"]
 
 # One topic per test of the shared cluster.
-CLIENT_TOPICS = {"p": 3, "z": 2, "a0": 1, "hold": 1, "async": 2, "order": 1}
+CLIENT_TOPICS = {
+    "p": 3,
+    "z": 2,
+    "a0": 1,
+    "hold": 1,
+    "async": 2,
+    "c": 2,
+    "cl": 1,
+    "cs": 1,
+    "cp": 2,
+    "ce": 1,
+    "cb": 3,
+    "ca": 1,
+}
 
 
 @pytest.fixture(scope="module")

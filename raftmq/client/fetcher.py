@@ -1,0 +1,342 @@
+"""The consumer's fetcher: for each assigned, unpaused partition one long-poll Fetch at a
+time, run ahead of ``poll`` so records are ready when asked for, into a bounded buffer.
+
+Bounded twice: a partition stops fetching while it holds ``partition_buffer_bytes`` not
+yet polled, and every partition stops while the consumer holds ``max_buffer_bytes`` in
+all, so memory does not grow with a slow ``poll`` loop nor, past the cap, with the number
+of partitions. Entries are kept as the broker sent them; records are decoded by ``poll``,
+in the caller's thread, only as far as it takes them.
+
+Positions have generations: a ``seek`` (or a reset after the log start moved past the
+position) bumps the partition's generation and drops its buffer, and an answer to a fetch
+started under an older generation is thrown away when it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
+from raftmq.client.errors import ClientError, error_of
+from raftmq.client.lowlevel import GRPC_OPTIONS
+
+OffsetReset = Literal["earliest", "latest", "error"]
+TopicPartition = tuple[str, int]
+RETRY_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 1.0
+RPC_SLACK_S = 10.0
+"""How much longer than its long poll a Fetch may take before the client gives up."""
+
+
+class NoOffsetError(ClientError):
+    """auto_offset_reset='error' and the partition has no position (or the log start moved
+    past it): the caller must seek."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    generation: int
+    entries: bytes
+    next_offset: int
+
+
+@dataclass(slots=True)
+class PartitionState:
+    fetch_offset: int | None = None
+    """The next offset to fetch; None until the reset policy or a seek gives one."""
+    position: int | None = None
+    """The next offset ``poll`` returns."""
+    generation: int = 0
+    paused: bool = False
+    buffered: deque[Chunk] = field(default_factory=deque)
+    buffered_bytes: int = 0
+    error: ClientError | None = None
+    """Raised by the next ``poll`` (a NoOffsetError, or a refusal a retry cannot mend)."""
+    high_watermark: int = -1
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Fetcher:
+    """Runs on one event loop; ``lock`` guards the partition states, which ``poll`` reads
+    from another thread in the synchronous consumer."""
+
+    def __init__(
+        self,
+        bootstrap: tuple[str, ...],
+        *,
+        auto_offset_reset: OffsetReset,
+        fetch_max_wait_ms: int,
+        partition_buffer_bytes: int,
+        max_buffer_bytes: int,
+        on_data: Callable[[], None],
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.auto_offset_reset = auto_offset_reset
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.partition_buffer_bytes = partition_buffer_bytes
+        self.max_buffer_bytes = max_buffer_bytes
+        self.on_data = on_data
+        self.lock = threading.Lock()
+        self.states: dict[TopicPartition, PartitionState] = {}
+        self.total_bytes = 0
+        self.view = ClusterView()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._room = asyncio.Event()
+
+    # --- connections and metadata ---------------------------------------------------------
+
+    def stub(self, address: str) -> pb_grpc.BrokerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            self._channels[address] = channel
+        return pb_grpc.BrokerStub(channel)
+
+    async def refresh(self) -> None:
+        addresses = list(dict.fromkeys([*self.bootstrap, *self.view.brokers.values()]))
+
+        async def ask(address: str) -> pb.MetadataResponse | None:
+            try:
+                answer: pb.MetadataResponse = await self.stub(address).Metadata(
+                    pb.MetadataRequest(), timeout=5
+                )
+                return answer
+            except grpc.aio.AioRpcError:
+                return None
+
+        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
+        if answers:
+            self.view = merge_metadata(answers)
+
+    async def leader(self, tp: TopicPartition) -> str:
+        leader = self.view.leaders.get(tp)
+        if leader is None:
+            await self.refresh()
+            leader = self.view.leaders.get(tp)
+        if leader is None:
+            raise ClientError(
+                f"no leader is known for {tp[0]}/{tp[1]}",
+                pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+                grpc.StatusCode.UNAVAILABLE,
+                {},
+                "LEADER_NOT_AVAILABLE",
+            )
+        return leader.address
+
+    async def list_offset(self, tp: TopicPartition, spec: pb.ListOffsetsRequest) -> int:
+        """ListOffsets at the partition's leader, following redirects and elections."""
+        spec.topic, spec.partition = tp
+        for attempt in range(60):
+            try:
+                answer = await self.stub(await self.leader(tp)).ListOffsets(spec, timeout=10)
+                return int(answer.offset)
+            except grpc.aio.AioRpcError as exc:
+                err = error_of(exc)
+                if not (err.retriable or err.unreachable):
+                    raise err from None
+                self._learn(tp, err)
+                await _backoff(attempt)
+            except ClientError as err:  # no leader yet
+                if not err.retriable:
+                    raise
+                await _backoff(attempt)
+        raise ClientError(
+            f"no leader of {tp[0]}/{tp[1]} answered ListOffsets",
+            pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+            grpc.StatusCode.UNAVAILABLE,
+            {},
+            "LEADER_NOT_AVAILABLE",
+        )
+
+    def _learn(self, tp: TopicPartition, err: ClientError) -> None:
+        hinted = err.meta.get("raftmq-leader-address")
+        if hinted:
+            self.view.leaders[tp] = Leader(int(err.meta.get("raftmq-leader-id", 0)), hinted)
+        else:
+            self.view.leaders.pop(tp, None)
+
+    # --- assignment -------------------------------------------------------------------------
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        wanted = set(partitions)
+        for tp in list(self.states):
+            if tp not in wanted:
+                self._drop(tp)
+        for tp in partitions:
+            if tp not in self.states:
+                state = PartitionState()
+                self.states[tp] = state
+                state.task = asyncio.get_running_loop().create_task(self._fetch_loop(tp, state))
+
+    def _drop(self, tp: TopicPartition) -> None:
+        state = self.states.pop(tp)
+        if state.task is not None:
+            state.task.cancel()
+        with self.lock:
+            self.total_bytes -= state.buffered_bytes
+        self._room.set()
+
+    def seek(self, tp: TopicPartition, offset: int | None) -> None:
+        """Start ``tp`` over at ``offset`` (None: where the reset policy says)."""
+        state = self.states[tp]
+        with self.lock:
+            state.generation += 1
+            self.total_bytes -= state.buffered_bytes
+            state.buffered.clear()
+            state.buffered_bytes = 0
+            state.fetch_offset = state.position = offset
+            state.error = None
+        state.wake.set()
+        self._room.set()
+
+    def set_paused(self, tp: TopicPartition, paused: bool) -> None:
+        state = self.states[tp]
+        state.paused = paused
+        state.wake.set()
+
+    def consumed(self, freed_bytes: int) -> None:
+        """``poll`` took chunks worth ``freed_bytes``: fetching may go on."""
+        self._room.set()
+        for state in self.states.values():
+            state.wake.set()
+        del freed_bytes
+
+    # --- fetching -------------------------------------------------------------------------
+
+    async def _fetch_loop(self, tp: TopicPartition, state: PartitionState) -> None:
+        attempt = 0
+        while True:
+            if state.paused or state.error is not None or self._full(state):
+                state.wake.clear()
+                await state.wake.wait()
+                continue
+            generation = state.generation
+            try:
+                if state.fetch_offset is None:
+                    offset = await self._reset_offset(tp, state)
+                    if offset is None:
+                        continue
+                    with self.lock:
+                        if state.generation == generation:
+                            state.fetch_offset = state.position = offset
+                    continue
+                answer = await self._fetch(tp, state.fetch_offset)
+                attempt = 0
+            except ClientError as err:
+                if err.code == pb.ERROR_CODE_OFFSET_OUT_OF_RANGE:
+                    self._out_of_range(tp, state, generation, err)
+                    continue
+                if not (err.retriable or err.unreachable):
+                    self._fail(state, generation, err)
+                    continue
+                self._learn(tp, err)
+                await _backoff(attempt)
+                attempt += 1
+                continue
+            self._deliver(state, generation, answer)
+
+    def _full(self, state: PartitionState) -> bool:
+        with self.lock:
+            return (
+                state.buffered_bytes >= self.partition_buffer_bytes
+                or self.total_bytes >= self.max_buffer_bytes
+            )
+
+    async def _fetch(self, tp: TopicPartition, offset: int) -> pb.FetchResponse:
+        request = pb.FetchRequest(
+            topic=tp[0],
+            partition=tp[1],
+            offset=offset,
+            max_bytes=self.partition_buffer_bytes,
+            max_wait_ms=self.fetch_max_wait_ms,
+            min_bytes=1,
+        )
+        address = await self.leader(tp)
+        try:
+            answer: pb.FetchResponse = await self.stub(address).Fetch(
+                request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
+            )
+            return answer
+        except grpc.aio.AioRpcError as exc:
+            raise error_of(exc) from None
+
+    def _deliver(self, state: PartitionState, generation: int, answer: pb.FetchResponse) -> None:
+        with self.lock:
+            if state.generation != generation:
+                return  # a seek came in meanwhile
+            state.high_watermark = answer.high_watermark
+            if not answer.entries:
+                return
+            state.buffered.append(Chunk(generation, answer.entries, answer.next_offset))
+            state.buffered_bytes += len(answer.entries)
+            self.total_bytes += len(answer.entries)
+            state.fetch_offset = answer.next_offset
+        self.on_data()
+
+    async def _reset_offset(self, tp: TopicPartition, state: PartitionState) -> int | None:
+        if self.auto_offset_reset == "error":
+            self._fail(
+                state,
+                state.generation,
+                NoOffsetError(
+                    f"{tp[0]}/{tp[1]} has no position and auto_offset_reset is 'error'; seek "
+                    "it (seek, seek_to_beginning or seek_to_end) before polling",
+                    pb.ERROR_CODE_OFFSET_OUT_OF_RANGE,
+                    None,
+                    {},
+                    "",
+                ),
+            )
+            return None
+        where = pb.EARLIEST if self.auto_offset_reset == "earliest" else pb.LATEST
+        return await self.list_offset(tp, pb.ListOffsetsRequest(position=where))
+
+    def _out_of_range(
+        self, tp: TopicPartition, state: PartitionState, generation: int, err: ClientError
+    ) -> None:
+        """The position fell below the log start (retention) or past the end: start over
+        where the reset policy says, or, with 'error', tell the caller."""
+        if self.auto_offset_reset == "error":
+            self._fail(
+                state,
+                generation,
+                NoOffsetError(str(err), err.code, err.status, err.meta, err.code_name),
+            )
+            return
+        with self.lock:
+            if state.generation == generation:
+                state.fetch_offset = None  # the next loop resets it
+
+    def _fail(self, state: PartitionState, generation: int, err: ClientError) -> None:
+        with self.lock:
+            if state.generation == generation:
+                state.error = err
+        self.on_data()
+
+    async def close(self) -> None:
+        tasks = [s.task for s in self.states.values() if s.task is not None]
+        for tp in list(self.states):
+            self._drop(tp)
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for channel in self._channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+
+async def _backoff(attempt: int) -> None:
+    delay = min(MAX_BACKOFF_S, RETRY_BACKOFF_S * 2 ** min(attempt, 10))
+    await asyncio.sleep(delay * (0.5 + random.random()))
