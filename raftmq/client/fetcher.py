@@ -26,10 +26,8 @@ from typing import Literal
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
+from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
-from raftmq.client.lowlevel import GRPC_OPTIONS
 
 OffsetReset = Literal["earliest", "latest", "error"]
 TopicPartition = tuple[str, int]
@@ -91,62 +89,24 @@ class Fetcher:
         self.lock = threading.Lock()
         self.states: dict[TopicPartition, PartitionState] = {}
         self.total_bytes = 0
-        self.view = ClusterView()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.links = Connections(bootstrap)
         self._room = asyncio.Event()
 
-    # --- connections and metadata ---------------------------------------------------------
-
-    def stub(self, address: str) -> pb_grpc.BrokerStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
-            self._channels[address] = channel
-        return pb_grpc.BrokerStub(channel)
-
-    async def refresh(self) -> None:
-        addresses = list(dict.fromkeys([*self.bootstrap, *self.view.brokers.values()]))
-
-        async def ask(address: str) -> pb.MetadataResponse | None:
-            try:
-                answer: pb.MetadataResponse = await self.stub(address).Metadata(
-                    pb.MetadataRequest(), timeout=5
-                )
-                return answer
-            except grpc.aio.AioRpcError:
-                return None
-
-        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
-        if answers:
-            self.view = merge_metadata(answers)
-
-    async def leader(self, tp: TopicPartition) -> str:
-        leader = self.view.leaders.get(tp)
-        if leader is None:
-            await self.refresh()
-            leader = self.view.leaders.get(tp)
-        if leader is None:
-            raise ClientError(
-                f"no leader is known for {tp[0]}/{tp[1]}",
-                pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
-                grpc.StatusCode.UNAVAILABLE,
-                {},
-                "LEADER_NOT_AVAILABLE",
-            )
-        return leader.address
+    # --- offsets ---------------------------------------------------------------------------
 
     async def list_offset(self, tp: TopicPartition, spec: pb.ListOffsetsRequest) -> int:
         """ListOffsets at the partition's leader, following redirects and elections."""
         spec.topic, spec.partition = tp
         for attempt in range(60):
             try:
-                answer = await self.stub(await self.leader(tp)).ListOffsets(spec, timeout=10)
+                address = await self.links.leader(*tp)
+                answer = await self.links.stub(address).ListOffsets(spec, timeout=10)
                 return int(answer.offset)
             except grpc.aio.AioRpcError as exc:
                 err = error_of(exc)
                 if not (err.retriable or err.unreachable):
                     raise err from None
-                self._learn(tp, err)
+                self.links.learn(*tp, err)
                 await _backoff(attempt)
             except ClientError as err:  # no leader yet
                 if not err.retriable:
@@ -159,13 +119,6 @@ class Fetcher:
             {},
             "LEADER_NOT_AVAILABLE",
         )
-
-    def _learn(self, tp: TopicPartition, err: ClientError) -> None:
-        hinted = err.meta.get("raftmq-leader-address")
-        if hinted:
-            self.view.leaders[tp] = Leader(int(err.meta.get("raftmq-leader-id", 0)), hinted)
-        else:
-            self.view.leaders.pop(tp, None)
 
     # --- assignment -------------------------------------------------------------------------
 
@@ -241,7 +194,7 @@ class Fetcher:
                 if not (err.retriable or err.unreachable):
                     self._fail(state, generation, err)
                     continue
-                self._learn(tp, err)
+                self.links.learn(*tp, err)
                 await _backoff(attempt)
                 attempt += 1
                 continue
@@ -263,9 +216,9 @@ class Fetcher:
             max_wait_ms=self.fetch_max_wait_ms,
             min_bytes=1,
         )
-        address = await self.leader(tp)
+        address = await self.links.leader(*tp)
         try:
-            answer: pb.FetchResponse = await self.stub(address).Fetch(
+            answer: pb.FetchResponse = await self.links.stub(address).Fetch(
                 request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
             )
             return answer
@@ -332,9 +285,7 @@ class Fetcher:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await self.links.close()
 
 
 async def _backoff(attempt: int) -> None:

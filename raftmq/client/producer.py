@@ -33,11 +33,9 @@ from typing import Literal, TypedDict, Unpack
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError
-from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
+from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import GRPC_OPTIONS
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
 from raftmq.format.compression import Codec, codec_named
@@ -48,7 +46,6 @@ Acks = Literal["all", 1, 0]
 _ACKS = {"all": pb.ACKS_ALL, 1: pb.ACKS_LEADER, 0: pb.ACKS_NONE}
 _MAY_DUPLICATE = {pb.ERROR_CODE_OUTCOME_UNKNOWN, pb.ERROR_CODE_TIMEOUT}
 """Refusals after which the batch may or may not be stored: retried (at-least-once)."""
-METADATA_TIMEOUT_S = 5.0
 
 
 class ProducerClosedError(RuntimeError):
@@ -157,8 +154,7 @@ class _Engine:
     def __init__(self, config: ProducerConfig, accumulator: Accumulator) -> None:
         self.config = config
         self.acc = accumulator
-        self.view = ClusterView()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.links = Connections(config.bootstrap)
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
         self._sending: set[asyncio.Task[None]] = set()
@@ -168,7 +164,6 @@ class _Engine:
         self._flushing = 0
         self._idle = asyncio.Event()
         self._stopping = False
-        self._refreshing: asyncio.Task[None] | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def wake(self) -> None:
@@ -176,42 +171,12 @@ class _Engine:
 
     # --- metadata ---------------------------------------------------------------------
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
-            self._channels[address] = channel
-        return channel
-
-    async def refresh(self) -> None:
-        """Ask every known broker for Metadata, at most one refresh at a time."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
-        await asyncio.shield(self._refreshing)
-
-    async def _refresh(self) -> None:
-        addresses = list(dict.fromkeys([*self.config.bootstrap, *self.view.brokers.values()]))
-
-        async def ask(address: str) -> pb.MetadataResponse | None:
-            stub = pb_grpc.BrokerStub(self._channel(address))
-            try:
-                answer: pb.MetadataResponse = await stub.Metadata(
-                    pb.MetadataRequest(), timeout=METADATA_TIMEOUT_S
-                )
-                return answer
-            except grpc.aio.AioRpcError:
-                return None
-
-        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
-        if answers:
-            self.view = merge_metadata(answers)
-
     async def partitions_of(self, topic: str, wait_s: float) -> int:
         """The partition count of ``topic``, refreshing metadata for up to ``wait_s``."""
         deadline = time.monotonic() + wait_s
-        while topic not in self.view.partitions:
-            await self.refresh()
-            if topic in self.view.partitions:
+        while topic not in self.links.view.partitions:
+            await self.links.refresh()
+            if topic in self.links.view.partitions:
                 break
             if time.monotonic() >= deadline:
                 raise ClientError(
@@ -223,7 +188,7 @@ class _Engine:
                     "UNKNOWN_TOPIC",
                 )
             await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        return self.view.partitions[topic]
+        return self.links.view.partitions[topic]
 
     # --- sending ------------------------------------------------------------------------
 
@@ -286,19 +251,10 @@ class _Engine:
     async def _attempt(self, batch: Batch) -> BaseException | None:
         """One try; None when the batch was stored (its futures are then done)."""
         batch.attempts += 1
-        key = (batch.topic, batch.partition)
-        leader = self.view.leaders.get(key)
-        if leader is None:
-            await self.refresh()
-            leader = self.view.leaders.get(key)
-            if leader is None:
-                return ClientError(
-                    f"no leader is known for {batch.topic}/{batch.partition}",
-                    pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
-                    grpc.StatusCode.UNAVAILABLE,
-                    {},
-                    "LEADER_NOT_AVAILABLE",
-                )
+        try:
+            address = await self.links.leader(batch.topic, batch.partition)
+        except ClientError as exc:
+            return exc
         assert batch.entry is not None
         request = pb.ProduceRequest(
             topic=batch.topic,
@@ -309,15 +265,15 @@ class _Engine:
         )
         try:
             answer = await asyncio.wait_for(
-                self._stream(leader.address).produce(request),
+                self._stream(address).produce(request),
                 self.config.request_timeout_ms / 1000 + 1,
             )
         except ClientError as exc:
-            self._learn_from(key, exc)
+            self.links.learn(batch.topic, batch.partition, exc)
             return exc
         except TimeoutError:
             return ClientError(
-                f"{leader.address} did not answer for {batch.topic}/{batch.partition} within "
+                f"{address} did not answer for {batch.topic}/{batch.partition} within "
                 f"{self.config.request_timeout_ms} ms (request_timeout_ms)",
                 pb.ERROR_CODE_TIMEOUT,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -332,17 +288,9 @@ class _Engine:
     def _stream(self, address: str) -> ProduceStream:
         stream = self._streams.get(address)
         if stream is None or stream.ended:
-            stream = ProduceStream(self._channel(address), address)
+            stream = ProduceStream(self.links.channel(address), address)
             self._streams[address] = stream
         return stream
-
-    def _learn_from(self, key: tuple[str, int], error: ClientError) -> None:
-        """A NOT_LEADER names the leader: use it at once. Any other failure: ask again."""
-        hinted = error.meta.get("raftmq-leader-address")
-        if hinted:
-            self.view.leaders[key] = Leader(int(error.meta.get("raftmq-leader-id", 0)), hinted)
-        else:
-            self.view.leaders.pop(key, None)
 
     def _retriable(self, error: BaseException) -> bool:
         if not isinstance(error, ClientError):
@@ -388,8 +336,7 @@ class _Engine:
         await self._task
         for stream in self._streams.values():
             await stream.close()
-        for channel in self._channels.values():
-            await channel.close()
+        await self.links.close()
 
 
 def _record(
@@ -521,7 +468,7 @@ class Producer(_Face):
         return fut
 
     def _partitions(self, topic: str) -> int:
-        count = self._engine.view.partitions.get(topic)
+        count = self._engine.links.view.partitions.get(topic)
         if count is None:
             wait_s = self.config.max_block_ms / 1000
             fut = asyncio.run_coroutine_threadsafe(

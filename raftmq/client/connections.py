@@ -1,0 +1,98 @@
+"""The asyncio clients' link to the cluster: one gRPC channel per broker, the merged view
+of who leads what (raftmq.client.cluster_view), and the one way to follow a leader hint
+or forget a leader that failed. The producer's engine and the consumer's fetcher share it
+so they route requests alike."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
+from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import GRPC_OPTIONS
+
+METADATA_TIMEOUT_S = 5.0
+
+
+def no_leader(topic: str, partition: int) -> ClientError:
+    return ClientError(
+        f"no leader is known for {topic}/{partition}",
+        pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+        grpc.StatusCode.UNAVAILABLE,
+        {},
+        "LEADER_NOT_AVAILABLE",
+    )
+
+
+class Connections:
+    """Create and use it inside one event loop."""
+
+    def __init__(self, bootstrap: tuple[str, ...]) -> None:
+        self.bootstrap = bootstrap
+        self.view = ClusterView()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    def stub(self, address: str) -> pb_grpc.BrokerStub:
+        return pb_grpc.BrokerStub(self.channel(address))
+
+    async def refresh(self) -> None:
+        """Ask every known broker for Metadata; callers at the same time share one round."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        addresses = list(dict.fromkeys([*self.bootstrap, *self.view.brokers.values()]))
+
+        async def ask(address: str) -> pb.MetadataResponse | None:
+            try:
+                answer: pb.MetadataResponse = await self.stub(address).Metadata(
+                    pb.MetadataRequest(), timeout=METADATA_TIMEOUT_S
+                )
+                return answer
+            except grpc.aio.AioRpcError:
+                return None
+
+        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
+        if answers:
+            self.view = merge_metadata(answers)
+
+    async def leader(self, topic: str, partition: int) -> str:
+        """The leader's address, asking the cluster when none is known; raises
+        LEADER_NOT_AVAILABLE (retriable) when no broker knows one."""
+        leader = self.view.leaders.get((topic, partition))
+        if leader is None:
+            await self.refresh()
+            leader = self.view.leaders.get((topic, partition))
+        if leader is None:
+            raise no_leader(topic, partition)
+        return leader.address
+
+    def learn(self, topic: str, partition: int, error: ClientError) -> None:
+        """After a failed request: a NOT_LEADER's hint is used at once; any other failure
+        forgets the leader, so the next request asks again."""
+        key = (topic, partition)
+        hinted = error.meta.get("raftmq-leader-address")
+        if hinted:
+            self.view.leaders[key] = Leader(int(error.meta.get("raftmq-leader-id", 0)), hinted)
+        else:
+            self.view.leaders.pop(key, None)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close()
+        self._channels.clear()
