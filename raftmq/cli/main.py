@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, status_cmd, topic_cmd
+from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, records_cmd, status_cmd, topic_cmd
 from raftmq.cli.helptext import unwrap_help
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(cluster_cmd.broker)
 app.command()(status_cmd.status)
+app.command()(records_cmd.produce)
+app.command()(records_cmd.consume)
 unwrap_help(app)  # after every command is added
 
 

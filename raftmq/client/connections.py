@@ -36,7 +36,7 @@ class Connections:
         self.bootstrap = bootstrap
         self.view = ClusterView()
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._refreshing: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[bool] | None = None
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -48,13 +48,14 @@ class Connections:
     def stub(self, address: str) -> pb_grpc.BrokerStub:
         return pb_grpc.BrokerStub(self.channel(address))
 
-    async def refresh(self) -> None:
-        """Ask every known broker for Metadata; callers at the same time share one round."""
+    async def refresh(self) -> bool:
+        """Ask every known broker for Metadata; callers at the same time share one round.
+        False when no broker answered (the view stays as it was)."""
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
-        await asyncio.shield(self._refreshing)
+        return await asyncio.shield(self._refreshing)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
         addresses = list(dict.fromkeys([*self.bootstrap, *self.view.brokers.values()]))
 
         async def ask(address: str) -> pb.MetadataResponse | None:
@@ -69,6 +70,7 @@ class Connections:
         answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
         if answers:
             self.view = merge_metadata(answers)
+        return bool(answers)
 
     async def leader(self, topic: str, partition: int) -> str:
         """The leader's address, asking the cluster when none is known; raises

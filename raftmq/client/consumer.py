@@ -192,6 +192,11 @@ async def _seek_to(
         fetcher.seek(tp, offset)
 
 
+async def _partitions_for(fetcher: Fetcher, topic: str) -> list[int]:
+    await fetcher.links.refresh()
+    return list(range(fetcher.links.view.partitions.get(topic, 0)))
+
+
 def _time_specs(times: Mapping[TopicPartition, int]) -> dict[TopicPartition, pb.ListOffsetsRequest]:
     return {tp: pb.ListOffsetsRequest(timestamp_ms=ts) for tp, ts in times.items()}
 
@@ -241,6 +246,10 @@ class Consumer(_Face):
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` (asking the cluster); [] when it does not exist."""
+        return self._wait(_partitions_for(self._fetcher, topic))
 
     def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         """The records ready now, waiting up to ``timeout`` s for some; at most
@@ -326,6 +335,9 @@ class AsyncConsumer(_Face):
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        return await _partitions_for(self._fetcher, topic)
 
     async def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         self._check_open()

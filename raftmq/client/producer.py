@@ -44,6 +44,7 @@ from raftmq.format.records import Record, build_batch
 
 Acks = Literal["all", 1, 0]
 _ACKS = {"all": pb.ACKS_ALL, 1: pb.ACKS_LEADER, 0: pb.ACKS_NONE}
+UNKNOWN_TOPIC_GRACE_S = 3.0
 _MAY_DUPLICATE = {pb.ERROR_CODE_OUTCOME_UNKNOWN, pb.ERROR_CODE_TIMEOUT}
 """Refusals after which the batch may or may not be stored: retried (at-least-once)."""
 
@@ -172,22 +173,36 @@ class _Engine:
     # --- metadata ---------------------------------------------------------------------
 
     async def partitions_of(self, topic: str, wait_s: float) -> int:
-        """The partition count of ``topic``, refreshing metadata for up to ``wait_s``."""
+        """The partition count of ``topic``, refreshing metadata for up to ``wait_s``.
+
+        A topic the answering brokers do not know for UNKNOWN_TOPIC_GRACE_S is refused
+        then, not after ``wait_s``: that grace covers a topic created a moment ago that
+        some broker has not heard of yet, and a missing topic fails fast."""
         deadline = time.monotonic() + wait_s
+        unknown_since: float | None = None
         while topic not in self.links.view.partitions:
-            await self.links.refresh()
+            answered = await self.links.refresh()
             if topic in self.links.view.partitions:
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if answered and unknown_since is None:
+                unknown_since = now
+            known_missing = (
+                unknown_since is not None and now - unknown_since >= UNKNOWN_TOPIC_GRACE_S
+            )
+            if known_missing or now >= deadline:
                 raise ClientError(
                     f"topic {topic!r} does not exist (no broker's metadata names it); create "
-                    "it with 'raftmq topic create' or the admin API",
-                    pb.ERROR_CODE_UNKNOWN_TOPIC,
-                    grpc.StatusCode.NOT_FOUND,
+                    "it with 'raftmq topic create' or the admin API"
+                    if unknown_since is not None
+                    else f"no broker answered Metadata within {wait_s:.0f} s (max_block_ms) "
+                    f"to find topic {topic!r}; are the bootstrap addresses right?",
+                    pb.ERROR_CODE_UNKNOWN_TOPIC if unknown_since else pb.ERROR_CODE_UNSPECIFIED,
+                    grpc.StatusCode.NOT_FOUND if unknown_since else grpc.StatusCode.UNAVAILABLE,
                     {},
-                    "UNKNOWN_TOPIC",
+                    "UNKNOWN_TOPIC" if unknown_since else "",
                 )
-            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(0.2, max(0.0, deadline - now)))
         return self.links.view.partitions[topic]
 
     # --- sending ------------------------------------------------------------------------

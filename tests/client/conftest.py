@@ -31,6 +31,7 @@ CLIENT_TOPICS = {
     "ce": 1,
     "cb": 3,
     "ca": 1,
+    "cli": 2,
 }
 
 

@@ -1,0 +1,232 @@
+"""``raftmq produce`` and ``raftmq consume``: records from lines and back, with the
+Producer and the Consumer (raftmq.client), for shells and scripts.
+
+produce: one record per input line (stdin or ``--file``), the line's bytes as the value,
+or ``key<SEP>value`` with ``--key-separator``; a progress line with the rate on stderr
+while it runs, and a summary at the end. Exit 1, with the reason, if any record failed.
+
+consume: the records of a topic from the start, an offset or from now on, as values (one
+per line) or JSON lines; until ``--max-messages`` records or ``--idle-timeout-ms`` without
+one, or Ctrl-C. Consumer groups come with the group coordinator.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, BinaryIO, Literal
+
+import typer
+
+from raftmq.cli.cluster_cmd import (
+    DEFAULT_DATA,
+    BootstrapAddresses,
+    RunningClusterData,
+    cluster_addresses,
+)
+from raftmq.client.consumer import Consumer, ConsumerRecord
+from raftmq.client.errors import ClientError
+from raftmq.client.fetcher import OffsetReset
+from raftmq.client.producer import Acks, Producer, RecordMetadata
+
+PROGRESS_EVERY_S = 0.5
+MAX_PENDING = 10_000
+"""Futures held before produce waits for the oldest: bounds its memory on long inputs."""
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _lines(source: BinaryIO) -> Iterator[bytes]:
+    for line in source:
+        yield line.rstrip(b"\r\n")
+
+
+def _acks(text: str) -> Acks:
+    if text == "all":
+        return "all"
+    if text in ("0", "1"):
+        return 0 if text == "0" else 1
+    raise typer.BadParameter("--acks is all, 1 or 0")
+
+
+def produce(
+    topic: Annotated[str, typer.Argument(help="The topic to write to.")],
+    file: Annotated[
+        Path | None, typer.Option("--file", help="Read lines from this file, not stdin.")
+    ] = None,
+    key_separator: Annotated[
+        str,
+        typer.Option(
+            "--key-separator",
+            help="Split each line at the first SEP into key and value (no SEP: no key).",
+        ),
+    ] = "",
+    acks: Annotated[str, typer.Option(help="all (a majority fsynced), 1 (the leader), 0.")] = "all",
+    partition: Annotated[
+        int | None, typer.Option(min=0, help="Write every record to this partition.")
+    ] = None,
+    compression: Annotated[
+        str | None, typer.Option(help="Compress batches: gzip, lz4 or zstd.")
+    ] = None,
+    linger_ms: Annotated[int, typer.Option(min=0, help="How long a batch waits to fill.")] = 5,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Write one record per input line to TOPIC, batched, and report each failure."""
+    addresses = cluster_addresses(data, bootstrap)
+    separator = key_separator.encode()
+    try:
+        producer = Producer(
+            addresses, acks=_acks(acks), compression=compression, linger_ms=linger_ms
+        )
+    except ValueError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(2) from None
+    pending: list[concurrent.futures.Future[RecordMetadata]] = []
+    sent = failed = 0
+    first_error = ""
+    started = last_report = time.monotonic()
+
+    def settle(fut: concurrent.futures.Future[RecordMetadata]) -> None:
+        nonlocal failed, first_error
+        exc = fut.exception()
+        if exc is not None:
+            failed += 1
+            first_error = first_error or str(exc)
+
+    source = file.open("rb") if file is not None else sys.stdin.buffer
+    try:
+        for line in _lines(source):
+            key = None
+            if separator and separator in line:
+                key, line = line.split(separator, 1)
+            pending.append(producer.send(topic, line, key=key, partition=partition))
+            sent += 1
+            if len(pending) >= MAX_PENDING:
+                settle(pending.pop(0))
+            now = time.monotonic()
+            if now - last_report >= PROGRESS_EVERY_S:
+                last_report = now
+                rate = sent / max(now - started, 1e-9)
+                print(f"\r{sent:,} records sent ({rate:,.0f}/s)", end="", file=sys.stderr)
+        producer.flush()
+        for fut in pending:
+            settle(fut)
+    except (ClientError, ValueError, TimeoutError) as exc:
+        _err(f"\nerror: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        if file is not None:
+            source.close()
+        producer.close(timeout=5)
+    elapsed = max(time.monotonic() - started, 1e-9)
+    print(
+        f"\r{sent - failed:,} records written to {topic} in {elapsed:.1f} s "
+        f"({(sent - failed) / elapsed:,.0f}/s)" + (f", {failed:,} failed" if failed else ""),
+        file=sys.stderr,
+    )
+    if failed:
+        _err(f"the first failure: {first_error}")
+        raise typer.Exit(1)
+
+
+def _text(data: bytes | None) -> str | None:
+    """JSON output: UTF-8 text, with any other byte as a \\x escape (so a line is always
+    valid JSON and text round-trips unchanged)."""
+    return None if data is None else data.decode("utf-8", errors="backslashreplace")
+
+
+def _json_line(r: ConsumerRecord) -> str:
+    return json.dumps(
+        {
+            "topic": r.topic,
+            "partition": r.partition,
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "key": _text(r.key),
+            "value": _text(r.value),
+            "headers": [[name, _text(value)] for name, value in r.headers],
+        }
+    )
+
+
+def consume(
+    topic: Annotated[str, typer.Argument(help="The topic to read.")],
+    from_beginning: Annotated[
+        bool, typer.Option("--from-beginning", help="Start at the oldest record kept.")
+    ] = False,
+    offset: Annotated[
+        int | None, typer.Option(min=0, help="Start at this offset (needs --partition).")
+    ] = None,
+    partition: Annotated[int | None, typer.Option(min=0, help="Read only this partition.")] = None,
+    max_messages: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many records.")
+    ] = None,
+    idle_timeout_ms: Annotated[
+        int | None,
+        typer.Option(min=1, help="Stop when no record came for this long (default: wait)."),
+    ] = None,
+    output: Annotated[
+        Literal["value", "json"],
+        typer.Option("--format", help="value: one value per line; json: a JSON object per line."),
+    ] = "value",
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Print the records of TOPIC: from now on, --from-beginning, or --offset N of one
+    --partition. JSON lines carry topic, partition, offset, timestamp, key, value and
+    headers; bytes that are not UTF-8 show as \\x escapes."""
+    if offset is not None and partition is None:
+        _err("error: --offset needs --partition (an offset belongs to one partition)")
+        raise typer.Exit(2)
+    if offset is not None and from_beginning:
+        _err("error: give --offset or --from-beginning, not both")
+        raise typer.Exit(2)
+    addresses = cluster_addresses(data, bootstrap)
+    reset: OffsetReset = "earliest" if from_beginning else "latest"
+    out = sys.stdout.buffer
+    count = 0
+    with Consumer(addresses, auto_offset_reset=reset) as consumer:
+        partitions = consumer.partitions_for(topic)
+        if not partitions:
+            _err(f"error: topic {topic!r} does not exist; 'raftmq topic list' shows the topics")
+            raise typer.Exit(1)
+        if partition is not None and partition not in partitions:
+            _err(f"error: topic {topic} has partitions 0-{len(partitions) - 1}, not {partition}")
+            raise typer.Exit(1)
+        chosen = [(topic, p) for p in partitions if partition is None or p == partition]
+        consumer.assign(chosen)
+        if offset is not None:
+            consumer.seek(chosen[0], offset)
+        last_record = time.monotonic()
+        try:
+            while max_messages is None or count < max_messages:
+                records = consumer.poll(0.2)
+                if not records:
+                    idle_ms = (time.monotonic() - last_record) * 1000
+                    if idle_timeout_ms is not None and idle_ms >= idle_timeout_ms:
+                        break
+                    continue
+                last_record = time.monotonic()
+                for r in records[: None if max_messages is None else max_messages - count]:
+                    if output == "json":
+                        out.write(_json_line(r).encode() + b"\n")
+                    else:
+                        out.write((r.value or b"") + b"\n")
+                    count += 1
+                out.flush()
+        except ClientError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            pass
+    _err(f"{count:,} records read from {topic}")
+
+
+__all__ = ["consume", "produce"]
