@@ -12,7 +12,6 @@ one, or Ctrl-C. Consumer groups come with the group coordinator.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ from raftmq.cli.cluster_cmd import (
 from raftmq.client.consumer import Consumer, ConsumerRecord
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import OffsetReset
-from raftmq.client.producer import Acks, Producer, RecordMetadata
+from raftmq.client.producer import Acks, Producer, RecordFuture
 
 PROGRESS_EVERY_S = 0.5
 MAX_PENDING = 10_000
@@ -88,12 +87,12 @@ def produce(
     except ValueError as exc:
         _err(f"error: {exc}")
         raise typer.Exit(2) from None
-    pending: list[concurrent.futures.Future[RecordMetadata]] = []
+    pending: list[RecordFuture] = []
     sent = failed = 0
     first_error = ""
     started = last_report = time.monotonic()
 
-    def settle(fut: concurrent.futures.Future[RecordMetadata]) -> None:
+    def settle(fut: RecordFuture) -> None:
         nonlocal failed, first_error
         exc = fut.exception()
         if exc is not None:

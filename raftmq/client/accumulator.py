@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raftmq.format.records import Record
 
@@ -23,8 +24,17 @@ RECORD_OVERHEAD_BYTES = 24
 """What a record costs beyond its key, value and header bytes: framing varints, and the
 slack that keeps the estimate of a batch's size above its encoded size."""
 
-Done = Callable[[int, int, BaseException | None], None]
-"""Told a record's fate: (offset, timestamp, None), or (-1, -1, the error)."""
+
+class Outcome(Protocol):
+    """A batch's fate, told once: the base offset it was stored at (-1 with acks=0), or
+    why it was not. A ``concurrent.futures.Future`` or an ``asyncio.Future``: one per
+    batch, so that a record costs no future of its own (its future is a view of this)."""
+
+    def set_result(self, base_offset: int) -> None: ...
+
+    def set_exception(self, error: BaseException) -> None: ...
+
+    def done(self) -> bool: ...
 
 
 def record_size(record: Record) -> int:
@@ -42,19 +52,20 @@ class Batch:
     created_s: float
     deadline_s: float
     """When ``delivery_timeout_ms`` after the first record's send runs out."""
+    outcome: Outcome
     records: list[Record] = field(default_factory=list)
-    done: list[Done] = field(default_factory=list)
     size_bytes: int = 0
     attempts: int = 0
     entry: bytes | None = None
     """The entry as sent, built once on the first send so every retry sends the same bytes."""
 
     def finish(self, base_offset: int, error: BaseException | None) -> None:
-        for i, (record, done) in enumerate(zip(self.records, self.done, strict=True)):
-            if error is not None:
-                done(-1, -1, error)
-            else:
-                done(base_offset + i if base_offset >= 0 else -1, record.timestamp, None)
+        if self.outcome.done():
+            return
+        if error is not None:
+            self.outcome.set_exception(error)
+        else:
+            self.outcome.set_result(base_offset)
 
 
 class BufferFullError(TimeoutError):
@@ -63,8 +74,15 @@ class BufferFullError(TimeoutError):
 
 class Accumulator:
     def __init__(
-        self, *, batch_size_bytes: int, linger_s: float, buffer_bytes: int, delivery_s: float
+        self,
+        *,
+        batch_size_bytes: int,
+        linger_s: float,
+        buffer_bytes: int,
+        delivery_s: float,
+        new_outcome: Callable[[], Outcome],
     ) -> None:
+        self.new_outcome = new_outcome
         self.batch_size_bytes = batch_size_bytes
         self.linger_s = linger_s
         self.buffer_bytes = buffer_bytes
@@ -76,12 +94,12 @@ class Accumulator:
         self.used_bytes = 0
 
     def append(
-        self, topic: str, partition: int, record: Record, done: Done, max_block_s: float
-    ) -> tuple[bool, bool]:
-        """Add ``record``. Returns (wake, rolled): wake when the sender should look now (a
-        new batch's linger started), rolled when a full batch closed (a sticky partitioner
-        moves on). Blocks up to ``max_block_s`` for buffer room; raises BufferFullError
-        after that."""
+        self, topic: str, partition: int, record: Record, max_block_s: float
+    ) -> tuple[Outcome, int, bool, bool]:
+        """Add ``record``. Returns (outcome, index, wake, rolled): the outcome of the batch
+        it joined and its place there; wake when the sender should look now (a new batch's
+        linger started), rolled when a full batch closed (a sticky partitioner moves on).
+        Blocks up to ``max_block_s`` for buffer room; raises BufferFullError after that."""
         size = record_size(record)
         with self._lock:
             if self.used_bytes + size > self.buffer_bytes:
@@ -101,13 +119,12 @@ class Accumulator:
             wake = rolled
             if batch is None:
                 now = time.monotonic()
-                batch = Batch(topic, partition, now, now + self.delivery_s)
+                batch = Batch(topic, partition, now, now + self.delivery_s, self.new_outcome())
                 self._open[key] = batch
                 wake = True
             batch.records.append(record)
-            batch.done.append(done)
             batch.size_bytes += size
-            return wake, rolled
+            return batch.outcome, len(batch.records) - 1, wake, rolled
 
     def _close(self, key: tuple[str, int], batch: Batch) -> None:
         del self._open[key]

@@ -26,14 +26,14 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.accumulator import Accumulator, Batch, BufferFullError
+from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
@@ -60,6 +60,75 @@ class RecordMetadata:
     offset: int
     """-1 with acks=0 (the broker does not say)."""
     timestamp: int
+
+
+class RecordFuture:
+    """A sent record's future (the synchronous producer's): ``result(timeout)`` gives its
+    RecordMetadata or raises what stopped it; ``add_done_callback(fn)`` calls ``fn(self)``
+    once it is settled, on the producer's I/O thread. A view of its batch's one future:
+    records cost no future of their own, which was most of ``send``'s time."""
+
+    __slots__ = ("_index", "_outcome", "partition", "timestamp", "topic")
+
+    def __init__(
+        self,
+        outcome: concurrent.futures.Future[int],
+        index: int,
+        topic: str,
+        partition: int,
+        timestamp: int,
+    ) -> None:
+        self._outcome = outcome
+        self._index = index
+        self.topic = topic
+        self.partition = partition
+        self.timestamp = timestamp
+
+    def _meta(self, base_offset: int) -> RecordMetadata:
+        offset = base_offset + self._index if base_offset >= 0 else -1
+        return RecordMetadata(self.topic, self.partition, offset, self.timestamp)
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        return self._meta(self._outcome.result(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._outcome.exception(timeout)
+
+    def done(self) -> bool:
+        return self._outcome.done()
+
+    def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
+        self._outcome.add_done_callback(lambda _: fn(self))
+
+
+class AsyncRecordFuture:
+    """A sent record's future (the asyncio producer's): ``await`` it for its
+    RecordMetadata; ``add_done_callback(fn)`` calls ``fn(self)`` once it is settled."""
+
+    __slots__ = ("_index", "_outcome", "partition", "timestamp", "topic")
+
+    def __init__(
+        self, outcome: asyncio.Future[int], index: int, topic: str, partition: int, timestamp: int
+    ) -> None:
+        self._outcome = outcome
+        self._index = index
+        self.topic = topic
+        self.partition = partition
+        self.timestamp = timestamp
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        base_offset = yield from self._outcome.__await__()
+        offset = base_offset + self._index if base_offset >= 0 else -1
+        return RecordMetadata(self.topic, self.partition, offset, self.timestamp)
+
+    def done(self) -> bool:
+        return self._outcome.done()
+
+    def exception(self) -> BaseException | None:
+        return self._outcome.exception()
+
+    def add_done_callback(self, fn: Callable[[AsyncRecordFuture], object]) -> None:
+        self._outcome.add_done_callback(lambda _: fn(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,12 +430,15 @@ def _record(
     tags: Sequence[str] | None,
     timestamp: int | None,
 ) -> Record:
+    if timestamp is None:
+        timestamp = time.time_ns() // 1_000_000
+    elif timestamp < 0:
+        raise ValueError(f"timestamp {timestamp} is negative; use ms since the epoch")
+    if headers is None and tags is None:  # the common case, without building lists
+        return Record(key, value, timestamp)
     pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
     pairs += [("tag", t.encode()) for t in tags or ()]
-    ts = int(time.time() * 1000) if timestamp is None else timestamp
-    if ts < 0:
-        raise ValueError(f"timestamp {ts} is negative; use ms since the epoch")
-    return Record(key, value, ts, tuple(pairs))
+    return Record(key, value, timestamp, tuple(pairs))
 
 
 class _Face:
@@ -378,6 +450,7 @@ class _Face:
         bootstrap: str | Sequence[str],
         partitioner: Partitioner | None,
         settings: ProducerSettings,
+        new_outcome: Callable[[], Outcome],
     ) -> None:
         addresses = tuple(bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap)
         config = ProducerConfig(addresses, **settings)
@@ -388,6 +461,7 @@ class _Face:
             linger_s=config.linger_ms / 1000,
             buffer_bytes=config.buffer_memory,
             delivery_s=config.delivery_timeout_ms / 1000,
+            new_outcome=new_outcome,
         )
         self.closed = False
 
@@ -436,7 +510,7 @@ class Producer(_Face):
         """``bootstrap``: broker addresses host:port (a list, or comma-separated);
         ``partitioner``: where records without an explicit partition go (default:
         StickyPartitioner); the settings and their defaults: ProducerConfig."""
-        super().__init__(bootstrap, partitioner, settings)
+        super().__init__(bootstrap, partitioner, settings, concurrent.futures.Future)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="raftmq-producer", daemon=True
@@ -456,31 +530,26 @@ class Producer(_Face):
         tags: Sequence[str] | None = None,
         timestamp: int | None = None,
         partition: int | None = None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
-        """Queue one record; the future holds its RecordMetadata once stored, or the
+    ) -> RecordFuture:
+        """Queue one record; its future holds its RecordMetadata once stored, or the
         ClientError that stopped it. Blocks (up to max_block_ms) only for buffer room or
         a topic's first metadata."""
         self._check_open()
         record = _record(value, key, headers, tags, timestamp)
         partitions = self._partitions(topic)
         p = self._place(topic, record, partition, partitions)
-        fut: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
-
-        def done(offset: int, ts: int, error: BaseException | None) -> None:
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(RecordMetadata(topic, p, offset, ts))
-
         try:
-            wake, rolled = self.acc.append(topic, p, record, done, self.config.max_block_ms / 1000)
+            outcome, index, wake, rolled = self.acc.append(
+                topic, p, record, self.config.max_block_ms / 1000
+            )
         except BufferFullError:
             raise self._buffer_full() from None
         if rolled:
             self._rolled(topic, p, partitions)
         if wake:
             self._loop.call_soon_threadsafe(self._engine.wake)
-        return fut
+        assert isinstance(outcome, concurrent.futures.Future)
+        return RecordFuture(outcome, index, topic, p, record.timestamp)
 
     def _partitions(self, topic: str) -> int:
         count = self._engine.links.view.partitions.get(topic)
@@ -536,7 +605,7 @@ class AsyncProducer(_Face):
         """``bootstrap``: broker addresses host:port (a list, or comma-separated);
         ``partitioner``: where records without an explicit partition go (default:
         StickyPartitioner); the settings and their defaults: ProducerConfig."""
-        super().__init__(bootstrap, partitioner, settings)
+        super().__init__(bootstrap, partitioner, settings, asyncio.get_running_loop().create_future)
         self._engine = _Engine(self.config, self.acc)
 
     async def send(
@@ -548,26 +617,16 @@ class AsyncProducer(_Face):
         tags: Sequence[str] | None = None,
         timestamp: int | None = None,
         partition: int | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
+    ) -> AsyncRecordFuture:
         """As :meth:`Producer.send`; waits (without blocking the loop) for buffer room."""
         self._check_open()
         record = _record(value, key, headers, tags, timestamp)
         partitions = await self._engine.partitions_of(topic, self.config.max_block_ms / 1000)
         p = self._place(topic, record, partition, partitions)
-        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-
-        def done(offset: int, ts: int, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(RecordMetadata(topic, p, offset, ts))
-
         deadline = time.monotonic() + self.config.max_block_ms / 1000
         while True:
             try:
-                wake, rolled = self.acc.append(topic, p, record, done, 0)
+                outcome, index, wake, rolled = self.acc.append(topic, p, record, 0)
                 break
             except BufferFullError:
                 left = deadline - time.monotonic()
@@ -580,7 +639,8 @@ class AsyncProducer(_Face):
             self._rolled(topic, p, partitions)
         if wake:
             self._engine.wake()
-        return fut
+        assert isinstance(outcome, asyncio.Future)
+        return AsyncRecordFuture(outcome, index, topic, p, record.timestamp)
 
     async def flush(self) -> None:
         self._check_open()

@@ -4,6 +4,7 @@ and batches past their delivery timeout come out."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -23,11 +24,7 @@ def acc(**kw: float) -> Accumulator:
         "delivery_s": 60,
     }
     settings.update(kw)
-    return Accumulator(**settings)  # type: ignore[arg-type]
-
-
-def ignore(offset: int, ts: int, error: BaseException | None) -> None:
-    pass
+    return Accumulator(**settings, new_outcome=concurrent.futures.Future)  # type: ignore[arg-type]
 
 
 def rec(n: int) -> Record:
@@ -40,9 +37,9 @@ def always(key: tuple[str, int]) -> bool:
 
 def test_a_full_batch_rolls_and_an_open_one_waits_for_its_linger() -> None:
     a = acc()
-    assert a.append("t", 0, rec(400), ignore, 0) == (True, False)  # new batch: linger starts
-    assert a.append("t", 0, rec(400), ignore, 0) == (False, False)
-    assert a.append("t", 0, rec(400), ignore, 0) == (True, True)  # over 1000: rolled
+    assert a.append("t", 0, rec(400), 0)[2:] == (True, False)  # new batch: linger starts
+    assert a.append("t", 0, rec(400), 0)[2:] == (False, False)
+    assert a.append("t", 0, rec(400), 0)[2:] == (True, True)  # over 1000: rolled
     batches, due = a.drain(time.monotonic(), always, flush=False)
     assert [len(b.records) for b in batches] == [2]
     assert due is not None and due > time.monotonic()
@@ -53,7 +50,7 @@ def test_a_full_batch_rolls_and_an_open_one_waits_for_its_linger() -> None:
 def test_claim_limits_what_drains_and_a_retry_goes_first() -> None:
     a = acc(linger_s=0)
     for _ in range(3):
-        a.append("t", 0, rec(900), ignore, 0)
+        a.append("t", 0, rec(900), 0)
     taken, _ = a.drain(time.monotonic(), lambda key: False, flush=True)
     assert taken == []
     claims = iter([True, False])
@@ -67,36 +64,34 @@ def test_claim_limits_what_drains_and_a_retry_goes_first() -> None:
 def test_a_full_buffer_blocks_until_room_is_released() -> None:
     one = record_size(rec(4000))
     a = acc(batch_size_bytes=one, buffer_bytes=2 * one)
-    a.append("t", 0, rec(4000), ignore, 0)
-    a.append("t", 1, rec(4000), ignore, 0)
+    a.append("t", 0, rec(4000), 0)
+    a.append("t", 1, rec(4000), 0)
     with pytest.raises(BufferFullError):
-        a.append("t", 2, rec(4000), ignore, 0.05)
+        a.append("t", 2, rec(4000), 0.05)
     batches, _ = a.drain(time.monotonic(), always, flush=True)
     threading.Timer(0.1, a.release, [batches[0]]).start()
     started = time.monotonic()
-    a.append("t", 2, rec(4000), ignore, 5)
+    a.append("t", 2, rec(4000), 5)
     assert 0.05 < time.monotonic() - started < 4
     assert a.used_bytes == 2 * one
 
 
 def test_batches_past_their_delivery_timeout_come_out() -> None:
     a = acc(delivery_s=0.01, linger_s=10)
-    a.append("t", 0, rec(10), ignore, 0)
-    a.append("t", 1, rec(10), ignore, 0)
+    a.append("t", 0, rec(10), 0)
+    a.append("t", 1, rec(10), 0)
     assert a.expired(time.monotonic()) == []
     expired = a.expired(time.monotonic() + 1)
     assert sorted(b.partition for b in expired) == [0, 1]
     assert not a.waiting
 
 
-def test_a_batch_finishing_tells_every_record() -> None:
+def test_a_batch_is_settled_once_for_all_its_records() -> None:
     a = acc(linger_s=0)
-    told: list[tuple[int, int, BaseException | None]] = []
-    for i in range(3):
-        a.append("t", 0, Record(None, b"x", NOW + i), lambda o, t, e: told.append((o, t, e)), 0)
+    placed = [a.append("t", 0, Record(None, b"x", NOW + i), 0)[:2] for i in range(3)]
+    assert [i for _, i in placed] == [0, 1, 2]
+    assert len({id(o) for o, _ in placed}) == 1  # one outcome for the batch
     (batch,), _ = a.drain(time.monotonic(), always, flush=True)
     batch.finish(40, None)
-    assert told == [(40, NOW, None), (41, NOW + 1, None), (42, NOW + 2, None)]
-    boom = RuntimeError("no")
-    batch.finish(-1, boom)
-    assert told[3:] == [(-1, -1, boom)] * 3
+    batch.finish(-1, RuntimeError("too late"))  # settled already: ignored
+    assert placed[0][0].result() == 40  # type: ignore[attr-defined]

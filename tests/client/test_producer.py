@@ -5,7 +5,6 @@ leader killed mid-stream."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from raftmq.client.producer import (
     Producer,
     ProducerClosedError,
     ProducerConfig,
+    RecordFuture,
     RecordMetadata,
 )
 from raftmq.devtools.local_cluster import LocalCluster
@@ -37,7 +37,7 @@ def stored(cluster: LocalCluster, topic: str, partition: int) -> list[Record]:
 def test_every_record_is_stored_where_its_future_says_in_send_order(
     cluster: LocalCluster,
 ) -> None:
-    sent: list[tuple[concurrent.futures.Future[RecordMetadata], bytes | None, bytes]] = []
+    sent: list[tuple[RecordFuture, bytes | None, bytes]] = []
     with Producer(cluster.addresses, linger_ms=2, batch_size=4096) as producer:
         for i in range(3000):
             key = f"user-{i % 17}".encode() if i % 3 else None

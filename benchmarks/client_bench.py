@@ -1,0 +1,215 @@
+"""Client benchmark: the Producer and the Consumer beside the raw gRPC path they are built
+on, in the same run, so the client's own cost is a ratio rather than a machine-dependent
+number (issue 14's target: at least 0.8x of the raw path).
+
+Phases, on a 3-broker local cluster (one topic, 3 partitions, 3 replicas, acks=all):
+
+1. produce throughput, 1 KiB records: the raw path builds the same batches
+   (``build_batch`` of ``--batch`` records) and sends them over one ProduceStream per
+   leader, one batch in flight per partition as the Producer keeps them (so both keep
+   per-partition order); the Producer gets ``send`` calls, one per record, and batches
+   them itself (``batch_size`` = the raw path's batch bytes, ``linger_ms`` 5).
+2. consume throughput: the raw path fetches 1 MiB at a time from each leader and decodes
+   every record; the Consumer polls the same records.
+3. sequential latency: one record at a time, acks=all, waiting for each answer: raw
+   ProduceStream request against ``Producer.send(...).result()``.
+
+Both sides run in this one process, one after the other, on the same data sizes.
+
+Usage: ``python benchmarks/client_bench.py [--quick] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: python benchmarks/client_bench.py
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import (  # noqa: E402
+    add_cleanup,
+    add_run_options,
+    disk_tempdir,
+    kill_on_exit,
+    latency_summary,
+    print_json_last,
+)
+from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
+from raftmq.client.connections import Connections  # noqa: E402
+from raftmq.client.consumer import Consumer  # noqa: E402
+from raftmq.client.produce_stream import ProduceStream  # noqa: E402
+from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
+from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
+
+TOPIC = "bench"
+PARTITIONS = 3
+RECORD_BYTES = 1024
+FETCH_BYTES = 1 << 20
+
+
+async def raw_produce(bootstrap: tuple[str, ...], records: int, batch: int, value: bytes) -> float:
+    """Seconds to store ``records`` in batches of ``batch``, one batch in flight per
+    partition, the batches built here as a producer would."""
+    links = Connections(bootstrap)
+    streams: dict[str, ProduceStream] = {}
+    per_partition = records // PARTITIONS
+
+    async def partition(p: int) -> None:
+        address = await links.leader(TOPIC, p)
+        stream = streams.get(address) or streams.setdefault(
+            address, ProduceStream(links.channel(address), address)
+        )
+        left = per_partition
+        while left:
+            n = min(batch, left)
+            now = int(time.time() * 1000)
+            entry = build_batch([Record(None, value, now) for _ in range(n)])
+            await stream.produce(pb.ProduceRequest(topic=TOPIC, partition=p, entries=entry))
+            left -= n
+
+    started = time.monotonic()
+    await asyncio.gather(*(partition(p) for p in range(PARTITIONS)))
+    elapsed = time.monotonic() - started
+    for stream in streams.values():
+        await stream.close()
+    await links.close()
+    return elapsed
+
+
+def client_produce(bootstrap: tuple[str, ...], records: int, batch: int, value: bytes) -> float:
+    per_partition = records // PARTITIONS
+    with Producer(bootstrap, linger_ms=5, batch_size=batch * (RECORD_BYTES + 40)) as producer:
+        started = time.monotonic()
+        for i in range(per_partition * PARTITIONS):
+            producer.send(TOPIC, value, partition=i % PARTITIONS)
+        producer.flush()
+        return time.monotonic() - started
+
+
+def raw_consume(cluster: LocalCluster, start: dict[int, int], count: int) -> float:
+    started = time.monotonic()
+    got = 0
+    with cluster.client() as client:
+        for p in range(PARTITIONS):
+            offset = start[p]
+            want = count // PARTITIONS
+            while want > 0:
+                answer = client.fetch(TOPIC, p, offset, max_bytes=FETCH_BYTES)
+                records = [r for r in iter_records(answer.entries) if r.offset >= offset]
+                records = records[:want]
+                want -= len(records)
+                got += len(records)
+                offset = answer.next_offset
+    assert got == count // PARTITIONS * PARTITIONS, got
+    return time.monotonic() - started
+
+
+def client_consume(bootstrap: tuple[str, ...], start: dict[int, int], count: int) -> float:
+    want = count // PARTITIONS * PARTITIONS
+    with Consumer(bootstrap, fetch_max_bytes=FETCH_BYTES, max_poll_records=5000) as consumer:
+        consumer.assign([(TOPIC, p) for p in range(PARTITIONS)])
+        for p in range(PARTITIONS):
+            consumer.seek((TOPIC, p), start[p])
+        started = time.monotonic()
+        got = {p: 0 for p in range(PARTITIONS)}
+        while sum(got.values()) < want:
+            for r in consumer.poll(1.0):
+                if got[r.partition] < count // PARTITIONS:
+                    got[r.partition] += 1
+        return time.monotonic() - started
+
+
+async def raw_sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> list[float]:
+    links = Connections(bootstrap)
+    address = await links.leader(TOPIC, 0)
+    stream = ProduceStream(links.channel(address), address)
+    out = []
+    for _ in range(samples):
+        t0 = time.monotonic()
+        entry = build_batch([Record(None, value, int(time.time() * 1000))])
+        await stream.produce(pb.ProduceRequest(topic=TOPIC, partition=0, entries=entry))
+        out.append(time.monotonic() - t0)
+    await stream.close()
+    await links.close()
+    return out
+
+
+def client_sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> list[float]:
+    out = []
+    with Producer(bootstrap, linger_ms=0) as producer:
+        producer.send(TOPIC, value, partition=0).result()  # warm: metadata, stream
+        for _ in range(samples):
+            t0 = time.monotonic()
+            producer.send(TOPIC, value, partition=0).result()
+            out.append(time.monotonic() - t0)
+    return out
+
+
+def ends(cluster: LocalCluster) -> dict[int, int]:
+    with cluster.client() as client:
+        return {p: client.fetch(TOPIC, p, 0, max_bytes=1).high_watermark for p in range(PARTITIONS)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_options(parser, "30,000 records and 300 sequential samples; under a minute")
+    parser.add_argument("--batch", type=int, default=200, help="records per batch (raw path)")
+    parser.add_argument("--dir", help="where the brokers keep data (default: a real disk)")
+    args = parser.parse_args(argv)
+    kill_on_exit()
+    records = 30_000 if args.quick else 300_000
+    samples = 300 if args.quick else 2000
+    work = disk_tempdir("client-bench-", args.dir)
+    cluster = LocalCluster(work, local_spec(3, {TOPIC: PARTITIONS}))
+    add_cleanup(cluster.close)
+    cluster.start()
+    cluster.wait_for_leaders(timeout=60, preferred=True)
+    bootstrap = tuple(cluster.addresses)
+    value = os.urandom(RECORD_BYTES)
+    print(f"data: {work}; {records:,} records of {RECORD_BYTES} B over {PARTITIONS} partitions")
+
+    figures: dict[str, Any] = {"records": records, "quick": args.quick, "batch": args.batch}
+    start = ends(cluster)
+    figures["raw_produce_s"] = asyncio.run(raw_produce(bootstrap, records, args.batch, value))
+    raw_start, client_start = start, ends(cluster)
+    figures["client_produce_s"] = client_produce(bootstrap, records, args.batch, value)
+    figures["raw_consume_s"] = raw_consume(cluster, raw_start, records)
+    figures["client_consume_s"] = client_consume(bootstrap, client_start, records)
+    raw_lat = asyncio.run(raw_sequential(bootstrap, samples, value))
+    client_lat = client_sequential(bootstrap, samples, value)
+    figures["raw_sequential"] = latency_summary(raw_lat)
+    figures["client_sequential"] = latency_summary(client_lat)
+
+    rows = []
+    mib = records * RECORD_BYTES / 2**20
+    for phase in ("produce", "consume"):
+        raw_rate = records / figures[f"raw_{phase}_s"]
+        client_rate = records / figures[f"client_{phase}_s"]
+        figures[f"{phase}_ratio"] = client_rate / raw_rate
+        rows.append((phase, raw_rate, client_rate, mib, figures[f"{phase}_ratio"]))
+    print(f"\n{'phase':<9} {'raw rec/s':>11} {'client rec/s':>13} {'client MB/s':>12} {'ratio':>7}")
+    for phase, raw_rate, client_rate, size, ratio in rows:
+        mbs = size * client_rate / records
+        print(f"{phase:<9} {raw_rate:>11,.0f} {client_rate:>13,.0f} {mbs:>12.1f} {ratio:>6.2f}x")
+    raw_s, client_s = figures["raw_sequential"], figures["client_sequential"]
+    print(f"\nsequential acks=all, {samples} samples: p50 / p99 ms")
+    print(f"  raw ProduceStream    {raw_s['p50_ms']:6.2f} / {raw_s['p99_ms']:6.2f}")
+    print(f"  Producer.send()      {client_s['p50_ms']:6.2f} / {client_s['p99_ms']:6.2f}")
+    print(
+        "\ntargets: produce and consume ratio >= 0.8x; send().result() p99 <= 2 ms (quiet machine)"
+    )
+    print(f"machine load average: {os.getloadavg()[0]:.2f}")
+    print_json_last(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
