@@ -77,6 +77,13 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: Rule(_IA, retriable=False),
     pb.ERROR_CODE_PRODUCER_IDS_EXHAUSTED: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
     pb.ERROR_CODE_UNSUPPORTED_VERSION: Rule(_FP, retriable=False),
+    # consumer groups
+    pb.ERROR_CODE_INVALID_GROUP: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_UNKNOWN_GROUP: Rule(_NF, retriable=False),
+    pb.ERROR_CODE_UNKNOWN_MEMBER: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_FENCED_MEMBER_EPOCH: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_GROUP_NOT_EMPTY: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_PARTITION_NOT_ASSIGNED: Rule(_FP, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

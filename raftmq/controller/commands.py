@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Union
 
 from raftmq.controller import codec
 from raftmq.controller.errors import RefusalCode
+from raftmq.controller.model import TopicPartition
 
 FORMAT_VERSION = 1
 MAX_COMMAND_BYTES = 1024 * 1024
@@ -184,6 +185,78 @@ class AllocateProducerIds:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeat:
+    """A consumer group member joins (``member_epoch`` 0; ``member_id`` "" for a new id),
+    reports what it holds (its current epoch), or leaves (-1). The controller proposes a
+    beat only when it changes something; one that changes nothing is answered from the
+    leader's memory (raftmq.controller.groups)."""
+
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    member_epoch: int
+    subscriptions: tuple[str, ...]
+    owned: tuple[TopicPartition, ...]
+    assignor: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveGroupMembers:
+    """Members whose heartbeats stopped for longer than their session timeout (the
+    controller leader's timer proposes it) or that an operator removes."""
+
+    group_id: str
+    member_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetEntry:
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    """One client's commit: a member's (its id and epoch), or, for a group with no
+    members, a standalone consumer's (member id "")."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    offsets: tuple[OffsetEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsets:
+    """Many clients' commits in one entry: the controller batches them, so thousands of
+    commits a second do not each cost a Raft round. Each is accepted or refused alone."""
+
+    commits: tuple[OffsetCommit, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOffsets:
+    """An operator sets a group's committed offsets (``raftmq group reset-offsets``);
+    refused while the group has members unless ``force``."""
+
+    group_id: str
+    offsets: tuple[OffsetEntry, ...]
+    force: bool
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """Forget a group and its committed offsets; refused while it has members."""
+
+    group_id: str
+
+
 Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     RegisterBroker,
     BrokerHeartbeat,
@@ -201,6 +274,11 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     RemoveReplica,
     ReorderReplicas,
     AllocateProducerIds,
+    GroupHeartbeat,
+    RemoveGroupMembers,
+    CommitOffsets,
+    ResetOffsets,
+    DeleteGroup,
 ]
 
 
@@ -255,8 +333,45 @@ class ProducerIdsAllocated:
     ok: ClassVar[bool] = True
 
 
+@dataclass(frozen=True, slots=True)
+class GroupAssignment:
+    """A member's answer to its heartbeat: who it is now, and what to do."""
+
+    member_id: str
+    member_epoch: int
+    group_epoch: int
+    assigned: tuple[TopicPartition, ...]
+    """Consume these (and only these)."""
+    revoke: tuple[TopicPartition, ...]
+    """Stop consuming these, commit them, and say so in the next heartbeat."""
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    code: str
+    """"" when accepted, else the RefusalCode's value."""
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitsApplied:
+    outcomes: tuple[CommitOutcome, ...]
+    """One per commit of the command, in order."""
+
+    ok: ClassVar[bool] = True
+
+
 Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
-    Refused, Done, BrokerRegistered, TopicCreated, PartitionsAdded, ProducerIdsAllocated
+    Refused,
+    Done,
+    BrokerRegistered,
+    TopicCreated,
+    PartitionsAdded,
+    ProducerIdsAllocated,
+    GroupAssignment,
+    CommitsApplied,
 ]
 
 _COMMANDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}

@@ -32,6 +32,13 @@ class RefusalCode(StrEnum):
     STALE_LEADER_TERM = "STALE_LEADER_TERM"
     NOT_A_REPLICA = "NOT_A_REPLICA"
     INVALID_REPLICA_CHANGE = "INVALID_REPLICA_CHANGE"  # would break a replica-set invariant
+    # Consumer groups
+    INVALID_GROUP = "INVALID_GROUP"  # a bad group or member id, assignor, or too many members
+    UNKNOWN_GROUP = "UNKNOWN_GROUP"
+    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"  # removed (session timeout, left): join again
+    FENCED_MEMBER_EPOCH = "FENCED_MEMBER_EPOCH"  # stale epoch: heartbeat (or rejoin) first
+    GROUP_NOT_EMPTY = "GROUP_NOT_EMPTY"  # an admin change while members are active
+    PARTITION_NOT_ASSIGNED = "PARTITION_NOT_ASSIGNED"  # a commit for someone else's partition
     # Producer ids
     INVALID_PRODUCER_ID_BLOCK = "INVALID_PRODUCER_ID_BLOCK"
     PRODUCER_IDS_EXHAUSTED = "PRODUCER_IDS_EXHAUSTED"

@@ -103,13 +103,56 @@ class Topic:
         return resolve(self.config, self.replication_factor)
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    member_id: str
+    instance_id: str | None
+    """Static membership: a restarted member with the same instance id takes its place
+    (and partitions) back, where a new member id would mean a rebalance."""
+    member_epoch: int
+    """The group epoch of the member's last assignment: a commit or heartbeat stamped
+    with another is refused, so a zombie (a member removed, or since reassigned) cannot
+    write progress for partitions it no longer holds."""
+    subscriptions: tuple[str, ...]
+    assigned: tuple[TopicPartition, ...]
+    """What it may consume now (sorted)."""
+    owned: tuple[TopicPartition, ...]
+    """What it said it holds at its last heartbeat: until it gives a partition up, no
+    other member gets it."""
+    joined_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    metadata: str
+    committed_ms: int
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerGroup:
-    """Issue 14 (consumer groups) fills this in: membership and committed offsets. Here
-    only so the state, its snapshot and its encoding have their place from the start."""
+    """A consumer group, coordinated here in the style of Kafka 4's protocol (KIP-848):
+    members heartbeat, the coordinator computes a target assignment whenever membership,
+    subscriptions or partition counts change (``epoch`` grows), and moves each member
+    toward it incrementally (raftmq.controller.groups)."""
 
     group_id: str
-    committed_offsets: Mapping[str, int] = field(default_factory=dict)
+    epoch: int = 0
+    assignor: str = "sticky"
+    members: Mapping[str, GroupMember] = field(default_factory=dict)
+    target: Mapping[str, tuple[TopicPartition, ...]] = field(default_factory=dict)
+    """Member id: the partitions it should end up with (computed at ``epoch``)."""
+    target_counts: Mapping[str, int] = field(default_factory=dict)
+    """The partition counts ``target`` was computed for: a topic that grew (or went)
+    since makes the coordinator compute it again."""
+    committed_offsets: Mapping[str, Mapping[int, CommittedOffset]] = field(default_factory=dict)
+    """Topic: partition: the committed position (the next record to consume)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,4 +165,3 @@ class MetadataState:
     topics: Mapping[str, Topic] = field(default_factory=dict)
     next_producer_id: int = 0
     consumer_groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
-    """Empty until issue 14 (consumer groups and committed offsets) fills it."""

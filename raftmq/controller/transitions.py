@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec
+from raftmq.controller import codec, groups
 from raftmq.controller.commands import (
     AddPartitions,
     AddReplica,
@@ -24,20 +24,25 @@ from raftmq.controller.commands import (
     BrokerHeartbeat,
     BrokerRegistered,
     Command,
+    CommitOffsets,
     CreateTopic,
     DecommissionPartitions,
+    DeleteGroup,
     DeleteTopic,
     Done,
     DrainBroker,
     FenceBroker,
+    GroupHeartbeat,
     PartitionsAdded,
     ProducerIdsAllocated,
     PromoteReplica,
     Refused,
     RegisterBroker,
+    RemoveGroupMembers,
     RemoveReplica,
     ReorderReplicas,
     ReportLeader,
+    ResetOffsets,
     Result,
     TopicCreated,
     UnfenceBroker,
@@ -72,7 +77,7 @@ def apply_command(state: MetadataState, index: int, command: Command) -> Outcome
     handler = _HANDLERS[type(command)]
     try:
         return handler(state, index, command)
-    except _Refusal as refusal:
+    except (_Refusal, groups.GroupRefusal) as refusal:
         return state, Refused(refusal.code, refusal.message)
 
 
@@ -260,7 +265,7 @@ def _decommission(state: MetadataState, index: int, c: DecommissionPartitions) -
 def _delete_topic(state: MetadataState, index: int, c: DeleteTopic) -> Outcome:
     _topic(state, c.name)
     topics = {name: t for name, t in state.topics.items() if name != c.name}
-    return dataclasses.replace(state, topics=topics), Done()
+    return groups.forget_topic(dataclasses.replace(state, topics=topics), c.name), Done()
 
 
 # -- replicas and leaders ------------------------------------------------------------------
@@ -536,4 +541,9 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     PromoteReplica: _promote_replica,
     RemoveReplica: _remove_replica,
     ReorderReplicas: _reorder_replicas,
+    GroupHeartbeat: groups.heartbeat,
+    RemoveGroupMembers: groups.remove_members,
+    CommitOffsets: groups.commit_offsets,
+    ResetOffsets: groups.reset_offsets,
+    DeleteGroup: groups.delete_group,
 }

@@ -1,0 +1,385 @@
+"""The consumer group coordinator's state transitions: members joining, heartbeating and
+leaving, the target assignment, each member's incremental step toward it, and committed
+offsets. Pure, like every transition (raftmq.controller.transitions): the same state and
+command give the same next state on every controller replica.
+
+The protocol is Kafka 4's (KIP-848) in outline. A member heartbeats what it subscribes
+to and what it holds; the coordinator keeps a target assignment, computed by the group's
+assignor whenever the group's epoch grows (a member came or went, subscriptions
+changed, a subscribed topic grew or was deleted), and answers each member with what it
+may consume now and what it must give up. A partition goes to its new member only once
+its old one said it gave it up, so no partition ever has two consumers, and partitions
+that do not move keep flowing (raftmq.controller.assignors.next_assignment).
+
+Member epochs fence zombies: a member's epoch is the group epoch of its last assignment,
+and a heartbeat or commit stamped with another is refused, as is a commit for a
+partition the member does not hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+
+from raftmq.controller.assignors import ASSIGNORS, next_assignment
+from raftmq.controller.commands import (
+    CommitOffsets,
+    CommitOutcome,
+    CommitsApplied,
+    DeleteGroup,
+    Done,
+    GroupAssignment,
+    GroupHeartbeat,
+    OffsetCommit,
+    OffsetEntry,
+    RemoveGroupMembers,
+    ResetOffsets,
+    Result,
+)
+from raftmq.controller.errors import RefusalCode as Code
+from raftmq.controller.metadata import TOPIC_NAME
+from raftmq.controller.model import (
+    CommittedOffset,
+    ConsumerGroup,
+    GroupMember,
+    MetadataState,
+    TopicPartition,
+)
+
+GROUP_ID = re.compile(r"\A[A-Za-z0-9._-]{1,255}\Z")
+MEMBER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,255}\Z")
+MAX_GROUPS = 10_000
+MAX_MEMBERS = 1_000
+MAX_SUBSCRIPTIONS = 100
+MAX_OFFSET_METADATA_CHARS = 4096
+
+Outcome = tuple[MetadataState, Result]
+
+
+class GroupRefusal(Exception):
+    """Raised inside a handler to refuse (transitions turns it into a Refused)."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# -- heartbeats ------------------------------------------------------------------------------
+
+
+def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
+    _check_heartbeat(c)
+    group = state.consumer_groups.get(c.group_id)
+    if group is None:
+        if len(state.consumer_groups) >= MAX_GROUPS:
+            raise GroupRefusal(
+                Code.INVALID_GROUP,
+                f"the cluster holds {MAX_GROUPS} consumer groups, the most it keeps; delete "
+                "unused ones ('raftmq group delete')",
+            )
+        group = ConsumerGroup(c.group_id, assignor=c.assignor)
+    members = dict(group.members)
+    changed = False  # membership or subscriptions: the target must be computed again
+    if c.member_epoch == -1:
+        member = _member(group, c.member_id)
+        del members[member.member_id]
+        group = _retarget(state, dataclasses.replace(group, members=members), force=True)
+        answer = GroupAssignment(member.member_id, -1, group.epoch, (), ())
+        return _with_group(state, group), answer
+    if c.member_epoch == 0:
+        member, replaced = _joining(group, index, c)
+        if replaced is not None:
+            del members[replaced.member_id]
+            changed = replaced.subscriptions != member.subscriptions
+            target = {
+                member.member_id if m == replaced.member_id else m: tps
+                for m, tps in group.target.items()
+            }
+            group = dataclasses.replace(group, target=dict(sorted(target.items())))
+        else:
+            old = members.get(member.member_id)
+            changed = old is None or old.subscriptions != member.subscriptions
+        if member.member_id not in members and len(members) >= MAX_MEMBERS:
+            raise GroupRefusal(
+                Code.INVALID_GROUP,
+                f"group {c.group_id} has {MAX_MEMBERS} members, the most a group may have",
+            )
+    else:
+        member = _member(group, c.member_id)
+        if c.member_epoch != member.member_epoch:
+            raise GroupRefusal(
+                Code.FENCED_MEMBER_EPOCH,
+                f"member {c.member_id} of group {c.group_id} is at epoch "
+                f"{member.member_epoch}, not {c.member_epoch}: stop consuming and join again "
+                "(member epoch 0)",
+            )
+        changed = member.subscriptions != c.subscriptions
+        member = dataclasses.replace(member, subscriptions=c.subscriptions, owned=c.owned)
+    members[member.member_id] = member
+    group = dataclasses.replace(group, members=members, assignor=c.assignor)
+    group = _retarget(state, group, force=changed)
+    others = _held_by_others(group, member.member_id)
+    assigned, revoke = next_assignment(
+        member.member_id,
+        {(tp.topic, tp.partition) for tp in member.owned},
+        {m: {(tp.topic, tp.partition) for tp in tps} for m, tps in group.target.items()},
+        others,
+    )
+    now_assigned = _tps(assigned)
+    if now_assigned != member.assigned or c.member_epoch == 0:
+        member = dataclasses.replace(member, assigned=now_assigned, member_epoch=group.epoch)
+        group = dataclasses.replace(group, members={**group.members, member.member_id: member})
+    answer = GroupAssignment(
+        member.member_id, member.member_epoch, group.epoch, member.assigned, _tps(revoke)
+    )
+    return _with_group(state, group), answer
+
+
+def _check_heartbeat(c: GroupHeartbeat) -> None:
+    _check_group_id(c.group_id)
+    if c.member_id and not MEMBER_ID.fullmatch(c.member_id):
+        raise GroupRefusal(
+            Code.INVALID_GROUP,
+            "a member id is 1-255 of A-Z a-z 0-9 . _ : - (or empty to get one)",
+        )
+    if c.member_epoch < -1:
+        raise GroupRefusal(
+            Code.INVALID_GROUP,
+            f"member epoch {c.member_epoch}: send 0 to join, -1 to leave, else the epoch "
+            "the last heartbeat answered",
+        )
+    if c.member_epoch != 0 and not c.member_id:
+        raise GroupRefusal(Code.UNKNOWN_MEMBER, "only a joining member (epoch 0) has no id")
+    if c.instance_id is not None and not MEMBER_ID.fullmatch(c.instance_id):
+        raise GroupRefusal(Code.INVALID_GROUP, "an instance id is 1-255 of A-Z a-z 0-9 . _ : -")
+    if c.assignor not in ASSIGNORS:
+        raise GroupRefusal(
+            Code.INVALID_GROUP,
+            f"assignor {c.assignor!r} is not one of {', '.join(sorted(ASSIGNORS))}",
+        )
+    if c.member_epoch != -1:
+        if not 1 <= len(c.subscriptions) <= MAX_SUBSCRIPTIONS:
+            raise GroupRefusal(
+                Code.INVALID_GROUP,
+                f"a member subscribes to 1-{MAX_SUBSCRIPTIONS} topics, not {len(c.subscriptions)}",
+            )
+        bad = [t for t in c.subscriptions if not TOPIC_NAME.fullmatch(t)]
+        if bad or list(c.subscriptions) != sorted(set(c.subscriptions)):
+            raise GroupRefusal(
+                Code.INVALID_GROUP,
+                "subscriptions must be distinct, sorted, valid topic names"
+                + (f" ({bad[0][:64]!r} is not one)" if bad else ""),
+            )
+
+
+def _joining(
+    group: ConsumerGroup, index: int, c: GroupHeartbeat
+) -> tuple[GroupMember, GroupMember | None]:
+    """The member a join makes, and the static member it replaces (same instance id)."""
+    member_id = c.member_id or f"{c.group_id}-{index}"
+    if c.instance_id is not None:
+        for old in group.members.values():
+            if old.instance_id == c.instance_id:
+                # A restarted static member takes its partitions back without a rebalance.
+                member = dataclasses.replace(
+                    old, member_id=member_id, subscriptions=c.subscriptions, owned=c.owned
+                )
+                return member, old
+    fresh = GroupMember(member_id, c.instance_id, 0, c.subscriptions, (), c.owned, c.now_ms)
+    return fresh, None
+
+
+def _member(group: ConsumerGroup, member_id: str) -> GroupMember:
+    member = group.members.get(member_id)
+    if member is None:
+        raise GroupRefusal(
+            Code.UNKNOWN_MEMBER,
+            f"group {group.group_id} has no member {member_id!r} (it left, or missed its "
+            "session timeout): stop consuming and join again (member epoch 0)",
+        )
+    return member
+
+
+def _counts(state: MetadataState, group: ConsumerGroup) -> dict[str, int]:
+    topics = {t for m in group.members.values() for t in m.subscriptions}
+    return {t: len(state.topics[t].partitions) for t in sorted(topics) if t in state.topics}
+
+
+def _retarget(state: MetadataState, group: ConsumerGroup, *, force: bool) -> ConsumerGroup:
+    """The group with its target assignment computed again (and its epoch grown) when its
+    membership or subscriptions changed (``force``) or its topics' partitions did."""
+    counts = _counts(state, group)
+    if not force and counts == dict(group.target_counts):
+        return group
+    subscriptions = {m.member_id: set(m.subscriptions) for m in group.members.values()}
+    current = {
+        m.member_id: {(tp.topic, tp.partition) for tp in m.assigned} for m in group.members.values()
+    }
+    target = ASSIGNORS[group.assignor](subscriptions, counts, current) if subscriptions else {}
+    return dataclasses.replace(
+        group,
+        epoch=group.epoch + 1,
+        target={m: _tps(parts) for m, parts in sorted(target.items())},
+        target_counts=counts,
+    )
+
+
+def _held_by_others(group: ConsumerGroup, member_id: str) -> dict[tuple[str, int], str]:
+    """Partitions another member may still be consuming: assigned to it, or reported
+    held and not yet given up."""
+    held: dict[tuple[str, int], str] = {}
+    for m in sorted(group.members.values(), key=lambda x: x.member_id):
+        if m.member_id == member_id:
+            continue
+        for tp in (*m.assigned, *m.owned):
+            held.setdefault((tp.topic, tp.partition), m.member_id)
+    return held
+
+
+def _tps(parts: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
+    return tuple(sorted(TopicPartition(t, p) for t, p in parts))
+
+
+def remove_members(state: MetadataState, index: int, c: RemoveGroupMembers) -> Outcome:
+    group = _group(state, c.group_id)
+    members = {m: v for m, v in group.members.items() if m not in c.member_ids}
+    if len(members) == len(group.members):
+        return state, Done()
+    group = _retarget(state, dataclasses.replace(group, members=members), force=True)
+    return _with_group(state, group), Done()
+
+
+# -- offsets -----------------------------------------------------------------------------------
+
+
+def commit_offsets(state: MetadataState, index: int, c: CommitOffsets) -> Outcome:
+    """Each commit of the batch applied or refused alone, in order."""
+    outcomes = []
+    for commit in c.commits:
+        try:
+            state = _commit(state, commit, c.now_ms)
+            outcomes.append(CommitOutcome("", ""))
+        except GroupRefusal as refusal:
+            outcomes.append(CommitOutcome(refusal.code.value, refusal.message))
+    return state, CommitsApplied(tuple(outcomes))
+
+
+def _commit(state: MetadataState, c: OffsetCommit, now_ms: int) -> MetadataState:
+    _check_group_id(c.group_id)
+    group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
+    if c.member_id:
+        member = _member(group, c.member_id)
+        if c.member_epoch != member.member_epoch:
+            raise GroupRefusal(
+                Code.FENCED_MEMBER_EPOCH,
+                f"member {c.member_id} of group {c.group_id} is at epoch "
+                f"{member.member_epoch}, not {c.member_epoch}; its assignment changed: "
+                "heartbeat, then commit what it still holds",
+            )
+        held = set(member.assigned) | set(member.owned)
+        for o in c.offsets:
+            if TopicPartition(o.topic, o.partition) not in held:
+                raise GroupRefusal(
+                    Code.PARTITION_NOT_ASSIGNED,
+                    f"member {c.member_id} does not hold {o.topic}/{o.partition}, so it "
+                    "cannot commit it (another member consumes it now)",
+                )
+    elif group.members:
+        raise GroupRefusal(
+            Code.GROUP_NOT_EMPTY,
+            f"group {c.group_id} has {len(group.members)} active members; only they commit "
+            "for it (send a member id and epoch)",
+        )
+    if not c.offsets:
+        raise GroupRefusal(Code.INVALID_GROUP, "a commit needs at least one offset")
+    return _with_group(state, _with_offsets(state, group, c.offsets, now_ms))
+
+
+def _with_offsets(
+    state: MetadataState, group: ConsumerGroup, offsets: Iterable[OffsetEntry], now_ms: int
+) -> ConsumerGroup:
+    committed = {t: dict(parts) for t, parts in group.committed_offsets.items()}
+    for o in offsets:
+        topic = state.topics.get(o.topic)
+        if topic is None:
+            raise GroupRefusal(Code.UNKNOWN_TOPIC, f"there is no topic {o.topic[:64]!r}")
+        if not 0 <= o.partition < len(topic.partitions):
+            raise GroupRefusal(
+                Code.UNKNOWN_PARTITION,
+                f"topic {o.topic} has partitions 0-{len(topic.partitions) - 1}, not {o.partition}",
+            )
+        if o.offset < 0:
+            raise GroupRefusal(Code.INVALID_GROUP, f"offset {o.offset} is negative")
+        if len(o.metadata) > MAX_OFFSET_METADATA_CHARS:
+            raise GroupRefusal(
+                Code.INVALID_GROUP,
+                f"commit metadata is {len(o.metadata)} characters; at most "
+                f"{MAX_OFFSET_METADATA_CHARS}",
+            )
+        committed.setdefault(o.topic, {})[o.partition] = CommittedOffset(
+            o.offset, o.metadata, now_ms
+        )
+    return dataclasses.replace(
+        group,
+        committed_offsets={t: dict(sorted(p.items())) for t, p in sorted(committed.items())},
+    )
+
+
+def reset_offsets(state: MetadataState, index: int, c: ResetOffsets) -> Outcome:
+    _check_group_id(c.group_id)
+    group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
+    if group.members and not c.force:
+        raise GroupRefusal(
+            Code.GROUP_NOT_EMPTY,
+            f"group {c.group_id} has {len(group.members)} active members, which would "
+            "overwrite the reset with their next commits; stop them first, or force it",
+        )
+    return _with_group(state, _with_offsets(state, group, c.offsets, c.now_ms)), Done()
+
+
+def delete_group(state: MetadataState, index: int, c: DeleteGroup) -> Outcome:
+    group = _group(state, c.group_id)
+    if group.members:
+        raise GroupRefusal(
+            Code.GROUP_NOT_EMPTY,
+            f"group {c.group_id} has {len(group.members)} active members; stop them first",
+        )
+    groups = {g: v for g, v in state.consumer_groups.items() if g != c.group_id}
+    return dataclasses.replace(state, consumer_groups=groups), Done()
+
+
+def forget_topic(state: MetadataState, name: str) -> MetadataState:
+    """A deleted topic's committed offsets go with it: a topic created again under the
+    name starts with none (its offsets mean nothing for the new log)."""
+    groups: dict[str, ConsumerGroup] = {}
+    for gid, g in state.consumer_groups.items():
+        if name in g.committed_offsets:
+            offsets = {t: p for t, p in g.committed_offsets.items() if t != name}
+            g = dataclasses.replace(g, committed_offsets=offsets)
+        groups[gid] = g
+    return dataclasses.replace(state, consumer_groups=groups)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _check_group_id(group_id: str) -> None:
+    if not GROUP_ID.fullmatch(group_id):
+        raise GroupRefusal(
+            Code.INVALID_GROUP,
+            f"group id {group_id[:64]!r} is not 1-255 of A-Z a-z 0-9 . _ -",
+        )
+
+
+def _group(state: MetadataState, group_id: str) -> ConsumerGroup:
+    group = state.consumer_groups.get(group_id)
+    if group is None:
+        raise GroupRefusal(Code.UNKNOWN_GROUP, f"there is no consumer group {group_id[:64]!r}")
+    return group
+
+
+def _with_group(state: MetadataState, group: ConsumerGroup) -> MetadataState:
+    groups: Mapping[str, ConsumerGroup] = {**state.consumer_groups, group.group_id: group}
+    return dataclasses.replace(state, consumer_groups=groups)
