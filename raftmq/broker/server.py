@@ -218,6 +218,7 @@ class Broker:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
+        self._admin: AdminService | None = None
         self.open_files_note = ""
         self._said_too_few_files = False
         self.bound: BoundAddresses | None = None
@@ -262,7 +263,8 @@ class Broker:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
             )
-            add_admin_service(AdminService(self.quorum, self.voter_addresses), self._server)
+            self._admin = AdminService(self.quorum, self.voter_addresses)
+            add_admin_service(self._admin, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
@@ -516,6 +518,8 @@ class Broker:
                     await task
         if self.topic_creator is not None:
             await self.topic_creator.close()
+        if self._admin is not None:
+            await self._admin.live.close()
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
         if self.quorum is not None:
