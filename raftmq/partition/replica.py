@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ class PartitionReplica:
             group_name(topic, partition),
             directory,
             Membership(frozenset(replicas)),
-            log_config=log_config,
+            log_config=_replicated(log_config),
             apply=self._apply,
             on_soft_state=self._on_soft_state,
             replay=False,
@@ -195,7 +196,7 @@ class PartitionReplica:
         self.max_entry_bytes = log_config.max_message_bytes
         self.max_future_ms = log_config.message_timestamp_after_max_ms
         self.min_insync_replicas = min_insync_replicas
-        self._host.reconfigure_log(self.group.name, log_config)
+        self._host.reconfigure_log(self.group.name, _replicated(log_config))
 
     def in_sync_voters(self) -> list[int]:
         """On the leader: the voting replicas in sync, itself first. A follower is in sync
@@ -468,6 +469,16 @@ class PartitionReplica:
             event = self._hw_event
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), deadline_s - time.monotonic())
+
+
+def _replicated(log_config: LogConfig) -> LogConfig:
+    """The settings a partition's log runs with: the topic's, but any entry size up to the
+    format's limit. max.message.bytes is checked where producers' entries come in
+    (:meth:`PartitionReplica.validate`, on the leader); an entry a leader accepted must
+    be taken by every replica, also after the limit was lowered (a follower catching up
+    on older entries) or before a follower's broker saw it raised, else that follower
+    could never hold its leader's log."""
+    return dataclasses.replace(log_config, max_message_bytes=entry.MAX_ENTRY_BYTES)
 
 
 def _consume_exception(fut: asyncio.Future[int]) -> None:
