@@ -461,8 +461,14 @@ class RaftHost(SelfRepair):
         group.parked_config = None
         if group.failure is not None:
             return  # its log is closed; the reopen reads opened_with
-        group.sync = config.flush_policy is FlushPolicy.EVERY_BATCH
+        sync = config.flush_policy is FlushPolicy.EVERY_BATCH
         group.log.reconfigure(driven_log_config(config))
+        if sync and not group.sync:
+            # Acks promise durability from now on, also for entries an INTERVAL round
+            # wrote (and acknowledged as written) before: make those durable first. Rare
+            # (an operator's alter), so on the loop.
+            group.log.flush()
+        group.sync = sync
 
     async def close_group(self, name: str) -> bool:
         """Stop running group ``name`` and close its files (its replica is being deleted:
