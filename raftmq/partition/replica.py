@@ -174,12 +174,20 @@ class PartitionReplica:
 
     def replica_states(self) -> dict[int, tuple[str, str]]:
         """Broker id -> (state, why) for this replica and, on the leader, each follower:
-        "ok" once its log matches the commit, else "catching_up" (how far, and the
-        leader's progress state for it)."""
+        "ok" once its log matches the commit and the leader's connection to it is up, else
+        "catching_up" (unreachable, or how far behind, and the leader's progress state
+        for it)."""
         states = {self._host.node_id: self.state}
         st = self._host.status(self.group.name)
+        alive = self._host.transport.peer_alive
         for peer, pr in sorted(st.followers.items()):
-            if pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
+            if not alive(peer):
+                states[peer] = (
+                    "catching_up",
+                    f"unreachable: the leader has no connection to it; it holds entries up "
+                    f"to {pr.match} of the commit at {st.commit}",
+                )
+            elif pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
                 states[peer] = ("ok", "")
             else:
                 states[peer] = (
