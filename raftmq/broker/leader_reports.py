@@ -95,8 +95,8 @@ class LeaderReports:
         now_s = time.monotonic()
         out = []
         for key, replica in self._replicas.items():
-            term = replica.leader_term
-            if not replica.is_leader or term <= 0 or self._done.get(key, 0) >= term:
+            term = replica.led_term
+            if term <= 0 or self._done.get(key, 0) >= term:
                 continue
             if key in self._in_flight or self._retry.get(key, (0.0, 0.0))[0] > now_s:
                 continue

@@ -144,6 +144,14 @@ class PartitionReplica:
         return self.group.is_leader
 
     @property
+    def led_term(self) -> int:
+        """The term in which this replica leads, 0 when it does not lead (read from the
+        group, not from :attr:`leader_term`, which follows the leader changes only once
+        their round ends)."""
+        group = self.group
+        return group.term if group.is_leader else 0
+
+    @property
     def leader_id(self) -> int:
         return self.group.leader
 

@@ -23,8 +23,8 @@ ME = 1
 
 @dataclass
 class Led:
-    is_leader: bool = True
-    leader_term: int = 2
+    led_term: int = 2
+    """The term it leads in; 0: a follower."""
 
 
 def state(partitions: int, leader: int | None = None, term: int = 0) -> MetadataState:
@@ -61,7 +61,7 @@ async def test_reports_are_bounded_coalesced_and_not_repeated() -> None:
     reports.scan()
     await settle()
     assert len(controller.calls) == MAX_IN_FLIGHT  # the rest wait for room
-    replicas["t", 0].leader_term = 3  # a newer term while term 2 is in flight
+    replicas["t", 0].led_term = 3  # a newer term while term 2 is in flight
     reports.scan()
     await settle()
     assert len(controller.calls) == MAX_IN_FLIGHT  # one in flight per partition, still
@@ -82,7 +82,7 @@ async def test_reports_are_bounded_coalesced_and_not_repeated() -> None:
 async def test_what_the_metadata_shows_is_not_reported_and_followers_never() -> None:
     controller = Controller()
     controller.release.set()
-    replicas = {("t", 0): Led(leader_term=5), ("t", 1): Led(is_leader=False)}
+    replicas = {("t", 0): Led(led_term=5), ("t", 1): Led(led_term=0)}
     meta = state(2, leader=ME, term=5)
     reports = LeaderReports(ME, controller.report, replicas, lambda: meta)  # type: ignore[arg-type]
     reports.scan()
@@ -108,7 +108,7 @@ async def test_a_stale_report_is_dropped_and_a_failed_one_retried_after_a_backof
     controller.calls.clear()
     controller.refuse = pb.ERROR_CODE_INVALID_ARGUMENT  # anything else: retried later
     monkeypatch.setattr(leader_reports, "RETRY_FIRST_S", 0.05)
-    replicas["t", 0].leader_term = 3
+    replicas["t", 0].led_term = 3
     reports.scan()
     await settle()
     reports.scan()
