@@ -150,4 +150,6 @@ class LeaderReports:
     def _back_off(self, key: tuple[str, int], exc: Exception) -> None:
         backoff_s = self._retry.get(key, (0.0, RETRY_FIRST_S))[1]
         self._retry[key] = (time.monotonic() + backoff_s, min(backoff_s * 2, RETRY_MAX_S))
-        log.warning("%s/%d: leader report failed (%s); retrying in %.1f s", *key, exc, backoff_s)
+        # INFO, not WARNING: while the controller elects a leader, every partition's report
+        # fails once; the controller's own log says why.
+        log.info("%s/%d: leader report failed (%s); retrying in %.1f s", *key, exc, backoff_s)
