@@ -70,8 +70,9 @@ class ReplicaSettings:
     ) -> int:
         """Re-configure the replicas whose topic config or partition state differ from
         what they last took (a replica opened since takes it too: harmless, as it opened
-        with the same); returns how many changed."""
-        changed = 0
+        with the same); returns how many changed. One that fails to take it is logged and
+        tried again on the next version; the others go on."""
+        changed: dict[str, int] = {}
         for key in [k for k in self._applied if k not in replicas]:
             del self._applied[key]
         for key, replica in replicas.items():
@@ -82,19 +83,26 @@ class ReplicaSettings:
             wanted = (topic.config, part.state)
             if self._applied.get(key) == wanted:
                 continue
-            first = key not in self._applied
-            self._applied[key] = wanted
-            replica.decommissioned = part.state == PartitionState.DECOMMISSIONED
-            replica.reconfigure(
-                log_config_for(self.defaults, topic), topic.settings.min_insync_replicas
-            )
-            if not first:
-                changed += 1
-                log.info(
-                    "%s/%d: now runs with config %s%s",
-                    key[0],
-                    key[1],
-                    dict(topic.config) or "(defaults)",
-                    " (decommissioned)" if replica.decommissioned else "",
+            try:
+                replica.decommissioned = part.state == PartitionState.DECOMMISSIONED
+                replica.reconfigure(
+                    log_config_for(self.defaults, topic), topic.settings.min_insync_replicas
                 )
-        return changed
+            except Exception:
+                log.exception("%s/%d: taking its topic's settings failed", *key)
+                continue
+            if key in self._applied:
+                changed[key[0]] = changed.get(key[0], 0) + 1
+            self._applied[key] = wanted
+        for name, count in sorted(changed.items()):
+            topic = state.topics[name]
+            decommissioned = sum(p.state == PartitionState.DECOMMISSIONED for p in topic.partitions)
+            log.info(
+                "%s: %d replicas here now run with config %s (%d of %d partitions decommissioned)",
+                name,
+                count,
+                dict(topic.config) or "(defaults)",
+                decommissioned,
+                len(topic.partitions),
+            )
+        return sum(changed.values())
