@@ -77,6 +77,7 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: Rule(_IA, retriable=False),
     pb.ERROR_CODE_PRODUCER_IDS_EXHAUSTED: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
     pb.ERROR_CODE_UNSUPPORTED_VERSION: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_NOT_ENOUGH_REPLICAS: Rule(_UA, retriable=True),
     # consumer groups
     pb.ERROR_CODE_INVALID_GROUP: Rule(_IA, retriable=False),
     pb.ERROR_CODE_UNKNOWN_GROUP: Rule(_NF, retriable=False),

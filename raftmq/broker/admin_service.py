@@ -12,7 +12,7 @@ rule holds whichever way a command arrives.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import grpc
 
@@ -20,9 +20,11 @@ from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_service import ControllerFace
 from raftmq.broker.errors import Refusal, name_list, shorten
+from raftmq.broker.live_state import LiveState
 from raftmq.broker.service import add_service
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic
+from raftmq.controller.quorum import ControllerQuorum
 from raftmq.controller.topic_config import KEYS, MAX_CONFIG_VALUE_CHARS
 from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC, MAX_REPLICATION_FACTOR
 
@@ -122,6 +124,11 @@ def _check_keys(keys: Collection[str], values: Iterable[str] = ()) -> None:
 
 
 class AdminService(ControllerFace):
+    def __init__(self, quorum: ControllerQuorum, addresses: Mapping[int, str]) -> None:
+        super().__init__(quorum, addresses)
+        self.live = LiveState()
+        """Asks leader brokers for DescribeTopic's live state (a channel per broker)."""
+
     async def CreateTopic(
         self, request: apb.CreateTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.CreateTopicResponse:
@@ -176,7 +183,9 @@ class AdminService(ControllerFace):
         self, request: apb.DescribeTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.TopicDescription:
         _, state = await self.call(self.quorum.metadata(linearizable=True))
-        return topic_description(_topic(state, _check_name(request.name)))
+        described = topic_description(_topic(state, _check_name(request.name)))
+        await self.live.fill(described, state)
+        return described
 
     async def AlterTopicConfig(
         self, request: apb.AlterTopicConfigRequest, context: grpc.aio.ServicerContext

@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 
 from raftmq.api.error_codes import code_of
+from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
@@ -55,11 +57,12 @@ class ControllerLink:
         self._leader: str | None = None
         self._turn = 0
 
-    def _stub(self, address: str) -> cpb_grpc.ControllerStub:
+    def _stub(self, address: str, *, admin: bool = False) -> Any:
+        """The Controller service's stub at ``address``, or with ``admin`` the Admin's."""
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return cpb_grpc.ControllerStub(channel)
+        return apb_grpc.AdminStub(channel) if admin else cpb_grpc.ControllerStub(channel)
 
     def _next_voter(self) -> str:
         addresses = list(self.voters.values())
@@ -72,13 +75,15 @@ class ControllerLink:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def call(self, rpc: str, request: Any) -> Any:
-        """``rpc`` on the quorum's leader, retried until it answers; raises LinkRefusal for
-        a refusal of the request itself."""
+    async def call(self, rpc: str, request: Any, *, admin: bool = False) -> Any:
+        """``rpc`` on the quorum's leader (of the Controller service, or with ``admin`` of
+        the Admin service), retried until it answers; raises LinkRefusal for a refusal of
+        the request itself."""
         while True:
             address = self._leader or self._next_voter()
             try:
-                return await getattr(self._stub(address), rpc)(request, timeout=CALL_TIMEOUT_S)
+                stub = self._stub(address, admin=admin)
+                return await getattr(stub, rpc)(request, timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
                 meta = dict(exc.trailing_metadata() or ())
                 code = code_of(str(meta.get("raftmq-error", "")))
@@ -131,6 +136,18 @@ class ControllerLink:
         answer = await self.call(
             "ReportLeader",
             cpb.ReportLeaderRequest(topic=topic, partition=partition, leader_id=leader, term=term),
+        )
+        return int(answer.metadata_version)
+
+    async def create_topic(self, name: str, partitions: int, replication_factor: int) -> int:
+        """Create a topic with the controller's placement (admin.proto CreateTopic); the
+        metadata version holding it."""
+        answer = await self.call(
+            "CreateTopic",
+            apb.CreateTopicRequest(
+                name=name, partitions=partitions, replication_factor=replication_factor
+            ),
+            admin=True,
         )
         return int(answer.metadata_version)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -30,19 +29,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq.broker import ready_file
 from raftmq.broker.admin_service import AdminService, add_admin_service
+from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
+from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_replicas, log_config_for
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.leadership import HandBack, LedGroup
-from raftmq.controller.metadata import ClusterMetadata
 from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState, Topic
 from raftmq.controller.quorum import GROUP, ControllerQuorum
-from raftmq.controller.topic_config import LOG_FIELDS as _TOPIC_LOG_FIELDS
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
@@ -113,6 +113,7 @@ class Broker:
         durability_markers: bool = False,
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
+        auto_create: AutoCreate | None = None,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -129,7 +130,9 @@ class Broker:
         ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
-        start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`)."""
+        start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`).
+        ``auto_create``: create a topic a produce names if the metadata does not (None:
+        refuse it, the default; see :mod:`raftmq.broker.auto_create`)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -155,7 +158,7 @@ class Broker:
         self.roles = roles
         self.rack = rack
         self.bootstrap = bootstrap
-        self.spec: ClusterMetadata = ControllerMetadata(MetadataState(bootstrap.name))
+        self.spec = ControllerMetadata(MetadataState(bootstrap.name))
         """The newest metadata this broker applied (empty until the first arrives)."""
         self.metadata_version = 0
         self.data_dir = data_dir / f"broker-{broker_id}"
@@ -188,6 +191,15 @@ class Broker:
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
+        self.settings = ReplicaSettings(self.log_config)
+        self.leader_reports = LeaderReports(
+            broker_id, self.link.report_leader, self.replicas, lambda: self.spec.state
+        )
+        self.topic_creator = (
+            TopicCreator(auto_create, self.link.create_topic, lambda: self.spec.state)
+            if auto_create is not None
+            else None
+        )
         self.stopping = False
         self.listen = listen or (me.host, me.port)
         self.retention_check_seconds = retention_check_seconds
@@ -201,10 +213,12 @@ class Broker:
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
+        self._report_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
+        self._admin: AdminService | None = None
         self.open_files_note = ""
         self._said_too_few_files = False
         self.bound: BoundAddresses | None = None
@@ -249,7 +263,8 @@ class Broker:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
             )
-            add_admin_service(AdminService(self.quorum, self.voter_addresses), self._server)
+            self._admin = AdminService(self.quorum, self.voter_addresses)
+            add_admin_service(self._admin, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
@@ -268,6 +283,7 @@ class Broker:
         self._retention_task = loop.create_task(self._retention_loop())
         if BROKER in self.roles:
             self._follow_task = loop.create_task(self._join_and_follow())
+            self._report_task = loop.create_task(self.leader_reports.run())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         log.info(
@@ -353,11 +369,12 @@ class Broker:
             if b.id != self.id and b.id not in self.raft_peers:
                 self.transport.add_peer(b.id, (b.raft_host, b.raft_port))
         await self._delete_gone_replicas(state)
+        now_ms = time.time_ns() // 1_000_000
         wanted = [
             (topic, p, part.replicas + part.learners)
             for _, topic in sorted(state.topics.items())
             for p, part in enumerate(topic.partitions)
-            if self.id in part.replicas or self.id in part.learners
+            if (self.id in part.replicas or self.id in part.learners) and not expired(part, now_ms)
         ]
         opening = [(t, p, r) for t, p, r in wanted if (t.name, p) not in self.replicas]
         if opening and self._probe_for_a_past:
@@ -388,6 +405,7 @@ class Broker:
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
             opened.append(self.replicas[topic.name, p])
+        self.settings.apply(self.replicas, state)  # altered configs, decommissions
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
             self._track(
@@ -407,14 +425,7 @@ class Broker:
             log.warning("broker %d: %s", self.id, self.open_files_note)
 
     def _log_config(self, topic: Topic) -> LogConfig:
-        """The broker's defaults with the settings the topic overrides."""
-        settings = topic.settings.log_config
-        overridden = {
-            field: getattr(settings, field)
-            for key, field in _TOPIC_LOG_FIELDS.items()
-            if key in topic.config
-        }
-        return dataclasses.replace(self.log_config, **overridden)
+        return log_config_for(self.log_config, topic)
 
     async def _delete_gone_replicas(self, state: MetadataState) -> None:
         """Delete each local replica whose topic id the metadata no longer holds. Only when
@@ -437,14 +448,26 @@ class Broker:
                 continue
             await self._delete_replica(name, int(part), marker.parent / stem)
 
-    async def _delete_replica(self, topic: str, partition: int, directory: Path) -> None:
+    async def _delete_expired_replicas(self) -> None:
+        """Delete the data of each decommissioned partition whose deadline passed (the
+        controller stamped it when it decommissioned the partition; it is compared with
+        this broker's clock on each retention pass), open or only on disk."""
+        now_ms = time.time_ns() // 1_000_000
+        for name, p in expired_replicas(self.spec.state, self.id, now_ms):
+            directory = self.data_dir / f"{name}-{p}"
+            if (name, p) in self.replicas or directory.exists():
+                await self._delete_replica(name, p, directory, "decommissioned, retention passed")
+
+    async def _delete_replica(
+        self, topic: str, partition: int, directory: Path, why: str = "topic gone"
+    ) -> None:
         replica = self.replicas.pop((topic, partition), None)
         if replica is not None:
             await self.host.close_group(group_name(topic, partition))
         shutil.rmtree(directory, ignore_errors=True)
         promised_path(directory).unlink(missing_ok=True)
         _topic_id_path(directory).unlink(missing_ok=True)
-        log.info("broker %d: deleted its replica of %s/%d (topic gone)", self.id, topic, partition)
+        log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
     async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
         """No data directory: a new broker, or one whose disk was replaced. The partitions
@@ -482,6 +505,7 @@ class Broker:
         tasks = (
             self._retention_task,
             self._rebalance_task,
+            self._report_task,
             self._watch_task,
             self._follow_task,
             self._heartbeat_task,
@@ -492,6 +516,10 @@ class Broker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.topic_creator is not None:
+            await self.topic_creator.close()
+        if self._admin is not None:
+            await self._admin.live.close()
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
         if self.quorum is not None:
@@ -504,7 +532,11 @@ class Broker:
         past what it applied; followers that fall behind the new start get a snapshot."""
         while not self.stopping:
             await asyncio.sleep(self.retention_check_seconds)
-            for r in self.replicas.values():
+            try:
+                await self._delete_expired_replicas()
+            except Exception:
+                log.exception("deleting expired decommissioned replicas failed")
+            for r in list(self.replicas.values()):
                 try:
                     self.host.compact(group_name(r.topic, r.partition))
                 except Exception:

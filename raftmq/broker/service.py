@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,9 @@ from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.broker.auto_create import unknown_topic
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
+from raftmq.broker.topic_settings import expired, reported_leader
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
@@ -261,11 +264,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     f"{shorten(topic)} is not a valid topic name: use 1-200 characters of "
                     "A-Z a-z 0-9 . _ -",
                 )
-            known = name_list(sorted(self.broker.spec.topics))
-            raise Refusal(
-                pb.ERROR_CODE_UNKNOWN_TOPIC,
-                f"topic {shorten(topic)} does not exist; known topics: {known}",
-            )
+            raise unknown_topic(topic, name_list(sorted(self.broker.spec.topics)))
         if partition >= spec.partitions:
             raise Refusal(
                 pb.ERROR_CODE_UNKNOWN_PARTITION,
@@ -274,6 +273,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         replica = self.broker.replicas.get((topic, partition))
         if replica is None:
+            part = self.broker.spec.state.topics[topic].partitions[partition]
+            if expired(part, time.time_ns() // 1_000_000):
+                raise Refusal(
+                    pb.ERROR_CODE_PARTITION_DECOMMISSIONED,
+                    f"{topic}/{partition} was decommissioned and its retention has passed: "
+                    "its data is deleted; read the topic's active partitions",
+                )
             owners = ", ".join(map(str, spec.replicas[partition]))
             raise Refusal(
                 pb.ERROR_CODE_NOT_HOSTED,
@@ -293,6 +299,15 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         """One produce request, for both Produce and ProduceStream; raises Refusal."""
+        creator = self.broker.topic_creator
+        if (
+            creator is not None
+            and request.topic not in self.broker.spec.topics
+            and self.broker.metadata_version
+            and TOPIC_NAME.fullmatch(request.topic)
+            and not self.broker.stopping
+        ):
+            await creator.ensure(request.topic)
         replica = self._replica(request.topic, request.partition)
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
         _at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
@@ -496,14 +511,22 @@ class BrokerService(pb_grpc.BrokerServicer):
             parts = []
             for p, replicas in enumerate(spec.topics[name].replicas):
                 replica = self.broker.replicas.get((name, p))
+                # No replica here: the leader as reported to the controller. A replica
+                # that knows no leader says so (an election is under way: a report is
+                # from before it).
+                if replica is not None:
+                    leader, term = replica.leader_id, replica.leader_term
+                else:
+                    leader, term = reported_leader(spec.state, name, p)
                 parts.append(
                     pb.PartitionInfo(
                         partition=p,
-                        leader_id=replica.leader_id if replica else 0,
+                        leader_id=leader,
                         replicas=list(replicas),
-                        leader_term=replica.leader_term if replica else 0,
+                        leader_term=term,
                         high_watermark=replica.high_watermark if replica else -1,
                         replica_status=_replica_status(replica) if replica else [],
+                        log_start_offset=replica.log_start_offset if replica else -1,
                     )
                 )
             topics.append(pb.TopicInfo(name=name, partitions=parts))

@@ -145,6 +145,24 @@ def broker(
             "exists.",
         ),
     ] = False,
+    auto_create_topics: Annotated[
+        bool,
+        typer.Option(
+            help="Create a topic that a produce names and the cluster lacks (off: such a "
+            "produce is refused with UNKNOWN_TOPIC, so a misspelled name is not a new topic)."
+        ),
+    ] = False,
+    auto_create_partitions: Annotated[
+        int, typer.Option(min=1, help="Partitions of an auto-created topic.")
+    ] = 1,
+    auto_create_replication_factor: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Replication factor of an auto-created topic (0: 3, or every alive broker "
+            "when fewer are alive).",
+        ),
+    ] = 0,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -158,6 +176,7 @@ def broker(
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
+    from raftmq.broker.auto_create import AutoCreate
     from raftmq.broker.server import Broker, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -185,6 +204,9 @@ def broker(
                 None if inject_host_fault_after_ms is None else inject_host_fault_after_ms / 1000
             ),
             new_broker=new,
+            auto_create=AutoCreate(auto_create_partitions, auto_create_replication_factor)
+            if auto_create_topics
+            else None,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

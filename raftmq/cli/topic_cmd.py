@@ -89,7 +89,9 @@ def _describe_table(topic: apb.TopicDescription) -> Table:
         title=f"topic {topic.name} (id {topic.topic_id}, replication factor "
         f"{topic.replication_factor})"
     )
-    for col in ("partition", "replicas", "learners", "leader", "state"):
+    for col in ("partition", "replicas", "learners", "leader", "high watermark", "log start"):
+        table.add_column(col)
+    for col in ("in sync", "state"):
         table.add_column(col)
     for p in topic.partitions:
         table.add_row(
@@ -97,9 +99,21 @@ def _describe_table(topic: apb.TopicDescription) -> Table:
             _ids(p.replicas),
             _ids(p.learners),
             str(p.leader_id or "-"),
+            str(p.high_watermark) if p.live else "?",
+            str(p.log_start_offset) if p.live else "?",
+            _in_sync(p),
             apb.PartitionState.Name(p.state).removeprefix("PARTITION_STATE_").lower(),
         )
     return table
+
+
+def _in_sync(p: apb.PartitionDescription) -> str:
+    """Each replica with its state as the leader sees it: ``1 2 3~`` (3 catching up),
+    ``!`` failed, ``?`` unknown; the whole cell ``?`` when no leader answered."""
+    if not p.live:
+        return f"? ({p.live_unknown_reason})" if p.live_unknown_reason else "?"
+    marks = {"in_sync": "", "catching_up": "~", "failed": "!"}
+    return " ".join(f"{s.broker_id}{marks.get(s.state, '?')}" for s in p.replica_states) or "-"
 
 
 def _config_table(topic: apb.TopicDescription) -> Table:
@@ -165,8 +179,10 @@ def describe(
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
-    """A topic's partitions (replicas, learners, leader as last reported, state) and its
-    config with defaults filled in."""
+    """A topic's partitions (replicas, learners, leader, high watermark, log start, each
+    replica in sync or not: ``~`` catching up, ``!`` failed, ``?`` unknown, as the
+    partition's leader sees it; ``?`` where no leader answered) and its config with
+    defaults filled in."""
     topic = _call(data, bootstrap, lambda a: a.describe_topic(name))
     if json_out:
         _json(topic)

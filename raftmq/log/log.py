@@ -239,6 +239,26 @@ class Log:
         """For the INTERVAL policy: flush when ``flush_interval_ms`` passed since the last one."""
         return writes.flush_if_due(self)
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Take new settings while open (a topic's config was altered): each is read where
+        it acts (the next append checks the new size limit and roll rule, the next
+        retention pass the new retention), so nothing reopens and nothing written moves.
+        Bytes kept back under the old write-behind go to the kernel now if the new one
+        keeps less back."""
+        with self._lock:
+            old, self.config = self.config, config
+            if config.preallocate_bytes != old.preallocate_bytes or (
+                config.segment_bytes != old.segment_bytes
+            ):
+                step_bytes = min(config.preallocate_bytes, config.segment_bytes)
+                self._pacer = Pacer(step_bytes, self._clock_ms, BUDGET) if step_bytes > 0 else None
+                if self._segments and self._segments[-1].writable:
+                    self._segments[-1].pacer = self._pacer
+            if config.write_behind_bytes < old.write_behind_bytes and self._segments:
+                active = self._segments[-1]
+                if active.writable:
+                    active.drain()
+
     # --- reads (reads.py) -----------------------------------------------------------------
 
     def read(self, offset: int, max_bytes: int, *, upper_offset: int | None = None) -> ReadResult:

@@ -90,3 +90,18 @@ class CorruptDataError(PartitionError):
     def __init__(self, message: str, leader: int = 0) -> None:
         super().__init__(message)
         self.leader = leader
+
+
+class NotEnoughReplicasError(PartitionError):
+    """An acks=all write to a partition with fewer in-sync voters than its
+    min.insync.replicas: refused before anything was appended, so a retry cannot
+    duplicate it."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+
+
+class PartitionDecommissionedError(PartitionError):
+    """A write to a decommissioned partition: it takes no new records (reads go on
+    until its data is deleted)."""
+
+    code = "PARTITION_DECOMMISSIONED"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -26,9 +27,11 @@ from raftmq.partition.errors import (
     CorruptBatchError,
     CorruptDataError,
     InvalidBatchError,
+    NotEnoughReplicasError,
     NotLeaderError,
     OffsetOutOfRangeError,
     OutcomeUnknownError,
+    PartitionDecommissionedError,
     ProduceTimeoutError,
     ReplicaFailedError,
 )
@@ -49,6 +52,10 @@ CORRUPT_PROBE_ENTRIES = 256
 """How many entries a read that met a corrupt one walks, one by one, to name its offset."""
 MAX_CORRUPT_REPORTED = 1024
 """Corrupt places remembered per replica so each is logged once, not on every retry."""
+IN_SYNC_MAX_LAG_ENTRIES = 16
+"""How far below the commit a live, replicating follower's log may end and still count as
+in sync for min.insync.replicas: under a steady load a healthy follower's last ack is
+always a round or two behind the commit, and must not make acks=all writes fail."""
 
 
 _LEADER_DOING = {
@@ -85,12 +92,16 @@ class PartitionReplica:
         log_config: LogConfig,
         *,
         on_durable: DurableFn | None = None,
+        min_insync_replicas: int = 1,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.replicas = replicas
         self.max_entry_bytes = log_config.max_message_bytes
         self.max_future_ms = log_config.message_timestamp_after_max_ms
+        self.min_insync_replicas = min_insync_replicas
+        self.decommissioned = False
+        """Set from the metadata: the partition takes no new writes (reads go on)."""
         self._host = host
         self._hw_event = asyncio.Event()
         self._inflight_bytes = 0
@@ -101,7 +112,7 @@ class PartitionReplica:
             group_name(topic, partition),
             directory,
             Membership(frozenset(replicas)),
-            log_config=log_config,
+            log_config=_replicated(log_config),
             apply=self._apply,
             on_soft_state=self._on_soft_state,
             replay=False,
@@ -131,6 +142,14 @@ class PartitionReplica:
     @property
     def is_leader(self) -> bool:
         return self.group.is_leader
+
+    @property
+    def led_term(self) -> int:
+        """The term in which this replica leads, 0 when it does not lead (read from the
+        group, not from :attr:`leader_term`, which follows the leader changes only once
+        their round ends)."""
+        group = self.group
+        return group.term if group.is_leader else 0
 
     @property
     def leader_id(self) -> int:
@@ -163,12 +182,20 @@ class PartitionReplica:
 
     def replica_states(self) -> dict[int, tuple[str, str]]:
         """Broker id -> (state, why) for this replica and, on the leader, each follower:
-        "ok" once its log matches the commit, else "catching_up" (how far, and the
-        leader's progress state for it)."""
+        "ok" once its log matches the commit and the leader's connection to it is up, else
+        "catching_up" (unreachable, or how far behind, and the leader's progress state
+        for it)."""
         states = {self._host.node_id: self.state}
         st = self._host.status(self.group.name)
+        alive = self._host.transport.peer_alive
         for peer, pr in sorted(st.followers.items()):
-            if pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
+            if not alive(peer):
+                states[peer] = (
+                    "catching_up",
+                    f"unreachable: the leader has no connection to it; it holds entries up "
+                    f"to {pr.match} of the commit at {st.commit}",
+                )
+            elif pr.match >= st.commit and pr.state == ProgressState.REPLICATE:
                 states[peer] = ("ok", "")
             else:
                 states[peer] = (
@@ -177,6 +204,47 @@ class PartitionReplica:
                     + _LEADER_DOING[pr.state],
                 )
         return states
+
+    def reconfigure(self, log_config: LogConfig, min_insync_replicas: int) -> None:
+        """Take a topic's altered settings live: the next produce is checked against the
+        new limits, and the log (its rolls, retention, flushes) runs with them from now
+        on; nothing reopens."""
+        self.max_entry_bytes = log_config.max_message_bytes
+        self.max_future_ms = log_config.message_timestamp_after_max_ms
+        self.min_insync_replicas = min_insync_replicas
+        self._host.reconfigure_log(self.group.name, _replicated(log_config))
+
+    def in_sync_voters(self) -> list[int]:
+        """On the leader: the voting replicas in sync, itself first. A follower is in sync
+        while its connection is up, the leader is streaming entries to it, and its log
+        ends at most IN_SYNC_MAX_LAG_ENTRIES below the commit. Empty off the leader."""
+        st = self._host.status(self.group.name)
+        if st.role != Role.LEADER:
+            return []
+        alive = self._host.transport.peer_alive
+        return [self._host.node_id] + [
+            peer
+            for peer, pr in sorted(st.followers.items())
+            if not pr.learner
+            and pr.state == ProgressState.REPLICATE
+            and st.commit - pr.match <= IN_SYNC_MAX_LAG_ENTRIES
+            and alive(peer)
+        ]
+
+    def _check_enough_in_sync(self) -> None:
+        """acks=all promises the write is on min.insync.replicas voters: refuse it, before
+        anything is appended, while fewer are in sync."""
+        needed = self.min_insync_replicas
+        if needed <= 1:
+            return
+        in_sync = self.in_sync_voters()
+        if in_sync and len(in_sync) < needed:
+            raise NotEnoughReplicasError(
+                f"{self.topic}/{self.partition} has {len(in_sync)} in-sync replicas "
+                f"(brokers {', '.join(map(str, in_sync))}) and its min.insync.replicas is "
+                f"{needed}: nothing was written. Retry once its replicas are back, lower "
+                "min.insync.replicas, or produce with acks=1"
+            )
 
     def check_serving(self) -> None:
         """Raise ReplicaFailedError while this replica is quarantined."""
@@ -251,8 +319,16 @@ class PartitionReplica:
         else:
             self.validate(entries)
         self.check_serving()
+        if self.decommissioned:
+            raise PartitionDecommissionedError(
+                f"{self.topic}/{self.partition} is decommissioned: it takes no new writes "
+                "(its records stay readable until its data is deleted); produce to one of "
+                "the topic's active partitions"
+            )
         if not self.is_leader:
             raise self._not_leader(self.leader_id)
+        if acks == Acks.ALL:
+            self._check_enough_in_sync()
         size_bytes = len(entries)
         deadline_s = time.monotonic() + timeout_s
         await self._reserve(size_bytes, deadline_s)
@@ -409,6 +485,16 @@ class PartitionReplica:
             event = self._hw_event
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), deadline_s - time.monotonic())
+
+
+def _replicated(log_config: LogConfig) -> LogConfig:
+    """The settings a partition's log runs with: the topic's, but any entry size up to the
+    format's limit. max.message.bytes is checked where producers' entries come in
+    (:meth:`PartitionReplica.validate`, on the leader); an entry a leader accepted must
+    be taken by every replica, also after the limit was lowered (a follower catching up
+    on older entries) or before a follower's broker saw it raised, else that follower
+    could never hold its leader's log."""
+    return dataclasses.replace(log_config, max_message_bytes=entry.MAX_ENTRY_BYTES)
 
 
 def _consume_exception(fut: asyncio.Future[int]) -> None:

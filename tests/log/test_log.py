@@ -8,6 +8,7 @@ open descriptors), including regressions for bugs this suite found.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import tempfile
@@ -830,3 +831,37 @@ def test_append_checks_crcs_unless_its_caller_did_at_a_trust_boundary(tmp_path: 
         assert log.last_index == 1
         with pytest.raises(NotContiguousError):
             log.append(data_entry(5), crc_checked=True)
+
+
+# --- settings altered while open ---------------------------------------------------------
+
+
+def test_reconfigure_takes_new_limits_retention_and_write_behind_live(scratch: Path) -> None:
+    """A topic's altered config reaches an open log: the next append is checked against
+    the new size limit, the next retention pass uses the new retention, and bytes kept
+    back under a larger write-behind reach the file when it shrinks. Nothing reopens."""
+    clock = FakeClock(10_000_000)
+    config = LogConfig(
+        flush_policy=FlushPolicy.INTERVAL,
+        segment_bytes=2048,
+        max_message_bytes=512,
+        write_behind_bytes=1 << 20,
+    )
+    log = Log.open(scratch, config, clock_ms=clock)
+    fill(log, 20, 200, ts=clock.now)
+    with pytest.raises(LogError):
+        log.append(data_entry(log.next_index, 1000, ts=clock.now))
+    clock.now += 60_000
+    assert log.apply_retention() == 0  # 14 days by default
+    log.reconfigure(dataclasses.replace(config, max_message_bytes=4096, retention_ms=1000))
+    big = data_entry(log.next_index, 1000, ts=clock.now)
+    log.append(big)
+    assert log.read_by_index(21, BIG).data == big
+    assert log.apply_retention() > 0
+    assert log.start_index > 1
+    fill(log, 2, 100, ts=clock.now)
+    active = segment_files(scratch)[-1]
+    waiting = active.stat().st_size
+    log.reconfigure(dataclasses.replace(log.config, write_behind_bytes=0))
+    assert active.stat().st_size > waiting  # drained at once
+    log.close()

@@ -2,11 +2,12 @@
 real TCP sockets on loopback: election, commit everywhere, leader loss, quiescence."""
 
 import asyncio
+import dataclasses
 import itertools
 from pathlib import Path
 
 from raftmq.format import entry
-from raftmq.log.config import LogConfig
+from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
 from raftmq.raft.host import group_storage
 from raftmq.raft.host import repair as repair_mod
@@ -590,3 +591,52 @@ async def test_replica_audit_finds_and_replaces_a_copy_that_differs_with_valid_c
     finally:
         for host in hosts.values():
             await host.stop()
+
+
+async def test_log_settings_change_live_under_load_without_failing_a_round(tmp_path, caplog):
+    """A topic's altered config reaches a running group (RaftHost.reconfigure_log): the
+    flush policy flips between rounds (a change arriving mid-round waits for its end, as a
+    round decides from it whether its entries need an fsync before their acks), and the
+    log takes the rest in place; proposals keep committing, no group is quarantined."""
+    _net, hosts, applied = await start_memory_cluster(tmp_path, ["g"])
+    try:
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        every_batch = dataclasses.replace(SMALL, flush_policy=FlushPolicy.EVERY_BATCH)
+        interval = dataclasses.replace(SMALL, flush_policy=FlushPolicy.INTERVAL)
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            i = 0
+            while not stop.is_set():
+                await propose_to_leader(hosts, batch(i), 5)
+                i += 1
+
+        loader = asyncio.create_task(load())
+        for k in range(20):
+            for host in hosts.values():
+                host.reconfigure_log("g", interval if k % 2 else every_batch)
+            await asyncio.sleep(0.02)
+        final = dataclasses.replace(every_batch, segment_bytes=SMALL.segment_bytes * 2)
+        for host in hosts.values():
+            host.reconfigure_log("g", final)
+        stop.set()
+        await loader
+        await wait_for(
+            lambda: all(h.groups["g"].parked_config is None for h in hosts.values()),
+            what="parked configs taken",
+        )
+        for host in hosts.values():
+            group = host.groups["g"]
+            assert group.failure is None and not host.quarantined
+            assert group.sync  # EVERY_BATCH, the last one set
+            assert group.log.config.segment_bytes == final.segment_bytes
+            assert group.opened_with is not None and group.opened_with[1] == final
+        assert "quarantined" not in caplog.text  # not even for a moment
+        count = len(applied[1, "g"].entries)
+        assert count > 20
+        await wait_for(
+            lambda: all(len(applied[n, "g"].entries) >= count for n in hosts), what="apply"
+        )
+    finally:
+        for h in hosts.values():
+            await h.stop()

@@ -176,7 +176,7 @@ class BrokerDescription(_message.Message):
     def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., raft_host: _Optional[str] = ..., raft_port: _Optional[int] = ..., rack: _Optional[str] = ..., state: _Optional[_Union[BrokerState, str]] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PartitionDescription(_message.Message):
-    __slots__ = ("partition", "replicas", "learners", "leader_id", "leader_term", "state", "delete_after_ms")
+    __slots__ = ("partition", "replicas", "learners", "leader_id", "leader_term", "state", "delete_after_ms", "live", "live_unknown_reason", "high_watermark", "log_start_offset", "replica_states")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,11 @@ class PartitionDescription(_message.Message):
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DELETE_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_UNKNOWN_REASON_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_STATES_FIELD_NUMBER: _ClassVar[int]
     partition: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
     learners: _containers.RepeatedScalarFieldContainer[int]
@@ -191,7 +196,22 @@ class PartitionDescription(_message.Message):
     leader_term: int
     state: PartitionState
     delete_after_ms: int
-    def __init__(self, partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., learners: _Optional[_Iterable[int]] = ..., leader_id: _Optional[int] = ..., leader_term: _Optional[int] = ..., state: _Optional[_Union[PartitionState, str]] = ..., delete_after_ms: _Optional[int] = ...) -> None: ...
+    live: bool
+    live_unknown_reason: str
+    high_watermark: int
+    log_start_offset: int
+    replica_states: _containers.RepeatedCompositeFieldContainer[ReplicaLiveState]
+    def __init__(self, partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., learners: _Optional[_Iterable[int]] = ..., leader_id: _Optional[int] = ..., leader_term: _Optional[int] = ..., state: _Optional[_Union[PartitionState, str]] = ..., delete_after_ms: _Optional[int] = ..., live: _Optional[bool] = ..., live_unknown_reason: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., replica_states: _Optional[_Iterable[_Union[ReplicaLiveState, _Mapping]]] = ...) -> None: ...
+
+class ReplicaLiveState(_message.Message):
+    __slots__ = ("broker_id", "state", "reason")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    state: str
+    reason: str
+    def __init__(self, broker_id: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TopicDescription(_message.Message):
     __slots__ = ("name", "topic_id", "replication_factor", "partitions", "config", "effective_config")

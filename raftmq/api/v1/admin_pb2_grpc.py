@@ -103,7 +103,9 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DescribeTopic(self, request, context):
-        """Errors: UNKNOWN_TOPIC.
+        """The metadata, and per partition the live state its leader broker reports (high
+        watermark, log start, each replica in sync or not), asked of the leaders at most
+        one call per broker, each bounded by a short timeout. Errors: UNKNOWN_TOPIC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

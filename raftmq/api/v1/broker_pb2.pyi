@@ -47,6 +47,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: _ClassVar[ErrorCode]
     ERROR_CODE_PRODUCER_IDS_EXHAUSTED: _ClassVar[ErrorCode]
     ERROR_CODE_UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_ENOUGH_REPLICAS: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_GROUP: _ClassVar[ErrorCode]
     ERROR_CODE_UNKNOWN_GROUP: _ClassVar[ErrorCode]
     ERROR_CODE_UNKNOWN_MEMBER: _ClassVar[ErrorCode]
@@ -109,6 +110,7 @@ ERROR_CODE_INVALID_REPLICA_CHANGE: ErrorCode
 ERROR_CODE_INVALID_PRODUCER_ID_BLOCK: ErrorCode
 ERROR_CODE_PRODUCER_IDS_EXHAUSTED: ErrorCode
 ERROR_CODE_UNSUPPORTED_VERSION: ErrorCode
+ERROR_CODE_NOT_ENOUGH_REPLICAS: ErrorCode
 ERROR_CODE_INVALID_GROUP: ErrorCode
 ERROR_CODE_UNKNOWN_GROUP: ErrorCode
 ERROR_CODE_UNKNOWN_MEMBER: ErrorCode
@@ -250,20 +252,22 @@ class BrokerInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark", "replica_status")
+    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark", "replica_status", "log_start_offset")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     REPLICA_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     partition: int
     leader_id: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
     leader_term: int
     high_watermark: int
     replica_status: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ..., replica_status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    log_start_offset: int
+    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ..., replica_status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("broker_id", "state", "reason")

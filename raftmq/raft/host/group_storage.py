@@ -129,6 +129,22 @@ def record_promised(directory: Path) -> None:
     write_atomic(promised_path(directory), b"")
 
 
+def driven_log_config(config: LogConfig) -> LogConfig:
+    """The settings a group's log runs with for a group configured with ``config``: the
+    driver does the fsyncs itself (off the event loop), hence the INTERVAL log.
+
+    An INTERVAL group acknowledges once the write is done, so its writes go straight to
+    the kernel: the page cache survives a crash of this process (as Kafka counts on),
+    bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge after the
+    round's flush, which writes them out first anyway."""
+    sync = config.flush_policy is FlushPolicy.EVERY_BATCH
+    return dataclasses.replace(
+        config,
+        flush_policy=FlushPolicy.INTERVAL,
+        write_behind_bytes=config.write_behind_bytes if sync else 0,
+    )
+
+
 def load_group(
     name: str,
     path: Path,
@@ -146,19 +162,7 @@ def load_group(
     ``snapshot`` is a state machine's latest durable snapshot (``SnapshotStore.latest``):
     the log is first made to start right after it (see :func:`cut_to_snapshot`)."""
     path.mkdir(parents=True, exist_ok=True)
-    sync = config.flush_policy is FlushPolicy.EVERY_BATCH
-    # An INTERVAL group acknowledges once the write is done, so its writes go straight
-    # to the kernel: the page cache survives a crash of this process (as Kafka counts
-    # on), bytes kept back by write-behind would not. EVERY_BATCH groups acknowledge
-    # after the round's flush, which writes them out first anyway.
-    log_ = Log.open(
-        path,
-        dataclasses.replace(
-            config,
-            flush_policy=FlushPolicy.INTERVAL,
-            write_behind_bytes=config.write_behind_bytes if sync else 0,
-        ),
-    )
+    log_ = Log.open(path, driven_log_config(config))
     try:
         if snapshot is not None:
             cut_to_snapshot(name, path, log_, snapshot[0], node_id=node_id)

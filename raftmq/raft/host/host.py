@@ -48,6 +48,7 @@ from raftmq.raft.host.group_storage import (
     COMMIT_HINT_FILE,
     HARD_STATE_FILE,
     SNAPSHOT_META_FILE,
+    driven_log_config,
     load_group,
     promised_path,
     record_promised,
@@ -229,6 +230,8 @@ class RaftGroup:
         """The highest commit a leader's append has told this follower: beyond its log end,
         it is catching up."""
         self.promised = False  # the PROMISED_SUFFIX record exists
+        self.parked_config: LogConfig | None = None
+        """New settings that arrived during a round (see :meth:`RaftHost.reconfigure_log`)."""
 
     @property
     def is_leader(self) -> bool:
@@ -277,6 +280,8 @@ class PeerProgress:
 
     match: int
     state: ProgressState
+    learner: bool = False
+    """A replica being added: it copies the log but does not vote (nor count as in sync)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -437,6 +442,34 @@ class RaftHost(SelfRepair):
         self.groups[group.name] = group
         self._mark(group)
 
+    def reconfigure_log(self, name: str, config: LogConfig) -> None:
+        """Run group ``name`` with new log settings from now on (a topic's config was
+        altered), without reopening it: the log takes them in place and a reopen after
+        quarantine uses them too. Between rounds only: a round decides from ``sync``
+        whether its entries need an fsync before their acks, so a change arriving during
+        one is parked until it ends."""
+        group = self.groups.get(name) or self.quarantined[name]
+        if group.opened_with is not None:
+            membership, _, replay = group.opened_with
+            group.opened_with = (membership, config, replay)
+        if group.in_round:
+            group.parked_config = config
+        else:
+            self._take_config(group, config)
+
+    def _take_config(self, group: RaftGroup, config: LogConfig) -> None:
+        group.parked_config = None
+        if group.failure is not None:
+            return  # its log is closed; the reopen reads opened_with
+        sync = config.flush_policy is FlushPolicy.EVERY_BATCH
+        group.log.reconfigure(driven_log_config(config))
+        if sync and not group.sync:
+            # Acks promise durability from now on, also for entries an INTERVAL round
+            # wrote (and acknowledged as written) before: make those durable first. Rare
+            # (an operator's alter), so on the loop.
+            group.log.flush()
+        group.sync = sync
+
     async def close_group(self, name: str) -> bool:
         """Stop running group ``name`` and close its files (its replica is being deleted:
         the broker removes the directory afterwards); False if it is not open here. Its
@@ -535,7 +568,7 @@ class RaftHost(SelfRepair):
             failed=group.failure,
             leader_commit=group.leader_commit,
             followers={
-                peer: PeerProgress(pr.match, pr.state)
+                peer: PeerProgress(pr.match, pr.state, pr.is_learner)
                 for peer, pr in core.progress.items()
                 if peer != self.node_id
             }
@@ -983,6 +1016,7 @@ class RaftHost(SelfRepair):
         )
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
+        group.sync = config.flush_policy is FlushPolicy.EVERY_BATCH  # maybe altered since
         group.waiters.clear()
         group.quiesced = False
         group.probe_peers = ()
@@ -1071,6 +1105,8 @@ class RaftHost(SelfRepair):
                     except Exception as exc:
                         self._quarantine(group, "apply", exc)
                 group.in_round = False
+                if group.parked_config is not None:
+                    self._take_config(group, group.parked_config)
             self.transport.flush()
 
     def _persist_all(
