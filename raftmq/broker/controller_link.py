@@ -55,6 +55,11 @@ class ControllerLink:
         self._leader: str | None = None
         self._turn = 0
 
+    @property
+    def leader_address(self) -> str | None:
+        """The quorum leader's client address as the last answer named it, if any."""
+        return self._leader
+
     def _stub(self, address: str) -> cpb_grpc.ControllerStub:
         channel = self._channels.get(address)
         if channel is None:

@@ -15,17 +15,23 @@ nothing there; a broker restarted with a replaced disk finds its peers serving. 
 cannot tell: a replaced disk on a broker that starts while none of its peers serves (the
 whole cluster cold-started at once). The controller, which will know every broker's
 storage, closes that gap.
+
+The controller quorum's own group is probed the same way (:func:`metadata_with_history`),
+by a controller voter that starts with no data folder, before it opens the group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.controller.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
@@ -67,3 +73,32 @@ async def partitions_with_history(
             answered.append(peer.id)
             seen |= known & hosted
     return seen, answered
+
+
+async def _voter_log_end(address: str) -> int | None:
+    """The last index of the metadata group's log on the voter at ``address`` (0: it
+    never held an entry), None when it does not answer."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            answer = await cpb_grpc.ControllerStub(channel).DescribeVoter(
+                cpb.DescribeVoterRequest(), timeout=PROBE_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+    return int(answer.last_index)
+
+
+async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[bool, list[int]]:
+    """Does the controller quorum have a past this voter may have been part of (a voter
+    holds an entry of its log: a leader was elected)? With the ids of the voters that
+    answered.
+
+    The metadata group's own ``.raft-promised`` record lives in the data folder too, so a
+    controller voter whose folder was wiped asks the other voters, as a broker does for its
+    partitions: if the quorum committed anything, the wiped voter must rejoin (no vote
+    until it holds the leader's log), or it could help a lagging voter win an election and
+    vote committed metadata away."""
+    peers = [(v, a) for v, a in sorted(voters.items()) if v != me]
+    ends = await asyncio.gather(*(_voter_log_end(a) for _, a in peers))
+    answered = [v for (v, _), end in zip(peers, ends, strict=True) if end is not None]
+    return any(end for end in ends), answered

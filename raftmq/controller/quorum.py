@@ -37,7 +37,7 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
     ReadIndexError,
 )
-from raftmq.raft.host.host import DurableFn, RaftHost
+from raftmq.raft.host.host import DurableFn, GroupStatus, RaftHost
 from raftmq.raft.host.state_machine import CommandTooLargeError, ReplicatedStateMachine
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role, SoftState
@@ -111,6 +111,7 @@ class ControllerQuorum:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.node_id = host.node_id
+        self._host = host
         self.session_timeout_s = session_timeout_s
         self.propose_timeout_s = propose_timeout_s
         self._clock_ms = clock_ms
@@ -154,6 +155,10 @@ class ControllerQuorum:
     def leader(self) -> int:
         """The quorum's leader as this voter knows it (0 when none)."""
         return self.rsm.leader
+
+    def raft_status(self) -> GroupStatus:
+        """This voter's member of the metadata group (term, log end, rejoining)."""
+        return self._host.status(GROUP)
 
     def _soft_state(self, soft: SoftState) -> None:
         if soft.role == Role.LEADER:
