@@ -333,8 +333,22 @@ class ControllerQuorum:
 
     async def _fence_loop(self) -> None:
         period_s = min(1.0, self.session_timeout_s / 4)
+        last_s = self._monotonic_s()
         while True:
             await asyncio.sleep(period_s)
+            now_s = self._monotonic_s()
+            if now_s - last_s > self.session_timeout_s / 2 and self._led_since is not None:
+                # This process stood still (SIGSTOP, a frozen VM, a swap storm): the silence
+                # it measures is its own, not the brokers'. Count them as seen now, as a new
+                # leader does, instead of fencing every broker on waking.
+                log.warning(
+                    "controller %d: paused for %.1f s; fencing restarts its count",
+                    self.node_id,
+                    now_s - last_s,
+                )
+                self._led_since = now_s
+                self._last_seen.clear()
+            last_s = now_s
             try:
                 await self._fence_silent()
             except ControllerError as exc:  # leadership moved; the next leader decides
