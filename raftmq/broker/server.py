@@ -281,6 +281,8 @@ class Broker:
             self._follow_task = loop.create_task(self._join_and_follow())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
+        elif self.quorum is not None:
+            self._follow_task = loop.create_task(self._follow_own_copy())
         log.info(
             "broker %d (%s) serving clients on %s, raft on %s",
             self.id,
@@ -338,6 +340,14 @@ class Broker:
                 log.exception("broker %d: applying metadata version %d failed", self.id, version)
             self.metadata_version = version
             self.metadata_cache.offer(state)
+
+    async def _follow_own_copy(self) -> None:
+        """A controller-only node hosts no replica, but answers Metadata as any node does
+        (a client may bootstrap from it): from the copy its voter applied."""
+        assert self.quorum is not None
+        async for version, state in self.quorum.watch(self.metadata_version):
+            self.spec = ControllerMetadata(state)
+            self.metadata_version = version
 
     async def _register(self) -> None:
         """Register this incarnation, retried until the controller takes it."""

@@ -101,9 +101,14 @@ def test_dedicated_controllers_serve_admin_place_on_brokers_and_survive_a_leader
         wait_led(client, "placed", 3)
         for p in range(3):
             produce_and_read(client, "placed", p, [f"v{p}".encode()])
-        # Controller-only nodes host no replica.
+        # Controller-only nodes host no replica, but answer Metadata from their copy.
         for node in CONTROLLERS:
             assert not list((cluster.data / f"broker-{node}").glob("placed-*"))
+            with LowLevelClient([cluster.spec.brokers[node].address]) as direct:
+                answer = direct.metadata(["placed"])
+            assert [list(p.replicas) for p in answer.topics[0].partitions] == [
+                list(p.replicas) for p in created.topic.partitions
+            ]
 
     leader = controller_leader(cluster.controller_addresses)
     assert leader in CONTROLLERS
