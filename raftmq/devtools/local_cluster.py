@@ -138,6 +138,7 @@ class LocalCluster:
         self.topics_created = False
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
+        self._cluster_files: dict[int, Path] = {}  # a broker added later: its own file
         self.cluster_path.write_text(cluster_file.dump(spec))
 
     @property
@@ -160,9 +161,9 @@ class LocalCluster:
     def add_broker(self) -> int:
         """Start a broker that was not in the cluster at its start, with the next free id
         and new reserved ports, as an operator adds a machine: its first start says
-        ``--new``. The cluster file gains it (with the voters now named, so they stay the
-        same); the running nodes read nothing from the file: they learn the newcomer's
-        Raft address from the metadata once it registers. Returns its id."""
+        ``--new``. Its own cluster file names only the controller voters and itself: all
+        it needs, since the other brokers' addresses come with the metadata, and they
+        learn its Raft address the same way once it registers. Returns its id."""
         new_id = max(self.spec.brokers) + 1
         node = BrokerSpec(
             new_id,
@@ -170,13 +171,17 @@ class LocalCluster:
             self.ports.take(0, what=f"broker {new_id}'s client address"),
             self.ports.take(0, what=f"broker {new_id}'s Raft address"),
         )
-        self.spec = ClusterSpec(
+        voters = self.spec.voters
+        own = ClusterSpec(
             self.spec.name,
-            {**self.spec.brokers, new_id: node},
-            self.spec.topics,
-            self.spec.voters,
+            {**{v: self.spec.brokers[v] for v in voters}, new_id: node},
+            controller_voters=voters,
         )
-        self.cluster_path.write_text(cluster_file.dump(self.spec))
+        self._cluster_files[new_id] = self.data / f"cluster-{new_id}.toml"
+        self._cluster_files[new_id].write_text(cluster_file.dump(own))
+        self.spec = ClusterSpec(
+            self.spec.name, {**self.spec.brokers, new_id: node}, self.spec.topics, voters
+        )
         self._new.add(new_id)
         self.start(new_id)
         return new_id
@@ -201,7 +206,7 @@ class LocalCluster:
                 "--id",
                 str(bid),
                 "--cluster",
-                str(self.cluster_path),
+                str(self._cluster_files.get(bid, self.cluster_path)),
                 "--data",
                 str(self.data),
                 # Brokers run in their own session, so a Ctrl-C reaches only this process,

@@ -272,12 +272,15 @@ def test_a_wiped_controller_voter_cannot_vote_committed_metadata_away(
         assert {t.name for t in admin.list_topics().topics} == {"a", "b", "c", "d"}
 
 
+@pytest.mark.parametrize("layout", ["combined", "dedicated"])
 def test_a_broker_added_to_a_running_cluster_registers_and_takes_replicas(
-    make_cluster: ClusterFactory,
+    layout: str, make_cluster: ClusterFactory, dedicated: Dedicated
 ) -> None:
-    cluster = make_cluster({})
+    """Its cluster file names only the voters and itself: in the dedicated layout it
+    learns the other brokers' Raft addresses from the metadata alone."""
+    cluster = make_cluster({}) if layout == "combined" else dedicated()
     new = cluster.add_broker()
-    assert new == 4
+    assert new == max(cluster.spec.brokers) and new not in cluster.spec.voters
     cluster.wait_ready(new)
     with cluster.admin() as admin:
         wait_until(
@@ -295,6 +298,14 @@ def test_a_broker_added_to_a_running_cluster_registers_and_takes_replicas(
         wait_led(client, "wide", 4)
         for p in range(4):
             produce_and_read(client, "wide", p, [f"w{p}".encode()])
+        # Its replicas replicate: with the new broker as the only other live replica
+        # besides the leader, an acks=all write needs it.
+        p = hosted[0]
+        replicas = list(created.topic.partitions[p].replicas)
+        leader = client.refresh_leaders()["wide", p].broker_id
+        third = next(b for b in replicas if b not in (new, leader))
+        cluster.kill(third)
+        produce_and_read(client, "wide", p, [b"needs-the-new-one"])
     # The new broker's replicas hold the data (read from it directly).
     with LowLevelClient([cluster.spec.brokers[new].address]) as client:
         answer = client.metadata(["wide"])
