@@ -11,7 +11,10 @@ reconnect does, and misses nothing (each state is whole; versions only grow).
 A cached state is one the controller committed, only maybe old: exactly what a broker
 that lost its link to the controller holds in memory. Deletions stay safe with it: a
 replica is deleted only for a topic id at or below the state's version
-(``Broker._delete_gone_replicas``).
+(``Broker._delete_gone_replicas``). One thing an old copy must not do is bring back a
+topic deleted after it was written (the broker deleted its replicas, then died before the
+cache caught up): :func:`without_lost_topics` leaves out the topics this broker hosts but
+holds no replica of on disk.
 
 Writes are coalesced: :meth:`MetadataCache.offer` keeps only the newest state, and one
 writer task writes it (atomically, fsynced, off the event loop) at most once per
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from raftmq.controller.model import MetadataState
@@ -135,3 +140,33 @@ class MetadataCache:
         write_atomic(self.path, data)
         self.written_version = state.version
         self.writes += 1
+
+
+def without_lost_topics(
+    state: MetadataState, broker_id: int, on_disk: Callable[[str, int], bool]
+) -> MetadataState:
+    """``state`` less the topics that name this broker as a replica of some partition but
+    of which ``on_disk(topic, partition)`` finds none here. A replica's directory exists
+    from the moment the broker applies the version naming it, before that version is
+    cached, so such a topic was deleted since. Opened from the cache, its replicas would
+    start empty: a topic of one replica per partition would elect itself and take writes
+    for a deleted topic until the controller answers. The watch brings back anything
+    left out wrongly."""
+    lost = [
+        name
+        for name, topic in state.topics.items()
+        if (
+            hosted := [
+                p
+                for p, part in enumerate(topic.partitions)
+                if broker_id in part.replicas or broker_id in part.learners
+            ]
+        )
+        and not any(on_disk(name, p) for p in hosted)
+    ]
+    if not lost:
+        return state
+    log.info("the cached metadata's topics %s were deleted here since: left out", lost)
+    return dataclasses.replace(
+        state, topics={n: t for n, t in state.topics.items() if n not in lost}
+    )

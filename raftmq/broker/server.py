@@ -34,7 +34,7 @@ from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.history_probe import metadata_with_history, partitions_with_history
-from raftmq.broker.metadata_cache import MetadataCache
+from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
@@ -315,6 +315,9 @@ class Broker:
         (:mod:`raftmq.broker.metadata_cache`); the watch resumes after it."""
         cached = self.metadata_cache.load()
         if cached is not None:
+            cached = without_lost_topics(
+                cached, self.id, lambda topic, p: (self.data_dir / f"{topic}-{p}").exists()
+            )
             log.info("broker %d: applying its cached metadata version %d", self.id, cached.version)
             await self._reconcile(cached)
             self.metadata_version = cached.version

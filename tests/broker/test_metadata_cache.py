@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from raftmq.broker.metadata_cache import CACHE_FILE, MetadataCache
+from raftmq.broker.metadata_cache import CACHE_FILE, MetadataCache, without_lost_topics
 from raftmq.controller.commands import CreateTopic
 from raftmq.controller.model import MetadataState
 from tests.controller.machine import Driver
@@ -89,3 +89,13 @@ def test_a_state_above_the_bound_is_not_cached(tmp_path: Path) -> None:
     asyncio.run(run())
     # Not the older copy either: a restart from it would reopen what is gone since.
     assert MetadataCache(tmp_path, "test").load() is None
+
+
+def test_topics_hosted_here_but_gone_from_the_disk_are_left_out() -> None:
+    """t0 and t1 have a replica on every broker; only t0's is still on disk."""
+    (state,) = states(2)[-1:]
+    kept = without_lost_topics(state, 1, lambda topic, p: topic == "t0")
+    assert set(kept.topics) == {"t0"}
+    assert kept.version == state.version and kept.brokers == state.brokers
+    # A broker hosting nothing of them keeps them all (Metadata answers for them).
+    assert without_lost_topics(state, 9, lambda topic, p: False) == state
