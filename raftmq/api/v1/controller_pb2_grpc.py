@@ -123,7 +123,7 @@ class ControllerServicer:
         """This voter's member of the metadata group, from its own state (no leader needed). A
         voter that starts with no data folder asks the others before it opens its own: if
         the quorum has a past, the wiped voter rejoins and votes only once it holds the
-        leader's log (docs/controller.md, "A wiped controller voter").
+        leader's log (docs/controller.md, "Layouts, restarts and controller faults").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
