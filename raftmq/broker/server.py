@@ -319,8 +319,11 @@ class Broker:
                 cached, self.id, lambda topic, p: (self.data_dir / f"{topic}-{p}").exists()
             )
             log.info("broker %d: applying its cached metadata version %d", self.id, cached.version)
-            await self._reconcile(cached)
-            self.metadata_version = cached.version
+            try:
+                await self._reconcile(cached)
+                self.metadata_version = cached.version
+            except Exception:  # the controller's copy will do: wait for it
+                log.exception("broker %d: applying its cached metadata failed", self.id)
         self.metadata_cache.start()
         await self._register()
         log.info(
