@@ -71,6 +71,18 @@ def controller_leader(addresses: list[str]) -> int:
             return 0
 
 
+def wait_brokers(admin: AdminClient, ids: set[int] | None, state: int, what: str) -> None:
+    """Until every broker of ``ids`` (None: every registered one) is in ``state``."""
+
+    def reached() -> bool:
+        brokers = admin.describe_cluster().brokers
+        wanted = [b for b in brokers if ids is None or b.id in ids]
+        seen = {b.id for b in wanted}
+        return (ids is None or ids <= seen) and all(b.state == state for b in wanted)
+
+    wait_until(reached, 30, what)
+
+
 def metadata_picture(admin: AdminClient) -> tuple[dict, dict, int]:
     """(topics: name -> (id, replicas, config), brokers: id -> (host, port), version)."""
     cluster = admin.describe_cluster()
@@ -178,13 +190,7 @@ def test_brokers_restarted_while_the_controllers_are_down_serve_from_cached_meta
         assert topics == before[0]
         assert set(registered) == set(before[1])
         assert version >= before[2]
-        wait_until(
-            lambda: all(
-                b.state == apb.BROKER_STATE_ALIVE for b in admin.describe_cluster().brokers
-            ),
-            30,
-            "every broker alive again",
-        )
+        wait_brokers(admin, None, apb.BROKER_STATE_ALIVE, "every broker alive again")
         admin.create_topic("later", 1, 3)
         wait_led(client, "later", 1)
         produce_and_read(client, "later", 0, [b"new"])
@@ -220,13 +226,7 @@ def test_brokers_keep_serving_while_every_controller_is_paused(dedicated: Dedica
     assert len(acked[0]) > 10 and len(acked[1]) > 10, acked
     time.sleep(2.0)  # a few rounds of the controllers' fencing loop
     with cluster.admin() as admin, cluster.client() as client:
-        wait_until(
-            lambda: all(
-                b.state == apb.BROKER_STATE_ALIVE for b in admin.describe_cluster().brokers
-            ),
-            30,
-            "every broker alive after the pause",
-        )
+        wait_brokers(admin, None, apb.BROKER_STATE_ALIVE, "every broker alive after the pause")
         # The pause was the controllers' own: it must not fence the brokers on waking.
         for node in CONTROLLERS:
             assert "fencing it" not in cluster.log_path(node).read_text()
@@ -283,14 +283,7 @@ def test_a_broker_added_to_a_running_cluster_registers_and_takes_replicas(
     assert new == max(cluster.spec.brokers) and new not in cluster.spec.voters
     cluster.wait_ready(new)
     with cluster.admin() as admin:
-        wait_until(
-            lambda: any(
-                b.id == new and b.state == apb.BROKER_STATE_ALIVE
-                for b in admin.describe_cluster().brokers
-            ),
-            30,
-            f"broker {new} registered and alive",
-        )
+        wait_brokers(admin, {new}, apb.BROKER_STATE_ALIVE, f"broker {new} registered and alive")
         created = admin.create_topic("wide", 4, 3)
     hosted = [p.partition for p in created.topic.partitions if new in p.replicas]
     assert hosted, "placement spreads a new topic onto the new broker"
