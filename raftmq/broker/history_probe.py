@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import grpc
 
@@ -59,18 +59,21 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    spec: ClusterMetadata, me: int, hosted: set[tuple[str, int]]
+    specs: Iterable[ClusterMetadata], me: int, hosted: set[tuple[str, int]]
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
-    the ids of the peers that answered."""
+    the ids of the peers that answered. The peers are the nodes ``specs`` name: the
+    bootstrap file and the metadata (a broker's file may name only the controller voters,
+    which host no partition in the dedicated layout)."""
     topics = sorted({topic for topic, _ in hosted})
-    peers = [b for b in spec.brokers.values() if b.id != me]
-    answers = await asyncio.gather(*(_peer_history(b.address, topics) for b in peers))
+    addresses = {b.id: b.address for spec in specs for b in spec.brokers.values() if b.id != me}
+    peers = sorted(addresses.items())
+    answers = await asyncio.gather(*(_peer_history(a, topics) for _, a in peers))
     seen: set[tuple[str, int]] = set()
     answered = []
-    for peer, known in zip(peers, answers, strict=True):
+    for (peer, _), known in zip(peers, answers, strict=True):
         if known is not None:
-            answered.append(peer.id)
+            answered.append(peer)
             seen |= known & hosted
     return seen, answered
 

@@ -402,7 +402,7 @@ class Broker:
             self._probe_for_a_past = False
             older = {(t.name, p) for t, p, _ in opening if t.topic_id < self.epoch}
             if older:
-                await self._mark_replaced_replicas(older)
+                await self._mark_replaced_replicas(older, view)
         self.spec = view  # before opening: Metadata answers for what opens
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
@@ -482,12 +482,14 @@ class Broker:
         _topic_id_path(directory).unlink(missing_ok=True)
         log.info("broker %d: deleted its replica of %s/%d (topic gone)", self.id, topic, partition)
 
-    async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
+    async def _mark_replaced_replicas(
+        self, hosted: set[tuple[str, int]], view: ClusterMetadata
+    ) -> None:
         """No data directory: a new broker, or one whose disk was replaced. The partitions
-        its peers know a past for are marked as once promised, so their replicas rejoin
-        (no votes until caught up) instead of passing for new ones
-        (:mod:`raftmq.broker.history_probe`)."""
-        seen, answered = await partitions_with_history(self.bootstrap, self.id, hosted)
+        its peers (in the bootstrap file or the metadata ``view``) know a past for are
+        marked as once promised, so their replicas rejoin (no votes until caught up)
+        instead of passing for new ones (:mod:`raftmq.broker.history_probe`)."""
+        seen, answered = await partitions_with_history((self.bootstrap, view), self.id, hosted)
         if not answered:
             log.info(
                 "broker %d: no data directory and no peer answering: starting as a new broker",

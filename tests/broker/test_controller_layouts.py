@@ -305,3 +305,37 @@ def test_a_broker_added_to_a_running_cluster_registers_and_takes_replicas(
         assert answer.broker_id == new and answer.topics[0].name == "wide"
     for p in hosted:
         assert (cluster.data / f"broker-{new}" / f"wide-{p}").is_dir()
+
+
+def test_an_added_broker_whose_disk_was_wiped_rejoins_its_partitions(
+    dedicated: Dedicated,
+) -> None:
+    """Its cluster file names only the controller voters, which host no partition: it
+    asks the brokers the metadata names whether its partitions have a past."""
+    cluster = dedicated()
+    new = cluster.add_broker()
+    cluster.wait_ready(new)
+    with cluster.admin() as admin:
+        wait_brokers(admin, {new}, apb.BROKER_STATE_ALIVE, f"broker {new} alive")
+        admin.create_topic("moved", 1, 3, assignment=[[new, 4, 5]])
+    with cluster.client() as client:
+        wait_led(client, "moved", 1)
+        produce_and_read(client, "moved", 0, [b"a", b"b"])
+    cluster.kill(new)
+    shutil.rmtree(cluster.data / f"broker-{new}")
+    cluster.start(new)
+    cluster.wait_ready(new)
+    address = cluster.spec.brokers[new].address
+    with cluster.client() as client:
+        wait_until(
+            lambda: "know a past for 1 of its 1 replicas" in cluster.log_path(new).read_text(),
+            30,
+            "the wiped broker finding its partition's past",
+        )
+        produce_and_read(client, "moved", 0, [b"c"])
+
+        def caught_up() -> bool:
+            records, _ = read_all(client, "moved", 0, address=address)
+            return [r.value for r in records] == [b"a", b"b", b"c"]
+
+        wait_until(caught_up, 30, f"broker {new}'s replica holding every record")
