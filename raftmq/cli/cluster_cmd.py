@@ -241,9 +241,16 @@ def dev(
             spec = cluster_file.load(path)
         except ClusterFileError as exc:
             raise _fail(f"{exc}. Remove {data} to start a new cluster.", 2) from None
-        if len(spec.brokers) != brokers + controllers:
+        # dev writes voters into the file only for the dedicated layout.
+        made_dedicated = bool(spec.controller_voters) and set(spec.controller_voters) < set(
+            spec.brokers
+        )
+        if len(spec.brokers) != brokers + controllers or made_dedicated != dedicated_controllers:
+            held = f"{len(spec.controller_voters)} of them controllers" if made_dedicated else ""
             raise _fail(
-                f"{data} holds a cluster of {len(spec.brokers)} nodes, not {brokers} brokers"
+                f"{data} holds a cluster of {len(spec.brokers)} nodes"
+                f"{f' ({held})' if held else ''}"
+                f", not {brokers} broker{'s' if brokers != 1 else ''}"
                 f"{f' and {controllers} controllers' if controllers else ''}. Start it with "
                 "the --brokers and --dedicated-controllers it was created with, remove the "
                 "folder, or pass another --data.",
