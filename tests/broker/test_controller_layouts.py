@@ -1,5 +1,7 @@
-"""The dedicated-controller layout, brokers restarting while the controller is away, a
-broker added to a running cluster, and controller faults, with real processes.
+"""The dedicated-controller layout, brokers restarting while the controller is away (their
+cached metadata), a broker added to a running cluster, wiped disks (a controller voter's,
+an added broker's), and controller faults (SIGKILL of the leader, every node killed,
+every controller paused), with real processes.
 
 Dedicated clusters here: nodes 1-3 are controller-only voters, 4.. broker-only."""
 
