@@ -57,6 +57,11 @@ class ControllerLink:
         self._leader: str | None = None
         self._turn = 0
 
+    @property
+    def leader_address(self) -> str | None:
+        """The quorum leader's client address as the last answer named it, if any."""
+        return self._leader
+
     def _stub(self, address: str, *, admin: bool = False) -> Any:
         """The Controller service's stub at ``address``, or with ``admin`` the Admin's."""
         channel = self._channels.get(address)

@@ -104,6 +104,18 @@ class ControllerService(ControllerFace):
         async for version, state in self.quorum.watch(request.from_version):
             yield cpb.MetadataUpdate(version=version, state=encode_snapshot(state))
 
+    async def DescribeVoter(
+        self, request: cpb.DescribeVoterRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DescribeVoterResponse:
+        status = self.quorum.raft_status()
+        return cpb.DescribeVoterResponse(
+            voter_id=self.quorum.node_id,
+            term=status.term,
+            last_index=status.last_index,
+            leader_id=status.leader,
+            rejoining=status.rejoining,
+        )
+
 
 def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
     add_service(service, server, cpb, "Controller")

@@ -15,17 +15,23 @@ nothing there; a broker restarted with a replaced disk finds its peers serving. 
 cannot tell: a replaced disk on a broker that starts while none of its peers serves (the
 whole cluster cold-started at once). The controller, which will know every broker's
 storage, closes that gap.
+
+The controller quorum's own group is probed the same way (:func:`metadata_with_history`),
+by a controller voter that starts with no data folder, before it opens the group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping
 
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.controller.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
@@ -53,17 +59,49 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    spec: ClusterMetadata, me: int, hosted: set[tuple[str, int]]
+    specs: Iterable[ClusterMetadata], me: int, hosted: set[tuple[str, int]]
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
-    the ids of the peers that answered."""
+    the ids of the peers that answered. The peers are the nodes ``specs`` name: the
+    bootstrap file and the metadata (a broker's file may name only the controller voters,
+    which host no partition in the dedicated layout)."""
     topics = sorted({topic for topic, _ in hosted})
-    peers = [b for b in spec.brokers.values() if b.id != me]
-    answers = await asyncio.gather(*(_peer_history(b.address, topics) for b in peers))
+    addresses = {b.id: b.address for spec in specs for b in spec.brokers.values() if b.id != me}
+    peers = sorted(addresses.items())
+    answers = await asyncio.gather(*(_peer_history(a, topics) for _, a in peers))
     seen: set[tuple[str, int]] = set()
     answered = []
-    for peer, known in zip(peers, answers, strict=True):
+    for (peer, _), known in zip(peers, answers, strict=True):
         if known is not None:
-            answered.append(peer.id)
+            answered.append(peer)
             seen |= known & hosted
     return seen, answered
+
+
+async def _voter_log_end(address: str) -> int | None:
+    """The last index of the metadata group's log on the voter at ``address`` (0: it
+    never held an entry), None when it does not answer."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            answer = await cpb_grpc.ControllerStub(channel).DescribeVoter(
+                cpb.DescribeVoterRequest(), timeout=PROBE_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+    return int(answer.last_index)
+
+
+async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[bool, list[int]]:
+    """Does the controller quorum have a past this voter may have been part of (a voter
+    holds an entry of its log: a leader was elected)? With the ids of the voters that
+    answered.
+
+    The metadata group's own ``.raft-promised`` record lives in the data folder too, so a
+    controller voter whose folder was wiped asks the other voters, as a broker does for its
+    partitions: if the quorum committed anything, the wiped voter must rejoin (no vote
+    until it holds the leader's log), or it could help a lagging voter win an election and
+    vote committed metadata away."""
+    peers = [(v, a) for v, a in sorted(voters.items()) if v != me]
+    ends = await asyncio.gather(*(_voter_log_end(a) for _, a in peers))
+    answered = [v for (v, _), end in zip(peers, ends, strict=True) if end is not None]
+    return any(end for end in ends), answered

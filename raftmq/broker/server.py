@@ -28,12 +28,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq.broker import ready_file
+from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
-from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.history_probe import metadata_with_history, partitions_with_history
 from raftmq.broker.leader_reports import LeaderReports
+from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
@@ -168,6 +170,9 @@ class Broker:
         if self._probe_for_a_past and new_broker:
             self._probe_for_a_past = False
             log.info("broker %d: new (--new): its peers are not asked for a past", broker_id)
+        self._probe_metadata_past = self._probe_for_a_past and is_voter and len(voters) > 1
+        """Likewise for the metadata group, before it opens (:meth:`_mark_wiped_voter`)."""
+        self.metadata_cache = MetadataCache(self.data_dir, bootstrap.name)
         me = bootstrap.brokers[broker_id]
         self.advertised = (me.host, me.port)
         self.raft_peers = dict(raft_peers or {})
@@ -241,6 +246,8 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.incarnation = self._next_incarnation()
         if CONTROLLER in self.roles:
+            if self._probe_metadata_past:
+                await self._mark_wiped_voter()
             self.quorum = ControllerQuorum(
                 self.host,
                 self.data_dir,
@@ -265,6 +272,10 @@ class Broker:
             )
             self._admin = AdminService(self.quorum, self.voter_addresses)
             add_admin_service(self._admin, self._server)
+        else:
+            link = self.link
+            redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
+            add_admin_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
@@ -286,6 +297,8 @@ class Broker:
             self._report_task = loop.create_task(self.leader_reports.run())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
+        elif self.quorum is not None:
+            self._follow_task = loop.create_task(self._follow_own_copy())
         log.info(
             "broker %d (%s) serving clients on %s, raft on %s",
             self.id,
@@ -313,7 +326,21 @@ class Broker:
 
     async def _join_and_follow(self) -> None:
         """Register (retried until the controller answers), heartbeat, and apply every
-        metadata version the controller publishes."""
+        metadata version the controller publishes. The last one applied before a restart
+        is applied first, from the disk, without waiting for the controller
+        (:mod:`raftmq.broker.metadata_cache`); the watch resumes after it."""
+        cached = self.metadata_cache.load()
+        if cached is not None:
+            cached = without_lost_topics(
+                cached, self.id, lambda topic, p: (self.data_dir / f"{topic}-{p}").exists()
+            )
+            log.info("broker %d: applying its cached metadata version %d", self.id, cached.version)
+            try:
+                await self._reconcile(cached)
+                self.metadata_version = cached.version
+            except Exception:  # the controller's copy will do: wait for it
+                log.exception("broker %d: applying its cached metadata failed", self.id)
+        self.metadata_cache.start()
         await self._register()
         log.info(
             "broker %d registered with the controller (incarnation %d, epoch %d)",
@@ -333,6 +360,15 @@ class Broker:
                 await self._reconcile(state)
             except Exception:  # one bad version must not stop the broker following
                 log.exception("broker %d: applying metadata version %d failed", self.id, version)
+            self.metadata_version = version
+            self.metadata_cache.offer(state)
+
+    async def _follow_own_copy(self) -> None:
+        """A controller-only node hosts no replica, but answers Metadata as any node does
+        (a client may bootstrap from it): from the copy its voter applied."""
+        assert self.quorum is not None
+        async for version, state in self.quorum.watch(self.metadata_version):
+            self.spec = ControllerMetadata(state)
             self.metadata_version = version
 
     async def _register(self) -> None:
@@ -383,7 +419,7 @@ class Broker:
             self._probe_for_a_past = False
             older = {(t.name, p) for t, p, _ in opening if t.topic_id < self.epoch}
             if older:
-                await self._mark_replaced_replicas(older)
+                await self._mark_replaced_replicas(older, view)
         self.spec = view  # before opening: Metadata answers for what opens
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
@@ -469,12 +505,14 @@ class Broker:
         _topic_id_path(directory).unlink(missing_ok=True)
         log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
-    async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
+    async def _mark_replaced_replicas(
+        self, hosted: set[tuple[str, int]], view: ControllerMetadata
+    ) -> None:
         """No data directory: a new broker, or one whose disk was replaced. The partitions
-        its peers know a past for are marked as once promised, so their replicas rejoin
-        (no votes until caught up) instead of passing for new ones
-        (:mod:`raftmq.broker.history_probe`)."""
-        seen, answered = await partitions_with_history(self.bootstrap, self.id, hosted)
+        its peers (in the bootstrap file or the metadata ``view``) know a past for are
+        marked as once promised, so their replicas rejoin (no votes until caught up)
+        instead of passing for new ones (:mod:`raftmq.broker.history_probe`)."""
+        seen, answered = await partitions_with_history((self.bootstrap, view), self.id, hosted)
         if not answered:
             log.info(
                 "broker %d: no data directory and no peer answering: starting as a new broker",
@@ -496,6 +534,28 @@ class Broker:
             directory = self.data_dir / f"{topic}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
             record_promised(directory)
+
+    async def _mark_wiped_voter(self) -> None:
+        """No data folder on a controller voter: if the quorum has a past, this voter's
+        metadata group rejoins (no vote until it holds the leader's log), as a replaced
+        partition replica does (:func:`metadata_with_history`)."""
+        past, answered = await metadata_with_history(self.voter_addresses, self.id)
+        if not past:
+            log.info(
+                "broker %d: no data folder, and no other voter (answered: %s) holds metadata: "
+                "a new controller voter",
+                self.id,
+                ", ".join(map(str, answered)) or "none",
+            )
+            return
+        log.warning(
+            "broker %d: no data folder, but voters %s hold metadata (a replaced or wiped "
+            "disk): its metadata group rejoins, and votes again only once it holds the "
+            "leader's log",
+            self.id,
+            ", ".join(map(str, answered)),
+        )
+        record_promised(self.data_dir / GROUP)
 
     async def stop(self, *, graceful: bool = True, transfer_wait: float = 3.0) -> None:
         await self.health.enter_graceful_shutdown()
@@ -524,6 +584,7 @@ class Broker:
             await self._server.stop(grace=1.0 if graceful else 0)
         if self.quorum is not None:
             await self.quorum.stop()
+        await self.metadata_cache.close()
         await self.link.close()
         await self.host.stop()
 

@@ -31,6 +31,8 @@ from raftmq.log.config import LogConfig
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")
 DEMO_TOPIC = "demo"
+DEDICATED_CONTROLLERS = 3
+"""Controller-only processes ``raftmq dev --dedicated-controllers`` runs (a quorum of 3)."""
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -223,6 +225,15 @@ def dev(
         Path, typer.Option(help="Data folder of the local cluster (reused on restart).")
     ] = DEFAULT_DATA,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="How many broker processes.")] = 3,
+    dedicated_controllers: Annotated[
+        bool,
+        typer.Option(
+            "--dedicated-controllers",
+            help="Run 3 controller-only processes (nodes 1-3, the controller quorum) beside "
+            "the broker-only ones (the dedicated-controller layout), instead of every broker "
+            "being a controller voter too (combined mode).",
+        ),
+    ] = False,
     partitions: Annotated[
         int, typer.Option(min=1, max=1000, help="Partitions of the demo topic.")
     ] = 3,
@@ -243,16 +254,28 @@ def dev(
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
     path = data / CLUSTER_FILE
-    demo = local_spec(brokers, {DEMO_TOPIC: partitions}, base_port=base_port)
+    controllers = DEDICATED_CONTROLLERS if dedicated_controllers else 0
+    demo = local_spec(
+        brokers, {DEMO_TOPIC: partitions}, base_port=base_port, controllers=controllers
+    )
     if path.exists():
         try:
             spec = cluster_file.load(path)
         except ClusterFileError as exc:
             raise _fail(f"{exc}. Remove {data} to start a new cluster.", 2) from None
-        if len(spec.brokers) != brokers:
+        # dev writes voters into the file only for the dedicated layout.
+        made_dedicated = bool(spec.controller_voters) and set(spec.controller_voters) < set(
+            spec.brokers
+        )
+        if len(spec.brokers) != brokers + controllers or made_dedicated != dedicated_controllers:
+            held = f"{len(spec.controller_voters)} of them controllers" if made_dedicated else ""
             raise _fail(
-                f"{data} holds a cluster of {len(spec.brokers)} brokers. Start it with "
-                f"--brokers {len(spec.brokers)}, remove the folder, or pass another --data.",
+                f"{data} holds a cluster of {len(spec.brokers)} nodes"
+                f"{f' ({held})' if held else ''}"
+                f", not {brokers} broker{'s' if brokers != 1 else ''}"
+                f"{f' and {controllers} controllers' if controllers else ''}. Start it with "
+                "the --brokers and --dedicated-controllers it was created with, remove the "
+                "folder, or pass another --data.",
                 2,
             )
         # Its ports as written (clients may know them); a busy one is an error, below. The
@@ -263,7 +286,7 @@ def dev(
         spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
-        cluster = LocalCluster(data, spec)
+        cluster = LocalCluster(data, spec, dedicated_controllers=dedicated_controllers)
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
     spec = cluster.spec
@@ -286,11 +309,21 @@ def dev(
             except TimeoutError as exc:
                 raise _fail(f"The cluster did not come up: {exc}") from None
         table = Table(title=f"local raftmq cluster '{spec.name}' ({data})")
-        for col in ("broker", "client address (gRPC)", "raft address", "log"):
+        for col in ("node", "roles", "client address (gRPC)", "raft address", "log"):
             table.add_column(col)
+        hosts = set(cluster.broker_ids)
         for b in spec.brokers.values():
+            roles = [
+                r
+                for r, on in (("broker", b.id in hosts), ("controller", b.id in spec.voters))
+                if on
+            ]
             table.add_row(
-                str(b.id), b.address, f"{b.host}:{b.raft_port}", str(cluster.log_path(b.id))
+                str(b.id),
+                ",".join(roles),
+                b.address,
+                f"{b.host}:{b.raft_port}",
+                str(cluster.log_path(b.id)),
             )
         console.print(table)
         if demo_records:

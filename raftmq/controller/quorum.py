@@ -37,7 +37,7 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
     ReadIndexError,
 )
-from raftmq.raft.host.host import DurableFn, RaftHost
+from raftmq.raft.host.host import DurableFn, GroupStatus, RaftHost
 from raftmq.raft.host.state_machine import CommandTooLargeError, ReplicatedStateMachine
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role, SoftState
@@ -111,6 +111,7 @@ class ControllerQuorum:
         if session_timeout_s <= 0:
             raise ValueError("session_timeout_s must be positive")
         self.node_id = host.node_id
+        self._host = host
         self.session_timeout_s = session_timeout_s
         self.propose_timeout_s = propose_timeout_s
         self._clock_ms = clock_ms
@@ -154,6 +155,10 @@ class ControllerQuorum:
     def leader(self) -> int:
         """The quorum's leader as this voter knows it (0 when none)."""
         return self.rsm.leader
+
+    def raft_status(self) -> GroupStatus:
+        """This voter's member of the metadata group (term, log end, rejoining)."""
+        return self._host.status(GROUP)
 
     def _soft_state(self, soft: SoftState) -> None:
         if soft.role == Role.LEADER:
@@ -328,8 +333,22 @@ class ControllerQuorum:
 
     async def _fence_loop(self) -> None:
         period_s = min(1.0, self.session_timeout_s / 4)
+        last_s = self._monotonic_s()
         while True:
             await asyncio.sleep(period_s)
+            now_s = self._monotonic_s()
+            if now_s - last_s > self.session_timeout_s / 2 and self._led_since is not None:
+                # This process stood still (SIGSTOP, a frozen VM, a swap storm): the silence
+                # it measures is its own, not the brokers'. Count them as seen now, as a new
+                # leader does, instead of fencing every broker on waking.
+                log.warning(
+                    "controller %d: paused for %.1f s; fencing restarts its count",
+                    self.node_id,
+                    now_s - last_s,
+                )
+                self._led_since = now_s
+                self._last_seen.clear()
+            last_s = now_s
             try:
                 await self._fence_silent()
             except ControllerError as exc:  # leadership moved; the next leader decides

@@ -2,10 +2,13 @@
 and the chaos harness: start, SIGKILL, SIGSTOP, restart on the same data and addresses
 (reserved for the cluster's lifetime: raftmq.devtools.ports), wait for leaders.
 
-Every broker runs in combined mode (a controller voter too, as KRaft's combined mode); the
-bootstrap file names the nodes and voters only. The spec's topics are created through the
-admin API once the brokers registered (:meth:`LocalCluster.create_topics`), with their
-replica lists as given (round-robin from :func:`local_spec`), so tests know who leads what.
+Two layouts, as KRaft has: combined (the default: every node is a broker and a controller
+voter) and dedicated (``local_spec(..., controllers=N)``: nodes 1..N are controller-only
+voters, the others broker-only). The bootstrap file names the nodes and voters only. The
+spec's topics are created through the admin API once the brokers registered
+(:meth:`LocalCluster.create_topics`), with their replica lists as given (round-robin over
+the broker nodes, from :func:`local_spec`), so tests know who leads what. A broker can join
+a running cluster (:meth:`LocalCluster.add_broker`).
 """
 
 from __future__ import annotations
@@ -39,26 +42,33 @@ def local_spec(
     replication: int = 3,
     base_port: int = 0,
     name: str = "raftmq-dev",
+    controllers: int = 0,
 ) -> ClusterSpec:
-    """Brokers on 127.0.0.1 and topics with replicas placed round-robin. Broker ``i`` gets
-    client port ``base_port + i`` and Raft port ``base_port + 100 + i``, or with no
-    ``base_port`` ports 0, which :class:`LocalCluster` replaces with reserved ones."""
-    specs = {
-        i: BrokerSpec(
-            i,
-            "127.0.0.1",
-            base_port + i if base_port else 0,
-            base_port + 100 + i if base_port else 0,
-        )
-        for i in range(1, brokers + 1)
-    }
-    ids = sorted(specs)
+    """Nodes on 127.0.0.1 and topics with replicas placed round-robin over the brokers.
+    Node ``i`` gets client port ``base_port + i`` and Raft port ``base_port + 100 + i``, or
+    with no ``base_port`` ports 0, which :class:`LocalCluster` replaces with reserved ones.
+
+    ``controllers`` > 0: the dedicated layout, nodes 1..``controllers`` controller-only
+    voters and ``brokers`` broker-only nodes after them (the voters are named in the file);
+    0: combined, every node both."""
+    specs = {i: _node(i, base_port) for i in range(1, controllers + brokers + 1)}
+    ids = sorted(specs)[controllers:]
     factor = min(replication, brokers)
     out = {}
     for topic, partitions in topics.items():
         replicas = round_robin(ids, partitions, factor)
         out[topic] = TopicSpec(topic, replicas)
-    return ClusterSpec(name, specs, out)
+    voters = tuple(range(1, controllers + 1))
+    return ClusterSpec(name, specs, out, voters)
+
+
+def _node(node_id: int, base_port: int) -> BrokerSpec:
+    return BrokerSpec(
+        node_id,
+        "127.0.0.1",
+        base_port + node_id if base_port else 0,
+        base_port + 100 + node_id if base_port else 0,
+    )
 
 
 def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpec:
@@ -87,8 +97,11 @@ class LocalCluster:
         per_broker_args: dict[int, list[str]] | None = None,
         nofile: int | None = None,
         ports: PortReservations | None = None,
+        dedicated_controllers: bool = False,
     ) -> None:
-        """``per_broker_args`` adds arguments to one broker's command line (chaos passes
+        """``dedicated_controllers``: the spec's voters run as controller-only processes
+        (``--roles controller``), the other nodes as brokers (see :func:`local_spec`).
+        ``per_broker_args`` adds arguments to one broker's command line (chaos passes
         ``--peers`` and ``--listen`` to route traffic through proxies). ``nofile`` starts
         the brokers with that open-file limit, soft and hard (so they cannot raise it), as
         on a host whose default is low.
@@ -105,6 +118,12 @@ class LocalCluster:
             except OSError:
                 ports.close()
                 raise
+        if dedicated_controllers and not set(spec.controller_voters) < set(spec.brokers):
+            raise ValueError(
+                "dedicated controllers need the voters named in the spec and broker nodes "
+                "beside them: local_spec(brokers, topics, controllers=N)"
+            )
+        self.dedicated_controllers = dedicated_controllers
         self.ports = ports
         self.data = data
         self.spec = spec
@@ -119,11 +138,53 @@ class LocalCluster:
         self.topics_created = False
         data.mkdir(parents=True, exist_ok=True)
         self.cluster_path = data / CLUSTER_FILE
+        self._cluster_files: dict[int, Path] = {}  # a broker added later: its own file
         self.cluster_path.write_text(cluster_file.dump(spec))
 
     @property
+    def broker_ids(self) -> list[int]:
+        """The nodes that host partitions (every node unless the controllers are
+        dedicated)."""
+        voters = set(self.spec.voters) if self.dedicated_controllers else set()
+        return [bid for bid in self.spec.brokers if bid not in voters]
+
+    @property
     def addresses(self) -> list[str]:
-        return [b.address for b in self.spec.brokers.values()]
+        """Client addresses of the nodes that answer Metadata for partitions (brokers)."""
+        return [self.spec.brokers[bid].address for bid in self.broker_ids]
+
+    @property
+    def controller_addresses(self) -> list[str]:
+        """Client addresses of the controller voters (they serve the admin API)."""
+        return [self.spec.brokers[v].address for v in self.spec.voters]
+
+    def add_broker(self) -> int:
+        """Start a broker that was not in the cluster at its start, with the next free id
+        and new reserved ports, as an operator adds a machine: its first start says
+        ``--new``. Its own cluster file names only the controller voters and itself: all
+        it needs, since the other brokers' addresses come with the metadata, and they
+        learn its Raft address the same way once it registers. Returns its id."""
+        new_id = max(self.spec.brokers) + 1
+        node = BrokerSpec(
+            new_id,
+            "127.0.0.1",
+            self.ports.take(0, what=f"broker {new_id}'s client address"),
+            self.ports.take(0, what=f"broker {new_id}'s Raft address"),
+        )
+        voters = self.spec.voters
+        own = ClusterSpec(
+            self.spec.name,
+            {**{v: self.spec.brokers[v] for v in voters}, new_id: node},
+            controller_voters=voters,
+        )
+        self._cluster_files[new_id] = self.data / f"cluster-{new_id}.toml"
+        self._cluster_files[new_id].write_text(cluster_file.dump(own))
+        self.spec = ClusterSpec(
+            self.spec.name, {**self.spec.brokers, new_id: node}, self.spec.topics, voters
+        )
+        self._new.add(new_id)
+        self.start(new_id)
+        return new_id
 
     def log_path(self, broker_id: int) -> Path:
         return self.data / f"broker-{broker_id}.log"
@@ -145,7 +206,7 @@ class LocalCluster:
                 "--id",
                 str(bid),
                 "--cluster",
-                str(self.cluster_path),
+                str(self._cluster_files.get(bid, self.cluster_path)),
                 "--data",
                 str(self.data),
                 # Brokers run in their own session, so a Ctrl-C reaches only this process,
@@ -154,6 +215,8 @@ class LocalCluster:
                 str(os.getpid()),
                 *self.broker_args,
             ]
+            if self.dedicated_controllers and bid in self.spec.voters:
+                cmd += ["--roles", "controller"]
             cmd += self.per_broker_args.get(bid, [])
             if bid in self._new:
                 cmd.append("--new")
@@ -244,8 +307,8 @@ class LocalCluster:
             time.sleep(0.02)
 
     def admin(self) -> AdminClient:
-        """A client of the controller's admin API (any broker: every one is a voter)."""
-        return AdminClient(self.addresses)
+        """A client of the controller's admin API, served by the voters."""
+        return AdminClient(self.controller_addresses)
 
     def create_topics(self, timeout: float = 60.0) -> None:
         """Once per cluster: wait until the controller has a leader and every broker
@@ -255,7 +318,7 @@ class LocalCluster:
         if self.topics_created:
             return
         deadline = time.monotonic() + timeout
-        wanted = set(self.spec.brokers)
+        wanted = set(self.broker_ids)
         with self.admin() as admin:
             while True:
                 try:

@@ -72,3 +72,25 @@ def test_dev_refuses_an_explicit_port_in_use_with_a_sentence(tmp_path: Path) -> 
     assert f"port {port} on 127.0.0.1 (broker 1's client address) is in use" in text, text
     assert "--base-port" in text and "Traceback" not in text, text
     assert not (tmp_path / "broker-1.log").exists()  # no broker was started
+
+
+@pytest.mark.timeout(180)
+def test_dev_runs_dedicated_controllers_and_restarts_in_that_layout(tmp_path: Path) -> None:
+    """Three controller-only nodes beside the broker; the demo goes through the broker.
+    A restart without the flag is refused in a sentence, with it the cluster comes back."""
+    args = ["--base-port", "0", "--dedicated-controllers"]
+    out = _run_until_up(tmp_path, *args, "--demo-records", "20")
+    assert "Every record came back" in out, out
+    spec = cluster_file.load(tmp_path / "cluster.toml")
+    assert spec.controller_voters == (1, 2, 3) and sorted(spec.brokers) == [1, 2, 3, 4]
+    assert not list((tmp_path / "broker-1").glob("demo-*"))
+    assert (tmp_path / "broker-4" / "demo-0").is_dir()
+    # Four nodes, as the file, but combined: the layout differs, so it is refused.
+    refused = subprocess.run(
+        [*RAFTMQ, "dev", "--data", str(tmp_path), *SMALL, "--brokers", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--dedicated-controllers" in refused.stdout, refused
+    _run_until_up(tmp_path, "--dedicated-controllers")

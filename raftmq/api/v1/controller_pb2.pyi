@@ -87,3 +87,21 @@ class MetadataUpdate(_message.Message):
     version: int
     state: bytes
     def __init__(self, version: _Optional[int] = ..., state: _Optional[bytes] = ...) -> None: ...
+
+class DescribeVoterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeVoterResponse(_message.Message):
+    __slots__ = ("voter_id", "term", "last_index", "leader_id", "rejoining")
+    VOTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    REJOINING_FIELD_NUMBER: _ClassVar[int]
+    voter_id: int
+    term: int
+    last_index: int
+    leader_id: int
+    rejoining: bool
+    def __init__(self, voter_id: _Optional[int] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., leader_id: _Optional[int] = ..., rejoining: _Optional[bool] = ...) -> None: ...

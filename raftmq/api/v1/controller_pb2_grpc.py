@@ -59,6 +59,11 @@ class ControllerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
                 _registered_method=True)
+        self.DescribeVoter = channel.unary_unary(
+                '/raftmq.v1.Controller/DescribeVoter',
+                request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -114,6 +119,16 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeVoter(self, request, context):
+        """This voter's member of the metadata group, from its own state (no leader needed). A
+        voter that starts with no data folder asks the others before it opens its own: if
+        the quorum has a past, the wiped voter rejoins and votes only once it holds the
+        leader's log (docs/controller.md, "Layouts, restarts and controller faults").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +156,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.PromoteReplica,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.SerializeToString,
+            ),
+            'DescribeVoter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeVoter,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +298,33 @@ class Controller:
             '/raftmq.v1.Controller/PromoteReplica',
             raftmq_dot_api_dot_v1_dot_controller__pb2.PromoteReplicaRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_controller__pb2.ChangeDone.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeVoter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/DescribeVoter',
+            raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.FromString,
             options,
             channel_credentials,
             insecure,
