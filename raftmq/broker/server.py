@@ -33,6 +33,7 @@ from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
@@ -73,6 +74,11 @@ TOPIC_ID_SUFFIX = ".topic-id"
 """Beside each replica's directory, the id of the topic it belongs to: a replica whose
 topic is gone from the metadata, or was deleted and created again under its name, is
 deleted (also when the broker was down at the time of the delete)."""
+LISTED_SUFFIX = ".listed-at"
+"""Beside each replica's directory, the metadata version that opened it (a version listing
+this broker for it): a copy of the metadata older than that (a lagging voter's, after a
+restart) never deletes the replica as moved away; only a newer one that lists it no
+more does."""
 INCARNATION_FILE = "incarnation"
 
 
@@ -188,6 +194,14 @@ class Broker:
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
+        self.moves = MembershipDriver(
+            self.host,
+            self.replicas,
+            report=self.link.promote_replica,
+            leave=self._leave_replica,
+            alive=self.transport.peer_alive,
+        )
+        """Has the groups this broker leads follow the metadata's replica sets."""
         self.stopping = False
         self.listen = listen or (me.host, me.port)
         self.retention_check_seconds = retention_check_seconds
@@ -202,6 +216,7 @@ class Broker:
         self._retention_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
+        self._moves_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
@@ -268,6 +283,7 @@ class Broker:
         self._retention_task = loop.create_task(self._retention_loop())
         if BROKER in self.roles:
             self._follow_task = loop.create_task(self._join_and_follow())
+            self._moves_task = loop.create_task(self.moves.run())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         log.info(
@@ -354,7 +370,7 @@ class Broker:
                 self.transport.add_peer(b.id, (b.raft_host, b.raft_port))
         await self._delete_gone_replicas(state)
         wanted = [
-            (topic, p, part.replicas + part.learners)
+            (topic, p, part)
             for _, topic in sorted(state.topics.items())
             for p, part in enumerate(topic.partitions)
             if self.id in part.replicas or self.id in part.learners
@@ -371,19 +387,21 @@ class Broker:
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
         opened = []
-        for topic, p, replicas in opening:
+        for topic, p, part in opening:
             if self.stopping:
                 return
             directory = self.data_dir / f"{topic.name}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(_topic_id_path(directory), str(topic.topic_id).encode())
+            write_atomic(_listed_path(directory), str(state.version).encode())
             self.replicas[topic.name, p] = PartitionReplica(
                 self.host,
                 topic.name,
                 p,
                 directory,
-                list(replicas),
+                list(part.replicas),
                 self._log_config(topic),
+                learners=list(part.learners),
                 # Set as each log opens: no fsync of this run may go unreported.
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
@@ -393,6 +411,7 @@ class Broker:
             self._track(
                 asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
             )
+        self.moves.update(state)
 
     def _track(self, task: asyncio.Task[None]) -> None:
         """Keep a short-lived task until it ends (stop cancels what still runs)."""
@@ -432,19 +451,63 @@ class Broker:
             topic_id = int(raw)
             topic = state.topics.get(name)
             if topic is not None and topic.topic_id == topic_id:
+                await self._delete_if_moved_away(state, topic, int(part), marker.parent / stem)
                 continue
             if topic_id > state.version:
                 continue
             await self._delete_replica(name, int(part), marker.parent / stem)
 
-    async def _delete_replica(self, topic: str, partition: int, directory: Path) -> None:
+    async def _delete_if_moved_away(
+        self, state: MetadataState, topic: Topic, p: int, directory: Path
+    ) -> None:
+        """A replica of a live topic that the metadata lists on this broker no more (a
+        move took it elsewhere) is deleted: at once when it is not open, else once its
+        group can do without it (:class:`MembershipDriver` decides; a leader hands its
+        leadership over first). Never on a copy of the metadata older than the one that
+        opened it here (see LISTED_SUFFIX)."""
+        if p >= len(topic.partitions):
+            return
+        part = topic.partitions[p]
+        if self.id in part.replicas or self.id in part.learners:
+            return
+        raw = read_atomic(_listed_path(directory))
+        listed_at = int(raw) if raw else topic.topic_id
+        if state.version < listed_at:
+            return
+        why = f"no longer listed: its replicas are brokers {list(part.replicas)}"
+        before = self.moves.state  # the version applied before this one
+        old = before.topics.get(topic.name) if before is not None else None
+        if old is not None and old.topic_id == topic.topic_id and p < len(old.partitions):
+            newcomers = sorted(set(part.replicas) - set(old.partitions[p].replicas))
+            if newcomers:
+                why = f"moved to broker {', '.join(map(str, newcomers))}"
+        if (topic.name, p) in self.replicas:
+            self.moves.leaving(topic.name, p, why)
+            return
+        await self._delete_replica(topic.name, p, directory, why)
+
+    async def _leave_replica(self, topic: str, partition: int, why: str) -> None:
+        """The replica moved away and its group can do without it: delete it, unless the
+        metadata lists it here again meanwhile."""
+        state = self.moves.state
+        found = state.topics.get(topic) if state is not None else None
+        if found is not None and partition < len(found.partitions):
+            listed = found.partitions[partition]
+            if self.id in listed.replicas or self.id in listed.learners:
+                return
+        await self._delete_replica(topic, partition, self.data_dir / f"{topic}-{partition}", why)
+
+    async def _delete_replica(
+        self, topic: str, partition: int, directory: Path, why: str = "topic gone"
+    ) -> None:
         replica = self.replicas.pop((topic, partition), None)
         if replica is not None:
             await self.host.close_group(group_name(topic, partition))
         shutil.rmtree(directory, ignore_errors=True)
         promised_path(directory).unlink(missing_ok=True)
         _topic_id_path(directory).unlink(missing_ok=True)
-        log.info("broker %d: deleted its replica of %s/%d (topic gone)", self.id, topic, partition)
+        _listed_path(directory).unlink(missing_ok=True)
+        log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
     async def _mark_replaced_replicas(self, hosted: set[tuple[str, int]]) -> None:
         """No data directory: a new broker, or one whose disk was replaced. The partitions
@@ -484,6 +547,7 @@ class Broker:
             self._rebalance_task,
             self._watch_task,
             self._follow_task,
+            self._moves_task,
             self._heartbeat_task,
             *self._prefer_tasks,
         )
@@ -632,6 +696,10 @@ def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
 
 def _topic_id_path(directory: Path) -> Path:
     return directory.parent / (directory.name + TOPIC_ID_SUFFIX)
+
+
+def _listed_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + LISTED_SUFFIX)
 
 
 async def run(broker: Broker, *, parent_pid: int | None = None) -> int:

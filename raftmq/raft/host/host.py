@@ -300,6 +300,12 @@ class GroupStatus:
     leader has brought it up to date (docs/raft.md, "Rejoining after disk loss")."""
     repairing: bool = False
     """A corrupt range of this member's log is being restored from a replica."""
+    membership: Membership | None = None
+    """The configuration in force on this member (the latest in its log, committed or
+    not): who votes and who only learns."""
+    config_pending: bool = False
+    """On a leader: a configuration change is appended but not committed yet (or this
+    term's first entry has not committed), so a new one would be refused."""
 
 
 def _reason(what: str, exc: BaseException) -> str:
@@ -543,6 +549,8 @@ class RaftHost(SelfRepair):
             else {},
             rejoining=core.rejoining,
             repairing=self.repairing(name),
+            membership=core.membership,
+            config_pending=core.config_change_pending(),
         )
 
     def _wait_for(
