@@ -72,6 +72,7 @@ class MembershipDriver:
         self._alive = alive
         self.state: MetadataState | None = None
         self._unsettled: set[Key] = set()
+        self._seen: set[Key] = set()
         self._leaving: dict[Key, tuple[float, str]] = {}
         self._leaving_now: set[Key] = set()
         self._transferred_at: dict[Key, float] = {}
@@ -85,9 +86,18 @@ class MembershipDriver:
     # --- inputs ---------------------------------------------------------------------------
 
     def update(self, state: MetadataState) -> None:
-        """A new metadata version: look at every hosted replica again."""
-        self.state = state
-        self._unsettled = set(self._replicas)
+        """A new metadata version: look again at the replicas whose partition it changed
+        and those opened since the last one (a group in line with an unchanged partition
+        needs nothing; one that is not stays looked at until it is)."""
+        before, self.state = self.state, state
+        for key in self._replicas:
+            if (
+                before is None
+                or key not in self._seen
+                or _partition(before, key) != _partition(state, key)
+            ):
+                self._unsettled.add(key)
+        self._seen = set(self._replicas)
         self._wake.set()
 
     def leaving(self, topic: str, partition: int, why: str) -> None:
@@ -146,8 +156,8 @@ class MembershipDriver:
             return self._maybe_leave(key, replica, part, failed=False)
         if not replica.is_leader:
             # A follower acts on nothing; it is looked at again while its configuration
-            # differs, in case it becomes the leader.
-            return not in_sync(membership, part.replicas, part.learners)
+            # differs or a learner awaits its report, in case it becomes the leader.
+            return bool(part.learners) or not in_sync(membership, part.replicas, part.learners)
         commit = st.commit
         followers = st.followers
         step = next_step(

@@ -8,6 +8,8 @@ leadership over first), and replacing a voter that is dead (2 of 3 alive)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,14 @@ from tests.broker.test_broker_cluster import batch, read_all, wait_until
 
 TOPIC = "moving"
 MOVE_TIMEOUT_S = 60.0
+RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
+
+
+def raftmq(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    bootstrap = ["--bootstrap", ",".join(cluster.addresses)]
+    return subprocess.run(
+        [*RAFTMQ, "topic", *args, *bootstrap], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -163,6 +173,10 @@ def test_a_replica_moves_to_a_new_broker_while_records_are_produced(cluster: Loc
             )
             with cluster.admin() as admin:
                 admin.move_replica(TOPIC, 0, 3, 4)
+                # one move at a time per partition, with a sentence and a code
+                with pytest.raises(ClientError) as busy:
+                    admin.move_replica(TOPIC, 0, 2, 4)
+                assert busy.value.label == "INVALID_REPLICA_CHANGE", busy.value
             assert wait_moved(cluster, 4) == (1, 2, 4)
             wait_until(
                 lambda: not replica_dir(cluster, 3).exists(), 30, "broker 3 deleting its copy"
@@ -183,8 +197,20 @@ def test_moving_the_leaders_own_replica_hands_leadership_over_first(cluster: Loc
             wait_until(
                 lambda: len(producer.acked) >= 50, 30, "records acknowledged before the move"
             )
-            with cluster.admin() as admin:
-                admin.move_replica(TOPIC, 0, leader, 4)
+            started = raftmq(
+                cluster,
+                "move-replica",
+                TOPIC,
+                "--partition",
+                "0",
+                "--from",
+                str(leader),
+                "--to",
+                "4",
+                "--no-wait",
+            )
+            assert started.returncode == 0, started.stdout + started.stderr
+            assert f"Moving {TOPIC}/0 from broker {leader} to broker 4" in started.stdout
             replicas = wait_moved(cluster, 4)
             assert set(replicas) == stays | {4}
             wait_until(
@@ -209,8 +235,11 @@ def test_a_dead_voter_is_replaced_with_two_of_three_alive(cluster: LocalCluster)
         cluster.kill(3)
         with Producer(cluster) as producer:
             wait_until(lambda: len(producer.acked) >= 20, 30, "records acknowledged, 3 dead")
-            with cluster.admin() as admin:
-                admin.move_replica(TOPIC, 0, 3, 4)
+            moved = raftmq(
+                cluster, "move-replica", TOPIC, "--partition", "0", "--from", "3", "--to", "4"
+            )
+            assert moved.returncode == 0, moved.stdout + moved.stderr
+            assert "Moved moving/0 from broker 3 to broker 4: replicas now 1,2,4" in moved.stdout
             assert wait_moved(cluster, 4) == (1, 2, 4)
         wait_members(client, cluster, {1, 2, 4})
         check_every_replica(client, cluster, {1, 2, 4}, acked + producer.acked)
@@ -219,3 +248,28 @@ def test_a_dead_voter_is_replaced_with_two_of_three_alive(cluster: LocalCluster)
         cluster.start(3)
         wait_until(lambda: not replica_dir(cluster, 3).exists(), 30, "broker 3 deleting its copy")
         check_group_votes_without(client, cluster, {1, 2, 4})
+
+
+def test_bad_moves_are_refused_with_a_sentence_and_a_code(cluster: LocalCluster) -> None:
+    cases = [
+        (["--from", "9", "--to", "4"], "NOT_A_REPLICA", "no voting replica"),
+        (["--from", "3", "--to", "2"], "INVALID_REPLICA_CHANGE", "holds moving/0 already"),
+        (["--from", "3", "--to", "3"], "INVALID_REPLICA_CHANGE", "two different brokers"),
+        (["--from", "3", "--to", "9"], "UNKNOWN_BROKER", "has not registered"),
+    ]
+    for args, code, words in cases:
+        got = raftmq(cluster, "move-replica", TOPIC, "--partition", "0", *args)
+        assert got.returncode == 1, (args, got.stdout, got.stderr)
+        assert code in got.stdout and words in got.stdout, (args, got.stdout)
+        assert "Traceback" not in got.stdout + got.stderr
+    for topic, partition, code in (
+        ("nope", "0", "UNKNOWN_TOPIC"),
+        (TOPIC, "5", "UNKNOWN_PARTITION"),
+    ):
+        got = raftmq(
+            cluster, "move-replica", topic, "--partition", partition, "--from", "3", "--to", "4"
+        )
+        assert got.returncode == 1 and code in got.stdout, got.stdout
+    with cluster.admin() as admin:
+        part = admin.describe_topic(TOPIC).partitions[0]
+        assert (tuple(part.replicas), tuple(part.learners)) == ((1, 2, 3), ()), "nothing changed"
