@@ -22,7 +22,7 @@ from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from tests.broker.conftest import REBALANCE_ARGS, log_tails
-from tests.broker.test_broker_cluster import batch, read_all, wait_until
+from tests.broker.test_broker_cluster import batch, offsets, read_all, wait_until
 
 TOPIC = "moving"
 MOVE_TIMEOUT_S = 60.0
@@ -38,14 +38,19 @@ def raftmq(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str
 
 @pytest.fixture
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """Four brokers (20 ms ticks) and a topic of one partition on brokers 1, 2, 3 (1 leads)."""
+    """Four brokers (20 ms ticks) and a topic of one partition on brokers 1, 2, 3 (1 leads).
+    Parametrized indirectly with a dict, the topic gets those settings and the brokers
+    apply retention every 200 ms."""
     args = ["--tick-ms", "20", "--election-ticks", "10", *REBALANCE_ARGS]
+    config = getattr(request, "param", {})
+    if config:
+        args += ["--retention-check-ms", "200"]
     c = LocalCluster(tmp_path / "c", local_spec(4, {}, name="raftmq-test"), broker_args=args)
     try:
         c.start()
         c.wait_for_leaders()
         with c.admin() as admin:
-            admin.create_topic(TOPIC, 1, 3, assignment=[(1, 2, 3)])
+            admin.create_topic(TOPIC, 1, 3, config, assignment=[(1, 2, 3)])
         with c.client() as client:
             wait_until(
                 lambda: client.refresh_leaders(timeout=1.0).get((TOPIC, 0)),
@@ -247,6 +252,37 @@ def test_a_dead_voter_is_replaced_with_two_of_three_alive(cluster: LocalCluster)
         assert replica_dir(cluster, 3).exists()
         cluster.start(3)
         wait_until(lambda: not replica_dir(cluster, 3).exists(), 30, "broker 3 deleting its copy")
+        check_group_votes_without(client, cluster, {1, 2, 4})
+
+
+@pytest.mark.parametrize(
+    "cluster", [{"segment.bytes": "4096", "retention.bytes": "16384"}], indirect=True
+)
+def test_a_learner_behind_the_leaders_log_start_takes_a_snapshot(cluster: LocalCluster) -> None:
+    """The leader deleted its log's first segments (retention) before the move: the new
+    replica starts from the leader's log start, as any follower that far behind does."""
+    with cluster.client() as client:
+        acked = []
+        for i in range(60):
+            values = [f"old-{i}".encode() * 40]
+            client.produce(TOPIC, 0, batch(values))
+            acked += values
+        leader = client.refresh_leaders(timeout=1.0)[TOPIC, 0].broker_id
+        address = cluster.spec.brokers[leader].address
+        start = wait_until(
+            lambda: offsets(client, address, TOPIC)[0], 30, "retention deleting old segments"
+        )
+        with cluster.admin() as admin:
+            admin.move_replica(TOPIC, 0, 3, 4)
+        assert wait_moved(cluster, 4) == (1, 2, 4)
+        wait_members(client, cluster, {1, 2, 4})
+        client.produce(TOPIC, 0, batch([b"new"]))
+        new_start, hw = offsets(client, cluster.spec.brokers[4].address, TOPIC)
+        assert new_start >= start and hw > new_start, (start, new_start, hw)
+        records, _ = read_all(
+            client, TOPIC, 0, address=cluster.spec.brokers[4].address, start=new_start
+        )
+        assert records[-1].value == b"new"
         check_group_votes_without(client, cluster, {1, 2, 4})
 
 
