@@ -666,12 +666,14 @@ class Broker:
             led.append((GROUP, lambda: quorum.is_leader))
         for name, _ in led:
             st = self.host.status(name)
-            # The most caught-up live follower; the core brings it fully up to date before
-            # telling it to campaign, so it need not match the log at this very moment.
+            voters = st.membership.voters if st.membership is not None else frozenset()
+            # The most caught-up live voter (a learner cannot lead); the core brings it
+            # fully up to date before telling it to campaign, so it need not match the log
+            # at this very moment.
             candidates = sorted(
                 (pr.match, peer)
                 for peer, pr in st.followers.items()
-                if self.transport.peer_alive(peer)
+                if peer in voters and self.transport.peer_alive(peer)
             )
             if candidates:
                 with contextlib.suppress(Exception):
