@@ -98,6 +98,7 @@ class MembershipDriver:
             ):
                 self._unsettled.add(key)
         self._seen = set(self._replicas)
+        self._reported = {k: v for k, v in self._reported.items() if v > state.version}
         self._wake.set()
 
     def leaving(self, topic: str, partition: int, why: str) -> None:
@@ -136,6 +137,8 @@ class MembershipDriver:
                 continue
             if not self._check_one(key, replica, part, state.version):
                 self._unsettled.discard(key)
+                self._said.pop(key, None)
+                self._transferred_at.pop(key, None)
 
     def _check_one(
         self, key: Key, replica: PartitionReplica, part: Partition, version: int
@@ -177,7 +180,6 @@ class MembershipDriver:
             self._start_report(key, learner, version)
         if step is None:
             return bool(part.learners) or key in self._leaving
-        self._say(key, step.why)
         if isinstance(step, Propose):
             try:
                 done = self._host.propose_membership(name, step.membership)
@@ -203,6 +205,7 @@ class MembershipDriver:
                     log.info("%s: no transfer to broker %d yet: %s", name, step.to, exc)
         else:
             assert isinstance(step, Wait)
+            self._say(key, step.why)
         return True
 
     def _say(self, key: Key, why: str) -> None:
