@@ -14,12 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import grpc
 import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.table import Table
 
 from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.cluster_cmd import (
     DEFAULT_DATA,
     BootstrapAddresses,
@@ -29,6 +31,7 @@ from raftmq.cli.cluster_cmd import (
 )
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import LowLevelClient
 
 app = typer.Typer(
     help="Topics: create, list, describe, alter, add partitions, move replicas, delete."
@@ -229,6 +232,24 @@ def delete(
 MOVE_POLL_S = 0.5
 
 
+def learner_progress(client: LowLevelClient, topic: str, partition: int, learner: int) -> str:
+    """How far the learner is, as the partition's leader sees it (", it holds entries up
+    to X of the commit at Y"), or nothing when no leader answers."""
+    try:
+        leader = client.refresh_leaders(timeout=1.0).get((topic, partition))
+        if leader is None:
+            return ""
+        md = client.stub(leader.address).Metadata(pb.MetadataRequest(topics=[topic]), timeout=2)
+    except (ClientError, grpc.RpcError):
+        return ""
+    for t in md.topics:
+        for p in t.partitions:
+            for r in p.replica_status if p.partition == partition else ():
+                if r.broker_id == learner:
+                    return f", leader {leader.broker_id}: " + (r.reason or "caught up")
+    return f", leader {leader.broker_id}: not sending to it yet"
+
+
 @app.command("move-replica")
 def move_replica(
     name: Annotated[str, typer.Argument(help="The topic.")],
@@ -257,7 +278,8 @@ def move_replica(
     if no_wait:
         return
     deadline = time.monotonic() + timeout
-    with console.status(f"broker {to_broker} copies the log as a learner...") as status:
+    leaders = LowLevelClient(cluster_addresses(data, bootstrap), retries=1)
+    with leaders, console.status(f"broker {to_broker} copies the log as a learner...") as status:
         while True:
             topic = _call(data, bootstrap, lambda a: a.describe_topic(name))
             part = topic.partitions[partition]
@@ -271,9 +293,10 @@ def move_replica(
                     highlight=False,
                 )
                 raise typer.Exit(1)
+            progress = learner_progress(leaders, name, partition, to_broker)
             status.update(
-                f"broker {to_broker} copies the log as a learner (replicas "
-                f"{_ids(part.replicas)}, leader {part.leader_id or '-'})..."
+                f"broker {to_broker} copies the log as a learner{progress} (replicas "
+                f"{_ids(part.replicas)})..."
             )
             time.sleep(MOVE_POLL_S)
     if to_broker in part.replicas:

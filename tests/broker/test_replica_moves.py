@@ -4,7 +4,8 @@ promotes it and removes the old voter; the old broker deletes its copy. Checked 
 every replica: each record acknowledged (acks=all) during the move is on the new replica
 and on every voter, the old replica's directory is gone, and the group's members (as its
 leader reports them) are the metadata's. Also: moving the leader's own replica (it hands
-leadership over first), and replacing a voter that is dead (2 of 3 alive)."""
+leadership over first), replacing a voter that is dead (2 of 3 alive), a learner that
+needs a snapshot, and a move to a dead broker that stays under way without harm."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.cli.topic_cmd import learner_progress
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
@@ -309,3 +311,32 @@ def test_bad_moves_are_refused_with_a_sentence_and_a_code(cluster: LocalCluster)
     with cluster.admin() as admin:
         part = admin.describe_topic(TOPIC).partitions[0]
         assert (tuple(part.replicas), tuple(part.learners)) == ((1, 2, 3), ()), "nothing changed"
+
+
+def test_a_move_to_a_dead_broker_stays_under_way_and_says_how_far_it_is(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as client:
+        client.produce(TOPIC, 0, batch([b"x"] * 10))
+        cluster.kill(4)  # not fenced yet: still a placement target for a while
+        got = raftmq(
+            cluster,
+            "move-replica",
+            TOPIC,
+            "--partition",
+            "0",
+            "--from",
+            "3",
+            "--to",
+            "4",
+            "--timeout",
+            "2",
+        )
+        assert got.returncode == 1, got.stdout + got.stderr
+        assert "still under way after 2 s" in got.stdout, got.stdout
+        progress = learner_progress(client, TOPIC, 0, 4)
+        assert "holds entries up to 0 of the commit" in progress, progress
+    with cluster.admin() as admin:
+        part = admin.describe_topic(TOPIC).partitions[0]
+        assert (tuple(part.replicas), tuple(part.learners)) == ((1, 2, 3), (4,))
+    assert replica_dir(cluster, 3).exists()  # nothing leaves before its replacement votes
