@@ -119,6 +119,7 @@ class Broker:
         durability_markers: bool = False,
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
+        move_bytes_per_s: int = 0,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -129,6 +130,8 @@ class Broker:
         peers for a past: a broker that merely starts after its peers elected leaders must
         not pass for one whose disk was replaced, which would keep its replicas from voting
         until a leader catches them up. Ignored when the data folder exists.
+        ``move_bytes_per_s`` caps what the partitions this broker leads send to learners,
+        the replicas a move adds, all together (0: no cap).
         ``listen`` binds the client service elsewhere than the address the bootstrap file
         advertises (clients of a chaos test reach it through a proxy).
         ``log_config`` holds the broker-wide defaults; a topic's config overrides them.
@@ -188,6 +191,7 @@ class Broker:
             tick_s=tick_seconds,
             election_tick=election_tick,
             seed=broker_id,
+            learner_bytes_per_s=move_bytes_per_s,
         )
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None

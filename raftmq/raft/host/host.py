@@ -44,6 +44,7 @@ from raftmq.raft.errors import (
     ReadIndexError,
 )
 from raftmq.raft.hardstate import HardState
+from raftmq.raft.host.byte_rate import ByteRate
 from raftmq.raft.host.group_storage import (
     COMMIT_HINT_FILE,
     HARD_STATE_FILE,
@@ -328,8 +329,12 @@ class RaftHost(SelfRepair):
         max_append_bytes: int = 1 << 20,
         seed: int = 0,
         scrub_bytes_per_s: int = SCRUB_BYTES_PER_S,
+        learner_bytes_per_s: int = 0,
     ) -> None:
+        """``learner_bytes_per_s`` caps the entries this node's leaders send to learners
+        (replica moves), all groups together (0: no cap): see :mod:`byte_rate`."""
         self.node_id = node_id
+        self._learner_rate = ByteRate(learner_bytes_per_s) if learner_bytes_per_s > 0 else None
         self.scrub_bytes_per_s = scrub_bytes_per_s
         self.scrubbed_bytes = 0
         self.audited_ranges = 0
@@ -1246,4 +1251,20 @@ class RaftHost(SelfRepair):
                 self.transport.send(m.dst, group.name, m, urgent=False)
                 group.core.report_snapshot(m.dst, ok=True)
                 continue
+            if (
+                self._learner_rate is not None
+                and m.type == MsgType.APP
+                and m.entries
+                and m.dst in group.core.membership.learners
+            ):
+                wait_s = self._learner_rate.delay_s(len(m.entries), time.monotonic())
+                if wait_s > 0:
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(wait_s, self._send_late, group.name, m)
+                    continue
             self.transport.send(m.dst, group.name, m, urgent=m.type in _URGENT)
+
+    def _send_late(self, name: str, m: Message) -> None:
+        """An append held back by the learner rate, unless the node stopped meanwhile."""
+        if not self._stopping:
+            self.transport.send(m.dst, name, m, urgent=False)
