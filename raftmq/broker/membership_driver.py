@@ -60,16 +60,21 @@ class MembershipDriver:
         report: Report,
         leave: Leave,
         alive: Callable[[int], bool],
+        newest_version: Callable[[], int] = lambda: 0,
     ) -> None:
         """``replicas`` is the broker's own map of hosted replicas (read, never changed);
         ``report`` tells the controller a learner caught up (ControllerLink.promote_replica);
-        ``leave`` deletes a replica the metadata dropped, with the reason to log."""
+        ``leave`` deletes a replica the metadata dropped, with the reason to log;
+        ``newest_version`` is the newest metadata version the controller named (a copy
+        older than it lags: no change is made from it, so a broker restarted on a lagging
+        voter's copy does not undo a move the group already made)."""
         self.id = host.node_id
         self._host = host
         self._replicas = replicas
         self._report = report
         self._leave = leave
         self._alive = alive
+        self._newest_version = newest_version
         self.state: MetadataState | None = None
         self._unsettled: set[Key] = set()
         self._seen: set[Key] = set()
@@ -180,6 +185,9 @@ class MembershipDriver:
             self._start_report(key, learner, version)
         if step is None:
             return bool(part.learners) or key in self._leaving
+        if not isinstance(step, Wait) and version < self._newest_version():
+            self._say(key, f"metadata version {version} lags the controller's; waiting")
+            return True
         if isinstance(step, Propose):
             try:
                 done = self._host.propose_membership(name, step.membership)

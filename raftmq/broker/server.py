@@ -204,6 +204,7 @@ class Broker:
             report=self.link.promote_replica,
             leave=self._leave_replica,
             alive=self.transport.peer_alive,
+            newest_version=lambda: self.link.controller_version,
         )
         """Has the groups this broker leads follow the metadata's replica sets."""
         self.stopping = False
