@@ -75,10 +75,10 @@ TOPIC_ID_SUFFIX = ".topic-id"
 topic is gone from the metadata, or was deleted and created again under its name, is
 deleted (also when the broker was down at the time of the delete)."""
 LISTED_SUFFIX = ".listed-at"
-"""Beside each replica's directory, the metadata version that opened it (a version listing
-this broker for it): a copy of the metadata older than that (a lagging voter's, after a
-restart) never deletes the replica as moved away; only a newer one that lists it no
-more does."""
+"""Beside each replica's directory, the newest metadata version that opened it (one listing
+this broker for it; never lowered, though a restarted broker may first get an older copy):
+a copy of the metadata older than that (a lagging voter's, after a restart) never deletes
+the replica as moved away; only a newer one that lists it no more does."""
 INCARNATION_FILE = "incarnation"
 
 
@@ -398,7 +398,9 @@ class Broker:
             directory = self.data_dir / f"{topic.name}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(_topic_id_path(directory), str(topic.topic_id).encode())
-            write_atomic(_listed_path(directory), str(state.version).encode())
+            listed_at = read_atomic(_listed_path(directory))
+            if not listed_at or int(listed_at) < state.version:
+                write_atomic(_listed_path(directory), str(state.version).encode())
             self.replicas[topic.name, p] = PartitionReplica(
                 self.host,
                 topic.name,
