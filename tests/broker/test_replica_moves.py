@@ -38,6 +38,24 @@ def raftmq(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str
     )
 
 
+def move_cli(
+    cluster: LocalCluster, source: int, to: int, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    """``raftmq topic move-replica`` of the test topic's partition 0."""
+    return raftmq(
+        cluster,
+        "move-replica",
+        TOPIC,
+        "--partition",
+        "0",
+        "--from",
+        str(source),
+        "--to",
+        str(to),
+        *flags,
+    )
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """Four brokers (20 ms ticks) and a topic of one partition on brokers 1, 2, 3 (1 leads).
@@ -204,18 +222,7 @@ def test_moving_the_leaders_own_replica_hands_leadership_over_first(cluster: Loc
             wait_until(
                 lambda: len(producer.acked) >= 50, 30, "records acknowledged before the move"
             )
-            started = raftmq(
-                cluster,
-                "move-replica",
-                TOPIC,
-                "--partition",
-                "0",
-                "--from",
-                str(leader),
-                "--to",
-                "4",
-                "--no-wait",
-            )
+            started = move_cli(cluster, leader, 4, "--no-wait")
             assert started.returncode == 0, started.stdout + started.stderr
             assert f"Moving {TOPIC}/0 from broker {leader} to broker 4" in started.stdout
             replicas = wait_moved(cluster, 4)
@@ -242,9 +249,7 @@ def test_a_dead_voter_is_replaced_with_two_of_three_alive(cluster: LocalCluster)
         cluster.kill(3)
         with Producer(cluster) as producer:
             wait_until(lambda: len(producer.acked) >= 20, 30, "records acknowledged, 3 dead")
-            moved = raftmq(
-                cluster, "move-replica", TOPIC, "--partition", "0", "--from", "3", "--to", "4"
-            )
+            moved = move_cli(cluster, 3, 4)
             assert moved.returncode == 0, moved.stdout + moved.stderr
             assert "Moved moving/0 from broker 3 to broker 4: replicas now 1,2,4" in moved.stdout
             assert wait_moved(cluster, 4) == (1, 2, 4)
@@ -319,19 +324,7 @@ def test_a_move_to_a_dead_broker_stays_under_way_and_says_how_far_it_is(
     with cluster.client() as client:
         client.produce(TOPIC, 0, batch([b"x"] * 10))
         cluster.kill(4)  # not fenced yet: still a placement target for a while
-        got = raftmq(
-            cluster,
-            "move-replica",
-            TOPIC,
-            "--partition",
-            "0",
-            "--from",
-            "3",
-            "--to",
-            "4",
-            "--timeout",
-            "2",
-        )
+        got = move_cli(cluster, 3, 4, "--timeout", "2")
         assert got.returncode == 1, got.stdout + got.stderr
         assert "still under way after 2 s" in got.stdout, got.stdout
         progress = learner_progress(client, TOPIC, 0, 4)
