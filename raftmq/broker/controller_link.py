@@ -56,6 +56,9 @@ class ControllerLink:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._leader: str | None = None
         self._turn = 0
+        self.controller_version = 0
+        """The highest metadata version a heartbeat's answer named (the leader's at the
+        time): a local copy older than it is known to lag."""
 
     @property
     def leader_address(self) -> str | None:
@@ -134,6 +137,7 @@ class ControllerLink:
                 broker_id=broker_id, incarnation=incarnation, metadata_version=version
             ),
         )
+        self.controller_version = max(self.controller_version, int(answer.metadata_version))
         return bool(answer.fenced)
 
     async def report_leader(self, topic: str, partition: int, leader: int, term: int) -> int:

@@ -35,6 +35,7 @@ from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.history_probe import metadata_with_history, partitions_with_history
 from raftmq.broker.leader_reports import LeaderReports
+from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
@@ -75,6 +76,11 @@ TOPIC_ID_SUFFIX = ".topic-id"
 """Beside each replica's directory, the id of the topic it belongs to: a replica whose
 topic is gone from the metadata, or was deleted and created again under its name, is
 deleted (also when the broker was down at the time of the delete)."""
+LISTED_SUFFIX = ".listed-at"
+"""Beside each replica's directory, the newest metadata version that opened it (one listing
+this broker for it; never lowered, though a restarted broker may first get an older copy):
+a copy of the metadata older than that (a lagging voter's, after a restart) never deletes
+the replica as moved away; only a newer one that lists it no more does."""
 INCARNATION_FILE = "incarnation"
 
 
@@ -116,6 +122,7 @@ class Broker:
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
         auto_create: AutoCreate | None = None,
+        move_bytes_per_s: int = 0,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -126,6 +133,8 @@ class Broker:
         peers for a past: a broker that merely starts after its peers elected leaders must
         not pass for one whose disk was replaced, which would keep its replicas from voting
         until a leader catches them up. Ignored when the data folder exists.
+        ``move_bytes_per_s`` caps what the partitions this broker leads send to learners,
+        the replicas a move adds, all together (0: no cap).
         ``listen`` binds the client service elsewhere than the address the bootstrap file
         advertises (clients of a chaos test reach it through a proxy).
         ``log_config`` holds the broker-wide defaults; a topic's config overrides them.
@@ -190,6 +199,7 @@ class Broker:
             tick_s=tick_seconds,
             election_tick=election_tick,
             seed=broker_id,
+            learner_bytes_per_s=move_bytes_per_s,
         )
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None
@@ -205,6 +215,15 @@ class Broker:
             if auto_create is not None
             else None
         )
+        self.moves = MembershipDriver(
+            self.host,
+            self.replicas,
+            report=self.link.promote_replica,
+            leave=self._leave_replica,
+            alive=self.transport.peer_alive,
+            newest_version=lambda: self.link.controller_version,
+        )
+        """Has the groups this broker leads follow the metadata's replica sets."""
         self.stopping = False
         self.listen = listen or (me.host, me.port)
         self.retention_check_seconds = retention_check_seconds
@@ -220,6 +239,7 @@ class Broker:
         self._rebalance_task: asyncio.Task[None] | None = None
         self._report_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
+        self._moves_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
@@ -295,6 +315,7 @@ class Broker:
         if BROKER in self.roles:
             self._follow_task = loop.create_task(self._join_and_follow())
             self._report_task = loop.create_task(self.leader_reports.run())
+            self._moves_task = loop.create_task(self.moves.run())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         elif self.quorum is not None:
@@ -407,7 +428,7 @@ class Broker:
         await self._delete_gone_replicas(state)
         now_ms = time.time_ns() // 1_000_000
         wanted = [
-            (topic, p, part.replicas + part.learners)
+            (topic, p, part)
             for _, topic in sorted(state.topics.items())
             for p, part in enumerate(topic.partitions)
             if (self.id in part.replicas or self.id in part.learners) and not expired(part, now_ms)
@@ -424,19 +445,23 @@ class Broker:
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
         opened = []
-        for topic, p, replicas in opening:
+        for topic, p, part in opening:
             if self.stopping:
                 return
             directory = self.data_dir / f"{topic.name}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(_topic_id_path(directory), str(topic.topic_id).encode())
+            listed_at = read_atomic(_listed_path(directory))
+            if not listed_at or int(listed_at) < state.version:
+                write_atomic(_listed_path(directory), str(state.version).encode())
             self.replicas[topic.name, p] = PartitionReplica(
                 self.host,
                 topic.name,
                 p,
                 directory,
-                list(replicas),
+                list(part.replicas),
                 self._log_config(topic),
+                learners=list(part.learners),
                 # Set as each log opens: no fsync of this run may go unreported.
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
@@ -447,6 +472,7 @@ class Broker:
             self._track(
                 asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
             )
+        self.moves.update(state)
 
     def _track(self, task: asyncio.Task[None]) -> None:
         """Keep a short-lived task until it ends (stop cancels what still runs)."""
@@ -479,6 +505,7 @@ class Broker:
             topic_id = int(raw)
             topic = state.topics.get(name)
             if topic is not None and topic.topic_id == topic_id:
+                await self._delete_if_moved_away(state, topic, int(part), marker.parent / stem)
                 continue
             if topic_id > state.version:
                 continue
@@ -494,6 +521,46 @@ class Broker:
             if (name, p) in self.replicas or directory.exists():
                 await self._delete_replica(name, p, directory, "decommissioned, retention passed")
 
+    async def _delete_if_moved_away(
+        self, state: MetadataState, topic: Topic, p: int, directory: Path
+    ) -> None:
+        """A replica of a live topic that the metadata lists on this broker no more (a
+        move took it elsewhere) is deleted: at once when it is not open, else once its
+        group can do without it (:class:`MembershipDriver` decides; a leader hands its
+        leadership over first). Never on a copy of the metadata older than the one that
+        opened it here (see LISTED_SUFFIX)."""
+        if p >= len(topic.partitions):
+            return
+        part = topic.partitions[p]
+        if self.id in part.replicas or self.id in part.learners:
+            return
+        raw = read_atomic(_listed_path(directory))
+        listed_at = int(raw) if raw else topic.topic_id
+        if state.version < listed_at:
+            return
+        why = f"no longer listed: its replicas are brokers {list(part.replicas)}"
+        before = self.moves.state  # the version applied before this one
+        old = before.topics.get(topic.name) if before is not None else None
+        if old is not None and old.topic_id == topic.topic_id and p < len(old.partitions):
+            newcomers = sorted(set(part.replicas) - set(old.partitions[p].replicas))
+            if newcomers:
+                why = f"moved to broker {', '.join(map(str, newcomers))}"
+        if (topic.name, p) in self.replicas:
+            self.moves.leaving(topic.name, p, why)
+            return
+        await self._delete_replica(topic.name, p, directory, why)
+
+    async def _leave_replica(self, topic: str, partition: int, why: str) -> None:
+        """The replica moved away and its group can do without it: delete it, unless the
+        metadata lists it here again meanwhile."""
+        state = self.moves.state
+        found = state.topics.get(topic) if state is not None else None
+        if found is not None and partition < len(found.partitions):
+            listed = found.partitions[partition]
+            if self.id in listed.replicas or self.id in listed.learners:
+                return
+        await self._delete_replica(topic, partition, self.data_dir / f"{topic}-{partition}", why)
+
     async def _delete_replica(
         self, topic: str, partition: int, directory: Path, why: str = "topic gone"
     ) -> None:
@@ -503,6 +570,7 @@ class Broker:
         shutil.rmtree(directory, ignore_errors=True)
         promised_path(directory).unlink(missing_ok=True)
         _topic_id_path(directory).unlink(missing_ok=True)
+        _listed_path(directory).unlink(missing_ok=True)
         log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
     async def _mark_replaced_replicas(
@@ -568,6 +636,7 @@ class Broker:
             self._report_task,
             self._watch_task,
             self._follow_task,
+            self._moves_task,
             self._heartbeat_task,
             *self._prefer_tasks,
         )
@@ -695,12 +764,14 @@ class Broker:
             led.append((GROUP, lambda: quorum.is_leader))
         for name, _ in led:
             st = self.host.status(name)
-            # The most caught-up live follower; the core brings it fully up to date before
-            # telling it to campaign, so it need not match the log at this very moment.
+            voters = st.membership.voters if st.membership is not None else frozenset()
+            # The most caught-up live voter (a learner cannot lead); the core brings it
+            # fully up to date before telling it to campaign, so it need not match the log
+            # at this very moment.
             candidates = sorted(
                 (pr.match, peer)
                 for peer, pr in st.followers.items()
-                if self.transport.peer_alive(peer)
+                if peer in voters and self.transport.peer_alive(peer)
             )
             if candidates:
                 with contextlib.suppress(Exception):
@@ -725,6 +796,10 @@ def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
 
 def _topic_id_path(directory: Path) -> Path:
     return directory.parent / (directory.name + TOPIC_ID_SUFFIX)
+
+
+def _listed_path(directory: Path) -> Path:
+    return directory.parent / (directory.name + LISTED_SUFFIX)
 
 
 async def run(broker: Broker, *, parent_pid: int | None = None) -> int:

@@ -121,6 +121,14 @@ def broker(
     election_ticks: Annotated[
         int, typer.Option(min=3, max=100, help="Election timeout in ticks.")
     ] = 10,
+    move_bytes_per_s: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Cap on the bytes per second the partitions this broker leads send to "
+            "the replicas moves add (learners), all together (0: no cap).",
+        ),
+    ] = 0,
     durability_markers: Annotated[
         bool,
         typer.Option(
@@ -209,6 +217,7 @@ def broker(
             auto_create=AutoCreate(auto_create_partitions, auto_create_replication_factor)
             if auto_create_topics
             else None,
+            move_bytes_per_s=move_bytes_per_s,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

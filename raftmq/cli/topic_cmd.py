@@ -9,16 +9,19 @@ Errors are the controller's sentences with their code, exit status 1 (2 for bad 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import grpc
 import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.table import Table
 
 from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.cluster_cmd import (
     DEFAULT_DATA,
     BootstrapAddresses,
@@ -28,8 +31,11 @@ from raftmq.cli.cluster_cmd import (
 )
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
+from raftmq.client.lowlevel import LowLevelClient
 
-app = typer.Typer(help="Topics: create, list, describe, alter, add partitions, delete.")
+app = typer.Typer(
+    help="Topics: create, list, describe, alter, add partitions, move replicas, delete."
+)
 
 ADMIN_ATTEMPTS = 30
 """Calls retried while the controller elects a leader (0.1 s apart, then given up)."""
@@ -237,3 +243,83 @@ def delete(
     (when it comes back)."""
     done = _call(data, bootstrap, lambda a: a.delete_topic(name))
     console.print(f"Deleted {name} (metadata version {done.metadata_version}).", highlight=False)
+
+
+MOVE_POLL_S = 0.5
+
+
+def learner_progress(client: LowLevelClient, topic: str, partition: int, learner: int) -> str:
+    """How far the learner is, as the partition's leader sees it (", it holds entries up
+    to X of the commit at Y"), or nothing when no leader answers."""
+    try:
+        leader = client.refresh_leaders(timeout=1.0).get((topic, partition))
+        if leader is None:
+            return ""
+        md = client.stub(leader.address).Metadata(pb.MetadataRequest(topics=[topic]), timeout=2)
+    except (ClientError, grpc.RpcError):
+        return ""
+    for t in md.topics:
+        for p in t.partitions:
+            for r in p.replica_status if p.partition == partition else ():
+                if r.broker_id == learner:
+                    return f", leader {leader.broker_id}: " + (r.reason or "caught up")
+    return f", leader {leader.broker_id}: not sending to it yet"
+
+
+@app.command("move-replica")
+def move_replica(
+    name: Annotated[str, typer.Argument(help="The topic.")],
+    partition: Annotated[int, typer.Option("--partition", min=0, help="The partition.")],
+    from_broker: Annotated[
+        int, typer.Option("--from", help="The broker whose replica moves away (may be down).")
+    ],
+    to_broker: Annotated[int, typer.Option("--to", help="The broker that takes it.")],
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return once the move is recorded.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds to wait for the move to finish.")
+    ] = 600.0,
+    data: RunningClusterData = DEFAULT_DATA,
+    bootstrap: BootstrapAddresses = "",
+) -> None:
+    """Move one replica of a partition to another broker: the new replica copies the log
+    as a learner, votes in the old one's place once caught up, and the old one's data is
+    deleted. Waits, showing progress, until the move is done (or --no-wait)."""
+    started = _call(
+        data, bootstrap, lambda a: a.move_replica(name, partition, from_broker, to_broker)
+    )
+    what = f"{name}/{partition} from broker {from_broker} to broker {to_broker}"
+    console.print(f"Moving {what} (metadata version {started.metadata_version}).", highlight=False)
+    if no_wait:
+        return
+    deadline = time.monotonic() + timeout
+    leaders = LowLevelClient(cluster_addresses(data, bootstrap), retries=1)
+    with leaders, console.status(f"broker {to_broker} copies the log as a learner...") as status:
+        while True:
+            topic = _call(data, bootstrap, lambda a: a.describe_topic(name))
+            part = topic.partitions[partition]
+            if to_broker not in part.learners:
+                break
+            if time.monotonic() > deadline:
+                console.print(
+                    f"[red]The move of {what} is still under way after {timeout:.0f} s "
+                    f"(learners {_ids(part.learners)}); it goes on: see 'raftmq topic "
+                    f"describe {name}'.[/]",
+                    highlight=False,
+                )
+                raise typer.Exit(1)
+            progress = learner_progress(leaders, name, partition, to_broker)
+            status.update(
+                f"broker {to_broker} copies the log as a learner{progress} (replicas "
+                f"{_ids(part.replicas)})..."
+            )
+            time.sleep(MOVE_POLL_S)
+    if to_broker in part.replicas:
+        console.print(f"Moved {what}: replicas now {_ids(part.replicas)}.", highlight=False)
+        return
+    console.print(
+        f"[red]The move of {what} was given up (replicas {_ids(part.replicas)}).[/]",
+        highlight=False,
+    )
+    raise typer.Exit(1)

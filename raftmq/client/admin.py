@@ -143,6 +143,19 @@ class AdminClient:
             apb.DecommissionPartitionsRequest(name=name, partitions=list(partitions)),
         )
 
+    def move_replica(
+        self, name: str, partition: int, from_broker: int, to_broker: int
+    ) -> apb.ChangeResponse:
+        """Start moving ``name``/``partition``'s replica from one broker to another; the
+        answer says the move is recorded, not done (``to_broker`` is a learner until then:
+        see :meth:`describe_topic`)."""
+        return self._call(
+            "MoveReplica",
+            apb.MoveReplicaRequest(
+                topic=name, partition=partition, from_broker=from_broker, to_broker=to_broker
+            ),
+        )
+
     # --- cluster ------------------------------------------------------------------------
 
     def describe_cluster(self) -> apb.DescribeClusterResponse:

@@ -91,9 +91,14 @@ class PartitionReplica:
         replicas: list[int],
         log_config: LogConfig,
         *,
+        learners: list[int] | None = None,
         on_durable: DurableFn | None = None,
         min_insync_replicas: int = 1,
     ) -> None:
+        """``replicas`` are the voters, ``learners`` the replicas being added (they copy
+        the log, never campaign, and count for no quorum): the configuration a new
+        replica starts from. A replica that has a log takes its configuration from it
+        (CONFIG entries; the leader changes them as the metadata's replica set changes)."""
         self.topic = topic
         self.partition = partition
         self.replicas = replicas
@@ -111,7 +116,7 @@ class PartitionReplica:
         self.group: RaftGroup = host.open_group(
             group_name(topic, partition),
             directory,
-            Membership(frozenset(replicas)),
+            Membership(frozenset(replicas), frozenset(learners or ()) - frozenset(replicas)),
             log_config=_replicated(log_config),
             apply=self._apply,
             on_soft_state=self._on_soft_state,

@@ -809,11 +809,15 @@ class RaftCore:
                 )
         return self._append_entries(ents)
 
+    def config_change_pending(self) -> bool:
+        """A leader would refuse a configuration change now: one is still uncommitted."""
+        return self.pending_conf_index > self.log.committed or bool(self.log.configs)
+
     def propose_membership(self, new: Membership) -> int:
         """Propose a single-server change; it takes effect on each node once appended."""
         if self.role != Role.LEADER:
             raise NotLeaderError(self.lead)
-        if self.pending_conf_index > self.log.committed or self.log.configs:
+        if self.config_change_pending():
             # One change at a time, and not before this term's no-op commits: otherwise
             # two leaders could each commit a change from the same base (thesis §4.1 bug).
             raise ProposalDroppedError("a configuration change is still uncommitted")

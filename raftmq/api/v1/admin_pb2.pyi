@@ -27,6 +27,18 @@ PARTITION_STATE_UNSPECIFIED: PartitionState
 PARTITION_STATE_ACTIVE: PartitionState
 PARTITION_STATE_DECOMMISSIONED: PartitionState
 
+class MoveReplicaRequest(_message.Message):
+    __slots__ = ("topic", "partition", "from_broker", "to_broker")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FROM_BROKER_FIELD_NUMBER: _ClassVar[int]
+    TO_BROKER_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    from_broker: int
+    to_broker: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., from_broker: _Optional[int] = ..., to_broker: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "partitions", "replication_factor", "config", "assignment")
     class ConfigEntry(_message.Message):

@@ -74,6 +74,11 @@ class AdminStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
+        self.MoveReplica = channel.unary_unary(
+                '/raftmq.v1.Admin/MoveReplica',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -144,6 +149,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveReplica(self, request, context):
+        """Start moving one replica of a partition from one broker to another: `to_broker`
+        joins as a learner, copies the log, and once the partition's leader reports it caught
+        up it votes in `from_broker`'s place (first in the list if that one was), and
+        `from_broker` deletes its copy. The answer comes once the move is recorded, not done:
+        DescribeTopic shows `to_broker` among the learners until it is. `from_broker` may be
+        down. Errors: UNKNOWN_TOPIC, UNKNOWN_PARTITION, PARTITION_DECOMMISSIONED,
+        NOT_A_REPLICA (from_broker holds no voting replica), INVALID_REPLICA_CHANGE (to_broker
+        holds one already, or another move of the partition is under way), UNKNOWN_BROKER,
+        BROKER_NOT_AVAILABLE (to_broker is fenced or draining).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +206,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.SerializeToString,
+            ),
+            'MoveReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveReplica,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +429,33 @@ class Admin:
             '/raftmq.v1.Admin/DescribeCluster',
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/MoveReplica',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -198,8 +198,7 @@ def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, nod
             write_to_storage(log_, Ready(snapshot=snap))
             log_.flush()
         log.info(
-            "group %s on node %d: the log now starts after the state machine's snapshot "
-            "at %d",
+            "group %s on node %d: the log now starts after the state machine's snapshot at %d",
             name,
             node_id,
             snap.index,
@@ -224,6 +223,12 @@ def _load_core(
     saved = load_snapshot_meta(path / SNAPSHOT_META_FILE)
     if saved is not None and saved.index == log_.start_index - 1:
         membership = saved.membership  # CONFIG entries below the start are gone
+    elif saved is None and log_.start_index == 1 and log_.last_index == 0:
+        # A new group keeps the configuration it starts from: a restart starts from the
+        # same one whatever its caller passes then (a partition's replica set changes
+        # with moves; the log's CONFIG entries say how), so the saved configuration
+        # history still matches and snapshots of early indexes name the right members.
+        save_snapshot_meta(path / SNAPSHOT_META_FILE, SnapshotMeta(0, 0, 0, membership))
     hs = load_hard_state(path / HARD_STATE_FILE)
     commit = hs.commit
     hint = None if replay else read_commit_hint(path / COMMIT_HINT_FILE)

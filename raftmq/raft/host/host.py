@@ -44,6 +44,7 @@ from raftmq.raft.errors import (
     ReadIndexError,
 )
 from raftmq.raft.hardstate import HardState
+from raftmq.raft.host.byte_rate import ByteRate
 from raftmq.raft.host.group_storage import (
     COMMIT_HINT_FILE,
     HARD_STATE_FILE,
@@ -305,6 +306,12 @@ class GroupStatus:
     leader has brought it up to date (docs/raft.md, "Rejoining after disk loss")."""
     repairing: bool = False
     """A corrupt range of this member's log is being restored from a replica."""
+    membership: Membership | None = None
+    """The configuration in force on this member (the latest in its log, committed or
+    not): who votes and who only learns."""
+    config_pending: bool = False
+    """On a leader: a configuration change is appended but not committed yet (or this
+    term's first entry has not committed), so a new one would be refused."""
 
 
 def _reason(what: str, exc: BaseException) -> str:
@@ -327,8 +334,12 @@ class RaftHost(SelfRepair):
         max_append_bytes: int = 1 << 20,
         seed: int = 0,
         scrub_bytes_per_s: int = SCRUB_BYTES_PER_S,
+        learner_bytes_per_s: int = 0,
     ) -> None:
+        """``learner_bytes_per_s`` caps the entries this node's leaders send to learners
+        (replica moves), all groups together (0: no cap): see :mod:`byte_rate`."""
         self.node_id = node_id
+        self._learner_rate = ByteRate(learner_bytes_per_s) if learner_bytes_per_s > 0 else None
         self.scrub_bytes_per_s = scrub_bytes_per_s
         self.scrubbed_bytes = 0
         self.audited_ranges = 0
@@ -576,6 +587,8 @@ class RaftHost(SelfRepair):
             else {},
             rejoining=core.rejoining,
             repairing=self.repairing(name),
+            membership=core.membership,
+            config_pending=core.config_change_pending(),
         )
 
     def _wait_for(
@@ -1274,4 +1287,20 @@ class RaftHost(SelfRepair):
                 self.transport.send(m.dst, group.name, m, urgent=False)
                 group.core.report_snapshot(m.dst, ok=True)
                 continue
+            if (
+                self._learner_rate is not None
+                and m.type == MsgType.APP
+                and m.entries
+                and m.dst in group.core.membership.learners
+            ):
+                wait_s = self._learner_rate.delay_s(len(m.entries), time.monotonic())
+                if wait_s > 0:
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(wait_s, self._send_late, group.name, m)
+                    continue
             self.transport.send(m.dst, group.name, m, urgent=m.type in _URGENT)
+
+    def _send_late(self, name: str, m: Message) -> None:
+        """An append held back by the learner rate, unless the node stopped meanwhile."""
+        if not self._stopping:
+            self.transport.send(m.dst, name, m, urgent=False)
