@@ -56,6 +56,7 @@ from benchmarks.harness import (  # noqa: E402
     kill_on_exit,
     print_json_last,
     remove_cleanup,
+    say,
 )
 from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
 from raftmq.client.admin import AdminClient  # noqa: E402
@@ -93,10 +94,6 @@ class Plan:
             probes=5 if quick else 15,
             timeout_s=120.0 if quick else 300.0,
         )
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def wait_until(what: str, timeout_s: float, check: Any, poll_s: float = 0.05) -> float:

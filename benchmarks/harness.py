@@ -143,6 +143,11 @@ def add_run_options(parser: argparse.ArgumentParser, quick_help: str) -> None:
     )
 
 
+def say(msg: str) -> None:
+    """A progress line on stderr, stamped with the time (stdout keeps the figures)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def print_json_last(figures: object, **dumps_kwargs: Any) -> None:
     """The ``--json`` line: one object, the last line of the output, for scripts to parse."""
     print(json.dumps(figures, **dumps_kwargs), flush=True)

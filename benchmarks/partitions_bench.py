@@ -47,6 +47,7 @@ from benchmarks.harness import (  # noqa: E402
     kill_on_exit,
     print_json_last,
     remove_cleanup,
+    say,
 )
 from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
@@ -80,10 +81,6 @@ class Plan:
             window_s=4.0 if quick else 10.0,
             nofile=args.nofile,
         )
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def produce_everywhere(cluster: LocalCluster, plan: Plan, threads: int = 8) -> int:
