@@ -38,6 +38,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,21 @@ def measure(
         out.update(propagation(cluster, admin, plan))
         say(f"{topic}: propagation p50 {out['propagation_p50_ms']:.0f} ms")
 
-        victim = max(b for b in brokers if b != controller_leader(admin))
+        # The broker leading most of the topic's partitions, other than the controller
+        # leader: killing one that leads none would time nothing.
+        led = Counter(
+            leader.broker_id
+            for (t, _), leader in client.refresh_leaders(timeout=5.0).items()
+            if t == topic
+        )
+        ruling = controller_leader(admin)
+        victim = max((b for b in brokers if b != ruling), key=lambda b: (led[b], b))
+        out["killed_led"] = led[victim]
         survivors = brokers - {victim}
-        say(f"{topic}: SIGKILL broker {victim} (not the controller leader)")
+        say(
+            f"{topic}: SIGKILL broker {victim}, leader of {led[victim]} partitions "
+            "(not the controller leader)"
+        )
         cluster.kill(victim)
         out["failover_s"] = wait_until(
             f"{topic}: every partition led by a survivor",
@@ -240,13 +253,14 @@ ROWS = (
     ("propagation p50", "propagation_p50_ms", "ms"),
     ("propagation max", "propagation_max_ms", "ms"),
     ("led again after SIGKILL", "failover_s", "s"),
+    ("  partitions it had led", "killed_led", ""),
 )
 
 
 def table(out: Json) -> list[tuple[str, float, float, float]]:
     """(figure with unit, reference value, big value, ratio big / reference) per row."""
     ref, big = out["reference"], out["big"]
-    rows = [(f"{name} ({unit})", ref[key], big[key]) for name, key, unit in ROWS]
+    rows = [(f"{name} ({unit})" if unit else name, ref[key], big[key]) for name, key, unit in ROWS]
     for b in sorted(big["idle_cpu"]):
         rows.append(
             (f"broker {b} idle CPU (%)", 100 * ref["idle_cpu"][b], 100 * big["idle_cpu"][b])
