@@ -67,9 +67,10 @@ PREFER_WINDOW_SECONDS = 10.0
 """How long after it opens a preferred replica may still start an election for its group."""
 OPEN_SLICE_SECONDS = 0.05
 """Opening replicas yields the event loop after this long: each open writes and fsyncs a few
-files on it, so a topic of 1,000 partitions held ticks, heartbeats and RPCs back for ~8 s
-(the CreateTopic call waited that long; benchmarks/controller_bench.py). Yielding after
-every open instead made opening 3-4 times slower (the groups already open tick between)."""
+files on it, so a topic of 1,000 partitions held ticks, heartbeats and RPCs back for 5-10 s
+(CreateTopic answered that late, and the controller fenced its own live broker;
+benchmarks/controller_bench.py). The price: the groups already open tick in between, so
+every partition had a leader ~20% later in one comparison on a loaded machine."""
 HEARTBEAT_SECONDS = 1.0
 """How often a broker heartbeats to the controller (fenced after its session timeout)."""
 BROKER = "broker"
