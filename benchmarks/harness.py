@@ -2,7 +2,8 @@
 
 - where data goes: :func:`disk_tempdir`, a temporary folder on a real disk (fsync on tmpfs
   costs nothing and would flatter whichever side fsyncs more);
-- figures: :func:`percentile` (nearest rank), :func:`latency_summary`, :func:`cpu_seconds_of`;
+- figures: :func:`percentile` (nearest rank), :func:`latency_summary`, :func:`cpu_seconds_of`,
+  :func:`idle_cpu` (share of a core per process over a window, from schedstat);
 - the command line: :func:`add_run_options` (``--quick``: under a minute; ``--json``: every
   figure as one JSON object on the last line, printed by :func:`print_json_last`), then a
   readable table for people;
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,37 @@ def cpu_seconds_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ns_of(pid: int) -> int:
+    """CPU time of every thread of a process, in ns, from /proc/PID/task/*/schedstat.
+
+    Why not only utime + stime from /proc/PID/stat: those count 10 ms clock ticks, and an
+    idle broker uses a few of them per second, so a 4 s window would read in steps of a
+    quarter of a percent. The stat figure is printed beside it as a check."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def idle_cpu(pids: dict[int, int], seconds: float) -> dict[int, tuple[float, float]]:
+    """Share of one core each process used over ``seconds``: (by schedstat, by stat)."""
+    before = {b: (cpu_ns_of(pid), cpu_seconds_of(pid)) for b, pid in pids.items()}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    return {
+        b: (
+            (cpu_ns_of(pid) - before[b][0]) / 1e9 / elapsed,
+            (cpu_seconds_of(pid) - before[b][1]) / elapsed,
+        )
+        for b, pid in pids.items()
+    }
+
+
 # --- figures ------------------------------------------------------------------------------
 
 
@@ -108,6 +141,11 @@ def add_run_options(parser: argparse.ArgumentParser, quick_help: str) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print every figure as one JSON object, last line"
     )
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr, stamped with the time (stdout keeps the figures)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def print_json_last(figures: object, **dumps_kwargs: Any) -> None:

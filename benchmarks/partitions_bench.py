@@ -42,11 +42,12 @@ if str(REPO) not in sys.path:
 from benchmarks.harness import (  # noqa: E402
     add_cleanup,
     add_run_options,
-    cpu_seconds_of,
     disk_tempdir,
+    idle_cpu,
     kill_on_exit,
     print_json_last,
     remove_cleanup,
+    say,
 )
 from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
@@ -80,10 +81,6 @@ class Plan:
             window_s=4.0 if quick else 10.0,
             nofile=args.nofile,
         )
-
-
-def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def produce_everywhere(cluster: LocalCluster, plan: Plan, threads: int = 8) -> int:
@@ -162,37 +159,6 @@ def disk_usage(directory: Path) -> Json:
         "all_allocated": all_alloc,
         "all_written": all_size,
         "files": files,
-    }
-
-
-def cpu_ns_of(pid: int) -> int:
-    """CPU time of every thread of a process, in ns, from /proc/PID/task/*/schedstat.
-
-    Why not only utime + stime from /proc/PID/stat: those count 10 ms clock ticks, and an
-    idle broker uses a few of them per second, so a 4 s window would read in steps of a
-    quarter of a percent. The stat figure is printed beside it as a check."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile
-    return total
-
-
-def idle_cpu(pids: dict[int, int], seconds: float) -> dict[int, tuple[float, float]]:
-    """Share of one core each process used over ``seconds``: (by schedstat, by stat)."""
-    before = {b: (cpu_ns_of(pid), cpu_seconds_of(pid)) for b, pid in pids.items()}
-    t0 = time.monotonic()
-    time.sleep(seconds)
-    elapsed = time.monotonic() - t0
-    return {
-        b: (
-            (cpu_ns_of(pid) - before[b][0]) / 1e9 / elapsed,
-            (cpu_seconds_of(pid) - before[b][1]) / elapsed,
-        )
-        for b, pid in pids.items()
     }
 
 

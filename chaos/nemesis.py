@@ -21,6 +21,8 @@ from pathlib import Path
 
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.admin import AdminClient
+from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.format import entry
 from raftmq.log.durability_markers import DURABLE_SUFFIX
@@ -39,6 +41,7 @@ CATEGORIES = (
     "corrupt",
     "disk-loss",
     "fd-pressure",
+    "controller",
 )
 
 """Sidecar of a segment file holding the size its last fsync covered (8 bytes, big-endian),
@@ -101,6 +104,17 @@ class Nemesis:
             return None
         # Leaders are reported with advertised (proxy) addresses; the id is what we need.
         return leader.broker_id
+
+    def controller_leader(self) -> int | None:
+        """The active controller (the controller quorum's leader) as the admin API says:
+        DescribeCluster, a read the leader confirms with a quorum; None when there is none
+        or no voter answers in time."""
+        addresses = [self.chaos.direct_address(i) for i in self.chaos.nodes]
+        with AdminClient(addresses, attempts=10, backoff_s=0.1, timeout_s=2.0) as admin:
+            try:
+                return admin.describe_cluster().controller_leader_id or None
+            except ClientError:
+                return None
 
     def _some_leader(self) -> int:
         partition = self.rng.randrange(self.chaos.partitions)
@@ -222,6 +236,51 @@ class Nemesis:
                 self.killed.discard(v)
 
         return Fault(shape, f"SIGKILL {victims}", heal, targets=victims)
+
+    def _start_controller(self) -> Fault:
+        """A fault aimed at the active controller, found through the admin API when the
+        fault starts: SIGKILL it (restarted at heal), cut its Raft links (the metadata
+        group's and its partitions': the other voters must elect a controller while it may
+        still believe it leads, and take the brokers' heartbeats from it), or cut its
+        client proxy too (brokers' heartbeats and registrations reach it through that
+        proxy, as clients do)."""
+        shape = self.rng.choice(
+            ["kill-controller", "isolate-controller", "isolate-controller-fully"]
+        )
+        found = self.controller_leader()
+        victim = found if found is not None else self.rng.choice(self.chaos.nodes)
+        known = "" if found is not None else " (no controller leader known: a random node)"
+        if shape == "kill-controller":
+            self.chaos.cluster.kill(victim)
+            self.killed.add(victim)
+
+            def heal() -> None:
+                self.chaos.cluster.start(victim)
+                self.killed.discard(victim)
+
+            return Fault(shape, f"SIGKILL controller {victim}{known}", heal, targets=[victim])
+        pairs = self._cut([{victim}, set(self.chaos.nodes) - {victim}])
+        heal_links = self._enable_links(pairs)
+        if shape == "isolate-controller":
+            return Fault(
+                shape,
+                f"controller {victim} cut off from its peers{known}",
+                heal_links,
+                targets=[victim],
+            )
+        proxy = self.chaos.proxies[f"client-{victim}"]
+        proxy.disable()
+
+        def heal_all() -> None:
+            heal_links()
+            proxy.enable()
+
+        return Fault(
+            shape,
+            f"controller {victim} cut off from its peers and clients{known}",
+            heal_all,
+            targets=[victim],
+        )
 
     def _start_unsynced(self) -> Fault:
         """A power loss on one node: SIGKILL it, then cut every segment file back to the size

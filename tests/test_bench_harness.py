@@ -17,6 +17,7 @@ from benchmarks.harness import (
     MEMORY_FILE_SYSTEMS,
     disk_tempdir,
     filesystem_of,
+    idle_cpu,
     kill_all,
     latency_summary,
     percentile,
@@ -43,6 +44,21 @@ def test_percentile_is_nearest_rank():
     assert percentile([7.0], 0.999) == 7
     summary = latency_summary([0.001, 0.003, 0.002])
     assert summary["count"] == 3 and summary["p50_ms"] == 2 and summary["max_ms"] == 3
+
+
+def test_idle_cpu_tells_a_busy_process_from_a_sleeping_one():
+    busy = track(
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    )
+    asleep = track(subprocess.Popen(["sleep", "30"], start_new_session=True))
+    try:
+        shares = idle_cpu({1: busy.pid, 2: asleep.pid}, 1.0)
+    finally:
+        kill_all()
+    (busy_share, busy_ticks), (asleep_share, _) = shares[1], shares[2]
+    # 2 cores shared with other work: a spinning process still gets a good part of one
+    assert busy_share > 0.2 and busy_ticks > 0.1, shares
+    assert asleep_share < 0.01, shares
 
 
 def test_temp_dir_is_not_in_memory():

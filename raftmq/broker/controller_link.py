@@ -37,6 +37,13 @@ RETRY_S = 0.2
 _RETRIED = (
     pb.ERROR_CODE_NOT_CONTROLLER,
     pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE,
+    # Leadership moved while the command was in flight: it may or may not commit. Every
+    # call here may be resent: a registration of the same incarnation answers the epoch it
+    # got, a beat is a beat, a leader report carries its term, and a promotion that did
+    # commit is then refused as NOT_A_REPLICA (no learner any more), which a caller must
+    # handle anyway. (Taken for a refusal, it made a broker restarted while the controller
+    # moved log an ERROR and wait 5 s before registering again: chaos, ``controller``.)
+    pb.ERROR_CODE_OUTCOME_UNKNOWN,
 )
 
 

@@ -40,6 +40,7 @@ from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
+from raftmq.broker.topic_ids import TopicIdMarkers
 from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_replicas, log_config_for
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.leadership import HandBack, LedGroup
@@ -67,15 +68,17 @@ GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
 PREFER_WINDOW_SECONDS = 10.0
 """How long after it opens a preferred replica may still start an election for its group."""
+OPEN_SLICE_SECONDS = 0.05
+"""Opening replicas yields the event loop after this long: each open writes and fsyncs a few
+files on it, so a topic of 1,000 partitions held ticks, heartbeats and RPCs back for 5-10 s
+(CreateTopic answered that late, and the controller fenced its own live broker;
+benchmarks/controller_bench.py). The price: the groups already open tick in between, so
+every partition had a leader ~20% later in one comparison on a loaded machine."""
 HEARTBEAT_SECONDS = 1.0
 """How often a broker heartbeats to the controller (fenced after its session timeout)."""
 BROKER = "broker"
 CONTROLLER = "controller"
 ROLES = frozenset({BROKER, CONTROLLER})
-TOPIC_ID_SUFFIX = ".topic-id"
-"""Beside each replica's directory, the id of the topic it belongs to: a replica whose
-topic is gone from the metadata, or was deleted and created again under its name, is
-deleted (also when the broker was down at the time of the delete)."""
 LISTED_SUFFIX = ".listed-at"
 """Beside each replica's directory, the newest metadata version that opened it (one listing
 this broker for it; never lowered, though a restarted broker may first get an older copy):
@@ -173,6 +176,7 @@ class Broker:
         """The newest metadata this broker applied (empty until the first arrives)."""
         self.metadata_version = 0
         self.data_dir = data_dir / f"broker-{broker_id}"
+        self.topic_ids = TopicIdMarkers(self.data_dir)
         self._probe_for_a_past = not self.data_dir.exists() and len(bootstrap.brokers) > 1
         """No data folder: ask the peers, once, whether this broker lost one (see
         :meth:`_mark_replaced_replicas`), unless the operator said it is new."""
@@ -254,7 +258,7 @@ class Broker:
         replicas open as the metadata names them (:meth:`_reconcile`)."""
         # Before any log opens: the cap decides how many segment files stay open.
         # Replicas open later, as the metadata names them (checked again then).
-        known = len(list(self.data_dir.glob(f"*{TOPIC_ID_SUFFIX}")))
+        known = self.topic_ids.count_on_disk()
         self.open_files_note, too_low = open_files_note(known)
         self._said_too_few_files = too_low
         log.log(
@@ -445,12 +449,13 @@ class Broker:
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
         opened = []
+        slice_end = time.monotonic() + OPEN_SLICE_SECONDS
         for topic, p, part in opening:
             if self.stopping:
                 return
             directory = self.data_dir / f"{topic.name}-{p}"
             directory.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(_topic_id_path(directory), str(topic.topic_id).encode())
+            self.topic_ids.write(directory, topic.topic_id)
             listed_at = read_atomic(_listed_path(directory))
             if not listed_at or int(listed_at) < state.version:
                 write_atomic(_listed_path(directory), str(state.version).encode())
@@ -466,7 +471,9 @@ class Broker:
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
             opened.append(self.replicas[topic.name, p])
-        self.settings.apply(self.replicas, state)  # altered configs, decommissions
+            if time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + OPEN_SLICE_SECONDS
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
             self._track(
@@ -490,26 +497,12 @@ class Broker:
         return log_config_for(self.log_config, topic)
 
     async def _delete_gone_replicas(self, state: MetadataState) -> None:
-        """Delete each local replica whose topic id the metadata no longer holds. Only when
-        the metadata is at least as new as the topic (its id is the index of the entry that
-        created it, the version the index of the last applied): a lagging voter's older
-        copy lacks topics created since, and that must not delete them."""
-        if not self.data_dir.exists():
-            return
-        for marker in sorted(self.data_dir.glob(f"*{TOPIC_ID_SUFFIX}")):
-            stem = marker.name[: -len(TOPIC_ID_SUFFIX)]
-            name, _, part = stem.rpartition("-")
-            raw = read_atomic(marker)
-            if not name or not part.isdigit() or not raw:
-                continue
-            topic_id = int(raw)
-            topic = state.topics.get(name)
-            if topic is not None and topic.topic_id == topic_id:
-                await self._delete_if_moved_away(state, topic, int(part), marker.parent / stem)
-                continue
-            if topic_id > state.version:
-                continue
-            await self._delete_replica(name, int(part), marker.parent / stem)
+        """Delete each local replica whose topic id the metadata no longer holds (when:
+        :meth:`TopicIdMarkers.gone`), and each of a live topic that moved away from here."""
+        for name, partition, directory in self.topic_ids.gone(state):
+            await self._delete_replica(name, partition, directory)
+        for name, partition, directory in self.topic_ids.kept(state):
+            await self._delete_if_moved_away(state, state.topics[name], partition, directory)
 
     async def _delete_expired_replicas(self) -> None:
         """Delete the data of each decommissioned partition whose deadline passed (the
@@ -567,9 +560,11 @@ class Broker:
         replica = self.replicas.pop((topic, partition), None)
         if replica is not None:
             await self.host.close_group(group_name(topic, partition))
-        shutil.rmtree(directory, ignore_errors=True)
+        # Off the loop, which it yields: deleting a topic of 1,000 partitions in line held
+        # it (ticks, heartbeats, the DeleteTopic answer) for ~12 s (controller_bench.py).
+        await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
         promised_path(directory).unlink(missing_ok=True)
-        _topic_id_path(directory).unlink(missing_ok=True)
+        self.topic_ids.remove(directory)
         _listed_path(directory).unlink(missing_ok=True)
         log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
@@ -792,10 +787,6 @@ def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
     return lambda: replica.is_leader
-
-
-def _topic_id_path(directory: Path) -> Path:
-    return directory.parent / (directory.name + TOPIC_ID_SUFFIX)
 
 
 def _listed_path(directory: Path) -> Path:

@@ -35,7 +35,8 @@ def run(
             "(power loss: SIGKILL and cut every file to its last fsynced size), corrupt (a bit "
             "flipped in a sealed segment of one replica), disk-loss (a node back with a wiped or "
             "cut-back data directory), fd-pressure (a node restarted with an open-file limit "
-            "of 128)."
+            "of 128), controller (the active controller SIGKILLed, or cut off from its peers, "
+            "or from its peers and clients)."
         ),
     ] = "partition,kill,pause,latency",
     seed: Annotated[int, typer.Option(help="Makes the fault schedule reproducible.")] = 0,
