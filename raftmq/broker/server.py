@@ -474,6 +474,7 @@ class Broker:
             if time.monotonic() >= slice_end:
                 await asyncio.sleep(0)
                 slice_end = time.monotonic() + OPEN_SLICE_SECONDS
+        self.settings.apply(self.replicas, state)  # altered configs, decommissions
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
             self._track(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raftmq.broker.server import LISTED_SUFFIX, TOPIC_ID_SUFFIX, Broker
+from raftmq.broker.server import LISTED_SUFFIX, Broker
+from raftmq.broker.topic_ids import TOPIC_ID_SUFFIX
 from raftmq.controller.model import MetadataState, Partition, Topic
 from raftmq.devtools.local_cluster import local_spec
 from raftmq.log.atomic_file import write_atomic
