@@ -302,6 +302,9 @@ class ControllerQuorum:
     async def drain_broker(self, broker_id: int) -> c.Done:
         return await self._propose(c.DrainBroker(broker_id), c.Done)
 
+    async def request_rebalance(self, requested: bool = True) -> c.Done:
+        return await self._propose(c.RequestRebalance(requested), c.Done)
+
     async def allocate_producer_ids(self, broker_id: int, count: int) -> c.ProducerIdsAllocated:
         return await self._propose(c.AllocateProducerIds(broker_id, count), c.ProducerIdsAllocated)
 
@@ -365,7 +368,7 @@ class ControllerQuorum:
                     broker_id,
                     self.session_timeout_s,
                 )
-                await self._propose(c.FenceBroker(broker_id), c.Done)
+                await self._propose(c.FenceBroker(broker_id, self._clock_ms()), c.Done)
             except ControllerRefusal as exc:  # it went away meanwhile
                 log.info("controller %d: fencing %d refused: %s", self.node_id, broker_id, exc)
             finally:
