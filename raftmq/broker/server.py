@@ -37,10 +37,12 @@ from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.controller.cluster_file import ClusterSpec
+from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.leadership import HandBack, LedGroup
 from raftmq.controller.metadata import ClusterMetadata
 from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState, Topic
+from raftmq.controller.mover import Mover
 from raftmq.controller.quorum import GROUP, ControllerQuorum
 from raftmq.controller.topic_config import LOG_FIELDS as _TOPIC_LOG_FIELDS
 from raftmq.log.atomic_file import read_atomic, write_atomic
@@ -113,6 +115,7 @@ class Broker:
         durability_markers: bool = False,
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
+        move_limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -129,7 +132,8 @@ class Broker:
         ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
-        start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`)."""
+        start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`).
+        ``move_limits``: the controller mover's heal delay and move limits (a voter's)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -185,6 +189,8 @@ class Broker:
         )
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None
+        self.move_limits = move_limits
+        self.mover: Mover | None = None
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
@@ -237,6 +243,8 @@ class Broker:
         await self.host.start()
         if self.quorum is not None:
             self.quorum.start()
+            self.mover = Mover(self.quorum, self.move_limits)
+            self.mover.start()
             self._track(asyncio.get_running_loop().create_task(self._campaign_for_metadata()))
         self._server = grpc.aio.server(
             options=[
@@ -249,7 +257,9 @@ class Broker:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
             )
-            add_admin_service(AdminService(self.quorum, self.voter_addresses), self._server)
+            add_admin_service(
+                AdminService(self.quorum, self.voter_addresses, self.move_limits), self._server
+            )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
@@ -494,6 +504,8 @@ class Broker:
                     await task
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
+        if self.mover is not None:
+            await self.mover.stop()
         if self.quorum is not None:
             await self.quorum.stop()
         await self.link.close()

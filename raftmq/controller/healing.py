@@ -66,6 +66,7 @@ class Limits:
         assert self.reorders_per_round >= 0, self
 
 
+DEFAULT_LIMITS = Limits()
 UNLIMITED = Limits(moves_per_broker=1 << 30, moves_total=1 << 30, reorders_per_round=1 << 30)
 """For a forecast of every move a rebalance would make (``RebalanceCluster``)."""
 
@@ -244,7 +245,7 @@ def _projected(part: Partition) -> list[int]:
 
 
 def plan(
-    state: MetadataState, now_ms: int, limits: Limits = Limits(), *, rebalance: bool = False
+    state: MetadataState, now_ms: int, limits: Limits = DEFAULT_LIMITS, *, rebalance: bool = False
 ) -> Plan:
     """The next moves to start, as of ``now_ms`` (the caller's clock, the same one that
     stamps fences). ``rebalance``: also even out replicas and preferred leaders (an

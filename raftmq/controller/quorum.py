@@ -305,6 +305,11 @@ class ControllerQuorum:
     async def request_rebalance(self, requested: bool = True) -> c.Done:
         return await self._propose(c.RequestRebalance(requested), c.Done)
 
+    async def propose_change(self, command: c.Command) -> c.Done:
+        """Any command whose result is a plain Done (the mover's moves, give-ups,
+        reorders); ControllerRefusal and the other errors as for every command."""
+        return await self._propose(command, c.Done)
+
     async def allocate_producer_ids(self, broker_id: int, count: int) -> c.ProducerIdsAllocated:
         return await self._propose(c.AllocateProducerIds(broker_id, count), c.ProducerIdsAllocated)
 

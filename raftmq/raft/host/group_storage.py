@@ -194,8 +194,7 @@ def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, nod
             write_to_storage(log_, Ready(snapshot=snap))
             log_.flush()
         log.info(
-            "group %s on node %d: the log now starts after the state machine's snapshot "
-            "at %d",
+            "group %s on node %d: the log now starts after the state machine's snapshot at %d",
             name,
             node_id,
             snap.index,

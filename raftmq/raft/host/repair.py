@@ -68,9 +68,7 @@ class SelfRepair:
 
     # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
 
-    def request_repair(
-        self, name: str, found_by: str, damages: list[Damage] | None = None
-    ) -> None:
+    def request_repair(self, name: str, found_by: str, damages: list[Damage] | None = None) -> None:
         """A read of this group's log found a corrupt entry: restore the damaged range of
         every closed segment (or just ``damages``) from a replica, in the background, one
         repair of a group at a time. ``found_by`` (a client read, the scrubber, ...) goes
@@ -109,9 +107,7 @@ class SelfRepair:
         except Exception:
             log.exception("node %d: %s failed", self.node_id, what)
 
-    async def _repair(
-        self, group: RaftGroup, damages: list[Damage] | None, found_by: str
-    ) -> None:
+    async def _repair(self, group: RaftGroup, damages: list[Damage] | None, found_by: str) -> None:
         loop = asyncio.get_running_loop()
         if damages is None:
             damages = await loop.run_in_executor(self._pool, find_damage, group.log)

@@ -1,0 +1,121 @@
+"""The mover on a real three-voter controller quorum (in-process, real Raft over TCP): the
+test plays every partition's Raft leader by proposing PromoteReplica for learners. A
+fenced broker's replicas are replaced once the heal delay has passed, not before; an
+operator's rebalance survives the controller leader's failure and ends with the request
+cleared and the replicas even."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from raftmq.controller import commands as c
+from raftmq.controller.healing import Limits
+from raftmq.controller.model import MetadataState
+from raftmq.controller.mover import Mover
+from raftmq.controller.quorum import ControllerError
+from tests.controller.quorum_cluster import QuorumCluster, retry
+from tests.controller.test_quorum import register
+from tests.raft.test_driver import wait_for
+
+
+def movers(cluster: QuorumCluster, limits: Limits) -> dict[int, Mover]:
+    out = {n: Mover(q, limits, period_s=0.1) for n, q in cluster.quorums.items()}
+    for m in out.values():
+        m.start()
+    return out
+
+
+async def promote_learners(cluster: QuorumCluster) -> int:
+    """As each partition's leader would once its learner caught up: promote every learner.
+    Returns how many were promoted."""
+    leader = await cluster.leader()
+    _, state = leader.local_state()
+    done = 0
+    for name, topic in sorted(state.topics.items()):
+        for i, part in enumerate(topic.partitions):
+            for learner in part.learners:
+                try:
+                    await leader.promote_replica(name, i, learner)
+                    done += 1
+                except ControllerError:
+                    pass  # leadership moved or the move was given up: next pass
+    return done
+
+
+async def wait_state(cluster: QuorumCluster, check, what: str, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, state = await retry(lambda: cluster.leader_metadata())
+        if check(state):
+            return state
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await promote_learners(cluster)
+        await asyncio.sleep(0.1)
+
+
+async def test_a_fenced_brokers_replicas_are_replaced_after_the_heal_delay(tmp_path):
+    cluster = await QuorumCluster(tmp_path).start()
+    running = movers(cluster, Limits(heal_delay_ms=1500))
+    try:
+        leader = await cluster.leader()
+        for b in (1, 2, 3, 4):
+            await register(leader, b)
+        await leader.create_topic(
+            "t", 4, 3, assignment=[(1, 2, 3), (2, 3, 1), (3, 1, 2), (2, 3, 4)]
+        )
+        await leader.propose_change(c.FenceBroker(1, time.time_ns() // 1_000_000))
+        await asyncio.sleep(0.5)
+        _, state = leader.local_state()
+        assert all(not p.learners for p in state.topics["t"].partitions), "moved too early"
+
+        def healed(s: MetadataState) -> bool:
+            return all(1 not in p.replicas + p.learners for p in s.topics["t"].partitions)
+
+        state = await wait_state(cluster, healed, "broker 1's replicas to be replaced")
+        assert [p.replicas for p in state.topics["t"].partitions] == [
+            (4, 2, 3),
+            (2, 3, 4),
+            (3, 4, 2),
+            (2, 3, 4),
+        ]
+    finally:
+        for m in running.values():
+            await m.stop()
+        await cluster.stop()
+
+
+async def test_a_rebalance_survives_a_controller_failover(tmp_path):
+    cluster = await QuorumCluster(tmp_path).start()
+    running = movers(cluster, Limits(moves_per_broker=1))
+    try:
+        leader = await cluster.leader()
+        for b in (1, 2, 3):
+            await register(leader, b)
+        await leader.create_topic("t", 8, 3)
+        await register(leader, 4)
+        await leader.request_rebalance()
+        await wait_for(
+            lambda: any(p.learners for p in leader.local_state()[1].topics["t"].partitions),
+            what="the first rebalance move",
+        )
+        await running.pop(leader.node_id).stop()
+        await cluster.stop(leader.node_id)  # the leader dies mid-rebalance
+
+        def balanced(s: MetadataState) -> bool:
+            return not s.rebalance_requested
+
+        state = await wait_state(cluster, balanced, "the rebalance to finish", timeout_s=40)
+        parts = state.topics["t"].partitions
+        assert all(not p.learners for p in parts)
+        replicas = Counter(b for p in parts for b in p.replicas)
+        leaders = Counter(p.replicas[0] for p in parts)
+        assert (
+            set(replicas) == {1, 2, 3, 4} and max(replicas.values()) - min(replicas.values()) <= 1
+        )
+        assert max(leaders.values()) - min(leaders.values()) <= 1
+    finally:
+        for m in running.values():
+            await m.stop()
+        await cluster.stop()
