@@ -22,9 +22,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from raftmq.controller.commands import AddReplica, Command, RemoveReplica, ReorderReplicas
+from raftmq.controller.commands import (
+    AddReplica,
+    Command,
+    PromoteReplica,
+    RemoveReplica,
+    ReorderReplicas,
+)
 from raftmq.controller.model import Broker, MetadataState, Partition, PartitionState
 from raftmq.controller.placement import Candidate, rack_key, replacement
+from raftmq.controller.transitions import apply_command
 
 HEAL_DELAY_MS = 60_000
 """How long a broker stays fenced before its replicas are replaced. A replacement copies
@@ -422,3 +429,29 @@ def brokers_holding(state: MetadataState, broker_ids: Iterable[int]) -> dict[int
                 if b in wanted:
                     held[b] += 1
     return held
+
+
+def forecast(
+    state: MetadataState, now_ms: int, limits: Limits = UNLIMITED, *, max_rounds: int = 64
+) -> Plan:
+    """Every move and preferred-leader change a rebalance would make from ``state``, round
+    after round, as if each move finished at once (its learner promoted): what an operator
+    is told to expect. The mover plans each real round afresh, so the real moves may differ
+    when the cluster changes meanwhile. A partition reordered twice is listed with its
+    last order."""
+    moves: list[Move] = []
+    reorders: dict[Key, ReorderReplicas] = {}
+    stuck: tuple[str, ...] = ()
+    index = state.version
+    for _ in range(max_rounds):
+        p = plan(state, now_ms, limits, rebalance=True)
+        stuck = stuck or p.stuck
+        if p.balanced or not p.commands:
+            break
+        moves.extend(p.moves)
+        reorders.update({(r.name, r.partition): r for r in p.reorders})
+        finishing = [PromoteReplica(m.topic, m.partition, m.learner) for m in p.moves]
+        for command in [*p.commands, *finishing]:
+            index += 1
+            state, _ = apply_command(state, index, command)
+    return Plan(moves=tuple(moves), reorders=tuple(reorders.values()), stuck=stuck)

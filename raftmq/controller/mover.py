@@ -9,7 +9,7 @@ the metadata, so a new leader carries on where the old one stopped: the fence ti
 stamped in the metadata (the heal delay keeps counting across a failover), and an
 operator's rebalance request is the metadata's ``rebalance_requested`` flag, cleared
 here once a plan finds the cluster balanced. The clock is read here, by the proposer,
-and only compared with times the same kind of clock stamped.
+the quorum's own (:meth:`ControllerQuorum.now_ms`), the one that stamps fences.
 
 A command refused at apply time (the state moved on since the plan: a broker came back,
 a topic was deleted) is logged and dropped; the next round plans from the new state.
@@ -42,7 +42,6 @@ class Mover:
         *,
         period_s: float = PERIOD_S,
         rebalance_every_s: float | None = None,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic_s: Callable[[], float] = time.monotonic,
     ) -> None:
         """``rebalance_every_s``: also rebalance on a timer (None: only on request)."""
@@ -52,7 +51,6 @@ class Mover:
         self.limits = limits
         self.period_s = period_s
         self.rebalance_every_s = rebalance_every_s
-        self._clock_ms = clock_ms
         self._monotonic_s = monotonic_s
         self._next_timed_rebalance: float | None = None
         self._timed_rebalance = False  # a timed rebalance is under way (until balanced)
@@ -98,7 +96,7 @@ class Mover:
         """Plan from this voter's applied state and propose the plan; the plan."""
         _, state = self.quorum.local_state()
         rebalance = state.rebalance_requested or self._timer_due()
-        plan = healing.plan(state, self._clock_ms(), self.limits, rebalance=rebalance)
+        plan = healing.plan(state, self.quorum.now_ms(), self.limits, rebalance=rebalance)
         if plan.stuck != self._stuck:
             for sentence in plan.stuck:
                 log.warning("controller %d: cannot move %s", self.quorum.node_id, sentence)

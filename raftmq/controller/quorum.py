@@ -146,6 +146,11 @@ class ControllerQuorum:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def now_ms(self) -> int:
+        """This voter's clock, the one it stamps commands with (fences, decommissions):
+        whoever compares with those stamps (healing's heal delay) reads this one."""
+        return self._clock_ms()
+
     @property
     def is_leader(self) -> bool:
         return self.rsm.is_leader
