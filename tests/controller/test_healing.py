@@ -311,3 +311,23 @@ def test_nothing_is_planned_for_a_healthy_cluster(
     p = plan(s, now, limits)
     assert p.moves == () and p.reorders == () and p.stuck == ()
     assert p.give_ups == ()
+
+
+def test_a_forecast_lists_every_move_to_balance_and_changes_nothing() -> None:
+    d = cluster(3)
+    d(CreateTopic("t", 6, 3))
+    d.register(4)
+    before = state(d)
+    expected = healing.forecast(before, 0)
+    assert state(d) is before
+    # 18 replicas over 4 brokers: 5, 5, 4, 4, so 4 or 5 land on broker 4
+    assert {m.learner for m in expected.moves} == {4}
+    assert len(expected.moves) in (4, 5)
+    assert len({(m.topic, m.partition) for m in expected.moves}) == len(expected.moves)
+    # replaying it (every move finished at once) gives what the mover converges to
+    for m in expected.moves:
+        assert d(m.command) == Done()
+        assert d(PromoteReplica(m.topic, m.partition, m.learner)) == Done()
+    for r in expected.reorders:
+        assert d(r) == Done()
+    assert plan(state(d), 0, rebalance=True).balanced
