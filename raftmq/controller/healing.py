@@ -436,13 +436,17 @@ def forecast(
 ) -> Plan:
     """Every move and preferred-leader change a rebalance would make from ``state``, round
     after round, as if each move finished at once (its learner promoted): what an operator
-    is told to expect. The mover plans each real round afresh, so the real moves may differ
+    is told to expect (moves already under way count as finished first). The mover plans
+    each real round afresh, so the real moves may differ
     when the cluster changes meanwhile. A partition reordered twice is listed with its
     last order."""
     moves: list[Move] = []
     reorders: dict[Key, ReorderReplicas] = {}
     stuck: tuple[str, ...] = ()
     index = state.version
+    for m in moves_under_way(state):  # as if they finished first
+        index += 1
+        state, _ = apply_command(state, index, PromoteReplica(m.topic, m.partition, m.learner))
     for _ in range(max_rounds):
         p = plan(state, now_ms, limits, rebalance=True)
         stuck = stuck or p.stuck

@@ -93,8 +93,11 @@ class Mover:
         return self._timed_rebalance
 
     async def round(self) -> healing.Plan:
-        """Plan from this voter's applied state and propose the plan; the plan."""
-        _, state = self.quorum.local_state()
+        """Plan from the current metadata and propose the plan; the plan."""
+        # Current, not just applied here: a new leader may not have applied its
+        # predecessor's last entries yet, and a plan from before them could give up a
+        # move that already finished.
+        _, state = await self.quorum.metadata(linearizable=True)
         rebalance = state.rebalance_requested or self._timer_due()
         plan = healing.plan(state, self.quorum.now_ms(), self.limits, rebalance=rebalance)
         if plan.stuck != self._stuck:

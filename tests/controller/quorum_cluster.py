@@ -74,9 +74,9 @@ class QuorumCluster:
         await wait_for(one, timeout_s, "one controller leader")
         return next(q for q in self.quorums.values() if q.is_leader)
 
-    async def leader_metadata(self) -> tuple[int, Any]:
+    async def leader_metadata(self, timeout_s: float = 30.0) -> tuple[int, Any]:
         """A current read on whichever voter leads now."""
-        return await (await self.leader()).metadata(linearizable=True)
+        return await (await self.leader(timeout_s)).metadata(linearizable=True)
 
     def follower(self) -> ControllerQuorum:
         return next(q for q in self.quorums.values() if not q.is_leader)

@@ -30,7 +30,7 @@ def movers(cluster: QuorumCluster, limits: Limits) -> dict[int, Mover]:
 async def promote_learners(cluster: QuorumCluster) -> int:
     """As each partition's leader would once its learner caught up: promote every learner.
     Returns how many were promoted."""
-    leader = await cluster.leader()
+    leader = await cluster.leader(timeout_s=30)
     _, state = leader.local_state()
     done = 0
     for name, topic in sorted(state.topics.items()):
