@@ -271,8 +271,10 @@ def plan(
 def _evacuate(r: _Round, now_ms: int) -> list[str]:
     """Heal and drain: a move for each active partition with a voter on a broker fenced
     for the heal delay or draining, most urgent first (fewest healthy voters). Returns
-    sentences for the replicas with no broker to go to."""
+    sentences for the replicas that cannot move: no broker to go to, or no majority left
+    to commit the move."""
     wanted: list[tuple[int, Key, int, Reason]] = []
+    stuck = []
     for name, topic in sorted(r.state.topics.items()):
         for p, part in enumerate(topic.partitions):
             key = (name, p)
@@ -287,13 +289,19 @@ def _evacuate(r: _Round, now_ms: int) -> list[str]:
                     leaving.append((0, b, Reason.HEAL))
                 elif broker.draining:
                     leaving.append((1, b, Reason.DRAIN))
-            if leaving:
-                healthy = sum(
-                    1 for b in part.replicas if (br := r.broker(b)) is not None and br.placeable
+            if not leaving:
+                continue
+            _, b, reason = min(leaving)
+            if not _has_majority(r, part):
+                stuck.append(
+                    f"{name}/{p} lost the majority of its voters {list(part.replicas)} to "
+                    "fenced brokers; its replicas can move once enough of them are back"
                 )
-                _, b, reason = min(leaving)
-                wanted.append((healthy, key, b, reason))
-    stuck = []
+                continue
+            healthy = sum(
+                1 for v in part.replicas if (br := r.broker(v)) is not None and br.placeable
+            )
+            wanted.append((healthy, key, b, reason))
     candidates = r.placeable()
     for _, key, leaving_b, reason in sorted(
         wanted, key=lambda w: (w[0], w[3] != Reason.HEAL, w[1])
@@ -313,6 +321,14 @@ def _evacuate(r: _Round, now_ms: int) -> list[str]:
         if target is not None:
             r.take(Move(key[0], key[1], target, leaving_b, reason))
     return stuck
+
+
+def _has_majority(r: _Round, part: Partition) -> bool:
+    """Whether a majority of the partition's voters is on unfenced brokers: a move is a
+    membership change of the partition's Raft group, which only a majority can commit, so
+    a move planned for a partition without one would hold a move slot for nothing."""
+    up = sum(1 for b in part.replicas if (br := r.broker(b)) is not None and not br.fenced)
+    return up > len(part.replicas) // 2
 
 
 def _even_out_replicas(r: _Round) -> bool:

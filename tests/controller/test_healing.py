@@ -96,6 +96,21 @@ def test_nothing_to_heal_when_every_broker_holds_the_partition() -> None:
     assert healing.under_replicated(state(d)) == [("t", 0)]
 
 
+def test_no_move_for_a_partition_without_a_majority() -> None:
+    """A move is a membership change of the partition's Raft group: without a majority it
+    could never commit, and would hold a move slot for good."""
+    d = cluster(5)
+    d(CreateTopic("one", 1, 1, replica_assignment=((1,),)))
+    d(CreateTopic("three", 1, 3, replica_assignment=((1, 2, 3),)))
+    d(CreateTopic("ok", 1, 3, replica_assignment=((1, 4, 5),)))
+    d(FenceBroker(1, now_ms=0))
+    d(FenceBroker(2, now_ms=0))
+    p = plan(state(d), DELAY, UNLIMITED)
+    assert [(m.topic, m.replacing) for m in p.moves] == [("ok", 1)]
+    assert sorted(s.split()[0] for s in p.stuck) == ["one/0", "three/0"]
+    assert "lost the majority" in p.stuck[0]
+
+
 def test_drain_moves_replicas_at_once_and_is_refused_without_room() -> None:
     d = cluster(3)
     d(CreateTopic("t", 2, 3))
@@ -293,7 +308,9 @@ def test_every_leaving_replica_gets_a_move_when_brokers_suffice(
                 or (s.brokers[b].fenced and now - s.brokers[b].fenced_at_ms >= DELAY)
             ]
             room = [b for b, x in s.brokers.items() if x.placeable and b not in part.replicas]
-            if leaving and room and not part.learners:
+            up = [b for b in part.replicas if not s.brokers[b].fenced]
+            majority = len(up) > len(part.replicas) // 2
+            if leaving and room and majority and not part.learners:
                 assert (name, i) in planned
             if not leaving and not rebalance:
                 assert (name, i) not in planned
