@@ -116,6 +116,7 @@ class Broker:
         inject_host_fault_after_s: float | None = None,
         new_broker: bool = False,
         move_limits: Limits = DEFAULT_LIMITS,
+        rebalance_every_s: float | None = None,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -133,7 +134,8 @@ class Broker:
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
         start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`).
-        ``move_limits``: the controller mover's heal delay and move limits (a voter's)."""
+        ``move_limits``: the controller mover's heal delay and move limits (a voter's);
+        ``rebalance_every_s``: its rebalance timer (None: rebalance only when asked)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -190,6 +192,7 @@ class Broker:
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None
         self.move_limits = move_limits
+        self.rebalance_every_s = rebalance_every_s
         self.mover: Mover | None = None
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
@@ -243,7 +246,9 @@ class Broker:
         await self.host.start()
         if self.quorum is not None:
             self.quorum.start()
-            self.mover = Mover(self.quorum, self.move_limits)
+            self.mover = Mover(
+                self.quorum, self.move_limits, rebalance_every_s=self.rebalance_every_s
+            )
             self.mover.start()
             self._track(asyncio.get_running_loop().create_task(self._campaign_for_metadata()))
         self._server = grpc.aio.server(

@@ -165,6 +165,14 @@ def broker(
     max_moves: Annotated[
         int, typer.Option(min=1, help="A controller voter's: replica moves under way at once.")
     ] = MOVES_TOTAL,
+    rebalance_interval_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="A controller voter's: also rebalance replicas and preferred leaders this "
+            "often, as 'raftmq cluster rebalance' does (0: only when asked).",
+        ),
+    ] = 0,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -210,6 +218,7 @@ def broker(
                 moves_per_broker=max_moves_per_broker,
                 moves_total=max_moves,
             ),
+            rebalance_every_s=rebalance_interval_ms / 1000 or None,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

@@ -74,10 +74,6 @@ class QuorumCluster:
         await wait_for(one, timeout_s, "one controller leader")
         return next(q for q in self.quorums.values() if q.is_leader)
 
-    async def leader_metadata(self, timeout_s: float = 30.0) -> tuple[int, Any]:
-        """A current read on whichever voter leads now."""
-        return await (await self.leader(timeout_s)).metadata(linearizable=True)
-
     def follower(self) -> ControllerQuorum:
         return next(q for q in self.quorums.values() if not q.is_leader)
 

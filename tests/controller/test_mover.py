@@ -7,6 +7,7 @@ cleared and the replicas even."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
@@ -14,44 +15,55 @@ from raftmq.controller import commands as c
 from raftmq.controller.healing import Limits
 from raftmq.controller.model import MetadataState
 from raftmq.controller.mover import Mover
-from raftmq.controller.quorum import ControllerError
-from tests.controller.quorum_cluster import QuorumCluster, retry
+from raftmq.controller.quorum import ControllerError, ControllerQuorum
+from tests.controller.quorum_cluster import QuorumCluster
 from tests.controller.test_quorum import register
 from tests.raft.test_driver import wait_for
 
 
-def movers(cluster: QuorumCluster, limits: Limits) -> dict[int, Mover]:
-    out = {n: Mover(q, limits, period_s=0.1) for n, q in cluster.quorums.items()}
+def movers(
+    cluster: QuorumCluster, limits: Limits, rebalance_every_s: float | None = None
+) -> dict[int, Mover]:
+    out = {
+        n: Mover(q, limits, period_s=0.1, rebalance_every_s=rebalance_every_s)
+        for n, q in cluster.quorums.items()
+    }
     for m in out.values():
         m.start()
     return out
 
 
-async def promote_learners(cluster: QuorumCluster) -> int:
-    """As each partition's leader would once its learner caught up: promote every learner.
-    Returns how many were promoted."""
-    leader = await cluster.leader(timeout_s=30)
-    _, state = leader.local_state()
-    done = 0
+async def current(cluster: QuorumCluster) -> tuple[ControllerQuorum, MetadataState] | None:
+    """A voter that leads and the metadata it confirms as current, or None for now (no
+    leader, or a deposed one that has not heard of its successor yet)."""
+    for q in list(cluster.quorums.values()):
+        if q.is_leader:
+            try:
+                _, state = await q.metadata(linearizable=True)
+            except ControllerError:
+                continue
+            return q, state
+    return None
+
+
+async def promote_learners(leader: ControllerQuorum, state: MetadataState) -> None:
+    """As each partition's leader would once its learner caught up: promote every learner."""
     for name, topic in sorted(state.topics.items()):
         for i, part in enumerate(topic.partitions):
             for learner in part.learners:
-                try:
+                with contextlib.suppress(ControllerError):  # leadership moved, or given up
                     await leader.promote_replica(name, i, learner)
-                    done += 1
-                except ControllerError:
-                    pass  # leadership moved or the move was given up: next pass
-    return done
 
 
-async def wait_state(cluster: QuorumCluster, check, what: str, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
+async def wait_state(cluster: QuorumCluster, check, what: str, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while True:
-        _, state = await retry(lambda: cluster.leader_metadata())
-        if check(state):
-            return state
+        found = await current(cluster)
+        if found is not None and check(found[1]):
+            return found[1]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await promote_learners(cluster)
+        if found is not None:
+            await promote_learners(*found)
         await asyncio.sleep(0.1)
 
 
@@ -100,13 +112,14 @@ async def test_a_rebalance_survives_a_controller_failover(tmp_path):
             lambda: any(p.learners for p in leader.local_state()[1].topics["t"].partitions),
             what="the first rebalance move",
         )
-        await running.pop(leader.node_id).stop()
-        await cluster.stop(leader.node_id)  # the leader dies mid-rebalance
+        old = await cluster.leader()  # leadership may have moved since (a loaded machine)
+        await running.pop(old.node_id).stop()
+        await cluster.stop(old.node_id)  # the leader dies mid-rebalance
 
         def balanced(s: MetadataState) -> bool:
             return not s.rebalance_requested
 
-        state = await wait_state(cluster, balanced, "the rebalance to finish", timeout_s=40)
+        state = await wait_state(cluster, balanced, "the rebalance to finish", timeout_s=60)
         parts = state.topics["t"].partitions
         assert all(not p.learners for p in parts)
         replicas = Counter(b for p in parts for b in p.replicas)
@@ -115,6 +128,29 @@ async def test_a_rebalance_survives_a_controller_failover(tmp_path):
             set(replicas) == {1, 2, 3, 4} and max(replicas.values()) - min(replicas.values()) <= 1
         )
         assert max(leaders.values()) - min(leaders.values()) <= 1
+    finally:
+        for m in running.values():
+            await m.stop()
+        await cluster.stop()
+
+
+async def test_a_timed_rebalance_runs_without_a_request(tmp_path):
+    cluster = await QuorumCluster(tmp_path).start()
+    running = movers(cluster, Limits(), rebalance_every_s=0.3)
+    try:
+        leader = await cluster.leader()
+        for b in (1, 2, 3):
+            await register(leader, b)
+        await leader.create_topic("t", 4, 3)
+        await register(leader, 4)
+
+        def spread(s: MetadataState) -> bool:
+            parts = s.topics["t"].partitions
+            counts = Counter(b for p in parts for b in p.replicas)
+            return not any(p.learners for p in parts) and set(counts) == {1, 2, 3, 4}
+
+        state = await wait_state(cluster, spread, "a replica on broker 4")
+        assert not state.rebalance_requested
     finally:
         for m in running.values():
             await m.stop()
