@@ -11,6 +11,8 @@ import contextlib
 import time
 from collections import Counter
 
+import pytest
+
 from raftmq.controller import commands as c
 from raftmq.controller.healing import Limits
 from raftmq.controller.model import MetadataState
@@ -19,6 +21,8 @@ from raftmq.controller.quorum import ControllerError, ControllerQuorum
 from tests.controller.quorum_cluster import QuorumCluster
 from tests.controller.test_quorum import register
 from tests.raft.test_driver import wait_for
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def movers(
