@@ -7,7 +7,6 @@ cleared and the replicas even."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 
@@ -50,13 +49,28 @@ async def current(cluster: QuorumCluster) -> tuple[ControllerQuorum, MetadataSta
     return None
 
 
+PROMOTE_ERRORS: list[str] = []  # for the message of a test that times out
+
+
 async def promote_learners(leader: ControllerQuorum, state: MetadataState) -> None:
     """As each partition's leader would once its learner caught up: promote every learner."""
     for name, topic in sorted(state.topics.items()):
         for i, part in enumerate(topic.partitions):
             for learner in part.learners:
-                with contextlib.suppress(ControllerError):  # leadership moved, or given up
+                try:
                     await leader.promote_replica(name, i, learner)
+                except ControllerError as exc:  # leadership moved, or the move was given up
+                    PROMOTE_ERRORS.append(f"{name}/{i} on {leader.node_id}: {exc!r}")
+
+
+def picture(cluster: QuorumCluster) -> str:
+    """Each running voter's view, for a test that times out."""
+    lines = []
+    for n, q in sorted(cluster.quorums.items()):
+        version, s = q.local_state()
+        parts = [(p.replicas, p.learners) for t in s.topics.values() for p in t.partitions]
+        lines.append(f"voter {n}: leader? {q.is_leader} ({q.leader}) v{version} {parts}")
+    return "\n".join([*lines, *PROMOTE_ERRORS[-5:]])
 
 
 async def wait_state(cluster: QuorumCluster, check, what: str, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
@@ -65,7 +79,7 @@ async def wait_state(cluster: QuorumCluster, check, what: str, timeout_s: float 
         found = await current(cluster)
         if found is not None and check(found[1]):
             return found[1]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{picture(cluster)}"
         if found is not None:
             await promote_learners(*found)
         await asyncio.sleep(0.1)
