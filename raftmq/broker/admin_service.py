@@ -12,6 +12,7 @@ rule holds whichever way a command arrives.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 
 import grpc
@@ -22,6 +23,7 @@ from raftmq.broker.controller_service import ControllerFace
 from raftmq.broker.errors import Refusal, name_list, shorten
 from raftmq.broker.live_state import LiveState
 from raftmq.broker.service import add_service
+from raftmq.controller import healing
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic
 from raftmq.controller.quorum import ControllerQuorum
@@ -123,9 +125,34 @@ def _check_keys(keys: Collection[str], values: Iterable[str] = ()) -> None:
             )
 
 
+def _refs(keys: Iterable[tuple[str, int]]) -> list[apb.PartitionRef]:
+    return [apb.PartitionRef(topic=t, partition=p) for t, p in keys]
+
+
+def _loads(state: MetadataState) -> list[apb.BrokerLoad]:
+    held = healing.brokers_holding(state, state.brokers)
+    leads = dict.fromkeys(state.brokers, 0)
+    for topic in state.topics.values():
+        for part in topic.partitions:
+            if part.state == PartitionState.ACTIVE and part.preferred_leader in leads:
+                leads[part.preferred_leader] += 1
+    return [
+        apb.BrokerLoad(broker_id=b, replicas=held[b], preferred_leaders=leads[b])
+        for b in sorted(state.brokers)
+    ]
+
+
 class AdminService(ControllerFace):
-    def __init__(self, quorum: ControllerQuorum, addresses: Mapping[int, str]) -> None:
+    def __init__(
+        self,
+        quorum: ControllerQuorum,
+        addresses: Mapping[int, str],
+        move_limits: healing.Limits = healing.DEFAULT_LIMITS,
+    ) -> None:
+        """``move_limits``: the mover's (its heal delay shapes what a status and a
+        rebalance forecast say)."""
         super().__init__(quorum, addresses)
+        self.move_limits = move_limits
         self.live = LiveState()
         """Asks leader brokers for DescribeTopic's live state (a channel per broker)."""
 
@@ -238,6 +265,65 @@ class AdminService(ControllerFace):
         self, request: apb.DescribeClusterRequest, context: grpc.aio.ServicerContext
     ) -> apb.DescribeClusterResponse:
         version, state = await self.call(self.quorum.metadata(linearizable=True))
+        return self._cluster(version, state)
+
+    async def ClusterStatus(
+        self, request: apb.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ClusterStatusResponse:
+        version, state = await self.call(self.quorum.metadata(linearizable=True))
+        stuck = healing.plan(state, self.quorum.now_ms(), self.move_limits).stuck
+        return apb.ClusterStatusResponse(
+            cluster=self._cluster(version, state),
+            under_replicated=_refs(healing.under_replicated(state)),
+            leaderless=_refs(healing.leaderless(state)),
+            moves=[
+                apb.MoveDescription(
+                    topic=m.topic,
+                    partition=m.partition,
+                    learner=m.learner,
+                    replacing=m.replacing or 0,
+                )
+                for m in healing.moves_under_way(state)
+            ],
+            loads=_loads(state),
+            rebalance_requested=state.rebalance_requested,
+            stuck=stuck,
+        )
+
+    async def DrainBroker(
+        self, request: apb.DrainBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ChangeResponse:
+        await self.call(self.quorum.drain_broker(request.broker_id))
+        return apb.ChangeResponse(metadata_version=self.quorum.local_state()[0])
+
+    async def RebalanceCluster(
+        self, request: apb.RebalanceClusterRequest, context: grpc.aio.ServicerContext
+    ) -> apb.RebalanceClusterResponse:
+        await self.call(self.quorum.request_rebalance())
+        version, state = self.quorum.local_state()
+        limits = dataclasses.replace(
+            healing.UNLIMITED, heal_delay_ms=self.move_limits.heal_delay_ms
+        )
+        expected = healing.forecast(state, self.quorum.now_ms(), limits)
+        return apb.RebalanceClusterResponse(
+            moves=[
+                apb.PlannedMove(
+                    topic=m.topic,
+                    partition=m.partition,
+                    learner=m.learner,
+                    replacing=m.replacing,
+                    reason=m.reason.value,
+                )
+                for m in expected.moves
+            ],
+            leader_changes=[
+                apb.PreferredLeaderChange(topic=r.name, partition=r.partition, replicas=r.replicas)
+                for r in expected.reorders
+            ],
+            metadata_version=version,
+        )
+
+    def _cluster(self, version: int, state: MetadataState) -> apb.DescribeClusterResponse:
         return apb.DescribeClusterResponse(
             cluster=state.cluster_name,
             brokers=[broker_description(b) for _, b in sorted(state.brokers.items())],

@@ -43,9 +43,11 @@ from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.broker.topic_ids import TopicIdMarkers
 from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_replicas, log_config_for
 from raftmq.controller.cluster_file import ClusterSpec
+from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.leadership import HandBack, LedGroup
 from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState, Topic
+from raftmq.controller.mover import Mover
 from raftmq.controller.quorum import GROUP, ControllerQuorum
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import LogConfig
@@ -126,6 +128,8 @@ class Broker:
         new_broker: bool = False,
         auto_create: AutoCreate | None = None,
         move_bytes_per_s: int = 0,
+        move_limits: Limits = DEFAULT_LIMITS,
+        rebalance_every_s: float | None = None,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -146,7 +150,9 @@ class Broker:
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
         start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`).
         ``auto_create``: create a topic a produce names if the metadata does not (None:
-        refuse it, the default; see :mod:`raftmq.broker.auto_create`)."""
+        refuse it, the default; see :mod:`raftmq.broker.auto_create`).
+        ``move_limits``: the controller mover's heal delay and move limits (a voter's);
+        ``rebalance_every_s``: its rebalance timer (None: rebalance only when asked)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -207,6 +213,9 @@ class Broker:
         )
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None
+        self.move_limits = move_limits
+        self.rebalance_every_s = rebalance_every_s
+        self.mover: Mover | None = None
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
@@ -282,6 +291,10 @@ class Broker:
         await self.host.start()
         if self.quorum is not None:
             self.quorum.start()
+            self.mover = Mover(
+                self.quorum, self.move_limits, rebalance_every_s=self.rebalance_every_s
+            )
+            self.mover.start()
             self._track(asyncio.get_running_loop().create_task(self._campaign_for_metadata()))
         self._server = grpc.aio.server(
             options=[
@@ -294,7 +307,7 @@ class Broker:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
             )
-            self._admin = AdminService(self.quorum, self.voter_addresses)
+            self._admin = AdminService(self.quorum, self.voter_addresses, self.move_limits)
             add_admin_service(self._admin, self._server)
         else:
             link = self.link
@@ -647,6 +660,8 @@ class Broker:
             await self._admin.live.close()
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
+        if self.mover is not None:
+            await self.mover.stop()
         if self.quorum is not None:
             await self.quorum.stop()
         await self.metadata_cache.close()

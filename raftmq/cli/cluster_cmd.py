@@ -23,6 +23,7 @@ from raftmq.client.lowlevel import LowLevelClient
 from raftmq.client.partitioner import partition_for_key
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
+from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
@@ -173,6 +174,33 @@ def broker(
             "when fewer are alive).",
         ),
     ] = 0,
+    heal_delay_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="A controller voter's: how long a broker stays fenced before its replicas "
+            "are replaced on other brokers (a restart within it only catches up).",
+        ),
+    ] = HEAL_DELAY_MS,
+    max_moves_per_broker: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="A controller voter's: replica moves a broker takes part in at once (as the "
+            "new replica's broker or the partition's leader).",
+        ),
+    ] = MOVES_PER_BROKER,
+    max_moves: Annotated[
+        int, typer.Option(min=1, help="A controller voter's: replica moves under way at once.")
+    ] = MOVES_TOTAL,
+    rebalance_interval_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="A controller voter's: also rebalance replicas and preferred leaders this "
+            "often, as 'raftmq cluster rebalance' does (0: only when asked).",
+        ),
+    ] = 0,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -218,6 +246,12 @@ def broker(
             if auto_create_topics
             else None,
             move_bytes_per_s=move_bytes_per_s,
+            move_limits=Limits(
+                heal_delay_ms=heal_delay_ms,
+                moves_per_broker=max_moves_per_broker,
+                moves_total=max_moves,
+            ),
+            rebalance_every_s=rebalance_interval_ms / 1000 or None,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import typer
 
-from raftmq.cli import chaos_cmd, cluster_cmd, log_cmd, records_cmd, status_cmd, topic_cmd
+from raftmq.cli import (
+    broker_cmd,
+    chaos_cmd,
+    cluster_admin_cmd,
+    cluster_cmd,
+    log_cmd,
+    records_cmd,
+    status_cmd,
+    topic_cmd,
+)
 from raftmq.cli.helptext import unwrap_help
 
 app = typer.Typer(
@@ -18,9 +27,10 @@ app = typer.Typer(
 app.add_typer(log_cmd.app, name="log")
 app.add_typer(chaos_cmd.app, name="chaos")
 app.add_typer(topic_cmd.app, name="topic")
+app.add_typer(cluster_admin_cmd.app, name="cluster")
+app.add_typer(broker_cmd.app, name="broker")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
-app.command()(cluster_cmd.broker)
 app.command()(status_cmd.status)
 app.command()(records_cmd.produce)
 app.command()(records_cmd.consume)

@@ -160,3 +160,12 @@ class AdminClient:
 
     def describe_cluster(self) -> apb.DescribeClusterResponse:
         return self._call("DescribeCluster", apb.DescribeClusterRequest())
+
+    def cluster_status(self) -> apb.ClusterStatusResponse:
+        return self._call("ClusterStatus", apb.ClusterStatusRequest())
+
+    def drain_broker(self, broker_id: int) -> apb.ChangeResponse:
+        return self._call("DrainBroker", apb.DrainBrokerRequest(broker_id=broker_id))
+
+    def rebalance_cluster(self) -> apb.RebalanceClusterResponse:
+        return self._call("RebalanceCluster", apb.RebalanceClusterRequest())

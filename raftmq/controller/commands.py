@@ -55,9 +55,11 @@ class BrokerHeartbeat:
 @dataclass(frozen=True, slots=True)
 class FenceBroker:
     """Proposed by the controller leader when, by its own stamps, a broker's heartbeats
-    stopped for longer than the session timeout."""
+    stopped for longer than the session timeout. ``now_ms``: the proposer's clock, kept
+    as the broker's ``fenced_at_ms`` (healing counts its delay from it)."""
 
     broker_id: int
+    now_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +73,20 @@ class UnfenceBroker:
 
 @dataclass(frozen=True, slots=True)
 class DrainBroker:
-    """The broker takes no new replicas; healing (a later slice) moves its replicas off."""
+    """The broker takes no new replicas and the controller's mover moves its replicas off
+    (controller/healing.py). Refused when the other placeable brokers are too few to hold
+    a replica set of a partition it holds."""
 
     broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRebalance:
+    """Sets (``requested``) or clears the metadata's ``rebalance_requested`` flag: an
+    operator sets it (``raftmq cluster rebalance``), the controller's mover clears it once
+    it finds nothing left to even out."""
+
+    requested: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +276,7 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     FenceBroker,
     UnfenceBroker,
     DrainBroker,
+    RequestRebalance,
     CreateTopic,
     AlterTopicConfig,
     AddPartitions,

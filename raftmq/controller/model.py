@@ -44,6 +44,10 @@ class Broker:
     draining: bool = False
     """Kept apart from ``fenced`` so a draining broker that dies and comes back is still
     draining: the operator's intent outlives the process."""
+    fenced_at_ms: int = 0
+    """When the controller that fenced it stamped the fence (0: never fenced). Healing
+    waits a heal delay from here before it replaces the broker's replicas, and a new
+    controller leader keeps counting from the same instant."""
 
     @property
     def state(self) -> BrokerState:
@@ -165,3 +169,7 @@ class MetadataState:
     topics: Mapping[str, Topic] = field(default_factory=dict)
     next_producer_id: int = 0
     consumer_groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
+    rebalance_requested: bool = False
+    """An operator asked for a rebalance (``RequestRebalance``) and the controller's mover
+    has not yet found the cluster balanced. In the metadata, not in the leader's memory,
+    so a controller failover in the middle of a rebalance carries it on."""

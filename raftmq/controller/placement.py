@@ -7,7 +7,7 @@ launcher and the chaos harness until brokers take their topics from the controll
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -56,7 +56,7 @@ def plan(
     assert len(ids) == len(candidates), "a broker is listed twice"
     assert 1 <= factor <= len(ids), (factor, ids)
     assert partitions >= 0, partitions
-    rack = {c.broker_id: c.rack if c.rack is not None else f"\0{c.broker_id}" for c in candidates}
+    rack = {c.broker_id: rack_key(c.broker_id, c.rack) for c in candidates}
     replicas = {b: (replica_load or {}).get(b, 0) for b in ids}
     leaders = {b: (leader_load or {}).get(b, 0) for b in ids}
     on_rack: dict[str, int] = {}  # replicas per rack
@@ -70,15 +70,14 @@ def plan(
         chosen = [min(ids, key=lambda b: (leaders[b], replicas[b], on_rack[rack[b]], turn[b]))]
         used_racks = {rack[chosen[0]]: 1}
         while len(chosen) < factor:
-            follower = min(
+            follower = _follower(
                 (b for b in ids if b not in chosen),
-                key=lambda b: (
-                    used_racks.get(rack[b], 0),
-                    replicas[b],
-                    on_rack[rack[b]],
-                    -leaders[b],
-                    turn[b],
-                ),
+                used_racks,
+                rack,
+                replicas,
+                on_rack,
+                leaders,
+                turn,
             )
             chosen.append(follower)
             used_racks[rack[follower]] = used_racks.get(rack[follower], 0) + 1
@@ -88,6 +87,66 @@ def plan(
             on_rack[rack[b]] += 1
         out.append(tuple(chosen))
     return tuple(out)
+
+
+def _follower(
+    choices: Iterable[int],
+    used_racks: Mapping[str, int],
+    rack: Mapping[int, str],
+    replicas: Mapping[int, int],
+    on_rack: Mapping[str, int],
+    leaders: Mapping[int, int],
+    turn: Mapping[int, int],
+) -> int:
+    """The follower rule of :func:`plan`, shared with :func:`replacement`: the least-used
+    rack in the partition, then the fewest replicas, then the least-loaded rack, then the
+    broker leading most, then the rotation."""
+    return min(
+        choices,
+        key=lambda b: (
+            used_racks.get(rack[b], 0),
+            replicas[b],
+            on_rack[rack[b]],
+            -leaders[b],
+            turn[b],
+        ),
+    )
+
+
+def rack_key(broker_id: int, rack: str | None) -> str:
+    """A broker's rack for spreading; a broker without one counts as a rack of its own."""
+    return rack if rack is not None else f"\0{broker_id}"
+
+
+def replacement(
+    candidates: Sequence[Candidate],
+    keep: Mapping[int, str | None],
+    *,
+    replica_load: Mapping[int, int],
+    leader_load: Mapping[int, int] | None = None,
+    partition: int = 0,
+) -> int | None:
+    """The broker to take one replica of a partition whose other replicas (those that
+    stay) are ``keep`` (broker id -> rack), by the same rule as a new partition's
+    followers in :func:`plan`; None when every candidate holds the partition already.
+    Used by healing, drains and rebalancing (controller/healing.py)."""
+    ids = sorted(c.broker_id for c in candidates if c.broker_id not in keep)
+    if not ids:
+        return None
+    rack = {c.broker_id: rack_key(c.broker_id, c.rack) for c in candidates}
+    on_rack: dict[str, int] = {}
+    for c in candidates:
+        on_rack[rack[c.broker_id]] = on_rack.get(rack[c.broker_id], 0) + replica_load.get(
+            c.broker_id, 0
+        )
+    used_racks: dict[str, int] = {}
+    for b, r in keep.items():
+        used_racks[rack_key(b, r)] = used_racks.get(rack_key(b, r), 0) + 1
+    n = len(ids)
+    turn = {b: (k - partition) % n for k, b in enumerate(ids)}
+    loads = {b: replica_load.get(b, 0) for b in ids}
+    leads = {b: (leader_load or {}).get(b, 0) for b in ids}
+    return _follower(ids, used_racks, rack, loads, on_rack, leads, turn)
 
 
 def round_robin(

@@ -147,6 +147,11 @@ class ControllerQuorum:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def now_ms(self) -> int:
+        """This voter's clock, the one it stamps commands with (fences, decommissions):
+        whoever compares with those stamps (healing's heal delay) reads this one."""
+        return self._clock_ms()
+
     @property
     def is_leader(self) -> bool:
         return self.rsm.is_leader
@@ -307,6 +312,14 @@ class ControllerQuorum:
     async def drain_broker(self, broker_id: int) -> c.Done:
         return await self._propose(c.DrainBroker(broker_id), c.Done)
 
+    async def request_rebalance(self, requested: bool = True) -> c.Done:
+        return await self._propose(c.RequestRebalance(requested), c.Done)
+
+    async def propose_change(self, command: c.Command) -> c.Done:
+        """Any command whose result is a plain Done (the mover's moves, give-ups,
+        reorders); ControllerRefusal and the other errors as for every command."""
+        return await self._propose(command, c.Done)
+
     async def allocate_producer_ids(self, broker_id: int, count: int) -> c.ProducerIdsAllocated:
         return await self._propose(c.AllocateProducerIds(broker_id, count), c.ProducerIdsAllocated)
 
@@ -384,7 +397,7 @@ class ControllerQuorum:
                     broker_id,
                     self.session_timeout_s,
                 )
-                await self._propose(c.FenceBroker(broker_id), c.Done)
+                await self._propose(c.FenceBroker(broker_id, self._clock_ms()), c.Done)
             except ControllerRefusal as exc:  # it went away meanwhile
                 log.info("controller %d: fencing %d refused: %s", self.node_id, broker_id, exc)
             finally:

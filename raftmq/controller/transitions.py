@@ -42,6 +42,7 @@ from raftmq.controller.commands import (
     RemoveReplica,
     ReorderReplicas,
     ReportLeader,
+    RequestRebalance,
     ResetOffsets,
     Result,
     TopicCreated,
@@ -139,7 +140,10 @@ def _heartbeat(state: MetadataState, index: int, c: BrokerHeartbeat) -> Outcome:
 
 def _fence(state: MetadataState, index: int, c: FenceBroker) -> Outcome:
     broker = _broker(state, c.broker_id)
-    return _with_broker(state, dataclasses.replace(broker, fenced=True)), Done()
+    if broker.fenced:  # fenced already: healing keeps counting from the first fence
+        return state, Done()
+    fenced = dataclasses.replace(broker, fenced=True, fenced_at_ms=c.now_ms)
+    return _with_broker(state, fenced), Done()
 
 
 def _unfence(state: MetadataState, index: int, c: UnfenceBroker) -> Outcome:
@@ -149,7 +153,27 @@ def _unfence(state: MetadataState, index: int, c: UnfenceBroker) -> Outcome:
 
 def _drain(state: MetadataState, index: int, c: DrainBroker) -> Outcome:
     broker = _broker(state, c.broker_id)
+    if broker.draining:
+        return state, Done()
+    others = sum(b.placeable for b in state.brokers.values() if b.id != c.broker_id)
+    for name, topic in sorted(state.topics.items()):
+        held = any(
+            c.broker_id in part.replicas + part.learners
+            for part in topic.partitions
+            if part.state == PartitionState.ACTIVE
+        )
+        if held and topic.replication_factor > others:
+            raise _Refusal(
+                Code.NOT_ENOUGH_BROKERS,
+                f"broker {c.broker_id} holds replicas of topic {name} (replication factor "
+                f"{topic.replication_factor}) and only {others} other brokers can take "
+                "replicas; start another broker (or bring a fenced one back) before draining",
+            )
     return _with_broker(state, dataclasses.replace(broker, draining=True)), Done()
+
+
+def _request_rebalance(state: MetadataState, index: int, c: RequestRebalance) -> Outcome:
+    return dataclasses.replace(state, rebalance_requested=c.requested), Done()
 
 
 def _allocate_producer_ids(state: MetadataState, index: int, c: AllocateProducerIds) -> Outcome:
@@ -530,6 +554,7 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     FenceBroker: _fence,
     UnfenceBroker: _unfence,
     DrainBroker: _drain,
+    RequestRebalance: _request_rebalance,
     AllocateProducerIds: _allocate_producer_ids,
     CreateTopic: _create_topic,
     AlterTopicConfig: _alter_config,

@@ -386,3 +386,48 @@ def test_every_refusal_of_the_state_machine_has_an_error_code_with_a_rule():
             continue  # only the controller encodes commands: INTERNAL if one is refused
         code = code_of(refusal.value)
         assert code != pb.ERROR_CODE_UNSPECIFIED and code in RULES, refusal
+
+
+async def test_drain_rebalance_and_cluster_status_through_the_admin_api(tmp_path):
+    """No mover runs here: the answers come from the metadata and the forecast alone."""
+    cluster = await QuorumCluster(tmp_path, grpc_servers=True).start()
+    try:
+        await register_brokers(cluster, 3)
+        with AdminClient(list(cluster.addresses.values())) as admin:
+            await in_thread(lambda: admin.create_topic("t", 4, 3))
+            await register_brokers_more(cluster, 4)
+            err = await refused(lambda: admin.drain_broker(7))
+            assert_error(err, NF, "UNKNOWN_BROKER", "broker 7 has not registered")
+            planned = await in_thread(admin.rebalance_cluster)
+            # 12 replicas over 4 brokers: 3 each, so 3 move to broker 4
+            assert sorted((m.learner, m.reason) for m in planned.moves) == [(4, "rebalance")] * 3
+            status = await in_thread(admin.cluster_status)
+            assert status.rebalance_requested and not status.moves
+            assert [(x.broker_id, x.replicas) for x in status.loads] == [
+                (1, 4),
+                (2, 4),
+                (3, 4),
+                (4, 0),
+            ]
+            assert not status.under_replicated
+            assert len(status.leaderless) == 4  # nobody reports leaders here
+            leader = await cluster.leader()
+            await leader.add_replica("t", 0, 4, replacing=1)
+            await in_thread(lambda: admin.drain_broker(2))
+            status = await in_thread(admin.cluster_status)
+            assert [(m.topic, m.partition, m.learner, m.replacing) for m in status.moves] == [
+                ("t", 0, 4, 1)
+            ]
+            assert [b.state for b in status.cluster.brokers][1] == apb.BROKER_STATE_DRAINING
+            # with 2 draining, 1 and 4 are all that would be left for 3 replicas: refused
+            err = await refused(lambda: admin.drain_broker(3))
+            assert_error(err, FP, "NOT_ENOUGH_BROKERS", "start another broker")
+    finally:
+        await cluster.stop()
+
+
+async def register_brokers_more(cluster: QuorumCluster, broker_id: int) -> None:
+    leader = await cluster.leader()
+    await leader.register_broker(
+        broker_id, "127.0.0.1", 9000 + broker_id, "127.0.0.1", 9100 + broker_id, f"r{broker_id}", 1
+    )

@@ -88,6 +88,10 @@ async def test_typed_commands_refusals_and_not_controller(tmp_path):
         block = await leader.allocate_producer_ids(2, 100)
         assert (block.first_id, block.count) == (0, 100)
         await leader.report_leader("t", 0, created.replicas[0][0], 3)
+        with pytest.raises(ControllerRefusal) as refused:  # 1 and 2 cannot hold 3 replicas
+            await leader.drain_broker(3)
+        assert refused.value.code == RefusalCode.NOT_ENOUGH_BROKERS
+        await register(leader, 4)
         await leader.drain_broker(3)
 
         follower = cluster.follower()

@@ -254,3 +254,99 @@ class TopicDescription(_message.Message):
     config: _containers.ScalarMap[str, str]
     effective_config: _containers.ScalarMap[str, str]
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., replication_factor: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionDescription, _Mapping]]] = ..., config: _Optional[_Mapping[str, str]] = ..., effective_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartitionRef(_message.Message):
+    __slots__ = ("topic", "partition")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class MoveDescription(_message.Message):
+    __slots__ = ("topic", "partition", "learner", "replacing")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REPLACING_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    learner: int
+    replacing: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., learner: _Optional[int] = ..., replacing: _Optional[int] = ...) -> None: ...
+
+class BrokerLoad(_message.Message):
+    __slots__ = ("broker_id", "replicas", "preferred_leaders")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_LEADERS_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    replicas: int
+    preferred_leaders: int
+    def __init__(self, broker_id: _Optional[int] = ..., replicas: _Optional[int] = ..., preferred_leaders: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("cluster", "under_replicated", "leaderless", "moves", "loads", "rebalance_requested", "stuck")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    LEADERLESS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    STUCK_FIELD_NUMBER: _ClassVar[int]
+    cluster: DescribeClusterResponse
+    under_replicated: _containers.RepeatedCompositeFieldContainer[PartitionRef]
+    leaderless: _containers.RepeatedCompositeFieldContainer[PartitionRef]
+    moves: _containers.RepeatedCompositeFieldContainer[MoveDescription]
+    loads: _containers.RepeatedCompositeFieldContainer[BrokerLoad]
+    rebalance_requested: bool
+    stuck: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[_Union[DescribeClusterResponse, _Mapping]] = ..., under_replicated: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., leaderless: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveDescription, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[BrokerLoad, _Mapping]]] = ..., rebalance_requested: _Optional[bool] = ..., stuck: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainBrokerRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    def __init__(self, broker_id: _Optional[int] = ...) -> None: ...
+
+class RebalanceClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PlannedMove(_message.Message):
+    __slots__ = ("topic", "partition", "learner", "replacing", "reason")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REPLACING_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    learner: int
+    replacing: int
+    reason: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., learner: _Optional[int] = ..., replacing: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PreferredLeaderChange(_message.Message):
+    __slots__ = ("topic", "partition", "replicas")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RebalanceClusterResponse(_message.Message):
+    __slots__ = ("moves", "leader_changes", "metadata_version")
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[PlannedMove]
+    leader_changes: _containers.RepeatedCompositeFieldContainer[PreferredLeaderChange]
+    metadata_version: int
+    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., leader_changes: _Optional[_Iterable[_Union[PreferredLeaderChange, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...

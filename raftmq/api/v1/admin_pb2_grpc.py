@@ -74,6 +74,21 @@ class AdminStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/raftmq.v1.Admin/ClusterStatus',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
+        self.DrainBroker = channel.unary_unary(
+                '/raftmq.v1.Admin/DrainBroker',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.RebalanceCluster = channel.unary_unary(
+                '/raftmq.v1.Admin/RebalanceCluster',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterResponse.FromString,
+                _registered_method=True)
         self.MoveReplica = channel.unary_unary(
                 '/raftmq.v1.Admin/MoveReplica',
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
@@ -149,6 +164,38 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterStatus(self, request, context):
+        """DescribeCluster's answer and the cluster's health: under-replicated and leaderless
+        partitions, replica moves in progress, replicas per broker, and what cannot move.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainBroker(self, request, context):
+        """Mark a broker draining: it takes no new replicas and the controller moves each of its
+        replicas to another broker (a learner added, promoted once caught up, then the
+        broker's replica leaves), within the move limits; ClusterStatus shows the progress.
+        Draining a draining broker changes nothing. Errors: UNKNOWN_BROKER;
+        NOT_ENOUGH_BROKERS when the other alive brokers are fewer than the replication
+        factor of a topic it holds (start another broker first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RebalanceCluster(self, request, context):
+        """Ask the controller to even out replicas (per broker, within one) and preferred
+        leaders (within one, as far as the replica sets allow) over the alive brokers. The
+        request is kept in the metadata until the controller finds the cluster balanced, so a
+        controller failover carries it on. Answers with the moves and preferred-leader
+        changes planned from the metadata of now, ignoring the move limits; the controller
+        makes them in rounds within the limits, planning each round afresh.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MoveReplica(self, request, context):
         """Start moving one replica of a partition from one broker to another: `to_broker`
         joins as a learner, copies the log, and once the partition's leader reports it caught
@@ -206,6 +253,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'DrainBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainBroker,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DrainBrokerRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'RebalanceCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.RebalanceCluster,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterResponse.SerializeToString,
             ),
             'MoveReplica': grpc.unary_unary_rpc_method_handler(
                     servicer.MoveReplica,
@@ -429,6 +491,87 @@ class Admin:
             '/raftmq.v1.Admin/DescribeCluster',
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/ClusterStatus',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/DrainBroker',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebalanceCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/RebalanceCluster',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.RebalanceClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
