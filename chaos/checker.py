@@ -23,6 +23,10 @@ self-explaining examples):
    own ``reset`` to the log start.
 7. ``consumer-groups``: not applicable until the workload records group operations.
 8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
+9. ``leaderless``, 10. ``health``: see their functions.
+11. ``replication``: in runs that killed a broker for good, every partition was back at
+    its replication factor of in-sync voters on live brokers within ``heal_limit_s`` of
+    the end of the fault window.
 
 Indeterminate sends (status ``info``) never cause a violation by themselves (they may or
 may not have been written), but once one is read it is held to checks 3, 4 and 5 like any
@@ -63,7 +67,9 @@ MAX_EXAMPLES = 10
 MAX_SOURCES = 6
 """Who-saw-it entries kept per value in an example; the total is always given."""
 
-KNOWN_KINDS = frozenset({"send", "read", "final", "digest", "recovery", "fault", "range", "reset"})
+KNOWN_KINDS = frozenset(
+    {"send", "read", "final", "digest", "recovery", "fault", "range", "reset", "replication"}
+)
 
 
 # --------------------------------------------------------------------------- results
@@ -125,6 +131,7 @@ class CheckOptions:
 
     idempotent: bool = False
     recovery_limit_s: float = 30.0
+    heal_limit_s: float = 60.0
 
 
 class _Findings:
@@ -222,6 +229,7 @@ class _History:
         self.finals: list[Op] = []
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
+        self.replications: list[Op] = []
         self.faults: list[Op] = []
         self.leaders: dict[int, list[Op]] = defaultdict(list)  # partition -> monitor's ops
         self.statuses: list[Op] = []
@@ -266,6 +274,8 @@ class _History:
                 self._add_reset(op)
             elif kind == "recovery":
                 self.recoveries.append(op)
+            elif kind == "replication":
+                self.replications.append(op)
             elif kind == "fault":
                 self.faults.append(op)
             elif kind == "leader":
@@ -1023,6 +1033,45 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
     )
 
 
+def check_replication(h: _History, opts: CheckOptions) -> CheckReport:
+    """11. After a broker was killed for good, the controller healed every partition back
+    to its replication factor of in-sync voters on live brokers, within ``heal_limit_s``
+    of the end of the fault window. From the ``replication`` ops (one per partition,
+    recorded only in runs with the ``decommission`` fault)."""
+    f = _Findings("not-healed", "slow")
+    longest = 0.0
+    for op in sorted(h.replications, key=lambda o: o.partition):
+        seconds = op.end - op.start
+        longest = max(longest, seconds)
+        base = {"partition": op.partition, "voters": op.value, "seconds": round(seconds, 3)}
+        if op.status != "ok":
+            f.add(
+                "not-healed",
+                {
+                    **base,
+                    "error": op.error,
+                    "explanation": f"partition {op.partition} was not back at its replication "
+                    f"factor {seconds:.1f} s after the faults: {op.error}",
+                },
+            )
+        elif seconds > opts.heal_limit_s:
+            f.add(
+                "slow",
+                {
+                    **base,
+                    "explanation": f"partition {op.partition} took {seconds:.1f} s to heal, "
+                    f"over the limit of {opts.heal_limit_s:g} s",
+                },
+            )
+    return f.report(
+        "replication",
+        "after a broker died for good, every partition was back at its replication factor "
+        f"on live brokers within {opts.heal_limit_s:g} s",
+        {"partitions": len(h.replications), "seconds": round(longest, 3)},
+        applicable=bool(h.replications),
+    )
+
+
 CHECKS: list[CheckFn] = [
     check_lost,
     check_replicas,
@@ -1034,6 +1083,7 @@ CHECKS: list[CheckFn] = [
     check_recovery,
     check_leaderless,
     check_health,
+    check_replication,
 ]
 """The checks, in report order. A new check is a function ``(_History, CheckOptions) ->
 CheckReport`` appended here."""
@@ -1043,14 +1093,20 @@ CheckReport`` appended here."""
 
 
 def check(
-    ops: Iterable[Op], *, idempotent: bool = False, recovery_limit_s: float = 30.0
+    ops: Iterable[Op],
+    *,
+    idempotent: bool = False,
+    recovery_limit_s: float = 30.0,
+    heal_limit_s: float = 60.0,
 ) -> CheckResult:
     """Check a history; ``valid`` is False iff some check found a violation.
 
     ``ops`` is consumed once (a generator over a history file is fine).
     """
     h = _History(ops)
-    opts = CheckOptions(idempotent=idempotent, recovery_limit_s=recovery_limit_s)
+    opts = CheckOptions(
+        idempotent=idempotent, recovery_limit_s=recovery_limit_s, heal_limit_s=heal_limit_s
+    )
     reports = [fn(h, opts) for fn in CHECKS]
     return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=_summary(h))
 

@@ -51,8 +51,13 @@ class ChaosCluster:
         *,
         nodes: int = 3,
         partitions: int = 3,
+        voters: int = 0,
         broker_args: list[str] | None = None,
     ) -> None:
+        """``voters``: nodes 1..``voters`` are the controller voters (combined mode) and
+        the others broker-only; 0: every node is a voter."""
+        if not 0 <= voters <= nodes:
+            raise ValueError(f"voters must be 0 to {nodes}, got {voters}")
         self.data = data
         self.nodes = list(range(1, nodes + 1))
         self.toxiproxy: RunningToxiproxy = start_toxiproxy()
@@ -80,6 +85,7 @@ class ChaosCluster:
             "raftmq-chaos",
             {i: BrokerSpec(i, "127.0.0.1", advertised[i], raft[i]) for i in self.nodes},
             {TOPIC: TopicSpec(TOPIC, replicas)},
+            tuple(range(1, voters + 1)),
         )
         per_broker = {
             i: [
@@ -107,6 +113,11 @@ class ChaosCluster:
 
     def replicas(self, partition: int) -> tuple[int, ...]:
         return self.spec.topics[TOPIC].replicas[partition]
+
+    @property
+    def voters(self) -> tuple[int, ...]:
+        """The controller voters' ids."""
+        return self.spec.voters
 
     def direct_address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self.private[broker_id]}"

@@ -35,6 +35,11 @@ Kinds:
 - ``leader``: the monitor saw the set of brokers that claim to lead ``partition`` change;
   ``value`` lists their ids ("2", "1,3" while an old leader has not yet noticed, "" when
   none does).
+- ``replication``: in runs that killed a broker for good, per partition, whether the
+  controller healed it back to its replication factor of in-sync voters on live brokers:
+  ``value`` its voters at the end ("1,3,4"), ``status`` ``ok`` or ``fail`` (``error`` says
+  what was still missing), ``start`` the end of the fault window, ``end`` when every
+  partition was seen healed (or the wait gave up).
 - ``status``: after the final reads, what broker ``replica`` says of itself: with
   ``partition`` -1 its grpc.health.v1 answer (``SERVING``, ``NOT_SERVING``, or
   ``UNREACHABLE``); otherwise the state it reports for its replica of that partition

@@ -93,12 +93,14 @@ class Monitor:
                     value = ",".join(map(str, sorted(frozen)))
                     self.recorder.add(Op("leader", "monitor", partition, value, start=now, end=now))
 
-    def record_status(self) -> None:
+    def record_status(self, exclude: set[int] | frozenset[int] = frozenset()) -> None:
         """One ``status`` op per broker and replica: the broker's health (``value`` is
         ``SERVING``, ``NOT_SERVING`` or ``UNREACHABLE``, on a ``partition`` -1 op) and each
         replica's state as its own broker reports it (``value`` the state's name,
-        ``error`` its reason)."""
+        ``error`` its reason). Brokers in ``exclude`` (killed for good) are not asked."""
         for broker_id in self.addresses:
+            if broker_id in exclude:
+                continue
             now = self.recorder.now()
             process = f"status-{broker_id}"
             try:

@@ -42,6 +42,7 @@ CATEGORIES = (
     "disk-loss",
     "fd-pressure",
     "controller",
+    "decommission",
 )
 
 """Sidecar of a segment file holding the size its last fsync covered (8 bytes, big-endian),
@@ -58,6 +59,11 @@ FD_PRESSURE_LIMIT = 128
 the 1,024 many hosts default to, and far below what a file per segment would need once
 its partitions have rolled a few segments each (the chaos runs with ``corrupt`` or
 ``fd-pressure`` use small segments)."""
+
+
+DECOMMISSION_HOLD_S = 1.0
+"""The ``decommission`` fault heals nothing, so it holds only briefly: the schedule's next
+faults run while the controller fences the dead broker and moves its replicas away."""
 
 
 IN_SYNC_OFFSETS = 500
@@ -85,12 +91,18 @@ class Nemesis:
             raise ValueError(
                 f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(CATEGORIES)}"
             )
+        if set(categories) == {"decommission"}:
+            raise ValueError("decommission needs another fault kind to run while it heals")
         self.chaos = chaos
         self.rng = random.Random(seed)
         self.categories = categories
         self.direct = LowLevelClient([chaos.direct_address(i) for i in chaos.nodes], retries=1)
         self.killed: set[int] = set()
         self.paused: set[int] = set()
+        self._decommissioned = False
+        self.gone: set[int] = set()
+        """The broker the ``decommission`` fault killed for good (at most one): no other
+        fault picks it, and no heal restarts it."""
         self.corrupted: set[tuple[str, int]] = set()
         """(partition directory name, Raft index) of every entry the ``corrupt`` fault
         flipped a bit in, on whichever replica: never a second replica's copy."""
@@ -109,17 +121,23 @@ class Nemesis:
         """The active controller (the controller quorum's leader) as the admin API says:
         DescribeCluster, a read the leader confirms with a quorum; None when there is none
         or no voter answers in time."""
-        addresses = [self.chaos.direct_address(i) for i in self.chaos.nodes]
+        addresses = [self.chaos.direct_address(i) for i in self.live_nodes]
         with AdminClient(addresses, attempts=10, backoff_s=0.1, timeout_s=2.0) as admin:
             try:
                 return admin.describe_cluster().controller_leader_id or None
             except ClientError:
                 return None
 
+    @property
+    def live_nodes(self) -> list[int]:
+        """The nodes a fault may pick: all but the one killed for good, if any."""
+        return [i for i in self.chaos.nodes if i not in self.gone]
+
     def _some_leader(self) -> int:
         partition = self.rng.randrange(self.chaos.partitions)
         leader = self.leader_of(partition)
-        return leader if leader is not None else self.rng.choice(self.chaos.nodes)
+        # A broker's metadata may still name the dead one as a leader for a while.
+        return leader if leader not in (None, *self.gone) else self.rng.choice(self.live_nodes)
 
     def _cut(self, groups: list[set[int]]) -> list[tuple[int, int]]:
         """Disable every Raft link between nodes of different groups."""
@@ -160,9 +178,42 @@ class Nemesis:
     # --- faults ------------------------------------------------------------------------
 
     def next_fault(self) -> Fault:
-        """Draw and start the next fault."""
-        category = self.rng.choice(self.categories)
+        """Draw and start the next fault. With ``decommission`` among the kinds, it is the
+        first fault and only that once (one broker killed for good per run), so the others
+        drawn after it run while the cluster heals."""
+        if "decommission" in self.categories and not self._decommissioned:
+            self._decommissioned = True
+            return self._start_decommission()
+        categories = [c for c in self.categories if c != "decommission"]
+        category = self.rng.choice(categories)
         return getattr(self, f"_start_{category.replace('-', '_')}")()
+
+    def _start_decommission(self) -> Fault:
+        """A broker dies for good: SIGKILL, never restarted. The controller must fence it,
+        wait its heal delay, and move each of its replicas to a live broker (a learner
+        added through the partition's Raft group, promoted once caught up, the dead voter
+        removed), while the faults drawn after this one run.
+
+        The victim is a broker-only node when the cluster has one (the controller voters
+        are a fixed list: a voter lost for good would leave the quorum one failure from
+        stalling for the rest of the run), else any node but the active controller."""
+        voters = set(self.chaos.voters)
+        candidates = [i for i in self.live_nodes if i not in voters]
+        if not candidates:
+            leader = self.controller_leader()
+            candidates = [i for i in self.live_nodes if i != leader]
+        victim = self.rng.choice(candidates)
+        self.chaos.cluster.kill(victim)
+        self.paused.discard(victim)
+        self.killed.discard(victim)
+        self.gone.add(victim)
+        return Fault(
+            "decommission",
+            f"broker {victim} SIGKILLed for good (its replicas must move to live brokers)",
+            lambda: None,
+            targets=[victim],
+            hold=DECOMMISSION_HOLD_S,
+        )
 
     def _start_partition(self) -> Fault:
         nodes = self.chaos.nodes
@@ -177,7 +228,11 @@ class Nemesis:
             ]
         )
         if shape in ("isolate-one", "isolate-leader"):
-            victim = self._some_leader() if shape == "isolate-leader" else self.rng.choice(nodes)
+            victim = (
+                self._some_leader()
+                if shape == "isolate-leader"
+                else self.rng.choice(self.live_nodes)
+            )
             pairs = self._cut([{victim}, set(nodes) - {victim}])
             return Fault(
                 shape,
@@ -216,7 +271,7 @@ class Nemesis:
         return Fault(shape, f"one-way cut {direction}", lambda: proxy.destroy_toxic("one-way"))
 
     def _start_kill(self) -> Fault:
-        nodes = self.chaos.nodes
+        nodes = self.live_nodes
         shape = self.rng.choice(["kill-one", "kill-leader", "kill-majority", "kill-all"])
         if shape == "kill-one":
             victims = [self.rng.choice(nodes)]
@@ -248,7 +303,7 @@ class Nemesis:
             ["kill-controller", "isolate-controller", "isolate-controller-fully"]
         )
         found = self.controller_leader()
-        victim = found if found is not None else self.rng.choice(self.chaos.nodes)
+        victim = found if found is not None else self.rng.choice(self.live_nodes)
         known = "" if found is not None else " (no controller leader known: a random node)"
         if shape == "kill-controller":
             self.chaos.cluster.kill(victim)
@@ -289,7 +344,7 @@ class Nemesis:
         broker acknowledges only what an fsync covered, on a majority)."""
         shape = self.rng.choice(["unsynced-one", "unsynced-leader"])
         victim = (
-            self._some_leader() if shape == "unsynced-leader" else self.rng.choice(self.chaos.nodes)
+            self._some_leader() if shape == "unsynced-leader" else self.rng.choice(self.live_nodes)
         )
         self.chaos.cluster.kill(victim)
         self.killed.add(victim)
@@ -373,7 +428,7 @@ class Nemesis:
         entry: the others hold it, so it can be (and must be) repaired from them. The
         restart matters: a running broker has already checked its closed segments' CRCs
         once, so the flip is found by the next read after the restart, or by the scrubber."""
-        victim = self.rng.choice(self.chaos.nodes)
+        victim = self.rng.choice(self.live_nodes)
         self.chaos.cluster.kill(victim)
         self.killed.add(victim)
         flipped = flip_bit(self.chaos.data / f"broker-{victim}", self.rng, self.corrupted)
@@ -441,14 +496,14 @@ class Nemesis:
                 marks.append(resp.high_watermark)
             if max(marks) - min(marks) > IN_SYNC_OFFSETS:
                 return None
-        return self.rng.choice(self.chaos.nodes)
+        return self.rng.choice(self.live_nodes)
 
     def _start_fd_pressure(self) -> Fault:
         """Restart one node with a low open-file limit (soft and hard): a broker must bound
         its open files by what the limit allows and go on serving every partition, or say
         clearly why it cannot; it must never live on half-dead. It keeps that limit until a
         later fault restarts it."""
-        victim = self.rng.choice(self.chaos.nodes)
+        victim = self.rng.choice(self.live_nodes)
         self.chaos.cluster.stop(victim)
         self.chaos.cluster.start(victim, open_files_limit=FD_PRESSURE_LIMIT)
         return Fault(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chaos import checker, history, report
+from chaos import checker, history, replication, report
 from chaos.cluster import TOPIC, ChaosCluster
 from chaos.history import Op
 from chaos.monitor import Monitor
@@ -44,6 +44,14 @@ class ChaosOptions:
     many segment files (more than an open-file limit allows at one each)."""
     retention_bytes: int = 8192
     retention_check_ms: int = 250
+    voters: int = 0
+    """Controller voters: nodes 1..N, the others broker-only; 0: every node (combined)."""
+    heal_delay_ms: int = 2000
+    """How long a fenced broker waits before its replicas move (passed in runs with
+    ``decommission`` only): short, so the moves happen while the other faults run."""
+    heal_limit: float = 60.0
+    """Runs with ``decommission``: seconds after the fault window by which every partition
+    must be back at its replication factor of caught-up replicas on live brokers."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -55,6 +63,11 @@ class ChaosOptions:
             raise ValueError(
                 f"--faults takes a comma-separated list of {', '.join(CATEGORIES)}; "
                 f"got {','.join(self.faults) or 'nothing'}"
+            )
+        if "decommission" in self.faults and (self.nodes < 4 or len(set(self.faults)) < 2):
+            raise ValueError(
+                "decommission kills a broker for good: it needs --nodes 4 or more (one beyond "
+                "the replication factor of 3) and another fault kind to run while it heals"
             )
 
     @property
@@ -77,6 +90,8 @@ class ChaosOptions:
             ]
         elif {"corrupt", "fd-pressure"} & set(self.faults):
             args += ["--segment-bytes", str(self.sealed_segment_bytes)]
+        if "decommission" in self.faults:
+            args += ["--heal-delay-ms", str(self.heal_delay_ms)]
         if "unsynced" in self.faults:
             # The ``unsynced`` fault cuts segments back to what the last fsync covered.
             args.append("--durability-markers")
@@ -99,6 +114,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         out / "data",
         nodes=options.nodes,
         partitions=options.partitions,
+        voters=options.voters,
         broker_args=options.broker_args(),
     )
     nemesis: Nemesis | None = None
@@ -159,12 +175,18 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             )
         )
         say(f"recovered in {recovery:.1f} s" if recovery >= 0 else "did not recover")
+        replicas = {p: chaos.replicas(p) for p in range(options.partitions)}
+        if nemesis.gone:
+            say(f"waiting for every partition to heal off broker(s) {sorted(nemesis.gone)}")
+            replicas = replication.wait_healed(
+                chaos, nemesis.gone, recorder, healed, options.heal_limit
+            )
         time.sleep(1.0)
         workload.finish()
         monitor.stop()
         say("reading every partition from every replica")
-        _final_reads(chaos, recorder, options)
-        monitor.record_status()
+        _final_reads(chaos, recorder, options, replicas, nemesis.gone)
+        monitor.record_status(exclude=nemesis.gone)
     finally:
         if monitor is not None:
             monitor.close()
@@ -173,7 +195,9 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         chaos.close()
     ops = recorder.ops()
     history.write(out / "history.jsonl", ops)
-    result = checker.check(ops, recovery_limit_s=options.recovery_limit)
+    result = checker.check(
+        ops, recovery_limit_s=options.recovery_limit, heal_limit_s=options.heal_limit
+    )
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     faults = [asdict(o) for o in ops if o.kind == "fault"]
     (out / "faults.json").write_text(json.dumps(faults, indent=2))
@@ -204,16 +228,22 @@ def _measure_recovery(addresses: list[str], options: ChaosOptions, recorder: Rec
     return time.monotonic() - start if not pending else -1.0
 
 
-def _final_reads(chaos: ChaosCluster, recorder: Recorder, options: ChaosOptions) -> None:
-    """Read every replica of every partition from its own log start to its high watermark
-    (``range`` and ``final`` ops), then digest the range all of them hold."""
-    direct = {i: chaos.direct_address(i) for i in chaos.nodes}
+def _final_reads(
+    chaos: ChaosCluster,
+    recorder: Recorder,
+    options: ChaosOptions,
+    replicas: dict[int, tuple[int, ...]],
+    gone: set[int],
+) -> None:
+    """Read every replica of every partition (``replicas``: as the metadata lists them at
+    the end) from its own log start to its high watermark (``range`` and ``final`` ops),
+    then digest the range all of them hold. Brokers in ``gone`` were killed for good."""
+    direct = {i: chaos.direct_address(i) for i in chaos.nodes if i not in gone}
     with LowLevelClient(list(direct.values()), retries=20) as client:
         for p in range(options.partitions):
             target = _leader_hw(client, direct, p)
             reads = {
-                r: _read_replica(client, direct[r], p, target, recorder, r)
-                for r in chaos.replicas(p)
+                r: _read_replica(client, direct[r], p, target, recorder, r) for r in replicas[p]
             }
             common_start = max(read.start for read in reads.values())
             common_end = min(read.hw for read in reads.values())
@@ -253,7 +283,7 @@ def _leader_hw(client: LowLevelClient, direct: dict[int, str], partition: int) -
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         leader = client.refresh_leaders().get((TOPIC, partition))
-        if leader is not None:
+        if leader is not None and leader.broker_id in direct:
             _, hw = _offsets(client, direct[leader.broker_id], partition)
             if hw >= 0:
                 return hw

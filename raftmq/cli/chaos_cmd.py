@@ -36,7 +36,10 @@ def run(
             "flipped in a sealed segment of one replica), disk-loss (a node back with a wiped or "
             "cut-back data directory), fd-pressure (a node restarted with an open-file limit "
             "of 128), controller (the active controller SIGKILLed, or cut off from its peers, "
-            "or from its peers and clients)."
+            "or from its peers and clients), decommission (first fault: a broker that is not a "
+            "controller voter, or not the active controller, SIGKILLed for good; needs "
+            "--nodes 4 or more, and the checker then demands every partition back at its "
+            "replication factor on live brokers)."
         ),
     ] = "partition,kill,pause,latency",
     seed: Annotated[int, typer.Option(help="Makes the fault schedule reproducible.")] = 0,
@@ -45,6 +48,21 @@ def run(
     ] = Path("./chaos-out"),
     partitions: Annotated[int, typer.Option(min=1, max=64, help="Partitions written.")] = 3,
     producers: Annotated[int, typer.Option(min=1, max=64, help="Producer threads.")] = 4,
+    voters: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=7,
+            help="Controller voters: nodes 1..N, the others broker-only (0: every node).",
+        ),
+    ] = 0,
+    heal_delay_ms: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="With decommission: how long a fenced broker waits before its replicas move.",
+        ),
+    ] = 2000,
 ) -> None:
     """Run a workload against a proxied cluster while injecting faults, heal, read every
     replica and check that nothing acknowledged was lost, duplicated, reordered or seen
@@ -72,6 +90,8 @@ def run(
             faults=[f.strip() for f in faults.split(",") if f.strip()],
             seed=seed,
             producers=producers,
+            voters=voters,
+            heal_delay_ms=heal_delay_ms,
         )
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")

@@ -43,6 +43,7 @@ ALL_CHECKS = (
     "recovery",
     "leaderless",
     "health",
+    "replication",
 )
 
 
@@ -133,9 +134,10 @@ def test_clean_history_passes_every_check() -> None:
     assert_only(result)
     assert [c.name for c in result.checks] == list(ALL_CHECKS)
     assert statuses(result)["consumer-groups"] == NOT_APPLICABLE
-    assert all(c.status == OK for c in result.checks if c.name != "consumer-groups"), (
-        result.to_dict()
-    )
+    assert statuses(result)["replication"] == NOT_APPLICABLE  # no broker died for good
+    assert all(
+        c.status == OK for c in result.checks if c.name not in ("consumer-groups", "replication")
+    ), result.to_dict()
     assert result.summary == {
         "sends_attempted": 10,
         "sends_acked": 10,
@@ -807,3 +809,41 @@ def test_a_replica_that_says_ok_but_refused_its_final_read_is_a_silent_failure()
     result = check([*clean(), *ranges])
     assert count(result, "health", "silent-failure") == 1
     assert "CORRUPT_DATA" in result.get("health").examples[0]["explanation"]
+
+
+def replication(p: int, seconds: float, status: str = "ok", error: str | None = None) -> Op:
+    return Op(
+        "replication",
+        "controller",
+        p,
+        "1,2,3",
+        status=status,
+        start=100.0,
+        end=100.0 + seconds,
+        error=error,
+    )
+
+
+def test_partitions_healed_back_to_their_factor_in_time_pass() -> None:
+    result = check(clean() + [replication(p, 20.0) for p in PARTITIONS], heal_limit_s=60)
+    assert_only(result)
+    assert statuses(result)["replication"] == OK
+    assert result.get("replication").counts["seconds"] == 20.0
+
+
+def test_a_partition_not_healed_after_a_broker_died_is_reported() -> None:
+    ops = [
+        *clean(),
+        replication(0, 5.0),
+        replication(1, 90.0, "fail", "replicas [1, 2, 4] still include dead broker(s) [4]"),
+    ]
+    result = check(ops, heal_limit_s=60)
+    assert_only(result, "replication")
+    assert count(result, "replication", "not-healed") == 1
+    assert "dead broker(s) [4]" in result.get("replication").examples[0]["explanation"]
+
+
+def test_a_partition_healed_past_the_limit_is_reported() -> None:
+    result = check([*clean(), replication(0, 75.0)], heal_limit_s=60)
+    assert_only(result, "replication")
+    assert count(result, "replication", "slow") == 1
