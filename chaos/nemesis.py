@@ -137,7 +137,9 @@ class Nemesis:
         partition = self.rng.randrange(self.chaos.partitions)
         leader = self.leader_of(partition)
         # A broker's metadata may still name the dead one as a leader for a while.
-        return leader if leader not in (None, *self.gone) else self.rng.choice(self.live_nodes)
+        if leader is not None and leader not in self.gone:
+            return leader
+        return self.rng.choice(self.live_nodes)
 
     def _cut(self, groups: list[set[int]]) -> list[tuple[int, int]]:
         """Disable every Raft link between nodes of different groups."""
