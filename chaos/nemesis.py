@@ -66,6 +66,8 @@ DECOMMISSION_HOLD_S = 1.0
 faults run while the controller fences the dead broker and moves its replicas away."""
 
 
+DISK_LOSS_WAIT_S = 15.0
+"""How long a disk-loss fault waits for every replica to be in sync before it is skipped."""
 IN_SYNC_OFFSETS = 500
 """How far apart the replicas' high watermarks may be for the ``disk-loss`` fault to count
 them in sync: far more than a follower lags under the workload (tens of records), far less
@@ -450,7 +452,13 @@ class Nemesis:
         The victim is a node whose partitions' other replicas are all in sync (each answers
         the leader's high watermark), so at most one replica of a partition is ever behind
         for this reason: a majority that lost its disks has lost data in any system."""
+        # Replicas catch up within seconds of a heal, slower on a loaded machine: wait a
+        # while for one rather than skip the fault (a schedule that meant it would not test it).
+        deadline = time.monotonic() + DISK_LOSS_WAIT_S
         victim = self._in_sync_victim()
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            victim = self._in_sync_victim()
         if victim is None:
             return Fault(
                 "disk-loss", "disk loss skipped: some replica is still catching up", lambda: None
