@@ -41,7 +41,7 @@ the bytes to copy are the same, the moves ten times fewer, so the ratio says how
 healing is per-move cost (10: all of it) rather than copying (1).
 
 Usage: ``python benchmarks/controller_bench.py [--quick] [--json] [--partitions N]``;
-``--quick`` (200 partitions, short windows, 8 MiB to heal) takes about 2.5 minutes
+``--quick`` (60 partitions, short windows, 8 MiB to heal) takes about a minute
 (the heal phase alone ~1.5: two fence timeouts, two heal delays, ~170 moves);
 ``--json`` prints every figure as one JSON object on the last line.
 """
@@ -133,7 +133,7 @@ class Plan:
     @classmethod
     def make(cls, args: argparse.Namespace) -> Plan:
         quick = args.quick
-        partitions = args.partitions or (200 if quick else 1000)
+        partitions = args.partitions or (60 if quick else 1000)
         return cls(
             partitions=partitions,
             reference=max(1, partitions // args.reference_divisor),
@@ -516,7 +516,7 @@ def table(out: Json) -> list[tuple[str, float, float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_options(ap, "200 partitions, short windows")
-    ap.add_argument("--partitions", type=int, default=0, help="default 1000 (200 with --quick)")
+    ap.add_argument("--partitions", type=int, default=0, help="default 1000 (60 with --quick)")
     ap.add_argument(
         "--heal-mb",
         type=float,
