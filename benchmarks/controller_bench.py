@@ -41,8 +41,8 @@ the bytes to copy are the same, the moves ten times fewer, so the ratio says how
 healing is per-move cost (10: all of it) rather than copying (1).
 
 Usage: ``python benchmarks/controller_bench.py [--quick] [--json] [--partitions N]``;
-``--quick`` (60 partitions, short windows, 8 MiB to heal) takes about a minute
-(the heal phase alone ~1.5: two fence timeouts, two heal delays, ~170 moves);
+``--quick`` (60 partitions, short windows, 8 MiB to heal) takes about a minute, most of
+it the heal phase (two fence timeouts, two heal delays, ~50 moves);
 ``--json`` prints every figure as one JSON object on the last line.
 """
 
