@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 import grpc
 
@@ -17,6 +18,11 @@ from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import GRPC_OPTIONS
 
 METADATA_TIMEOUT_S = 5.0
+
+
+def bootstrap_addresses(bootstrap: str | Sequence[str]) -> tuple[str, ...]:
+    """Broker addresses given as a list or as one comma-separated string."""
+    return tuple(bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap)
 
 
 def no_leader(topic: str, partition: int) -> ClientError:

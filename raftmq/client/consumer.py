@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.connections import bootstrap_addresses
 from raftmq.client.fetcher import (
     Chunk,
     Fetcher,
@@ -157,7 +158,7 @@ class _Face:
     lookups (ListOffsets at each partition's leader)."""
 
     def __init__(self, bootstrap: str | Sequence[str], settings: ConsumerSettings) -> None:
-        addresses = tuple(bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap)
+        addresses = bootstrap_addresses(bootstrap)
         self.config = ConsumerConfig(addresses, **settings)
         self.closed = False
 

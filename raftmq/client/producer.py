@@ -34,7 +34,7 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
-from raftmq.client.connections import Connections
+from raftmq.client.connections import Connections, bootstrap_addresses
 from raftmq.client.errors import ClientError
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
@@ -452,7 +452,7 @@ class _Face:
         settings: ProducerSettings,
         new_outcome: Callable[[], Outcome],
     ) -> None:
-        addresses = tuple(bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap)
+        addresses = bootstrap_addresses(bootstrap)
         config = ProducerConfig(addresses, **settings)
         self.config = config
         self.partitioner: Partitioner = partitioner or StickyPartitioner()

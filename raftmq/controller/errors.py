@@ -42,3 +42,13 @@ class RefusalCode(StrEnum):
     # Producer ids
     INVALID_PRODUCER_ID_BLOCK = "INVALID_PRODUCER_ID_BLOCK"
     PRODUCER_IDS_EXHAUSTED = "PRODUCER_IDS_EXHAUSTED"
+
+
+class CommandRefused(Exception):
+    """Raised inside a transition handler (transitions.py, groups.py) to refuse a command;
+    ``apply_command`` turns it into a ``Refused`` result, the state left as it was."""
+
+    def __init__(self, code: RefusalCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -37,6 +37,7 @@ from raftmq.controller.commands import (
     ResetOffsets,
     Result,
 )
+from raftmq.controller.errors import CommandRefused
 from raftmq.controller.errors import RefusalCode as Code
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import (
@@ -57,15 +58,6 @@ MAX_OFFSET_METADATA_CHARS = 4096
 Outcome = tuple[MetadataState, Result]
 
 
-class GroupRefusal(Exception):
-    """Raised inside a handler to refuse (transitions turns it into a Refused)."""
-
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 # -- heartbeats ------------------------------------------------------------------------------
 
 
@@ -74,7 +66,7 @@ def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
     group = state.consumer_groups.get(c.group_id)
     if group is None:
         if len(state.consumer_groups) >= MAX_GROUPS:
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.INVALID_GROUP,
                 f"the cluster holds {MAX_GROUPS} consumer groups, the most it keeps; delete "
                 "unused ones ('raftmq group delete')",
@@ -102,19 +94,14 @@ def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
             old = members.get(member.member_id)
             changed = old is None or old.subscriptions != member.subscriptions
         if member.member_id not in members and len(members) >= MAX_MEMBERS:
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.INVALID_GROUP,
                 f"group {c.group_id} has {MAX_MEMBERS} members, the most a group may have",
             )
     else:
-        member = _member(group, c.member_id)
-        if c.member_epoch != member.member_epoch:
-            raise GroupRefusal(
-                Code.FENCED_MEMBER_EPOCH,
-                f"member {c.member_id} of group {c.group_id} is at epoch "
-                f"{member.member_epoch}, not {c.member_epoch}: stop consuming and join again "
-                "(member epoch 0)",
-            )
+        member = _member_at(
+            group, c.member_id, c.member_epoch, "stop consuming and join again (member epoch 0)"
+        )
         changed = member.subscriptions != c.subscriptions
         member = dataclasses.replace(member, subscriptions=c.subscriptions, owned=c.owned)
     members[member.member_id] = member
@@ -140,34 +127,34 @@ def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
 def _check_heartbeat(c: GroupHeartbeat) -> None:
     _check_group_id(c.group_id)
     if c.member_id and not MEMBER_ID.fullmatch(c.member_id):
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.INVALID_GROUP,
             "a member id is 1-255 of A-Z a-z 0-9 . _ : - (or empty to get one)",
         )
     if c.member_epoch < -1:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.INVALID_GROUP,
             f"member epoch {c.member_epoch}: send 0 to join, -1 to leave, else the epoch "
             "the last heartbeat answered",
         )
     if c.member_epoch != 0 and not c.member_id:
-        raise GroupRefusal(Code.UNKNOWN_MEMBER, "only a joining member (epoch 0) has no id")
+        raise CommandRefused(Code.UNKNOWN_MEMBER, "only a joining member (epoch 0) has no id")
     if c.instance_id is not None and not MEMBER_ID.fullmatch(c.instance_id):
-        raise GroupRefusal(Code.INVALID_GROUP, "an instance id is 1-255 of A-Z a-z 0-9 . _ : -")
+        raise CommandRefused(Code.INVALID_GROUP, "an instance id is 1-255 of A-Z a-z 0-9 . _ : -")
     if c.assignor not in ASSIGNORS:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.INVALID_GROUP,
             f"assignor {c.assignor!r} is not one of {', '.join(sorted(ASSIGNORS))}",
         )
     if c.member_epoch != -1:
         if not 1 <= len(c.subscriptions) <= MAX_SUBSCRIPTIONS:
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.INVALID_GROUP,
                 f"a member subscribes to 1-{MAX_SUBSCRIPTIONS} topics, not {len(c.subscriptions)}",
             )
         bad = [t for t in c.subscriptions if not TOPIC_NAME.fullmatch(t)]
         if bad or list(c.subscriptions) != sorted(set(c.subscriptions)):
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.INVALID_GROUP,
                 "subscriptions must be distinct, sorted, valid topic names"
                 + (f" ({bad[0][:64]!r} is not one)" if bad else ""),
@@ -194,10 +181,22 @@ def _joining(
 def _member(group: ConsumerGroup, member_id: str) -> GroupMember:
     member = group.members.get(member_id)
     if member is None:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.UNKNOWN_MEMBER,
             f"group {group.group_id} has no member {member_id!r} (it left, or missed its "
             "session timeout): stop consuming and join again (member epoch 0)",
+        )
+    return member
+
+
+def _member_at(group: ConsumerGroup, member_id: str, epoch: int, what_to_do: str) -> GroupMember:
+    """The member, if it is at ``epoch``; else FENCED_MEMBER_EPOCH saying ``what_to_do``."""
+    member = _member(group, member_id)
+    if epoch != member.member_epoch:
+        raise CommandRefused(
+            Code.FENCED_MEMBER_EPOCH,
+            f"member {member_id} of group {group.group_id} is at epoch "
+            f"{member.member_epoch}, not {epoch}: {what_to_do}",
         )
     return member
 
@@ -261,7 +260,7 @@ def commit_offsets(state: MetadataState, index: int, c: CommitOffsets) -> Outcom
         try:
             state = _commit(state, commit, c.now_ms)
             outcomes.append(CommitOutcome("", ""))
-        except GroupRefusal as refusal:
+        except CommandRefused as refusal:
             outcomes.append(CommitOutcome(refusal.code.value, refusal.message))
     return state, CommitsApplied(tuple(outcomes))
 
@@ -270,30 +269,28 @@ def _commit(state: MetadataState, c: OffsetCommit, now_ms: int) -> MetadataState
     _check_group_id(c.group_id)
     group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
     if c.member_id:
-        member = _member(group, c.member_id)
-        if c.member_epoch != member.member_epoch:
-            raise GroupRefusal(
-                Code.FENCED_MEMBER_EPOCH,
-                f"member {c.member_id} of group {c.group_id} is at epoch "
-                f"{member.member_epoch}, not {c.member_epoch}; its assignment changed: "
-                "heartbeat, then commit what it still holds",
-            )
+        member = _member_at(
+            group,
+            c.member_id,
+            c.member_epoch,
+            "its assignment changed: heartbeat, then commit what it still holds",
+        )
         held = set(member.assigned) | set(member.owned)
         for o in c.offsets:
             if TopicPartition(o.topic, o.partition) not in held:
-                raise GroupRefusal(
+                raise CommandRefused(
                     Code.PARTITION_NOT_ASSIGNED,
                     f"member {c.member_id} does not hold {o.topic}/{o.partition}, so it "
                     "cannot commit it (another member consumes it now)",
                 )
     elif group.members:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.GROUP_NOT_EMPTY,
             f"group {c.group_id} has {len(group.members)} active members; only they commit "
             "for it (send a member id and epoch)",
         )
     if not c.offsets:
-        raise GroupRefusal(Code.INVALID_GROUP, "a commit needs at least one offset")
+        raise CommandRefused(Code.INVALID_GROUP, "a commit needs at least one offset")
     return _with_group(state, _with_offsets(state, group, c.offsets, now_ms))
 
 
@@ -304,16 +301,16 @@ def _with_offsets(
     for o in offsets:
         topic = state.topics.get(o.topic)
         if topic is None:
-            raise GroupRefusal(Code.UNKNOWN_TOPIC, f"there is no topic {o.topic[:64]!r}")
+            raise CommandRefused(Code.UNKNOWN_TOPIC, f"there is no topic {o.topic[:64]!r}")
         if not 0 <= o.partition < len(topic.partitions):
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.UNKNOWN_PARTITION,
                 f"topic {o.topic} has partitions 0-{len(topic.partitions) - 1}, not {o.partition}",
             )
         if o.offset < 0:
-            raise GroupRefusal(Code.INVALID_GROUP, f"offset {o.offset} is negative")
+            raise CommandRefused(Code.INVALID_GROUP, f"offset {o.offset} is negative")
         if len(o.metadata) > MAX_OFFSET_METADATA_CHARS:
-            raise GroupRefusal(
+            raise CommandRefused(
                 Code.INVALID_GROUP,
                 f"commit metadata is {len(o.metadata)} characters; at most "
                 f"{MAX_OFFSET_METADATA_CHARS}",
@@ -331,7 +328,7 @@ def reset_offsets(state: MetadataState, index: int, c: ResetOffsets) -> Outcome:
     _check_group_id(c.group_id)
     group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
     if group.members and not c.force:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.GROUP_NOT_EMPTY,
             f"group {c.group_id} has {len(group.members)} active members, which would "
             "overwrite the reset with their next commits; stop them first, or force it",
@@ -342,7 +339,7 @@ def reset_offsets(state: MetadataState, index: int, c: ResetOffsets) -> Outcome:
 def delete_group(state: MetadataState, index: int, c: DeleteGroup) -> Outcome:
     group = _group(state, c.group_id)
     if group.members:
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.GROUP_NOT_EMPTY,
             f"group {c.group_id} has {len(group.members)} active members; stop them first",
         )
@@ -367,7 +364,7 @@ def forget_topic(state: MetadataState, name: str) -> MetadataState:
 
 def _check_group_id(group_id: str) -> None:
     if not GROUP_ID.fullmatch(group_id):
-        raise GroupRefusal(
+        raise CommandRefused(
             Code.INVALID_GROUP,
             f"group id {group_id[:64]!r} is not 1-255 of A-Z a-z 0-9 . _ -",
         )
@@ -376,7 +373,7 @@ def _check_group_id(group_id: str) -> None:
 def _group(state: MetadataState, group_id: str) -> ConsumerGroup:
     group = state.consumer_groups.get(group_id)
     if group is None:
-        raise GroupRefusal(Code.UNKNOWN_GROUP, f"there is no consumer group {group_id[:64]!r}")
+        raise CommandRefused(Code.UNKNOWN_GROUP, f"there is no consumer group {group_id[:64]!r}")
     return group
 
 

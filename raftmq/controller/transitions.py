@@ -48,6 +48,7 @@ from raftmq.controller.commands import (
     TopicCreated,
     UnfenceBroker,
 )
+from raftmq.controller.errors import CommandRefused
 from raftmq.controller.errors import RefusalCode as Code
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, MetadataState, Partition, PartitionState, Topic
@@ -63,22 +64,13 @@ RACK = re.compile(r"\A[A-Za-z0-9._-]{1,64}\Z")
 Outcome = tuple[MetadataState, Result]
 
 
-class _Refusal(Exception):
-    """Raised inside a handler to refuse; turned into a :class:`Refused` result."""
-
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def apply_command(state: MetadataState, index: int, command: Command) -> Outcome:
     """The state after ``command``, applied as the entry at ``index``, and its result.
     A refused command returns ``state`` itself. ``version`` is the caller's to set."""
     handler = _HANDLERS[type(command)]
     try:
         return handler(state, index, command)
-    except (_Refusal, groups.GroupRefusal) as refusal:
+    except CommandRefused as refusal:
         return state, Refused(refusal.code, refusal.message)
 
 
@@ -87,32 +79,32 @@ def apply_command(state: MetadataState, index: int, command: Command) -> Outcome
 
 def _register(state: MetadataState, index: int, c: RegisterBroker) -> Outcome:
     if c.broker_id < 1:
-        raise _Refusal(Code.INVALID_BROKER, f"broker id {c.broker_id} must be positive")
+        raise CommandRefused(Code.INVALID_BROKER, f"broker id {c.broker_id} must be positive")
     for what, host, port in (("client", c.host, c.port), ("raft", c.raft_host, c.raft_port)):
         if not HOST.fullmatch(host):
-            raise _Refusal(
+            raise CommandRefused(
                 Code.INVALID_BROKER, f"the {what} host {host!r} is not a host name or address"
             )
         if not 1 <= port <= 65535:
-            raise _Refusal(Code.INVALID_BROKER, f"the {what} port {port} is not 1-65535")
+            raise CommandRefused(Code.INVALID_BROKER, f"the {what} port {port} is not 1-65535")
     if c.rack is not None and not RACK.fullmatch(c.rack):
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_BROKER, f"rack {c.rack!r} must be 1-64 characters of A-Z a-z 0-9 . _ -"
         )
     if c.incarnation < 0:
-        raise _Refusal(Code.INVALID_BROKER, "the incarnation must not be negative")
+        raise CommandRefused(Code.INVALID_BROKER, "the incarnation must not be negative")
     old = state.brokers.get(c.broker_id)
     addresses = (c.host, c.port, c.raft_host, c.raft_port, c.rack)
     if old is not None and old.incarnation == c.incarnation:
         if (old.host, old.port, old.raft_host, old.raft_port, old.rack) != addresses:
-            raise _Refusal(
+            raise CommandRefused(
                 Code.INVALID_BROKER,
                 f"broker {c.broker_id} incarnation {c.incarnation} registered already with "
                 "other addresses; a restarted broker must pick a new incarnation",
             )
         return state, BrokerRegistered(old.epoch)  # a retry of the same registration
     if old is not None and c.incarnation < old.incarnation:
-        raise _Refusal(
+        raise CommandRefused(
             Code.STALE_BROKER_INCARNATION,
             f"broker {c.broker_id} is registered as incarnation {old.incarnation}, newer "
             f"than {c.incarnation}: this registration comes from a process since replaced "
@@ -163,7 +155,7 @@ def _drain(state: MetadataState, index: int, c: DrainBroker) -> Outcome:
             if part.state == PartitionState.ACTIVE
         )
         if held and topic.replication_factor > others:
-            raise _Refusal(
+            raise CommandRefused(
                 Code.NOT_ENOUGH_BROKERS,
                 f"broker {c.broker_id} holds replicas of topic {name} (replication factor "
                 f"{topic.replication_factor}) and only {others} other brokers can take "
@@ -179,18 +171,18 @@ def _request_rebalance(state: MetadataState, index: int, c: RequestRebalance) ->
 def _allocate_producer_ids(state: MetadataState, index: int, c: AllocateProducerIds) -> Outcome:
     broker = _broker(state, c.broker_id)
     if broker.fenced:
-        raise _Refusal(
+        raise CommandRefused(
             Code.BROKER_NOT_AVAILABLE,
             f"broker {c.broker_id} is fenced; it gets producer ids once it heartbeats again",
         )
     if not 1 <= c.count <= MAX_PRODUCER_ID_BLOCK:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_PRODUCER_ID_BLOCK,
             f"a block of {c.count} producer ids is not 1-{MAX_PRODUCER_ID_BLOCK}",
         )
     first = state.next_producer_id
     if first + c.count > codec.INT64_MAX:  # the next free id must stay a 64-bit value
-        raise _Refusal(
+        raise CommandRefused(
             Code.PRODUCER_IDS_EXHAUSTED,
             f"only {codec.INT64_MAX - first} producer ids are left; ask for fewer",
         )
@@ -203,18 +195,18 @@ def _allocate_producer_ids(state: MetadataState, index: int, c: AllocateProducer
 
 def _create_topic(state: MetadataState, index: int, c: CreateTopic) -> Outcome:
     if not TOPIC_NAME.fullmatch(c.name):
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_TOPIC_NAME,
             f"topic name {c.name!r} must be 1-200 characters of A-Z a-z 0-9 . _ -",
         )
     if c.name in state.topics:
-        raise _Refusal(
+        raise CommandRefused(
             Code.TOPIC_ALREADY_EXISTS,
             f"topic {c.name} exists already; describe it, or delete it first",
         )
     _check_partition_count(c.partitions)
     if not 1 <= c.replication_factor <= MAX_REPLICATION_FACTOR:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_REPLICATION_FACTOR,
             f"replication factor {c.replication_factor} is not 1-{MAX_REPLICATION_FACTOR}",
         )
@@ -237,9 +229,9 @@ def _alter_config(state: MetadataState, index: int, c: AlterTopicConfig) -> Outc
     topic = _topic(state, c.name)
     for key in c.removals:
         if key not in KEYS:
-            raise _Refusal(Code.INVALID_CONFIG, f"{key!r} is not a topic setting")
+            raise CommandRefused(Code.INVALID_CONFIG, f"{key!r} is not a topic setting")
         if key in c.updates:
-            raise _Refusal(Code.INVALID_CONFIG, f"{key} is both set and removed; choose one")
+            raise CommandRefused(Code.INVALID_CONFIG, f"{key} is both set and removed; choose one")
     merged = {k: v for k, v in topic.config.items() if k not in c.removals} | dict(c.updates)
     config = _checked_config(merged, topic.replication_factor)
     return _with_topic(state, dataclasses.replace(topic, config=config)), Done()
@@ -249,7 +241,7 @@ def _add_partitions(state: MetadataState, index: int, c: AddPartitions) -> Outco
     topic = _topic(state, c.name)
     have = len(topic.partitions)
     if c.count <= have:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_PARTITIONS,
             f"topic {c.name} has {have} partitions; the count can only grow, so ask for "
             f"more than {have}",
@@ -266,13 +258,15 @@ def _add_partitions(state: MetadataState, index: int, c: AddPartitions) -> Outco
 def _decommission(state: MetadataState, index: int, c: DecommissionPartitions) -> Outcome:
     topic = _topic(state, c.name)
     if not c.partitions or len(set(c.partitions)) != len(c.partitions):
-        raise _Refusal(Code.INVALID_PARTITIONS, "name each partition to decommission once")
+        raise CommandRefused(Code.INVALID_PARTITIONS, "name each partition to decommission once")
     for p in c.partitions:
         if _partition(topic, p).state == PartitionState.DECOMMISSIONED:
-            raise _Refusal(Code.PARTITION_DECOMMISSIONED, f"{c.name}/{p} is decommissioned already")
+            raise CommandRefused(
+                Code.PARTITION_DECOMMISSIONED, f"{c.name}/{p} is decommissioned already"
+            )
     active = sum(p.state == PartitionState.ACTIVE for p in topic.partitions)
     if len(c.partitions) >= active:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_PARTITIONS,
             f"that would leave topic {c.name} no partition to write to; delete the topic instead",
         )
@@ -299,7 +293,7 @@ def _report_leader(state: MetadataState, index: int, c: ReportLeader) -> Outcome
     topic = _topic(state, c.name)
     part = _partition(topic, c.partition)
     if c.leader not in part.replicas:
-        raise _Refusal(
+        raise CommandRefused(
             Code.NOT_A_REPLICA,
             f"broker {c.leader} is no voting replica of {c.name}/{c.partition} "
             f"(replicas {list(part.replicas)}), so it cannot lead it",
@@ -307,7 +301,7 @@ def _report_leader(state: MetadataState, index: int, c: ReportLeader) -> Outcome
     if c.term < part.leader_term or (
         c.term == part.leader_term and part.leader not in (None, c.leader)
     ):
-        raise _Refusal(
+        raise CommandRefused(
             Code.STALE_LEADER_TERM,
             f"{c.name}/{c.partition} has a report from term {part.leader_term} "
             f"(leader {part.leader}); this one from term {c.term} is older",
@@ -321,23 +315,23 @@ def _add_replica(state: MetadataState, index: int, c: AddReplica) -> Outcome:
     part = _active_partition(topic, c.partition)
     broker = _broker(state, c.broker_id)
     if not broker.placeable:
-        raise _Refusal(
+        raise CommandRefused(
             Code.BROKER_NOT_AVAILABLE,
             f"broker {c.broker_id} is {broker.state}; new replicas go to alive brokers only",
         )
     if c.broker_id in part.replicas + part.learners:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_REPLICA_CHANGE,
             f"broker {c.broker_id} holds {c.name}/{c.partition} already",
         )
     if len(part.replicas) + len(part.learners) > topic.replication_factor:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_REPLICA_CHANGE,
             f"{c.name}/{c.partition} already runs one replica beyond its factor "
             f"({topic.replication_factor}); finish that move (promote, then remove) first",
         )
     if c.replacing is not None and c.replacing not in part.replicas:
-        raise _Refusal(
+        raise CommandRefused(
             Code.NOT_A_REPLICA,
             f"broker {c.replacing} is no voting replica of {c.name}/{c.partition} "
             f"(replicas {list(part.replicas)}), so a move cannot replace it",
@@ -352,7 +346,7 @@ def _promote_replica(state: MetadataState, index: int, c: PromoteReplica) -> Out
     topic = _topic(state, c.name)
     part = _active_partition(topic, c.partition)
     if c.broker_id not in part.learners:
-        raise _Refusal(
+        raise CommandRefused(
             Code.NOT_A_REPLICA,
             f"broker {c.broker_id} is no learner of {c.name}/{c.partition}; add it first",
         )
@@ -379,7 +373,7 @@ def _remove_replica(state: MetadataState, index: int, c: RemoveReplica) -> Outco
         )
     elif c.broker_id in part.replicas:
         if len(part.replicas) <= topic.replication_factor:
-            raise _Refusal(
+            raise CommandRefused(
                 Code.INVALID_REPLICA_CHANGE,
                 f"{c.name}/{c.partition} has {len(part.replicas)} voting replicas and needs "
                 f"{topic.replication_factor}; add and promote a replacement before removing "
@@ -391,7 +385,7 @@ def _remove_replica(state: MetadataState, index: int, c: RemoveReplica) -> Outco
             leader=None if part.leader == c.broker_id else part.leader,
         )
     else:
-        raise _Refusal(
+        raise CommandRefused(
             Code.NOT_A_REPLICA, f"broker {c.broker_id} holds no replica of {c.name}/{c.partition}"
         )
     return _with_partition(state, topic, c.partition, changed), Done()
@@ -401,7 +395,7 @@ def _reorder_replicas(state: MetadataState, index: int, c: ReorderReplicas) -> O
     topic = _topic(state, c.name)
     part = _partition(topic, c.partition)
     if len(c.replicas) != len(part.replicas) or set(c.replicas) != set(part.replicas):
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_REPLICA_CHANGE,
             f"{list(c.replicas)} is not an order of {c.name}/{c.partition}'s replicas "
             f"{list(part.replicas)}; change the set with add, promote and remove",
@@ -416,14 +410,14 @@ def _reorder_replicas(state: MetadataState, index: int, c: ReorderReplicas) -> O
 def _broker(state: MetadataState, broker_id: int) -> Broker:
     broker = state.brokers.get(broker_id)
     if broker is None:
-        raise _Refusal(Code.UNKNOWN_BROKER, f"broker {broker_id} has not registered")
+        raise CommandRefused(Code.UNKNOWN_BROKER, f"broker {broker_id} has not registered")
     return broker
 
 
 def _current_broker(state: MetadataState, broker_id: int, incarnation: int) -> Broker:
     broker = _broker(state, broker_id)
     if broker.incarnation != incarnation:
-        raise _Refusal(
+        raise CommandRefused(
             Code.STALE_BROKER_INCARNATION,
             f"broker {broker_id} is registered as incarnation {broker.incarnation}, not "
             f"{incarnation}; a restarted broker registers again",
@@ -434,13 +428,13 @@ def _current_broker(state: MetadataState, broker_id: int, incarnation: int) -> B
 def _topic(state: MetadataState, name: str) -> Topic:
     topic = state.topics.get(name)
     if topic is None:
-        raise _Refusal(Code.UNKNOWN_TOPIC, f"there is no topic {name!r}")
+        raise CommandRefused(Code.UNKNOWN_TOPIC, f"there is no topic {name!r}")
     return topic
 
 
 def _partition(topic: Topic, partition: int) -> Partition:
     if not 0 <= partition < len(topic.partitions):
-        raise _Refusal(
+        raise CommandRefused(
             Code.UNKNOWN_PARTITION,
             f"topic {topic.name} has partitions 0-{len(topic.partitions) - 1}, not {partition}",
         )
@@ -450,7 +444,7 @@ def _partition(topic: Topic, partition: int) -> Partition:
 def _active_partition(topic: Topic, partition: int) -> Partition:
     part = _partition(topic, partition)
     if part.state != PartitionState.ACTIVE:
-        raise _Refusal(
+        raise CommandRefused(
             Code.PARTITION_DECOMMISSIONED,
             f"{topic.name}/{partition} is decommissioned; its replicas no longer move",
         )
@@ -459,7 +453,7 @@ def _active_partition(topic: Topic, partition: int) -> Partition:
 
 def _check_partition_count(count: int) -> None:
     if not 1 <= count <= MAX_PARTITIONS_PER_TOPIC:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_PARTITIONS,
             f"a topic has 1-{MAX_PARTITIONS_PER_TOPIC} partitions, not {count}",
         )
@@ -469,21 +463,21 @@ def _checked_config(config: Mapping[str, str], replication_factor: int) -> dict[
     try:
         return canonical(config, replication_factor)
     except ConfigError as exc:
-        raise _Refusal(Code.INVALID_CONFIG, str(exc)) from None
+        raise CommandRefused(Code.INVALID_CONFIG, str(exc)) from None
 
 
 def _checked_assignment(state: MetadataState, c: CreateTopic) -> tuple[tuple[int, ...], ...]:
     """The explicit replica lists of ``c``, refused unless there is one per partition, of
     ``replication_factor`` distinct brokers, each registered and taking new replicas."""
     if len(c.replica_assignment) != c.partitions:
-        raise _Refusal(
+        raise CommandRefused(
             Code.INVALID_PARTITIONS,
             f"the replica assignment lists {len(c.replica_assignment)} partitions, "
             f"not {c.partitions}",
         )
     for p, replicas in enumerate(c.replica_assignment):
         if len(replicas) != c.replication_factor or len(set(replicas)) != len(replicas):
-            raise _Refusal(
+            raise CommandRefused(
                 Code.INVALID_REPLICATION_FACTOR,
                 f"partition {p} is assigned to brokers {list(replicas)}; each partition needs "
                 f"{c.replication_factor} distinct brokers (the replication factor)",
@@ -491,12 +485,12 @@ def _checked_assignment(state: MetadataState, c: CreateTopic) -> tuple[tuple[int
         for b in replicas:
             broker = state.brokers.get(b)
             if broker is None:
-                raise _Refusal(
+                raise CommandRefused(
                     Code.UNKNOWN_BROKER,
                     f"partition {p} is assigned to broker {b}, which has not registered",
                 )
             if not broker.placeable:
-                raise _Refusal(
+                raise CommandRefused(
                     Code.BROKER_NOT_AVAILABLE,
                     f"partition {p} is assigned to broker {b}, which is {broker.state} and "
                     "takes no new replicas",
@@ -510,7 +504,7 @@ def _place(
     """Replica sets for new partitions over the alive brokers, given the cluster's load."""
     candidates = [Candidate(b.id, b.rack) for _, b in sorted(state.brokers.items()) if b.placeable]
     if factor > len(candidates):
-        raise _Refusal(
+        raise CommandRefused(
             Code.NOT_ENOUGH_BROKERS,
             f"replication factor {factor} needs {factor} alive brokers, and "
             f"{len(candidates)} are (fenced and draining ones take no new replicas); "
