@@ -132,6 +132,9 @@ class ProduceStream:
                 fut.set_exception(self._ended)
         self._waiting.clear()
         self._queued.clear()
+        # An ended stream is replaced, not closed: its writer would wait for ever.
+        if self._writer is not asyncio.current_task():
+            self._writer.cancel()
 
     async def close(self) -> None:
         """Stop sending; outstanding requests fail as unreachable."""
