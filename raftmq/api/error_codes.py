@@ -85,6 +85,10 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_FENCED_MEMBER_EPOCH: Rule(_FP, retriable=False),
     pb.ERROR_CODE_GROUP_NOT_EMPTY: Rule(_FP, retriable=False),
     pb.ERROR_CODE_PARTITION_NOT_ASSIGNED: Rule(_FP, retriable=False),
+    # idempotent producers
+    pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_PRODUCER_FENCED: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_UNKNOWN_PRODUCER_ID: Rule(_FP, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

@@ -54,6 +54,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_FENCED_MEMBER_EPOCH: _ClassVar[ErrorCode]
     ERROR_CODE_GROUP_NOT_EMPTY: _ClassVar[ErrorCode]
     ERROR_CODE_PARTITION_NOT_ASSIGNED: _ClassVar[ErrorCode]
+    ERROR_CODE_OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
+    ERROR_CODE_PRODUCER_FENCED: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -117,6 +120,9 @@ ERROR_CODE_UNKNOWN_MEMBER: ErrorCode
 ERROR_CODE_FENCED_MEMBER_EPOCH: ErrorCode
 ERROR_CODE_GROUP_NOT_EMPTY: ErrorCode
 ERROR_CODE_PARTITION_NOT_ASSIGNED: ErrorCode
+ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
+ERROR_CODE_PRODUCER_FENCED: ErrorCode
+ERROR_CODE_UNKNOWN_PRODUCER_ID: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
