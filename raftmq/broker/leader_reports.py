@@ -30,6 +30,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_link import LinkRefusal
 from raftmq.controller.model import MetadataState
 from raftmq.partition.replica import PartitionReplica
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,8 @@ class LeaderReports:
                 await asyncio.sleep(SCAN_S)
         finally:
             for task in list(self._tasks):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                with contextlib.suppress(Exception):
+                    await stop_task(task)
 
     def due(self) -> list[tuple[tuple[str, int], int]]:
         """The partitions this broker leads in a term neither the metadata nor an earlier

@@ -25,7 +25,6 @@ state; a state above ``max_bytes`` encoded is not cached (said once in the log).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pathlib import Path
 from raftmq.controller.model import MetadataState
 from raftmq.controller.state_machine import SnapshotError, decode_snapshot, encode_snapshot
 from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,7 @@ class MetadataCache:
         """Stop the writer, then write what is pending: a clean stop keeps the newest."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         await self._write_pending()
 
     async def _write_loop(self) -> None:

@@ -58,6 +58,7 @@ from raftmq.raft.errors import RaftError
 from raftmq.raft.host.group_storage import promised_path, record_promised
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -651,9 +652,7 @@ class Broker:
         )
         for task in tasks:
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_task(task)
         if self.topic_creator is not None:
             await self.topic_creator.close()
         if self._admin is not None:

@@ -18,7 +18,6 @@ a topic was deleted) is logged and dropped; the next round plans from the new st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from raftmq.controller import commands as c
 from raftmq.controller import healing
 from raftmq.controller.quorum import ControllerError, ControllerQuorum, ControllerRefusal
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,7 @@ class Mover:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     async def _run(self) -> None:
         while True:

@@ -19,7 +19,6 @@ proposer, and stamped into commands; applying never reads it (docs/controller.md
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -41,6 +40,7 @@ from raftmq.raft.host.host import DurableFn, GroupStatus, RaftHost
 from raftmq.raft.host.state_machine import CommandTooLargeError, ReplicatedStateMachine
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role, SoftState
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ class ControllerQuorum:
     async def stop(self) -> None:
         task, self._fence_task = self._fence_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     def now_ms(self) -> int:
         """This voter's clock, the one it stamps commands with (fences, decommissions):

@@ -117,12 +117,7 @@ async def test_a_fenced_brokers_replicas_are_replaced_after_the_heal_delay(tmp_p
         await cluster.stop()
 
 
-@pytest.mark.long  # see the docstring
 async def test_a_rebalance_survives_a_change_of_controller_leader(tmp_path):
-    """Out of the fast suite for now: run in the full suite (not alone, where it passes in
-    a few seconds), the old leader's leadership transfer was refused for over a minute
-    (twice in this session). The cause is not found yet (the in-process harness, or a
-    transfer never finishing while a mover writes); see the session note."""
     cluster = await QuorumCluster(tmp_path).start()
     running = movers(cluster, Limits(moves_per_broker=1))
     try:

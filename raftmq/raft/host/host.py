@@ -70,6 +70,7 @@ from raftmq.raft.membership import Membership
 from raftmq.raft.messages import Message, MsgType, SnapshotMeta
 from raftmq.raft.progress import ProgressState
 from raftmq.raft.ready import Ready, Role, SoftState, write_to_storage
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -785,8 +786,8 @@ class RaftHost(SelfRepair):
             task.cancel()
         for task in self._tasks:
             # A loop that ended by an error already failed the host (_loop_ended).
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await stop_task(task)
         for task in self._recoveries.values():
             task.cancel()
         await self.transport.close()

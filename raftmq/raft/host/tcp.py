@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from raftmq.raft.host import wire
 from raftmq.raft.host.transport import Handler, Outgoing
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +328,8 @@ class TcpTransport:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await stop_task(task)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
