@@ -273,6 +273,10 @@ class _Engine:
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
         self._claimed = 0
+        self._backing_off: dict[tuple[str, int], int] = {}
+        """Per partition, its batches waiting to be sent again: no new batch of it goes
+        first (with idempotence, one stored ahead of a resend would push the resend out
+        of the batches the leader remembers)."""
         self.idempotent = config.idempotent
         self._per_partition = config.max_in_flight_per_partition if self.idempotent else 1
         self.sequencer = Sequencer()
@@ -336,7 +340,8 @@ class _Engine:
             return False
         if self._claimed >= self.config.max_in_flight:
             return False
-        if self.idempotent and batch.sequence < 0 and not self.sequencer.may_send_fresh(key):
+        fresh = self.idempotent and batch.sequence < 0
+        if fresh and (self._backing_off.get(key) or not self.sequencer.may_send_fresh(key)):
             return False
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         self._claimed += 1
@@ -442,10 +447,19 @@ class _Engine:
                 backoff_s = min(
                     1.0, self.config.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1)
                 )
-                await asyncio.sleep(backoff_s * (0.5 + random.random()))
-                if time.monotonic() < batch.deadline_s:
-                    self.acc.retry_first(batch)
-                    return
+                key = (batch.topic, batch.partition)
+                self._backing_off[key] = self._backing_off.get(key, 0) + 1
+                try:
+                    await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                    if time.monotonic() < batch.deadline_s:
+                        self.acc.retry_first(batch)
+                        return
+                finally:
+                    left = self._backing_off[key] - 1
+                    if left:
+                        self._backing_off[key] = left
+                    else:
+                        del self._backing_off[key]
                 error = self._expired(batch, error)
             self._fail(batch, self._final(batch, error))
         finally:
