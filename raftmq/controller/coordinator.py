@@ -28,6 +28,7 @@ beats they are drawn from.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,10 +63,12 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
     return min(MAX_HEARTBEAT_INTERVAL_MS, session_timeout_ms // 3)
 
 
-def commit_bytes(offsets: Iterable[c.OffsetEntry]) -> int:
-    """A bound on what a commit's offsets add to a CommitOffsets command's encoding (JSON:
-    a quoted character may take up to 6 bytes; the field names and numbers ~64)."""
-    return sum(64 + 6 * (len(o.topic) + len(o.metadata)) for o in offsets)
+def commit_bytes(commit: c.OffsetCommit) -> int:
+    """A bound on what a commit adds to a CommitOffsets command's encoding (canonical JSON,
+    ASCII: a character may take up to 12 bytes; the names and numbers of each offset at
+    most 80, the commit's group, member and epoch at most 600)."""
+    strings = sum(len(json.dumps(o.topic)) + len(json.dumps(o.metadata)) for o in commit.offsets)
+    return 600 + 80 * len(commit.offsets) + strings
 
 
 def group_state(group: ConsumerGroup) -> str:
@@ -198,7 +201,7 @@ class GroupCoordinator:
         with this commit's own refusal, or the quorum's error for the whole batch."""
         self.quorum.require_leader()
         loop = asyncio.get_running_loop()
-        pending = _Pending(commit, commit_bytes(commit.offsets), loop.create_future())
+        pending = _Pending(commit, commit_bytes(commit), loop.create_future())
         self._queue.append(pending)
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_batches(), name="group-commits")
