@@ -67,6 +67,8 @@ async def test_steady_heartbeats_write_nothing(tmp_path):
                 assert again == first
             assert first.heartbeat_interval_ms == 2000
             assert leader.local_state()[0] == version, "a steady heartbeat was written"
+            # ...and answered from the leader's own copy, without a read index's round.
+            assert leader.applied_all_committed()
 
             # A zombie's stale epoch: refused, and nothing written either.
             stale = gpb.ConsumerGroupHeartbeatRequest()
