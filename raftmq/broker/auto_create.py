@@ -121,7 +121,7 @@ class TopicCreator:
         except LinkRefusal as exc:
             if exc.code != pb.ERROR_CODE_TOPIC_ALREADY_EXISTS:
                 raise Refusal(
-                    exc.code,  # type: ignore[arg-type]
+                    exc.code,
                     f"topic {shorten(topic)} does not exist and auto-creating it failed: {exc}",
                 ) from None
             version = 0  # someone else created it: wait until it is known here

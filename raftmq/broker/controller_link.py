@@ -50,7 +50,7 @@ _RETRIED = (
 class LinkRefusal(Exception):
     """The controller refused the request itself (not for want of a leader)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: pb.ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
