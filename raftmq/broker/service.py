@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.broker.auto_create import unknown_topic
+from raftmq.broker.auto_create import MAX_CREATIONS, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
@@ -302,17 +302,22 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # --- RPCs ---------------------------------------------------------------------------
 
-    async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
-        """One produce request, for both Produce and ProduceStream; raises Refusal."""
+    async def _auto_create(self, topic: str) -> None:
+        """Create ``topic`` first when it does not exist and this broker auto-creates
+        topics (``--auto-create-topics``); nothing otherwise."""
         creator = self.broker.topic_creator
         if (
             creator is not None
-            and request.topic not in self.broker.spec.topics
+            and topic not in self.broker.spec.topics
             and self.broker.metadata_version
-            and TOPIC_NAME.fullmatch(request.topic)
+            and TOPIC_NAME.fullmatch(topic)
             and not self.broker.stopping
         ):
-            await creator.ensure(request.topic)
+            await creator.ensure(topic)
+
+    async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+        """One produce request, for both Produce and ProduceStream; raises Refusal."""
+        await self._auto_create(request.topic)
         replica = self._replica(request.topic, request.partition)
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
         _at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
@@ -504,6 +509,16 @@ class BrokerService(pb_grpc.BrokerServicer):
                 f"{name_list(invalid, 5)} are not valid topic names: use 1-200 characters of "
                 "A-Z a-z 0-9 . _ -",
             )
+        if request.allow_auto_create and request.topics:
+            if len(request.topics) > MAX_CREATIONS:
+                raise Refusal(
+                    pb.ERROR_CODE_INVALID_ARGUMENT,
+                    f"a Metadata request may ask to auto-create at most {MAX_CREATIONS} "
+                    f"topics, not {len(request.topics)}; ask in smaller groups",
+                )
+            for name in dict.fromkeys(request.topics):
+                await self._auto_create(name)
+            spec = self.broker.spec
         unknown = [n for n in names if n not in spec.topics]
         if unknown:
             self._check_has_metadata()

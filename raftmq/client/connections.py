@@ -17,6 +17,8 @@ from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import GRPC_OPTIONS
 
+AUTO_CREATE_TIMEOUT_S = 12.0
+"""A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
 METADATA_TIMEOUT_S = 5.0
 
 
@@ -77,6 +79,17 @@ class Connections:
         if answers:
             self.view = merge_metadata(answers)
         return bool(answers)
+
+    async def ask_to_create(self, topic: str) -> None:
+        """Ask a bootstrap broker to create ``topic`` if it auto-creates topics (a
+        producer's first send to it); whatever the answer, :meth:`refresh` tells."""
+        for address in self.bootstrap:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.stub(address).Metadata(
+                    pb.MetadataRequest(topics=[topic], allow_auto_create=True),
+                    timeout=AUTO_CREATE_TIMEOUT_S,
+                )
+                return
 
     async def leader(self, topic: str, partition: int) -> str:
         """The leader's address, asking the cluster when none is known; raises

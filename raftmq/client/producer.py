@@ -311,6 +311,9 @@ class _Engine:
             now = time.monotonic()
             if answered and unknown_since is None:
                 unknown_since = now
+                # A broker with --auto-create-topics creates it now; others ignore this.
+                await self.links.ask_to_create(topic)
+                continue
             known_missing = (
                 unknown_since is not None and now - unknown_since >= UNKNOWN_TOPIC_GRACE_S
             )

@@ -21,6 +21,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import (
     REBALANCE_ARGS,
@@ -198,6 +199,17 @@ def test_a_produce_auto_creates_its_topic_when_the_brokers_are_told_to(
         described = admin.describe_topic("born-on-produce")
         assert len(described.partitions) == 2  # --auto-create-partitions
         assert described.replication_factor == 3  # automatic: three alive brokers
+
+
+def test_a_producer_auto_creates_its_topic_before_it_partitions(cluster: LocalCluster) -> None:
+    """The Producer needs the partition count before its first batch: its Metadata call
+    asks the broker to create the topic (on a broker with auto-creation off it got
+    UNKNOWN_TOPIC, as the test below shows for a produce)."""
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        sent = producer.send("born-on-send", b"v", key=b"k").result(LIVE_S)
+    assert sent.topic == "born-on-send" and sent.offset == 0
+    with cluster.admin() as admin:
+        assert len(admin.describe_topic("born-on-send").partitions) == 2
 
 
 def test_min_insync_replicas_refuses_acks_all_while_too_few_are_in_sync(

@@ -242,10 +242,12 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "allow_auto_create")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_AUTO_CREATE_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_auto_create: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_create: _Optional[bool] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
     __slots__ = ("id", "host", "port")
