@@ -81,6 +81,9 @@ class GroupSession:
         """A refusal no retry mends (a bad group id): raised by the next ``poll``."""
         self.stopping: set[TopicPartition] = set()
         """Paused here until ``poll`` gives them up: resume must not restart them."""
+        self.lost: set[TopicPartition] = set()
+        """Lost and not yet dropped by ``poll``: their positions are not this member's to
+        commit any more, even if the group hands them back before ``poll`` runs."""
         self._topics: tuple[str, ...] | re.Pattern[str] = ()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -180,6 +183,8 @@ class GroupSession:
         for kind, tps in (("lost", step.lost), ("revoke", step.revoke)):
             if not tps:
                 continue
+            if kind == "lost":
+                self.lost |= tps
             for tp in tps:
                 self.stopping.add(tp)
                 if tp in self.fetcher.states:
@@ -206,13 +211,18 @@ class GroupSession:
             for tp in sorted(held):
                 self.fetcher.seek(tp, committed.get(tp))
             return
-        if event.kind == "revoke" and commit:
-            with contextlib.suppress(ClientError):  # logged: the member is fenced meanwhile
-                await self.commit(self._positions(tps))
+        # Lost since it was told to give them up: nothing left to commit or give up (and
+        # a partition the rejoin got back is the new assignment's, not this event's).
+        still = tps & self.membership.revoking if event.kind == "revoke" else frozenset()
+        if still and commit:
+            with contextlib.suppress(ClientError):  # fenced meanwhile: the heartbeat knows
+                await self.commit(self._positions(still))
         self.fetcher.assign([tp for tp in self.fetcher.states if tp not in tps])
         self.stopping -= tps
-        if event.kind == "revoke":
-            self.membership.given_up(tps)
+        if event.kind == "lost":
+            self.lost -= tps
+        if still:
+            self.membership.given_up(still)
             self._wake.set()
 
     async def _committed_for(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -235,8 +245,8 @@ class GroupSession:
     def positions(self) -> dict[TopicPartition, int]:
         """What a commit without offsets commits: the position of every partition the
         member holds and has not lost. Safe from the caller's thread."""
-        held = self.membership.held
-        return {tp: o for tp, o in positions(self.fetcher).items() if tp in held}
+        held, lost = self.membership.held, self.lost
+        return {tp: o for tp, o in positions(self.fetcher).items() if tp in held and tp not in lost}
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit ``offsets`` as this member (at its current epoch); raises
