@@ -31,7 +31,7 @@ from tests.broker.conftest import SHARED_BROKER_ARGS, cluster_spec, module_clust
 pytestmark = pytest.mark.timeout(180)
 
 SESSION_MS = 2000
-TOPICS = {"join": 6, "kill": 3, "redo": 3, "zombie": 2, "flow": 6, "api": 2, "static": 2}
+TOPICS = {"join": 6, "kill": 3, "redo": 3, "zombie": 2, "flow": 6, "api": 2, "static": 2, "aio": 2}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -198,8 +198,6 @@ def test_one_consumer_per_partition_across_join_leave_and_crash(
     sent = feed.stop()
     members = [a, b, c]
     wait_all_delivered(members, sent)
-    a.stop()
-    check_one_consumer_at_a_time(members)
     # each joined and had partitions; a ends with all six
     assert all(m.events("assign") for m in members)
     held: set[int] = set()
@@ -209,6 +207,8 @@ def test_one_consumer_per_partition_across_join_leave_and_crash(
         elif e["kind"] in ("revoke", "lost"):
             held -= set(e["ps"])
     assert held == set(range(6))
+    a.stop()
+    check_one_consumer_at_a_time(members)
 
 
 def test_a_killed_member_is_replaced_after_its_session_and_the_group_resumes(
@@ -252,7 +252,7 @@ def test_a_crash_between_processing_and_commit_redelivers(
     again = processed_by_a & b.offsets()
     assert again, "nothing a processed without committing came again"
     for (_, p), offset in at_crash.items():
-        first = min(o for q, o in b.offsets() if q == p)
+        first = min((o for q, o in b.offsets() if q == p), default=20)  # 20: a did it all
         assert first == (offset or 0), f"partition {p}: b started at {first}, not {offset}"
         assert {(p, o) for o in range(offset or 0)} <= processed_by_a  # committed: done
 
@@ -395,21 +395,21 @@ def test_commit_committed_callbacks_and_assign_mode(cluster: LocalCluster) -> No
     manual = {**settings, "enable_auto_commit": False}
     with Consumer(cluster.addresses, group_id="g-api", **manual) as c:
         c.assign([("api", 0)])
-        c.commit({("api", 0): 7})
-        assert c.committed([("api", 0)]) == {("api", 0): 7}
+        c.commit({("api", 0): 2})
+        assert c.committed([("api", 0)]) == {("api", 0): 2}
     # a member of the group resumes from there, and auto-commits on close
     with Consumer(cluster.addresses, group_id="g-api", **settings) as c:
         c.subscribe(["api"])
-        got = poll_records(c, 8)
-        assert sorted(r.offset for r in got if r.partition == 0) == [7, 8, 9]
+        got = poll_records(c, 3)
+        assert [(r.partition, r.offset) for r in got] == [(0, 2), (0, 3), (0, 4)]
         # assign mode's commit is refused while the group has members
         with Consumer(cluster.addresses, group_id="g-api", **manual) as other:
             other.assign([("api", 1)])
             with pytest.raises(CommitFailedError, match="members"):
                 other.commit({("api", 1): 0})
     assert committed(cluster, "g-api", [("api", 0), ("api", 1)]) == {
-        ("api", 0): 10,
-        ("api", 1): 10,
+        ("api", 0): 5,
+        ("api", 1): 5,
     }
 
 
@@ -440,7 +440,7 @@ def test_the_async_consumer_in_a_group(cluster: LocalCluster) -> None:
 
     with Producer(cluster.addresses, linger_ms=1) as producer:
         for i in range(6):
-            producer.send("api", f"y{i}".encode(), partition=i % 2)
+            producer.send("aio", f"y{i}".encode(), partition=i % 2)
 
     async def run() -> None:
         assigned: list[set] = []
@@ -455,15 +455,14 @@ def test_the_async_consumer_in_a_group(cluster: LocalCluster) -> None:
             session_timeout_ms=SESSION_MS,
         )
         async with c:
-            c.subscribe(re.compile(r"ap."), on_assign=on_assign)
+            c.subscribe(re.compile(r"ai."), on_assign=on_assign)
             got: list = []
             deadline = time.monotonic() + 30
             while len(got) < 6:
                 assert time.monotonic() < deadline
                 got += await c.poll(0.3)
-            assert assigned == [{("api", 0), ("api", 1)}]
+            assert assigned == [{("aio", 0), ("aio", 1)}]
             await c.commit()
-            positions = await c.committed()
-            assert all(o is not None and o >= 3 for o in positions.values())
+            assert await c.committed() == {("aio", 0): 3, ("aio", 1): 3}
 
     asyncio.run(run())
