@@ -33,7 +33,7 @@ from raftmq.controller.coordinator import (
     heartbeat_interval_ms,
     partitions_of,
 )
-from raftmq.controller.groups import GROUP_ID, MAX_OFFSET_METADATA_CHARS
+from raftmq.controller.groups import GROUP_ID, MAX_OFFSET_METADATA_CHARS, MAX_SUBSCRIPTIONS
 from raftmq.controller.model import ConsumerGroup, MetadataState, TopicPartition
 from raftmq.controller.quorum import ControllerQuorum
 
@@ -98,7 +98,9 @@ def _offsets(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
     return offsets
 
 
-def _positions(group: ConsumerGroup | None, wanted: set[tuple[str, int]] | None) -> list:
+def _positions(
+    group: ConsumerGroup | None, wanted: set[tuple[str, int]] | None
+) -> list[gpb.CommittedPosition]:
     if group is None:
         return []
     return [
@@ -140,8 +142,12 @@ class GroupsService(ControllerFace):
                 f"session_timeout_ms {timeout_ms} is not between {MIN_SESSION_TIMEOUT_MS} and "
                 f"{MAX_SESSION_TIMEOUT_MS} (0 for the default, {DEFAULT_SESSION_TIMEOUT_MS})",
             )
-        if len(request.subscriptions) > MAX_LISTED_PARTITIONS:
-            raise Refusal(pb.ERROR_CODE_INVALID_GROUP, "too many subscriptions")
+        if len(request.subscriptions) > MAX_SUBSCRIPTIONS:
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_GROUP,
+                f"{len(request.subscriptions)} topics subscribed; a member subscribes to at "
+                f"most {MAX_SUBSCRIPTIONS} (resolve a pattern to the topics it matches)",
+            )
         beat = c.GroupHeartbeat(
             request.group_id,
             request.member_id,

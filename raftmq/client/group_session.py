@@ -206,7 +206,11 @@ class GroupSession:
         tps = event.partitions
         if event.kind == "assign":
             held = tps & self.membership.held  # not revoked or lost meanwhile
-            committed = await self._committed_for(sorted(held))
+            try:
+                committed = await self._committed_for(sorted(held))
+            except ClientError:
+                self.events.appendleft(event)  # the next poll tries again
+                raise
             self.fetcher.assign([*self.fetcher.states, *sorted(held - set(self.fetcher.states))])
             for tp in sorted(held):
                 self.fetcher.seek(tp, committed.get(tp))

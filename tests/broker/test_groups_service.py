@@ -7,6 +7,8 @@ controller leader's SIGKILL loses no commit and no member's assignment."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -38,8 +40,15 @@ class Member:
     """One group member's side of the protocol over a raw stub to the controller
     leader: what it holds, its id and epoch."""
 
-    def __init__(self, stub: gpb_grpc.GroupsStub, group: str, topics: list[str]) -> None:
+    def __init__(
+        self,
+        stub: gpb_grpc.GroupsStub,
+        group: str,
+        topics: list[str],
+        session_timeout_ms: int = 20000,
+    ) -> None:
         self.stub, self.group, self.topics = stub, group, topics
+        self.session_timeout_ms = session_timeout_ms
         self.member_id, self.epoch = "", 0
         self.holds: set[TP] = set()
         self.last: gpb.ConsumerGroupHeartbeatResponse | None = None
@@ -54,7 +63,7 @@ class Member:
                 member_epoch=self.epoch,
                 subscriptions=self.topics,
                 owned=wire(self.holds),
-                session_timeout_ms=20000,
+                session_timeout_ms=self.session_timeout_ms,
             ),
             timeout=10,
         )
@@ -162,3 +171,53 @@ def test_incremental_rebalance_fencing_and_a_controller_leader_kill(
             assert committed(stub, "g") == {}
             err = rpc_error(lambda: admin.describe_group("g"))
             assert_error(err, grpc.StatusCode.NOT_FOUND, "UNKNOWN_GROUP", "no consumer group")
+
+
+def test_a_silent_member_is_removed_and_commits_are_batched(make_cluster: ClusterFactory) -> None:
+    cluster = make_cluster({"jobs": 4})
+    every = {("jobs", p) for p in range(4)}
+    leader = layouts.controller_leader(cluster.controller_addresses)
+    address = cluster.spec.brokers[leader].address
+    with grpc.insecure_channel(address) as channel:
+        stub = gpb_grpc.GroupsStub(channel)
+        silent = Member(stub, "s", ["jobs"], session_timeout_ms=1000)
+        silent.beat()
+        silent.beat()  # holds all four, then says nothing more
+        live = Member(stub, "s", ["jobs"])
+        assert not held(live.beat().assigned)
+        wait_until(
+            lambda: held(live.beat().assigned) == every,
+            15,
+            "the silent member's partitions to reach the live one",
+        )
+        with AdminClient([address]) as admin:
+            members = {m.member_id for m in admin.describe_group("s").members}
+        assert members == {live.member_id}, "the silent member was not removed"
+        err = rpc_error(silent.beat)
+        assert_error(err, FP, "UNKNOWN_MEMBER", "session timeout")
+
+    # Many clients committing at once: a handful of metadata entries, not one each.
+    async def commit_all(count: int) -> int:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = gpb_grpc.GroupsStub(channel)
+            await asyncio.gather(
+                *(
+                    stub.CommitOffsets(
+                        gpb.CommitOffsetsRequest(
+                            group_id=f"c{i}",
+                            offsets=[gpb.OffsetToCommit(topic="jobs", partition=i % 4, offset=i)],
+                        ),
+                        timeout=30,
+                    )
+                    for i in range(count)
+                )
+            )
+        return count
+
+    with AdminClient([address]) as admin:
+        before = admin.describe_cluster().metadata_version
+        asyncio.run(commit_all(300))
+        written = admin.describe_cluster().metadata_version - before
+        assert written <= 300 // 4, f"300 commits took {written} metadata entries"
+        assert {g.group_id for g in admin.list_groups().groups} >= {f"c{i}" for i in range(300)}
+        assert admin.fetch_group_offsets("c299").offsets[0].offset == 299

@@ -202,3 +202,40 @@ async def test_new_leader_counts_members_as_heard(tmp_path):
         assert joined.member_id in new.local_state()[1].consumer_groups["g"].members
     finally:
         await cluster.stop()
+
+
+async def test_a_restarted_static_member_takes_its_partitions_back(tmp_path):
+    cluster, leader = await started(tmp_path)
+    try:
+        async with grpc.aio.insecure_channel(cluster.addresses[leader.node_id]) as channel:
+            stub = gpb_grpc.GroupsStub(channel)
+
+            async def join(instance: str) -> gpb.ConsumerGroupHeartbeatResponse:
+                return await stub.ConsumerGroupHeartbeat(
+                    gpb.ConsumerGroupHeartbeatRequest(
+                        group_id="g", instance_id=instance, subscriptions=["t"]
+                    )
+                )
+
+            first = await join("i1")
+            other = await join("i2")
+            first = await stub.ConsumerGroupHeartbeat(
+                gpb.ConsumerGroupHeartbeatRequest(
+                    group_id="g",
+                    member_id=first.member_id,
+                    member_epoch=first.member_epoch,
+                    subscriptions=["t"],
+                    owned=owned(first),
+                )
+            )
+            kept = held(first.assigned)
+            assert len(kept) == 2, "the first member should have given half up"
+            group_epoch = leader.local_state()[1].consumer_groups["g"].epoch
+            again = await join("i1")  # the process restarted: a new id, the same instance
+            assert again.member_id != first.member_id
+            assert held(again.assigned) == kept and not again.revoke
+            group = leader.local_state()[1].consumer_groups["g"]
+            assert group.epoch == group_epoch, "a static member's restart rebalanced"
+            assert set(group.members) == {again.member_id, other.member_id}
+    finally:
+        await cluster.stop()
