@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TextIO
 
 from raftmq.api.v1 import broker_pb2 as pb
@@ -34,12 +35,19 @@ def parse_args(doc: str, topic: str) -> argparse.Namespace:
 
 
 def ensure_topic(bootstrap: list[str], topic: str, partitions: int = 3) -> None:
+    """Create the topic if it is new, and wait until each partition has a leader (a
+    producer without retries would lose what it sends before)."""
     with AdminClient(bootstrap) as admin:
         try:
             admin.create_topic(topic, partitions, min(3, len(bootstrap)))
         except ClientError as err:
             if err.code != pb.ERROR_CODE_TOPIC_ALREADY_EXISTS:
                 raise
+        deadline = time.monotonic() + 30
+        while not all(p.leader_id for p in admin.describe_topic(topic).partitions):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"topic {topic} has partitions without a leader after 30 s")
+            time.sleep(0.2)
 
 
 def produce(producer: Producer, topic: str, count: int) -> None:
