@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.admin import AdminClient
-from raftmq.client.consumer import ConsumerRecord
+from raftmq.client.consumer import Consumer, ConsumerRecord
 from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer
 
@@ -67,3 +68,29 @@ def process(out: TextIO, record: ConsumerRecord) -> None:
 
 def output(path: str) -> TextIO:
     return sys.stdout if path == "-" else open(path, "a", encoding="utf-8")
+
+
+def group_consumer(args: argparse.Namespace) -> Consumer:
+    """A member of ``--group`` that commits only when told (``commit()``), subscribed to
+    ``--topic``; a partition the group never committed starts at its beginning."""
+    consumer = Consumer(
+        args.bootstrap.split(","),
+        group_id=args.group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    consumer.subscribe([args.topic])
+    return consumer
+
+
+def batches(consumer: Consumer, idle_s: float) -> Iterator[list[ConsumerRecord]]:
+    """What each poll returns, until none came for ``idle_s`` while the consumer had
+    partitions (a restarted member waits for the dead one's session to expire first)."""
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < idle_s:
+        records = consumer.poll(0.5)
+        if records or not consumer.assignment():
+            idle_since = time.monotonic()
+        if records:
+            yield records

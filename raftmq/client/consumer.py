@@ -235,6 +235,8 @@ class _Face:
     """What both consumers share: the settings, the fetcher's making, the offset
     lookups (ListOffsets at each partition's leader), and the group's bookkeeping."""
 
+    _fetcher: Fetcher
+
     def __init__(self, bootstrap: str | Sequence[str], settings: ConsumerSettings) -> None:
         addresses = bootstrap_addresses(bootstrap)
         self.config = ConsumerConfig(addresses, **settings)
@@ -319,10 +321,7 @@ class _Face:
     def _positions(self) -> dict[TopicPartition, int]:
         if self._session is not None:
             return self._session.positions()
-        return positions(self._fetcher_of())
-
-    def _fetcher_of(self) -> Fetcher:
-        raise NotImplementedError
+        return positions(self._fetcher)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         """On the loop: as the member, or (assign mode) outside the membership."""
@@ -335,7 +334,7 @@ class _Face:
         if not offsets:
             return
         if self._link is None:
-            self._link = GroupLink(self._fetcher_of().links)
+            self._link = GroupLink(self._fetcher.links)
         group_id = self._group_id("commit")
         try:
             await self._link.commit(group_id, "", 0, offsets)
@@ -362,7 +361,7 @@ class _Face:
     ) -> dict[TopicPartition, int | None]:
         wanted = sorted(set(partitions))
         if self._link is None:
-            self._link = GroupLink(self._fetcher_of().links)
+            self._link = GroupLink(self._fetcher.links)
         found = await self._link.fetch_offsets(self._group_id("committed"), wanted)
         return {tp: found.get(tp) for tp in wanted}
 
@@ -379,7 +378,7 @@ class _Face:
         if self._session is None:
             return set()
         held = self._session.membership.held
-        return {tp for tp in dict(self._fetcher_of().states) if tp in held}
+        return {tp for tp in dict(self._fetcher.states) if tp in held}
 
     def _resumable(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Not those the group is taking away (paused until ``poll`` gives them up)."""
@@ -394,7 +393,7 @@ class _Face:
                 await self._auto_commit(session.positions())
             await session.close(leave=self.config.group_instance_id is None)
         elif self.config.enable_auto_commit and self.config.group_id is not None:
-            await self._auto_commit(positions(self._fetcher_of()))
+            await self._auto_commit(positions(self._fetcher))
 
 
 async def _offsets(
@@ -467,9 +466,6 @@ class Consumer(_Face):
             fn(*args)
 
         self._wait(call())
-
-    def _fetcher_of(self) -> Fetcher:
-        return self._fetcher
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly these partitions (replacing any earlier assignment). With a
@@ -640,9 +636,6 @@ class AsyncConsumer(_Face):
         self._data = asyncio.Event()
         self._fetcher = self._make_fetcher(self._data.set)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def _fetcher_of(self) -> Fetcher:
-        return self._fetcher
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._check_assign()
