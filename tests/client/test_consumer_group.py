@@ -23,10 +23,14 @@ from typing import Any
 
 import pytest
 
+from raftmq.client.admin import AdminClient
 from raftmq.client.consumer import AsyncConsumer, CommitFailedError, Consumer
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import SHARED_BROKER_ARGS, cluster_spec, module_cluster
+from tests.broker.test_controller_layouts import Dedicated, controller_leader, dedicated
+
+__all__ = ["dedicated"]  # the fixture: dedicated controllers, broker-only nodes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -466,3 +470,40 @@ def test_the_async_consumer_in_a_group(cluster: LocalCluster) -> None:
             assert await c.committed() == {("aio", 0): 3, ("aio", 1): 3}
 
     asyncio.run(run())
+
+
+def test_a_group_through_broker_only_nodes_survives_a_controller_leader_kill(
+    dedicated: Dedicated,
+) -> None:
+    """The consumer knows only broker-only nodes: they answer NOT_CONTROLLER and it
+    follows them to the controller leader; killing that leader delays heartbeats and
+    commits until another takes over, and loses no commit."""
+    cluster = dedicated()
+    with AdminClient(cluster.controller_addresses) as admin:
+        admin.create_topic("d", 2, 3)
+    tps = [("d", 0), ("d", 1)]
+
+    def produce(start: int) -> None:
+        with Producer(cluster.addresses, linger_ms=1) as producer:
+            for i in range(start, start + 20):
+                producer.send("d", f"d{i}".encode(), partition=i % 2)
+
+    settings: dict[str, Any] = {
+        "group_id": "g-dedicated",
+        "session_timeout_ms": 10_000,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+    }
+    with Consumer(cluster.addresses, **settings) as c:
+        c.subscribe(["d"])
+        produce(0)
+        assert len(poll_records(c, 20)) == 20
+        c.commit()
+        assert c.committed(tps) == {tp: 10 for tp in tps}
+        leader = controller_leader(cluster.controller_addresses)
+        assert leader in cluster.spec.voters
+        cluster.kill(leader)
+        produce(20)
+        assert len(poll_records(c, 20)) == 20  # fetching never needed the controller
+        c.commit()  # waits for the next controller leader
+        assert c.committed(tps) == {tp: 20 for tp in tps}
