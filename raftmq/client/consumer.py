@@ -266,10 +266,10 @@ class _Face:
             raise ValueError(f"{what} needs a consumer group: create the consumer with group_id")
         return self.config.group_id
 
-    def _check_subscribe(self, fetcher: Fetcher, callbacks: _Callbacks) -> None:
+    def _check_subscribe(self, callbacks: _Callbacks) -> None:
         self._check_open()
         self._group_id("subscribe")
-        if self._session is None and fetcher.states:
+        if self._session is None and self._fetcher.states:
             raise RuntimeError(
                 "this consumer has partitions from assign(); a consumer either assigns or "
                 "subscribes (create another for the other)"
@@ -284,11 +284,11 @@ class _Face:
                 "consumer to assign partitions yourself)"
             )
 
-    def _new_session(self, fetcher: Fetcher, notify: Callable[[], None]) -> GroupSession:
+    def _new_session(self, notify: Callable[[], None]) -> GroupSession:
         c = self.config
         assert c.group_id is not None
         return GroupSession(
-            fetcher,
+            self._fetcher,
             c.group_id,
             instance_id=c.group_instance_id,
             session_timeout_ms=c.session_timeout_ms,
@@ -296,7 +296,7 @@ class _Face:
             notify=notify,
         )
 
-    def _group_step(self, fetcher: Fetcher) -> GroupEvent | None:
+    def _group_step(self) -> GroupEvent | None:
         """In ``poll``: the session's refusal, if any, then the next event to handle."""
         session = self._session
         if session is None:
@@ -326,8 +326,9 @@ class _Face:
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         """On the loop: as the member, or (assign mode) outside the membership."""
         for tp, offset in offsets.items():
+            if not (isinstance(tp, tuple) and len(tp) == 2):
+                raise ValueError(f"commit offsets per (topic, partition), not per {tp!r}")
             _check_offset(offset)
-            assert isinstance(tp, tuple), tp
         if self._session is not None:
             await self._session.commit(offsets)
             return
@@ -365,12 +366,10 @@ class _Face:
         found = await self._link.fetch_offsets(self._group_id("committed"), wanted)
         return {tp: found.get(tp) for tp in wanted}
 
-    def _subscribe(
-        self, fetcher: Fetcher, notify: Callable[[], None], topics: list[str] | re.Pattern[str]
-    ) -> None:
+    def _subscribe(self, notify: Callable[[], None], topics: list[str] | re.Pattern[str]) -> None:
         """On the loop."""
         if self._session is None:
-            self._session = self._new_session(fetcher, notify)
+            self._session = self._new_session(notify)
         self._session.subscribe(topics)
 
     def _closing_held(self) -> Partitions:
@@ -488,8 +487,8 @@ class Consumer(_Face):
         offset), on_revoke before they are given up (commit there yourself without
         auto-commit), on_lost when the group dropped this member (they may be another's
         already: do not commit; without on_lost, on_revoke is called)."""
-        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
-        self._on_loop(self._subscribe, self._fetcher, self._notify, _topics(topics))
+        self._check_subscribe(_Callbacks(on_assign, on_revoke, on_lost))
+        self._on_loop(self._subscribe, self._notify, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -517,7 +516,7 @@ class Consumer(_Face):
     def _handle_group(self) -> None:
         """In ``poll``: the group's news (callbacks here, in the caller's thread), then
         auto-commit when due."""
-        while (event := self._group_step(self._fetcher)) is not None:
+        while (event := self._group_step()) is not None:
             assert self._session is not None
             callback = self._callbacks.of(event)
             commit = self.config.enable_auto_commit
@@ -650,8 +649,8 @@ class AsyncConsumer(_Face):
         on_lost: Callback | None = None,
     ) -> None:
         """As Consumer.subscribe; a callback may be a coroutine function."""
-        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
-        self._subscribe(self._fetcher, self._data.set, _topics(topics))
+        self._check_subscribe(_Callbacks(on_assign, on_revoke, on_lost))
+        self._subscribe(self._data.set, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -675,7 +674,7 @@ class AsyncConsumer(_Face):
                 await asyncio.wait_for(self._data.wait(), left)
 
     async def _handle_group(self) -> None:
-        while (event := self._group_step(self._fetcher)) is not None:
+        while (event := self._group_step()) is not None:
             assert self._session is not None
             callback = self._callbacks.of(event)
             commit = self.config.enable_auto_commit
