@@ -507,3 +507,28 @@ def test_a_group_through_broker_only_nodes_survives_a_controller_leader_kill(
         assert len(poll_records(c, 20)) == 20  # fetching never needed the controller
         c.commit()  # waits for the next controller leader
         assert c.committed(tps) == {tp: 20 for tp in tps}
+
+
+def test_group_settings_and_misuse_are_sentences() -> None:
+    nowhere = ["127.0.0.1:1"]  # nothing is sent for any of these
+    for settings, words in (
+        ({"group_id": "g", "session_timeout_ms": 10}, "session_timeout_ms must be"),
+        ({"group_instance_id": "w-1"}, "group_instance_id needs a group_id"),
+        ({"group_id": "g", "assignor": "eager"}, "assignor must be one of"),
+        ({"group_id": ""}, "group_id is a name"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            Consumer(nowhere, **settings)
+    with Consumer(nowhere) as c:
+        with pytest.raises(ValueError, match="needs a consumer group"):
+            c.commit({("t", 0): 1})
+        with pytest.raises(ValueError, match="needs a consumer group"):
+            c.subscribe(["t"])
+    with Consumer(nowhere, group_id="g") as c:
+        with pytest.raises(ValueError, match="topic names"):
+            c.subscribe([])
+        with pytest.raises(ValueError, match="negative"):
+            c.commit({("t", 0): -1})
+        c.assign([("t", 0)])
+        with pytest.raises(RuntimeError, match="assign"):
+            c.subscribe(["t"])
