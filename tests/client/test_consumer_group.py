@@ -532,3 +532,18 @@ def test_group_settings_and_misuse_are_sentences() -> None:
         c.assign([("t", 0)])
         with pytest.raises(RuntimeError, match="assign"):
             c.subscribe(["t"])
+
+
+def test_a_pattern_takes_in_a_topic_created_later(cluster: LocalCluster) -> None:
+    import re
+
+    with Consumer(cluster.addresses, group_id="g-pattern", session_timeout_ms=SESSION_MS) as c:
+        c.subscribe(re.compile(r"later-\d+"))
+        c.poll(0.5)
+        assert c.assignment() == set()  # nothing matches yet: not even a member
+        with AdminClient(cluster.addresses) as admin:
+            admin.create_topic("later-1", 2, 3)
+        deadline = time.monotonic() + 30
+        while c.assignment() != {("later-1", 0), ("later-1", 1)}:
+            assert time.monotonic() < deadline, f"assigned {c.assignment()}"
+            c.poll(0.2)
