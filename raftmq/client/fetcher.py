@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -26,13 +25,12 @@ from typing import Literal
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.backoff import backoff
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
 
 OffsetReset = Literal["earliest", "latest", "error"]
 TopicPartition = tuple[str, int]
-RETRY_BACKOFF_S = 0.05
-MAX_BACKOFF_S = 1.0
 RPC_SLACK_S = 10.0
 """How much longer than its long poll a Fetch may take before the client gives up."""
 
@@ -107,11 +105,11 @@ class Fetcher:
                 if not (err.retriable or err.unreachable):
                     raise err from None
                 self.links.learn(*tp, err)
-                await _backoff(attempt)
+                await backoff(attempt)
             except ClientError as err:  # no leader yet
                 if not err.retriable:
                     raise
-                await _backoff(attempt)
+                await backoff(attempt)
         raise ClientError(
             f"no leader of {tp[0]}/{tp[1]} answered ListOffsets",
             pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
@@ -195,7 +193,7 @@ class Fetcher:
                     self._fail(state, generation, err)
                     continue
                 self.links.learn(*tp, err)
-                await _backoff(attempt)
+                await backoff(attempt)
                 attempt += 1
                 continue
             self._deliver(state, generation, answer)
@@ -288,6 +286,3 @@ class Fetcher:
         await self.links.close()
 
 
-async def _backoff(attempt: int) -> None:
-    delay = min(MAX_BACKOFF_S, RETRY_BACKOFF_S * 2 ** min(attempt, 10))
-    await asyncio.sleep(delay * (0.5 + random.random()))

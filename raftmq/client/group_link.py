@@ -23,9 +23,9 @@ import grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
+from raftmq.client.backoff import backoff
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
-from raftmq.client.fetcher import _backoff as backoff
 
 _REDIRECTED = pb.ERROR_CODE_NOT_CONTROLLER
 _TRY_AGAIN = (pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE, pb.ERROR_CODE_OUTCOME_UNKNOWN)

@@ -29,9 +29,9 @@ from typing import Literal
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import groups_pb2 as gpb
+from raftmq.client.backoff import backoff
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import Fetcher
-from raftmq.client.fetcher import _backoff as backoff
 from raftmq.client.group_link import GroupLink, by_topic, flat, is_fenced
 from raftmq.client.membership import Beat, Membership, Step, TopicPartition
 

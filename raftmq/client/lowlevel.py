@@ -6,7 +6,6 @@ directly.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.client.backoff import backoff_s
 from raftmq.client.cluster_view import Leader, merge_metadata
 from raftmq.client.errors import ClientError, error_of
 
@@ -255,4 +255,4 @@ class LowLevelClient:
         )
 
     def _sleep(self, attempt: int) -> None:
-        time.sleep(min(1.0, self.backoff * (1.5 ** min(attempt, 10))) * (0.5 + random.random()))
+        time.sleep(backoff_s(attempt, self.backoff))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import random
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -40,6 +39,7 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
+from raftmq.client.backoff import backoff
 from raftmq.client.connections import Connections, bootstrap_addresses
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.idempotence import Sequencer
@@ -447,13 +447,10 @@ class _Engine:
                 # It arrived before a batch sent ahead of it: not a failed attempt.
                 batch.attempts -= 1
             if (overtook or self._retriable(error)) and batch.attempts <= self.config.retries:
-                backoff_s = min(
-                    1.0, self.config.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1)
-                )
                 key = (batch.topic, batch.partition)
                 self._backing_off[key] = self._backing_off.get(key, 0) + 1
                 try:
-                    await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                    await backoff(batch.attempts - 1, self.config.retry_backoff_ms / 1000)
                     if time.monotonic() < batch.deadline_s:
                         self.acc.retry_first(batch)
                         return
