@@ -25,6 +25,7 @@ from raftmq.broker.auto_create import unknown_topic
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
 from raftmq.controller.metadata import TOPIC_NAME
+from raftmq.controller.model import Broker as RegisteredBroker
 from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
@@ -443,9 +444,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             if wait and not self._parked.locked():
                 async with self._parked:
-                    result = await replica.fetch(request.offset, max_bytes, request.min_bytes, wait)
+                    result = await replica.fetch(
+                        request.offset,
+                        max_bytes,
+                        request.min_bytes,
+                        wait,
+                        replica_read=request.replica_read,
+                    )
             else:
-                result = replica.read(request.offset, max_bytes)
+                result = replica.read(request.offset, max_bytes, replica_read=request.replica_read)
         except PartitionError as exc:
             raise self._refusal(exc) from None
         next_offset = result.next_offset if result.entries else request.offset
@@ -527,10 +534,15 @@ class BrokerService(pb_grpc.BrokerServicer):
                         high_watermark=replica.high_watermark if replica else -1,
                         replica_status=_replica_status(replica) if replica else [],
                         log_start_offset=replica.log_start_offset if replica else -1,
+                        in_sync_replicas=replica.in_sync_voters() if replica else [],
                     )
                 )
             topics.append(pb.TopicInfo(name=name, partitions=parts))
-        brokers = [pb.BrokerInfo(id=b.id, host=b.host, port=b.port) for b in spec.brokers.values()]
+        registered = spec.state.brokers
+        brokers = [
+            pb.BrokerInfo(id=b.id, host=b.host, port=b.port, rack=_rack(registered.get(b.id)))
+            for b in spec.brokers.values()
+        ]
         return pb.MetadataResponse(
             cluster=spec.name,
             brokers=brokers,
@@ -538,6 +550,10 @@ class BrokerService(pb_grpc.BrokerServicer):
             broker_id=self.broker.id,
             metadata_version=self.broker.metadata_version,
         )
+
+
+def _rack(broker: RegisteredBroker | None) -> str:
+    return (broker.rack or "") if broker is not None else ""
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

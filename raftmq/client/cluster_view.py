@@ -27,15 +27,39 @@ class ClusterView:
     partitions: dict[str, int] = field(default_factory=dict)
     """Topic: its partition count."""
     leaders: dict[tuple[str, int], Leader] = field(default_factory=dict)
+    racks: dict[int, str] = field(default_factory=dict)
+    """Broker id: its rack, for the brokers that have one."""
+    in_sync: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    """The in-sync replicas of each partition, as its leader reported them."""
+
+    def closest_replica(self, topic: str, partition: int, rack: str) -> Leader | None:
+        """The in-sync follower of the partition in ``rack`` to read from (KIP-392), or
+        None when there is none (or the leader is in that rack itself): read from the
+        leader then. Placement puts no two replicas of a partition in one rack, so there
+        is at most one."""
+        key = (topic, partition)
+        leader = self.leaders.get(key)
+        for broker_id in sorted(self.in_sync.get(key, ())):
+            if self.racks.get(broker_id) != rack:
+                continue
+            if leader is not None and broker_id == leader.broker_id:
+                return None
+            address = self.brokers.get(broker_id)
+            if address is not None:
+                return Leader(broker_id, address)
+        return None
 
 
 def merge_metadata(answers: Iterable[pb.MetadataResponse]) -> ClusterView:
     view = ClusterView()
     terms: dict[tuple[str, int], int] = {}
+    reported: dict[tuple[str, int], tuple[int, frozenset[int]]] = {}
     answers = list(answers)
     for md in answers:
         for b in md.brokers:
             view.brokers[b.id] = f"{b.host}:{b.port}"
+            if b.rack:
+                view.racks[b.id] = b.rack
     for md in answers:
         for t in md.topics:
             view.partitions[t.name] = max(view.partitions.get(t.name, 0), len(t.partitions))
@@ -45,4 +69,9 @@ def merge_metadata(answers: Iterable[pb.MetadataResponse]) -> ClusterView:
                 if p.leader_id and address and p.leader_term > terms.get(key, -1):
                     terms[key] = p.leader_term
                     view.leaders[key] = Leader(p.leader_id, address)
+                if md.broker_id == p.leader_id:  # the leader's own answer
+                    reported[key] = (p.leader_term, frozenset(p.in_sync_replicas))
+    for key, (term, in_sync) in reported.items():
+        if terms.get(key) == term:
+            view.in_sync[key] = in_sync
     return view

@@ -24,7 +24,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
@@ -36,11 +36,13 @@ from raftmq.client.fetcher import (
     PartitionState,
     TopicPartition,
 )
+from raftmq.controller.transitions import RACK
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 
 __all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "NoOffsetError", "TopicPartition"]
 T = TypeVar("T")
+IsolationLevel = Literal["read_uncommitted", "read_committed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,13 @@ class ConsumerConfig:
     """Bytes per fetch, and what each partition may hold fetched but not yet polled."""
     max_buffer_bytes: int = 64 * 1024 * 1024
     """What all partitions together may hold fetched but not yet polled."""
+    isolation_level: IsolationLevel = "read_uncommitted"
+    """'read_uncommitted' or 'read_committed'. Both read up to the high watermark while
+    raftmq has no transactions; read_committed will then also stop at the last stable
+    offset and drop aborted transactions' records (docs/transactions.md)."""
+    client_rack: str | None = None
+    """This consumer's rack: each partition is read from its in-sync replica in that
+    rack when it has one (less cross-rack traffic), else from its leader."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -83,6 +92,16 @@ class ConsumerConfig:
             raise ValueError(f"fetch_max_wait_ms must be 0-60000, not {self.fetch_max_wait_ms}")
         if not 1 <= self.fetch_max_bytes <= 64 * 1024 * 1024:
             raise ValueError(f"fetch_max_bytes must be 1 B to 64 MiB, not {self.fetch_max_bytes}")
+        if self.isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(
+                "isolation_level must be 'read_uncommitted' or 'read_committed', not "
+                f"{self.isolation_level!r}"
+            )
+        if self.client_rack is not None and not RACK.fullmatch(self.client_rack):
+            raise ValueError(
+                f"client_rack {self.client_rack!r} is not a rack name: brokers' racks are "
+                "1-64 characters of A-Z a-z 0-9 . _ - (or leave it None to read from leaders)"
+            )
         if self.max_buffer_bytes < self.fetch_max_bytes:
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must hold at least one fetch "
@@ -151,6 +170,8 @@ class ConsumerSettings(TypedDict, total=False):
     fetch_max_wait_ms: int
     fetch_max_bytes: int
     max_buffer_bytes: int
+    isolation_level: IsolationLevel
+    client_rack: str | None
 
 
 class _Face:
@@ -171,6 +192,7 @@ class _Face:
             partition_buffer_bytes=c.fetch_max_bytes,
             max_buffer_bytes=c.max_buffer_bytes,
             on_data=on_data,
+            client_rack=c.client_rack,
         )
 
     def _check_open(self) -> None:
