@@ -14,6 +14,10 @@ op. Two modes, one switch each (:class:`ClientWorkloadOptions`):
 - without it: each consumer is assigned a fixed share of the partitions and reads them
   from the beginning, in order, with nothing committed.
 
+With ``racks`` the consumers read from the follower in their rack (client_rack), so
+follower reads face the faults too: a follower that served an uncommitted record would
+show as a dirty read.
+
 ``idempotent`` turns on the producers' idempotence, and the checker then counts a record
 stored twice as a violation. Both need the client features of issue 14 that land on
 their own branches; :func:`check_supported` says plainly when they are missing.
@@ -52,6 +56,9 @@ class ClientWorkloadOptions:
     """Consumers as members of one group, committing (else fixed assignments, no commits)."""
     idempotent: bool = False
     """Producers with enable_idempotence (the checker then forbids duplicates)."""
+    racks: tuple[str, ...] = ()
+    """The brokers' racks: consumer k reads from the in-sync replica in rack k (mod
+    their number) when there is one (client_rack); empty: from the leaders."""
 
 
 def check_supported(options: ClientWorkloadOptions) -> None:
@@ -175,13 +182,15 @@ class ClientWorkload:
 
     # --- consuming ------------------------------------------------------------------------
 
-    def _consumer(self, **extra: object) -> Consumer:
+    def _consumer(self, k: int = 0) -> Consumer:
         settings: dict[str, object] = {
             "auto_offset_reset": "earliest",
             "fetch_max_wait_ms": 200,
             "max_poll_records": 200,
-            **extra,
         }
+        racks = self.options.racks
+        if racks:
+            settings["client_rack"] = racks[k % len(racks)]
         if self.options.group:
             settings |= {
                 "group_id": GROUP,
@@ -194,7 +203,7 @@ class ClientWorkload:
         process = f"consumer-{k}"
         while not self.stop.is_set():
             try:
-                with self._consumer() as consumer:
+                with self._consumer(k) as consumer:
                     if self.options.group:
                         self._member(process, consumer)
                     else:
@@ -250,15 +259,22 @@ class ClientWorkload:
             records = consumer.poll(0.5)
             if not records:
                 continue
-            self._record_consumed(process, records)
+            self._record_consumed(process, consumer, records)
             if processed is not None:
                 done = {(r.topic, r.partition): r.offset + 1 for r in records}
                 processed.update(done)
                 self._commit(process, consumer, done)
 
-    def _record_consumed(self, process: str, records: list[ConsumerRecord]) -> None:
+    def _record_consumed(
+        self, process: str, consumer: Consumer, records: list[ConsumerRecord]
+    ) -> None:
+        """One ``consume`` op per record; ``replica``: the broker whose fetch answer last
+        filled the partition's buffer (the leader, or with racks maybe a follower; the
+        fetcher's own note, read for the report, not for any check)."""
         now = self.recorder.now()
+        states = consumer._fetcher.states
         for r in records:
+            state = states.get((r.topic, r.partition))
             self.recorder.add(
                 Op(
                     "consume",
@@ -269,6 +285,7 @@ class ClientWorkload:
                     "ok",
                     now,
                     now,
+                    replica=state.served_by if state is not None else None,
                 )
             )
 

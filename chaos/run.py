@@ -12,7 +12,7 @@ from pathlib import Path
 
 from chaos import checker, history, replication, report
 from chaos.client_workload import ClientWorkload, ClientWorkloadOptions, check_supported
-from chaos.cluster import TOPIC, ChaosCluster
+from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
 from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, Nemesis
@@ -62,6 +62,9 @@ class ChaosOptions:
     idempotent: bool = False
     """With the clients: idempotent producers; duplicates become violations (implies
     clients)."""
+    follower_reads: bool = False
+    """Every broker in a rack of its own and, with the clients, each consumer reading
+    from the in-sync replica in one of them (client_rack) rather than from the leader."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -91,6 +94,9 @@ class ChaosOptions:
             consumers=self.consumers,
             group=self.group,
             idempotent=self.idempotent,
+            racks=tuple(rack_of(i) for i in range(1, self.nodes + 1))
+            if self.follower_reads
+            else (),
         )
 
     @property
@@ -139,6 +145,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         partitions=options.partitions,
         voters=options.voters,
         broker_args=options.broker_args(),
+        racks=options.follower_reads,
     )
     nemesis: Nemesis | None = None
     monitor: Monitor | None = None

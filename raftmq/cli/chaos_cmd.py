@@ -72,6 +72,13 @@ def run(
             "(implies --clients)."
         ),
     ] = False,
+    follower_reads: Annotated[
+        bool,
+        typer.Option(
+            help="Every broker in a rack of its own; with --clients each consumer reads from "
+            "the in-sync follower in one of them (client_rack)."
+        ),
+    ] = False,
     voters: Annotated[
         int,
         typer.Option(
@@ -118,6 +125,7 @@ def run(
             consumers=consumers,
             group=group,
             idempotent=idempotent,
+            follower_reads=follower_reads,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
         )

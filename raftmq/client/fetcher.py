@@ -8,9 +8,9 @@ of partitions. Entries are kept as the broker sent them; records are decoded by 
 in the caller's thread, only as far as it takes them.
 
 With a ``client_rack``, a partition is read from its in-sync follower in that rack when
-it has one (Kafka's KIP-392: FetchRequest.replica_read); whatever that follower refuses,
-or a failure to reach it, sends the partition to its leader for FOLLOWER_RETRY_S, after
-which the choice is made again on fresh metadata.
+it has one (Kafka's KIP-392: FetchRequest.replica_read). Whatever that follower refuses,
+a failure to reach it, or its leader not counting it in sync, sends the partition to its
+leader for FOLLOWER_RETRY_S, after which the choice is made again on fresh metadata.
 
 Positions have generations: a ``seek`` (or a reset after the log start moved past the
 position) bumps the partition's generation and drops its buffer, and an answer to a fetch
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -36,6 +37,8 @@ from raftmq.client.cluster_view import Leader
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
 
+log = logging.getLogger(__name__)
+
 OffsetReset = Literal["earliest", "latest", "error"]
 TopicPartition = tuple[str, int]
 RETRY_BACKOFF_S = 0.05
@@ -46,6 +49,8 @@ FOLLOWER_RETRY_S = 5.0
 """How long a partition reads from its leader after its rack's follower failed a fetch."""
 VIEW_MAX_AGE_S = 30.0
 """How old the metadata behind a follower choice may be (which replicas are in sync)."""
+MIN_REFRESH_S = 1.0
+"""Follower choices made again at once share one Metadata round within this time."""
 
 
 class NoOffsetError(ClientError):
@@ -257,7 +262,13 @@ class Fetcher:
         # Whatever the follower said (not in sync, behind the position, gone), the leader
         # answers for the partition; its hint, if it gave one, is the freshest news.
         state.leader_until_s = time.monotonic() + FOLLOWER_RETRY_S
-        self._view_at_s = 0.0  # choose again on fresh metadata
+        log.debug(
+            "%s/%d: reading from the leader for %.0f s; broker %d refused a replica read: %s",
+            *tp,
+            FOLLOWER_RETRY_S,
+            follower.broker_id,
+            err,
+        )
         if err.meta.get("raftmq-leader-address"):
             self.links.learn(*tp, err)
         return None
@@ -270,10 +281,17 @@ class Fetcher:
         now = time.monotonic()
         if now < state.leader_until_s:
             return None
-        if now - self._view_at_s > VIEW_MAX_AGE_S:
-            self._view_at_s = now
+        stale = now - self._view_at_s > VIEW_MAX_AGE_S
+        if (stale or state.leader_until_s) and now - self._view_at_s > MIN_REFRESH_S:
+            self._view_at_s = now  # before the await: the other partitions share it
             await self.links.refresh()
-        return self.links.view.closest_replica(*tp, self.client_rack)
+        state.leader_until_s = 0.0
+        view = self.links.view
+        follower = view.closest_replica(*tp, self.client_rack)
+        if follower is None and view.rack_follower(*tp, self.client_rack) is not None:
+            # The rack's replica is out of sync: the leader, and a look again later.
+            state.leader_until_s = now + FOLLOWER_RETRY_S
+        return follower
 
     def _deliver(self, state: PartitionState, generation: int, answer: pb.FetchResponse) -> None:
         with self.lock:

@@ -3,6 +3,8 @@ client features land, idempotence and a consumer group) under faults, checked.
 
 CI runs a short schedule; ``pytest -m chaos`` runs a longer one with more fault kinds."""
 
+import bisect
+import collections
 import json
 
 import pytest
@@ -32,9 +34,32 @@ def test_short_schedule_with_the_real_clients_loses_nothing(tmp_path):
         producers=2,
         clients=True,
         consumers=2,
+        follower_reads=True,
     )
     result = run(options, say=print)
     _assert_clean(result, out, min_acked=300, min_consumed=300)
+    # Consumer k reads from broker k + 1, in its rack: the leader of some partitions and
+    # a follower of others, whose reads the checker held to the same rules.
+    ops = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert _follower_served(ops) >= 50
+
+
+def _follower_served(ops: list[dict]) -> int:
+    """How many consumed records came from a broker that did not lead their partition
+    then (by the monitor's ``leader`` ops)."""
+    changes = collections.defaultdict(list)
+    for op in ops:
+        if op["kind"] == "leader":
+            changes[op["partition"]].append((op["start"], set(op.get("value", "").split(","))))
+    count = 0
+    for op in ops:
+        if op["kind"] != "consume" or op.get("replica") is None:
+            continue
+        times = changes[op["partition"]]
+        at = bisect.bisect_right([t for t, _ in times], op["start"]) - 1
+        leaders = times[at][1] - {""} if at >= 0 else set()
+        count += bool(leaders) and str(op["replica"]) not in leaders
+    return count
 
 
 @pytest.mark.chaos
