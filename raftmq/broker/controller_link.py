@@ -175,6 +175,14 @@ class ControllerLink:
         )
         return int(answer.metadata_version)
 
+    async def allocate_producer_ids(self, broker_id: int, count: int) -> tuple[int, int]:
+        """A block of producer ids for this broker to hand out: (first id, count)."""
+        answer = await self.call(
+            "AllocateProducerIds",
+            cpb.AllocateProducerIdsRequest(broker_id=broker_id, count=count),
+        )
+        return int(answer.first_id), int(answer.count)
+
     async def watch(self, from_version: int) -> AsyncIterator[tuple[int, MetadataState]]:
         """Every newer metadata state, from any voter, for ever (reconnecting)."""
         last = from_version

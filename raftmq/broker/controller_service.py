@@ -116,6 +116,12 @@ class ControllerService(ControllerFace):
             rejoining=status.rejoining,
         )
 
+    async def AllocateProducerIds(
+        self, request: cpb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.AllocateProducerIdsResponse:
+        block = await self.call(self.quorum.allocate_producer_ids(request.broker_id, request.count))
+        return cpb.AllocateProducerIdsResponse(first_id=block.first_id, count=block.count)
+
 
 def add_controller_service(service: ControllerService, server: grpc.aio.Server) -> None:
     add_service(service, server, cpb, "Controller")

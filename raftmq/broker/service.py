@@ -22,7 +22,9 @@ from google.protobuf.message import DecodeError, Message
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.auto_create import unknown_topic
+from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
+from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.topic_settings import expired, reported_leader
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker as RegisteredBroker
@@ -239,6 +241,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._parked = asyncio.Semaphore(MAX_PARKED_FETCHES)
+        self._producer_ids = ProducerIdBlocks(
+            lambda count: broker.link.allocate_producer_ids(broker.id, count)
+        )
 
     def _check_has_metadata(self) -> None:
         """A broker that has no metadata yet (just started, registering with the
@@ -550,6 +555,26 @@ class BrokerService(pb_grpc.BrokerServicer):
             broker_id=self.broker.id,
             metadata_version=self.broker.metadata_version,
         )
+
+    async def InitProducerId(
+        self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InitProducerIdResponse:
+        if self.broker.stopping:
+            raise Refusal(
+                pb.ERROR_CODE_SHUTTING_DOWN,
+                f"broker {self.broker.id} is shutting down; use another",
+            )
+        try:
+            producer_id = await self._producer_ids.next_id()
+        except TimeoutError:
+            raise Refusal(
+                pb.ERROR_CODE_LEADER_NOT_AVAILABLE,
+                f"broker {self.broker.id} could not reach a controller leader within "
+                f"{ALLOCATE_TIMEOUT_S:.0f} s to take a block of producer ids; retry shortly",
+            ) from None
+        except LinkRefusal as exc:
+            raise Refusal(exc.code, str(exc)) from None
+        return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
 
 def _rack(broker: RegisteredBroker | None) -> str:

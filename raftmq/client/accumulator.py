@@ -58,6 +58,10 @@ class Batch:
     attempts: int = 0
     entry: bytes | None = None
     """The entry as sent, built once on the first send so every retry sends the same bytes."""
+    producer_id: int = -1
+    producer_epoch: int = -1
+    sequence: int = -1
+    """With idempotence: the sequence of its first record, given on its first send."""
 
     def finish(self, base_offset: int, error: BaseException | None) -> None:
         if self.outcome.done():
@@ -131,10 +135,10 @@ class Accumulator:
         self._ready.setdefault(key, deque()).append(batch)
 
     def drain(
-        self, now_s: float, claim: Callable[[tuple[str, int]], bool], *, flush: bool
+        self, now_s: float, claim: Callable[[Batch], bool], *, flush: bool
     ) -> tuple[list[Batch], float | None]:
-        """The batches to send now, each of a partition for which ``claim`` took a send
-        slot (the sender's in-flight limits), oldest first per partition, and when the next
+        """The batches to send now, each one for which ``claim`` took a send slot (the
+        sender's in-flight limits), oldest first per partition, and when the next
         open batch's linger runs out. ``flush``: close open batches at once."""
         out: list[Batch] = []
         next_due: float | None = None
@@ -146,7 +150,7 @@ class Accumulator:
                 elif next_due is None or due < next_due:
                     next_due = due
             for key, queue in list(self._ready.items()):
-                while queue and claim(key):
+                while queue and claim(queue[0]):
                     out.append(queue.popleft())
                 if not queue:
                     del self._ready[key]
@@ -154,9 +158,15 @@ class Accumulator:
 
     def retry_first(self, batch: Batch) -> None:
         """Put a batch that failed back at the head of its partition: it goes again before
-        anything sent after it, so the partition keeps its order."""
+        anything sent after it, so the partition keeps its order. Batches with sequences
+        (several in flight) go back in sequence order, whichever failure came first."""
         with self._lock:
-            self._ready.setdefault((batch.topic, batch.partition), deque()).appendleft(batch)
+            queue = self._ready.setdefault((batch.topic, batch.partition), deque())
+            at = 0
+            if batch.sequence >= 0:
+                while at < len(queue) and 0 <= queue[at].sequence < batch.sequence:
+                    at += 1
+            queue.insert(at, batch)
 
     def release(self, batch: Batch) -> None:
         """A batch was answered (or failed for good): its records' bytes are free."""

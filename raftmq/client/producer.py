@@ -12,10 +12,16 @@ Delivery (README, "Delivery semantics"): acks='all' waits until a majority of re
 has the record on disk, acks=1 until the leader has appended it, acks=0 not at all (the
 offset is then -1). Per partition, batches go one after another and a failed one is
 retried before anything sent after it, so records of one partition are stored in the
-order of their ``send`` calls. A retry after an answer that never came (a broken
-connection, a timeout) may store a batch twice: that is at-least-once, and set
-``retries=0`` for at-most-once. The idempotent producer, which removes those duplicates,
-is not built yet.
+order of their ``send`` calls.
+
+Idempotence (``enable_idempotence``, on by default with acks='all'): the producer takes a
+producer id from a broker and numbers its records per partition; a partition's leader
+stores each batch once and in order, and answers a resent batch with the offsets it got
+the first time. So a retry after an answer that never came (a broken connection, a
+timeout, a leader that died) cannot duplicate or reorder records, and up to
+``max_in_flight_per_partition`` batches of a partition may be on their way at once.
+Without it only one batch per partition is in flight, and such a retry may store a batch
+twice: that is at-least-once; ``retries=0`` gives at-most-once.
 """
 
 from __future__ import annotations
@@ -35,18 +41,24 @@ import grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.connections import Connections, bootstrap_addresses
-from raftmq.client.errors import ClientError
+from raftmq.client.errors import ClientError, error_of
+from raftmq.client.idempotence import Sequencer
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
 from raftmq.format.records import Record, build_batch
+from raftmq.partition.producer_state import KEPT_BATCHES
 
 Acks = Literal["all", 1, 0]
 _ACKS = {"all": pb.ACKS_ALL, 1: pb.ACKS_LEADER, 0: pb.ACKS_NONE}
 UNKNOWN_TOPIC_GRACE_S = 3.0
 _MAY_DUPLICATE = {pb.ERROR_CODE_OUTCOME_UNKNOWN, pb.ERROR_CODE_TIMEOUT}
-"""Refusals after which the batch may or may not be stored: retried (at-least-once)."""
+"""Refusals after which the batch may or may not be stored: retried (at-least-once, or
+exactly once with idempotence, since the leader recognises the resent batch)."""
+_SESSION_ENDED = {pb.ERROR_CODE_PRODUCER_FENCED, pb.ERROR_CODE_UNKNOWN_PRODUCER_ID}
+SESSION_RETRY_S = 0.5
+"""The wait before asking again for a producer id after no broker gave one."""
 
 
 class ProducerClosedError(RuntimeError):
@@ -148,7 +160,14 @@ class ProducerConfig:
     compression: str | None = None
     """None, 'gzip', 'lz4' or 'zstd': the codec of each batch's records."""
     max_in_flight: int = 64
-    """Batches awaiting an answer, over all brokers (one per partition at a time)."""
+    """Batches awaiting an answer, over all brokers."""
+    enable_idempotence: bool | None = None
+    """Store each batch once and in order despite retries (docs/clients.md,
+    "Idempotence"). None (the default): on with acks='all' and retries, else off; True
+    with acks 0 or 1, or with retries=0, is refused."""
+    max_in_flight_per_partition: int = 5
+    """With idempotence, batches of one partition awaiting an answer (without it, one);
+    at most 5, the batches a partition remembers per producer."""
     retries: int = 10
     """Attempts after the first, for errors a retry can mend. 0: at-most-once."""
     retry_backoff_ms: int = 50
@@ -195,6 +214,30 @@ class ProducerConfig:
                 "must have time for one attempt"
             )
         codec_named(self.compression)  # raises a sentence for an unknown codec
+        if self.enable_idempotence:
+            if self.acks != "all":
+                raise ValueError(
+                    f"enable_idempotence needs acks='all', not acks={self.acks!r}: with fewer "
+                    "acks a stored batch can be lost in a failover and its sequence with it; "
+                    "use acks='all', or enable_idempotence=False"
+                )
+            if self.retries == 0:
+                raise ValueError(
+                    "enable_idempotence with retries=0 does nothing (idempotence makes "
+                    "retries safe); set retries above 0, or enable_idempotence=False for "
+                    "at-most-once"
+                )
+        if not 1 <= self.max_in_flight_per_partition <= KEPT_BATCHES:
+            raise ValueError(
+                f"max_in_flight_per_partition must be 1 to {KEPT_BATCHES} (the batches a "
+                f"partition remembers per producer), not {self.max_in_flight_per_partition}"
+            )
+
+    @property
+    def idempotent(self) -> bool:
+        if self.enable_idempotence is None:
+            return self.acks == "all" and self.retries > 0
+        return self.enable_idempotence
 
     @property
     def codec(self) -> Codec:
@@ -210,6 +253,8 @@ class ProducerSettings(TypedDict, total=False):
     buffer_memory: int
     compression: str | None
     max_in_flight: int
+    enable_idempotence: bool | None
+    max_in_flight_per_partition: int
     retries: int
     retry_backoff_ms: int
     request_timeout_ms: int
@@ -227,6 +272,16 @@ class _Engine:
         self.links = Connections(config.bootstrap)
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
+        self._claimed = 0
+        self._backing_off: dict[tuple[str, int], int] = {}
+        """Per partition, its batches waiting to be sent again: no new batch of it goes
+        first (with idempotence, one stored ahead of a resend would push the resend out
+        of the batches the leader remembers)."""
+        self.idempotent = config.idempotent
+        self._per_partition = config.max_in_flight_per_partition if self.idempotent else 1
+        self.sequencer = Sequencer()
+        self._session_task: asyncio.Task[None] | None = None
+        self._session_error: BaseException | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self.room = asyncio.Event()
@@ -276,23 +331,82 @@ class _Engine:
 
     # --- sending ------------------------------------------------------------------------
 
-    def _claim(self, key: tuple[str, int]) -> bool:
-        """One batch per partition at a time (so a retry cannot reorder), and at most
-        max_in_flight batches in all."""
-        if self._in_flight.get(key) or len(self._sending) >= self.config.max_in_flight:
+    def _claim(self, batch: Batch) -> bool:
+        """At most max_in_flight batches in all; per partition one at a time (so a retry
+        cannot reorder), or with idempotence up to max_in_flight_per_partition (the
+        leader refuses one that overtook another, and it is sent again after it)."""
+        key = (batch.topic, batch.partition)
+        if self._in_flight.get(key, 0) >= self._per_partition:
             return False
-        self._in_flight[key] = 1
+        if self._claimed >= self.config.max_in_flight:
+            return False
+        fresh = self.idempotent and batch.sequence < 0
+        if fresh and (self._backing_off.get(key) or not self.sequencer.may_send_fresh(key)):
+            return False
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        self._claimed += 1
         return True
+
+    def _prepare(self, batch: Batch) -> bool:
+        """Build a batch's entry on its first send, with its sequence under idempotence
+        (here, in drain order, so a partition's sequences follow its batches); False when
+        it cannot be built (it is failed)."""
+        if batch.entry is not None:
+            return True
+        if self.idempotent:
+            self.sequencer.assign(batch)
+        try:
+            batch.entry = build_batch(
+                batch.records,
+                producer_id=batch.producer_id,
+                producer_epoch=batch.producer_epoch,
+                base_sequence=batch.sequence,
+                compression_codec=self.config.codec,
+            )
+        except ValueError as exc:
+            self._fail(batch, exc)
+            return False
+        return True
+
+    def _renew_session(self) -> None:
+        """Start asking for a producer id when the session needs one (in the background:
+        the sender goes on with retries and expiries meanwhile)."""
+        if not (self.idempotent and self.sequencer.renew) or self._stopping:
+            return
+        if self._session_task is None or self._session_task.done():
+            self._session_task = asyncio.get_running_loop().create_task(self._init_session())
+
+    async def _init_session(self) -> None:
+        """InitProducerId at a broker (any: the bootstrap ones, then those metadata named)."""
+        addresses = list(dict.fromkeys([*self.links.view.brokers.values(), *self.config.bootstrap]))
+        for address in addresses:
+            try:
+                answer = await self.links.stub(address).InitProducerId(
+                    pb.InitProducerIdRequest(), timeout=self.config.request_timeout_ms / 1000
+                )
+            except grpc.aio.AioRpcError as exc:
+                self._session_error = error_of(exc)
+                continue
+            self.sequencer.start(answer.producer_id, answer.producer_epoch)
+            self._session_error = None
+            self._wake.set()
+            return
+        await asyncio.sleep(SESSION_RETRY_S)
+        self._wake.set()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             for batch in self.acc.expired(time.monotonic()):
-                self._fail(batch, self._expired(batch))
+                self._fail(batch, self._expired(batch, self._session_error))
+            self._renew_session()
             batches, next_due = self.acc.drain(
                 time.monotonic(), self._claim, flush=self._flushing > 0 or self._stopping
             )
             for batch in batches:
+                if not self._prepare(batch):
+                    self._release_slot(batch)
+                    continue
                 task = loop.create_task(self._send(batch))
                 self._sending.add(task)
                 task.add_done_callback(self._sent)
@@ -307,30 +421,49 @@ class _Engine:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
 
+    def _release_slot(self, batch: Batch) -> None:
+        key = (batch.topic, batch.partition)
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
+        self._claimed -= 1
+
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
         self._wake.set()
 
     async def _send(self, batch: Batch) -> None:
-        key = (batch.topic, batch.partition)
         try:
-            if batch.entry is None:
-                batch.entry = build_batch(batch.records, compression_codec=self.config.codec)
             error = await self._attempt(batch)
             if error is None:
                 return
-            if self._retriable(error) and batch.attempts <= self.config.retries:
+            overtook = self._overtook(batch, error)
+            if overtook:
+                # It arrived before a batch sent ahead of it: not a failed attempt.
+                batch.attempts -= 1
+            if (overtook or self._retriable(error)) and batch.attempts <= self.config.retries:
                 backoff_s = min(
                     1.0, self.config.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1)
                 )
-                await asyncio.sleep(backoff_s * (0.5 + random.random()))
-                if time.monotonic() < batch.deadline_s:
-                    self.acc.retry_first(batch)
-                    return
+                key = (batch.topic, batch.partition)
+                self._backing_off[key] = self._backing_off.get(key, 0) + 1
+                try:
+                    await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                    if time.monotonic() < batch.deadline_s:
+                        self.acc.retry_first(batch)
+                        return
+                finally:
+                    left = self._backing_off[key] - 1
+                    if left:
+                        self._backing_off[key] = left
+                    else:
+                        del self._backing_off[key]
                 error = self._expired(batch, error)
-            self._fail(batch, error)
+            self._fail(batch, self._final(batch, error))
         finally:
-            self._in_flight.pop(key, None)
+            self._release_slot(batch)
 
     async def _attempt(self, batch: Batch) -> BaseException | None:
         """One try; None when the batch was stored (its futures are then done)."""
@@ -366,6 +499,7 @@ class _Engine:
             )
         self.acc.release(batch)
         self.room.set()
+        self.sequencer.settled(batch, failed=False)
         batch.finish(answer.base_offset, None)
         return None
 
@@ -381,6 +515,31 @@ class _Engine:
             return False
         return error.retriable or error.unreachable or error.code in _MAY_DUPLICATE
 
+    def _overtook(self, batch: Batch, error: BaseException) -> bool:
+        """OUT_OF_ORDER_SEQUENCE while a batch sent before it is still on its way: the
+        leader saw this one first; it goes again after that one."""
+        return (
+            isinstance(error, ClientError)
+            and error.code == pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE
+            and self.sequencer.earlier_unsettled(batch)
+        )
+
+    def _final(self, batch: Batch, error: BaseException) -> BaseException:
+        """The error a batch fails with for good, in the producer's words."""
+        if not isinstance(error, ClientError):
+            return error
+        if error.code in _SESSION_ENDED or error.code == pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE:
+            return ClientError(
+                f"{len(batch.records)} records for {batch.topic}/{batch.partition} were not "
+                f"stored: {error} (this producer takes a new producer id for its next "
+                "records; those of this batch were not written)",
+                error.code,
+                error.status,
+                error.meta,
+                error.code_name,
+            )
+        return error
+
     def _expired(self, batch: Batch, last: BaseException | None = None) -> ClientError:
         why = f"; the last attempt failed: {last}" if last is not None else ""
         return ClientError(
@@ -394,6 +553,7 @@ class _Engine:
         )
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
+        self.sequencer.settled(batch, failed=True)
         self.acc.release(batch)
         self.room.set()
         batch.finish(-1, error)
@@ -418,6 +578,10 @@ class _Engine:
         self._stopping = True
         self._wake.set()
         await self._task
+        if self._session_task is not None:
+            self._session_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._session_task
         for stream in self._streams.values():
             await stream.close()
         await self.links.close()

@@ -105,3 +105,22 @@ class PartitionDecommissionedError(PartitionError):
     until its data is deleted)."""
 
     code = "PARTITION_DECOMMISSIONED"
+
+
+class LeaderNotReadyError(PartitionError):
+    """A new leader has not yet applied an entry of its own term: its producer state may
+    still lack batches of earlier terms, so it takes no idempotent batch yet (retriable)."""
+
+    code = "LEADER_NOT_AVAILABLE"
+
+
+class OutOfOrderSequenceError(PartitionError):
+    code = "OUT_OF_ORDER_SEQUENCE"
+
+
+class ProducerFencedError(PartitionError):
+    code = "PRODUCER_FENCED"
+
+
+class UnknownProducerIdError(PartitionError):
+    code = "UNKNOWN_PRODUCER_ID"

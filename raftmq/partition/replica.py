@@ -27,14 +27,20 @@ from raftmq.partition.errors import (
     CorruptBatchError,
     CorruptDataError,
     InvalidBatchError,
+    LeaderNotReadyError,
     NotEnoughReplicasError,
     NotLeaderError,
     OffsetOutOfRangeError,
     OutcomeUnknownError,
+    OutOfOrderSequenceError,
     PartitionDecommissionedError,
+    ProducerFencedError,
     ProduceTimeoutError,
     ReplicaFailedError,
+    UnknownProducerIdError,
 )
+from raftmq.partition.producer_state import Verdict
+from raftmq.partition.producer_tracking import PendingBatch, ProducerTracking
 from raftmq.raft import errors as raft_errors
 from raftmq.raft.host.host import DurableFn, LogReads, RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
@@ -113,6 +119,7 @@ class PartitionReplica:
         self._inflight_free = asyncio.Condition()
         self._corrupt_reported: set[tuple[str, int]] = set()
         self.leader_term = 0
+        self.producers = ProducerTracking(directory, group_name(topic, partition))
         self.group: RaftGroup = host.open_group(
             group_name(topic, partition),
             directory,
@@ -125,6 +132,7 @@ class PartitionReplica:
             on_durable=on_durable,
         )
         self._high_watermark = self._offset_after(self.group.commit_index)
+        self.producers.open_at(self._log, self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------
 
@@ -277,11 +285,13 @@ class PartitionReplica:
             self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
+        self.producers.catch_up(self._log, applied_to)
 
     def _on_snapshot(self, snap: SnapshotMeta, data: bytes) -> None:
         """A snapshot of a partition is its start point: everything before it is gone on
         the leader too, and everything up to it is committed."""
         self._advance_hw(snap.next_offset)
+        self.producers.skip_to(snap.index, snap.term)
 
     def _advance_hw(self, offset: int) -> None:
         """Raise the high watermark to ``offset``; a lower one is ignored (a group reopened
@@ -334,10 +344,18 @@ class PartitionReplica:
             raise self._not_leader(self.leader_id)
         if acks == Acks.ALL:
             self._check_enough_in_sync()
+        producer = _producer_of(entries)
         size_bytes = len(entries)
         deadline_s = time.monotonic() + timeout_s
         await self._reserve(size_bytes, deadline_s)
+        forget = None
         try:
+            if producer is not None:
+                earlier = self._check_producer(*producer)
+                if isinstance(earlier, ProduceResult):
+                    return earlier
+                if earlier is not None:
+                    return await self._await_pending(earlier, deadline_s, timeout_s)
             try:
                 proposed = self._host.propose(
                     self.group.name, entries, durable_locally=acks == Acks.LEADER
@@ -356,12 +374,31 @@ class PartitionReplica:
                 # The Raft core's own check of what it is handed; validate() should have
                 # caught it first, and a client must still get a refusal, not a crash.
                 raise InvalidBatchError(f"malformed batch: {exc}") from None
+            waited: asyncio.Future[int] = proposed.done
+            if producer is not None:
+                # A retry of this batch may wait on the same future: a timeout here must
+                # not cancel it, and its failure is then seen by whoever waits, or no one.
+                waited = asyncio.shield(proposed.done)
+                proposed.done.add_done_callback(_consume_exception)
+                pid, epoch, first, count = producer
+                forget = self.producers.proposed(
+                    pid,
+                    PendingBatch(
+                        epoch,
+                        first,
+                        first + count - 1,
+                        proposed.index,
+                        proposed.base_offset,
+                        proposed.last_offset,
+                        proposed.done,
+                    ),
+                )
             if acks == Acks.NONE:
                 proposed.done.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)
             remaining_s = max(0.0, deadline_s - time.monotonic())
             try:
-                await asyncio.wait_for(proposed.done, remaining_s)
+                await asyncio.wait_for(waited, remaining_s)
             except TimeoutError:
                 raise ProduceTimeoutError(
                     f"the write was not confirmed by a majority within {timeout_s * 1000:.0f} "
@@ -375,12 +412,72 @@ class PartitionReplica:
                 ) from None
             except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
                 # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
+                if forget is not None:
+                    forget()
                 raise self._not_leader(
                     self.leader_id, f"the write was not kept, a retry cannot duplicate it: {exc}"
                 ) from None
             return ProduceResult(proposed.base_offset, proposed.last_offset)
         finally:
             await self._release(size_bytes)
+
+    def _check_producer(
+        self, producer_id: int, epoch: int, first_sequence: int, count: int
+    ) -> ProduceResult | PendingBatch | None:
+        """An idempotent producer's batch against what this partition holds and what this
+        leader proposed: None to append it, its first answer (a ProduceResult, or the
+        proposal still on its way) when it is a duplicate; raises for a refusal."""
+        if not self.is_leader:
+            raise self._not_leader(self.leader_id)
+        if not self.producers.ready(self.led_term):
+            raise LeaderNotReadyError(
+                f"broker {self._host.node_id} became leader of {self.topic}/{self.partition} "
+                "a moment ago and is still applying the entries of earlier terms; it takes "
+                "idempotent batches once it has (retry shortly)"
+            )
+        decision = self.producers.check(producer_id, epoch, first_sequence, count)
+        verdict = decision.verdict
+        if verdict is Verdict.APPEND:
+            return None
+        if verdict is Verdict.DUPLICATE:
+            if decision.duplicate_of is not None:
+                first = decision.duplicate_of
+                return ProduceResult(first.base_offset, first.last_offset)
+            pending = self.producers.pending_duplicate(
+                producer_id, epoch, first_sequence, first_sequence + count - 1
+            )
+            assert pending is not None, "check() said a pending duplicate"
+            return pending
+        where = f"{self.topic}/{self.partition}: "
+        if verdict is Verdict.FENCED:
+            raise ProducerFencedError(where + decision.message)
+        if verdict is Verdict.UNKNOWN_PRODUCER:
+            raise UnknownProducerIdError(where + decision.message)
+        raise OutOfOrderSequenceError(where + decision.message)
+
+    async def _await_pending(
+        self, pending: PendingBatch, deadline_s: float, timeout_s: float
+    ) -> ProduceResult:
+        """A retry of a batch this leader proposed and has not seen commit: its answer is
+        the first proposal's, once that commits."""
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(pending.done), max(0.0, deadline_s - time.monotonic())
+            )
+        except TimeoutError:
+            raise ProduceTimeoutError(
+                f"this batch was sent before and is not confirmed by a majority within "
+                f"{timeout_s * 1000:.0f} ms; it may or may not be committed"
+            ) from None
+        except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
+            raise self._not_leader(
+                self.leader_id, f"the batch's first write was not kept: {exc}"
+            ) from None
+        except raft_errors.OutcomeUnknownError as exc:
+            raise OutcomeUnknownError(
+                f"the broker stopped before the batch was confirmed ({exc})"
+            ) from None
+        return ProduceResult(pending.base_offset, pending.last_offset)
 
     async def _reserve(self, size_bytes: int, deadline_s: float) -> None:
         async with self._inflight_free:
@@ -551,6 +648,22 @@ def _replicated(log_config: LogConfig) -> LogConfig:
     on older entries) or before a follower's broker saw it raised, else that follower
     could never hold its leader's log."""
     return dataclasses.replace(log_config, max_message_bytes=entry.MAX_ENTRY_BYTES)
+
+
+def _producer_of(entries: bytes) -> tuple[int, int, int, int] | None:
+    """(producer id, epoch, base sequence, record count) of an idempotent producer's
+    request, or None for a plain one. Such a request holds that one entry, as Kafka's holds
+    one batch per partition: the answer is that batch's, a duplicate's included."""
+    f = entry.decode_header(entries, 0)
+    producer_id = f[11]
+    if producer_id < 0:
+        return None
+    if f[0] + 4 != len(entries):
+        raise InvalidBatchError(
+            f"the request's first entry carries producer id {producer_id}: an idempotent "
+            "producer's request holds exactly one entry; send its batches one per request"
+        )
+    return producer_id, f[12], f[13], f[8]
 
 
 def _consume_exception(fut: asyncio.Future[int]) -> None:

@@ -138,6 +138,10 @@ def test_bad_input_fails_at_the_call_with_a_sentence(cluster: LocalCluster) -> N
         ({"batch_size": 2 << 20}, "must not exceed max_request_size"),
         ({"buffer_memory": 1000, "batch_size": 4096}, "must hold at least one batch"),
         ({"delivery_timeout_ms": 10}, "delivery_timeout_ms (10) must be at least"),
+        ({"enable_idempotence": True, "acks": 1}, "enable_idempotence needs acks='all'"),
+        ({"enable_idempotence": True, "acks": 0}, "enable_idempotence needs acks='all'"),
+        ({"enable_idempotence": True, "retries": 0}, "with retries=0 does nothing"),
+        ({"max_in_flight_per_partition": 6}, "max_in_flight_per_partition must be 1 to 5"),
     ],
 )
 def test_invalid_settings_are_refused_at_construction(
@@ -165,13 +169,20 @@ def test_async_producer_sends_and_flushes(cluster: LocalCluster) -> None:
 
 
 def test_sends_survive_a_leader_killed_mid_stream(make_cluster: ClusterFactory) -> None:
-    """Every future resolves; each success is stored at its offset, in send order. A retry
-    after a lost answer may store a batch twice (at-least-once) but never out of order."""
+    """Every future resolves; each success is stored at its offset, in send order. Without
+    idempotence a retry after a lost answer may store a batch twice (at-least-once) but
+    never out of order (with it: tests/client/test_idempotence.py)."""
     cluster = make_cluster({"f": 1})
     with cluster.client() as c:
         leader = c.refresh_leaders()["f", 0].broker_id
     futures = []
-    with Producer(cluster.addresses, linger_ms=1, batch_size=2048, retry_backoff_ms=20) as producer:
+    with Producer(
+        cluster.addresses,
+        linger_ms=1,
+        batch_size=2048,
+        retry_backoff_ms=20,
+        enable_idempotence=False,
+    ) as producer:
         for i in range(4000):
             futures.append(producer.send("f", f"r{i:05d}".encode()))
             if i == 1500:

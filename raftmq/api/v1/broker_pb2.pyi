@@ -312,3 +312,15 @@ class MetadataResponse(_message.Message):
     broker_id: int
     metadata_version: int
     def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ..., broker_id: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class InitProducerIdRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InitProducerIdResponse(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...

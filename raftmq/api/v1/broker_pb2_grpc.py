@@ -59,6 +59,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/raftmq.v1.Broker/InitProducerId',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -114,6 +119,16 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """A producer id and epoch for an idempotent producer (docs/clients.md, "Idempotence"),
+        from a block the answering broker took from the controller. Any broker answers.
+        Errors: LEADER_NOT_AVAILABLE (no controller reachable yet: retry),
+        PRODUCER_IDS_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +156,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Metadata,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +298,33 @@ class Broker:
             '/raftmq.v1.Broker/Metadata',
             raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/InitProducerId',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -105,3 +105,19 @@ class DescribeVoterResponse(_message.Message):
     leader_id: int
     rejoining: bool
     def __init__(self, voter_id: _Optional[int] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., leader_id: _Optional[int] = ..., rejoining: _Optional[bool] = ...) -> None: ...
+
+class AllocateProducerIdsRequest(_message.Message):
+    __slots__ = ("broker_id", "count")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    count: int
+    def __init__(self, broker_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class AllocateProducerIdsResponse(_message.Message):
+    __slots__ = ("first_id", "count")
+    FIRST_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    first_id: int
+    count: int
+    def __init__(self, first_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...

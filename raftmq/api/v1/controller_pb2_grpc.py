@@ -64,6 +64,11 @@ class ControllerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.FromString,
                 _registered_method=True)
+        self.AllocateProducerIds = channel.unary_unary(
+                '/raftmq.v1.Controller/AllocateProducerIds',
+                request_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -129,6 +134,16 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AllocateProducerIds(self, request, context):
+        """A broker takes a block of producer ids to hand to idempotent producers
+        (broker.proto InitProducerId): one metadata entry per block, ids never reused.
+        Errors: INVALID_PRODUCER_ID_BLOCK, PRODUCER_IDS_EXHAUSTED, UNKNOWN_BROKER,
+        BROKER_NOT_AVAILABLE (a fenced broker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +176,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.DescribeVoter,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.SerializeToString,
+            ),
+            'AllocateProducerIds': grpc.unary_unary_rpc_method_handler(
+                    servicer.AllocateProducerIds,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -325,6 +345,33 @@ class Controller:
             '/raftmq.v1.Controller/DescribeVoter',
             raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_controller__pb2.DescribeVoterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateProducerIds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/AllocateProducerIds',
+            raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,234 @@
+"""A partition replica's record of its idempotent producers: the pure
+:class:`~raftmq.partition.producer_state.ProducerStates` fed with every committed entry's
+producer header, the leader's batches proposed but not yet committed, and a checkpoint
+file so a restart does not read the whole log back (docs/format.md, "Producers").
+
+Every replica, leader or follower, applies each committed entry's header (never its
+records) as the commit advances, so a follower that becomes leader has the state ready.
+A leader checks a batch against the committed state *and* its pending proposals, so a
+retry of a batch still in flight is recognised too; it checks nothing until it has
+applied an entry of its own term (its election NOOP): before that, entries of earlier
+terms it holds may still commit, and a check without them could let a duplicate in.
+
+Restart: the checkpoint (``producer_state.json``: the states and the Raft index they
+cover, CRC-framed, written atomically with fsync every CHECKPOINT_EVERY_ENTRIES entries,
+off the event loop) plus the headers of the entries after it. A checkpoint that is
+missing or unreadable is rebuilt from at most MAX_REPLAY_ENTRIES entries before the
+commit (older producers are then unknown: their next batch with a sequence above 0 is
+UNKNOWN_PRODUCER_ID, and the producer starts a new epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from raftmq.format import entry
+from raftmq.format.errors import FormatError
+from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.log.errors import LogError
+from raftmq.partition.producer_state import Decision, ProducerStates
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "producer_state.json"
+CHECKPOINT_EVERY_ENTRIES = 4096
+"""Committed entries between checkpoints: a restart replays at most about this many
+entries' headers (and a segment's worth of reading)."""
+MAX_REPLAY_ENTRIES = 20_000
+"""Without a usable checkpoint, how many entries before the commit are read back."""
+READ_CHUNK_BYTES = 1024 * 1024
+"""Bytes per log read while applying headers (whole entries; the first always whole)."""
+
+
+class LogHeaders(Protocol):
+    """What tracking reads of a log (raftmq.raft.host.LogReads has it)."""
+
+    @property
+    def start_index(self) -> int: ...
+
+    def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> object: ...
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """A leader's proposal of one producer batch, not yet applied."""
+
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    index: int
+    base_offset: int
+    last_offset: int
+    done: asyncio.Future[int]
+
+
+class ProducerTracking:
+    def __init__(self, directory: Path, name: str) -> None:
+        self.path = directory / CHECKPOINT_FILE
+        self.name = name
+        self.states = ProducerStates()
+        self.applied_index = 0
+        """The Raft index of the last entry whose header is in :attr:`states`."""
+        self.applied_term = 0
+        """The term of that entry (a leader is ready once it applied one of its own)."""
+        self._checkpointed_index = 0
+        self._writing = False
+        self._pending: dict[int, list[PendingBatch]] = {}
+        self._pending_term = 0
+        self._load()
+
+    # --- state on every replica -----------------------------------------------------------
+
+    def _load(self) -> None:
+        payload = read_atomic(self.path)
+        if payload is None:
+            return
+        try:
+            saved = json.loads(payload)
+            states = ProducerStates.from_json(saved["producers"])
+            index, term = int(saved["index"]), int(saved["term"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: producer state checkpoint unreadable (%s); rebuilding", self.name, exc)
+            return
+        self.states, self.applied_index, self.applied_term = states, index, term
+        self._checkpointed_index = index
+
+    def open_at(self, log_: LogHeaders, commit_index: int) -> None:
+        """At open: bring the state from the checkpoint up to ``commit_index``, reading at
+        most MAX_REPLAY_ENTRIES entries' headers."""
+        if self.applied_index > commit_index:
+            # The checkpoint covers entries the commit hint (written lazily) had not caught
+            # up with: they are committed, so the state stands; later applies skip them.
+            return
+        self.applied_index = max(self.applied_index, commit_index - MAX_REPLAY_ENTRIES)
+        self.catch_up(log_, commit_index)
+
+    def catch_up(self, log_: LogHeaders, applied_to: int) -> None:
+        """Apply the producer header of every entry up to ``applied_to`` (committed)."""
+        lo = max(self.applied_index + 1, log_.start_index)
+        try:
+            while lo <= applied_to:
+                result = log_.read_by_index(lo, READ_CHUNK_BYTES, applied_to + 1)
+                data = result.data  # type: ignore[attr-defined]
+                if not data:
+                    break
+                for _, f in entry.iter_fields(data, verify=False):
+                    self._apply_header(f)
+                lo = result.next_index  # type: ignore[attr-defined]
+        except (FormatError, LogError) as exc:
+            # A stored entry this replica cannot read (a disk fault: it is repaired from a
+            # replica, and reads say so). The broker serves on with the state it has: a
+            # producer's later batch may then look out of order (a visible refusal), and a
+            # resend of a batch in the unreadable range could be stored again. Logged.
+            log.warning(
+                "%s: producer state skips entries %d-%d it could not read: %s",
+                self.name,
+                lo,
+                applied_to,
+                exc,
+            )
+        if applied_to > self.applied_index:
+            self.applied_index = applied_to
+        if self.applied_index - self._checkpointed_index >= CHECKPOINT_EVERY_ENTRIES:
+            self.checkpoint()
+
+    def _apply_header(self, f: entry.HeaderFields) -> None:
+        index, term, base_offset, record_count = f[5], f[6], f[7], f[8]
+        producer_id, epoch, base_sequence, max_ts = f[11], f[12], f[13], f[10]
+        self.applied_index, self.applied_term = index, term
+        if producer_id < 0 or record_count <= 0:
+            return
+        self.states.apply(producer_id, epoch, base_sequence, record_count, base_offset, max_ts)
+        pending = self._pending.get(producer_id)
+        if pending:
+            while pending and pending[0].index <= index:
+                pending.pop(0)
+            if not pending:
+                del self._pending[producer_id]
+
+    def skip_to(self, index: int, term: int) -> None:
+        """A snapshot moved the log's start past what was applied: the entries between
+        are not here to read (their producers' later batches may be UNKNOWN_PRODUCER_ID)."""
+        if index > self.applied_index:
+            self.applied_index, self.applied_term = index, term
+
+    def checkpoint(self) -> None:
+        """Save the state durably, off the event loop when there is one; one write at a
+        time (a later call finds the next threshold)."""
+        if self._writing:
+            return
+        payload = json.dumps(
+            {
+                "index": self.applied_index,
+                "term": self.applied_term,
+                "producers": self.states.to_json(),
+            },
+            separators=(",", ":"),
+        ).encode()
+        index = self.applied_index
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            write_atomic(self.path, payload)
+            self._checkpointed_index = index
+            return
+        self._writing = True
+        self._checkpointed_index = index  # so the threshold counts from this write
+
+        def done(fut: asyncio.Future[None]) -> None:
+            self._writing = False
+            exc = fut.exception()
+            if exc is not None:
+                log.warning("%s: producer state checkpoint not written: %s", self.name, exc)
+
+        loop.run_in_executor(None, write_atomic, self.path, payload).add_done_callback(done)
+
+    # --- the leader's check -----------------------------------------------------------------
+
+    def ready(self, led_term: int) -> bool:
+        """May a leader of ``led_term`` check batches? Once it applied an entry of its own
+        term (its election NOOP), every entry of older terms it will ever commit is in
+        the state; proposals of an older term it led are forgotten."""
+        if led_term != self._pending_term:
+            self._pending.clear()
+            self._pending_term = led_term
+        return led_term > 0 and self.applied_term == led_term
+
+    def check(self, producer_id: int, epoch: int, first_sequence: int, count: int) -> Decision:
+        pending = self._pending.get(producer_id, ())
+        return self.states.check(
+            producer_id,
+            epoch,
+            first_sequence,
+            count,
+            [(p.epoch, p.first_sequence, p.last_sequence) for p in pending],
+        )
+
+    def pending_duplicate(
+        self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int
+    ) -> PendingBatch | None:
+        wanted = (epoch, first_sequence, last_sequence)
+        for p in self._pending.get(producer_id, ()):
+            if (p.epoch, p.first_sequence, p.last_sequence) == wanted:
+                return p
+        return None
+
+    def proposed(self, producer_id: int, batch: PendingBatch) -> Callable[[], None]:
+        """Record a proposal; returns what to call if it turns out never kept."""
+        self._pending.setdefault(producer_id, []).append(batch)
+
+        def forget() -> None:
+            pending = self._pending.get(producer_id)
+            if pending and batch in pending:
+                # It and everything proposed after it are gone from this term's log.
+                del pending[pending.index(batch) :]
+                if not pending:
+                    del self._pending[producer_id]
+
+        return forget
