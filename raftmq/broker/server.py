@@ -33,6 +33,7 @@ from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink, LinkRefusal
 from raftmq.broker.controller_service import ControllerService, add_controller_service
+from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
 from raftmq.broker.history_probe import metadata_with_history, partitions_with_history
 from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.membership_driver import MembershipDriver
@@ -309,10 +310,12 @@ class Broker:
             )
             self._admin = AdminService(self.quorum, self.voter_addresses, self.move_limits)
             add_admin_service(self._admin, self._server)
+            add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
         else:
             link = self.link
             redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
             add_admin_redirect(redirect, self._server)
+            add_groups_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()

@@ -10,6 +10,7 @@ from raftmq.cli import (
     chaos_cmd,
     cluster_admin_cmd,
     cluster_cmd,
+    group_cmd,
     log_cmd,
     records_cmd,
     status_cmd,
@@ -27,6 +28,7 @@ app = typer.Typer(
 app.add_typer(log_cmd.app, name="log")
 app.add_typer(chaos_cmd.app, name="chaos")
 app.add_typer(topic_cmd.app, name="topic")
+app.add_typer(group_cmd.app, name="group")
 app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
 app.command()(cluster_cmd.dev)

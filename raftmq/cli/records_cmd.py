@@ -7,7 +7,10 @@ while it runs, and a summary at the end. Exit 1, with the reason, if any record 
 
 consume: the records of a topic from the start, an offset or from now on, as values (one
 per line) or JSON lines; until ``--max-messages`` records or ``--idle-timeout-ms`` without
-one, or Ctrl-C. Consumer groups come with the group coordinator.
+one, or Ctrl-C. With ``--group`` it consumes as a member of that consumer group: the
+group assigns the partitions, reading starts at the group's committed offsets, and what
+was printed is committed after each batch is written (at-least-once: a crash between
+printing and committing prints those records again next time).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from raftmq.cli.cluster_cmd import (
     RunningClusterData,
     cluster_addresses,
 )
-from raftmq.client.consumer import Consumer, ConsumerRecord
+from raftmq.client.consumer import CommitFailedError, Consumer, ConsumerRecord
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import OffsetReset
 from raftmq.client.producer import Acks, Producer, RecordFuture
@@ -175,12 +178,28 @@ def consume(
         Literal["value", "json"],
         typer.Option("--format", help="value: one value per line; json: a JSON object per line."),
     ] = "value",
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            help="Consume as a member of this consumer group, from its committed offsets, "
+            "committing what was printed.",
+        ),
+    ] = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
     """Print the records of TOPIC: from now on, --from-beginning, or --offset N of one
-    --partition. JSON lines carry topic, partition, offset, timestamp, key, value and
-    headers; bytes that are not UTF-8 show as \\x escapes."""
+    --partition; with --group, from the group's committed offsets (--from-beginning then
+    says where a partition without one starts). JSON lines carry topic, partition,
+    offset, timestamp, key, value and headers; bytes that are not UTF-8 show as \\x
+    escapes."""
+    if group is not None and (offset is not None or partition is not None):
+        _err(
+            "error: with --group the group assigns the partitions and its committed offsets "
+            "say where to start; leave out --partition and --offset"
+        )
+        raise typer.Exit(2)
     if offset is not None and partition is None:
         _err("error: --offset needs --partition (an offset belongs to one partition)")
         raise typer.Exit(2)
@@ -191,7 +210,14 @@ def consume(
     reset: OffsetReset = "earliest" if from_beginning else "latest"
     out = sys.stdout.buffer
     count = 0
-    with Consumer(addresses, auto_offset_reset=reset) as consumer:
+    try:
+        consumer = Consumer(
+            addresses, auto_offset_reset=reset, group_id=group, enable_auto_commit=False
+        )
+    except ValueError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(2) from None
+    with consumer:
         partitions = consumer.partitions_for(topic)
         if not partitions:
             _err(f"error: topic {topic!r} does not exist; 'raftmq topic list' shows the topics")
@@ -199,10 +225,13 @@ def consume(
         if partition is not None and partition not in partitions:
             _err(f"error: topic {topic} has partitions 0-{len(partitions) - 1}, not {partition}")
             raise typer.Exit(1)
-        chosen = [(topic, p) for p in partitions if partition is None or p == partition]
-        consumer.assign(chosen)
-        if offset is not None:
-            consumer.seek(chosen[0], offset)
+        if group is not None:
+            consumer.subscribe([topic])
+        else:
+            chosen = [(topic, p) for p in partitions if partition is None or p == partition]
+            consumer.assign(chosen)
+            if offset is not None:
+                consumer.seek(chosen[0], offset)
         last_record = time.monotonic()
         try:
             while max_messages is None or count < max_messages:
@@ -213,13 +242,20 @@ def consume(
                         break
                     continue
                 last_record = time.monotonic()
+                printed: dict[tuple[str, int], int] = {}
                 for r in records[: None if max_messages is None else max_messages - count]:
                     if output == "json":
                         out.write(_json_line(r).encode() + b"\n")
                     else:
                         out.write((r.value or b"") + b"\n")
+                    printed[(r.topic, r.partition)] = r.offset + 1
                     count += 1
                 out.flush()
+                if group is not None:
+                    try:
+                        consumer.commit(printed)
+                    except CommitFailedError as exc:  # the group moved on: rejoining
+                        _err(f"warning: {exc}; another member may print those records again")
         except ClientError as exc:
             _err(f"error: {exc}")
             raise typer.Exit(1) from None

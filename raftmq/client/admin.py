@@ -1,4 +1,6 @@
-"""A synchronous client of the raftmq.v1.Admin API (admin.proto): topics and the cluster.
+"""A synchronous client of the raftmq.v1.Admin API (admin.proto): topics and the cluster;
+and of the operators' side of raftmq.v1.Groups (groups.proto): list, describe, reset
+offsets and delete consumer groups, served by the same controller leader.
 
 It finds the controller quorum's leader from any bootstrap address: a voter that does not
 lead answers NOT_CONTROLLER with the leader's address, and the call is resent there; with
@@ -23,6 +25,8 @@ import grpc
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import groups_pb2 as gpb
+from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.client.errors import ClientError, error_of
 
 _REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
@@ -63,13 +67,13 @@ class AdminClient:
             channel.close()
         self._channels.clear()
 
-    def _stub(self, address: str) -> apb_grpc.AdminStub:
+    def _stub(self, address: str, service: type) -> Any:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.insecure_channel(address)
-        return apb_grpc.AdminStub(channel)
+        return service(channel)
 
-    def _call(self, rpc: str, request: Any) -> Any:
+    def _call(self, rpc: str, request: Any, service: type = apb_grpc.AdminStub) -> Any:
         last: ClientError | None = None
         turn = 0
         for _ in range(self.attempts):
@@ -79,7 +83,8 @@ class AdminClient:
                 address = self.bootstrap[turn % len(self.bootstrap)]
                 turn += 1
             try:
-                return getattr(self._stub(address), rpc)(request, timeout=self.timeout_s)
+                stub = self._stub(address, service)
+                return getattr(stub, rpc)(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 last = error_of(exc)
             hint = last.meta.get("raftmq-leader-address", "")
@@ -169,3 +174,55 @@ class AdminClient:
 
     def rebalance_cluster(self) -> apb.RebalanceClusterResponse:
         return self._call("RebalanceCluster", apb.RebalanceClusterRequest())
+
+    # --- consumer groups ----------------------------------------------------------------
+
+    def _groups(self, rpc: str, request: Any) -> Any:
+        return self._call(rpc, request, gpb_grpc.GroupsStub)
+
+    def list_groups(self) -> gpb.ListGroupsResponse:
+        return self._groups("ListGroups", gpb.ListGroupsRequest())
+
+    def describe_group(self, group_id: str) -> gpb.GroupDescription:
+        return self._groups("DescribeGroup", gpb.DescribeGroupRequest(group_id=group_id))
+
+    def fetch_group_offsets(
+        self, group_id: str, partitions: Mapping[str, Iterable[int]] | None = None
+    ) -> gpb.FetchOffsetsResponse:
+        """The group's committed positions (of ``partitions``: topic -> partitions, or all)."""
+        return self._groups(
+            "FetchOffsets",
+            gpb.FetchOffsetsRequest(
+                group_id=group_id,
+                partitions=[
+                    gpb.GroupTopicPartitions(topic=t, partitions=list(p))
+                    for t, p in (partitions or {}).items()
+                ],
+            ),
+        )
+
+    def reset_group_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[tuple[str, int], int],
+        *,
+        force: bool = False,
+        metadata: str = "",
+    ) -> gpb.ChangeDoneResponse:
+        """Set the group's committed positions ((topic, partition) -> the next offset to
+        consume); refused (GROUP_NOT_EMPTY) while it has members unless ``force``."""
+        return self._groups(
+            "ResetOffsets",
+            gpb.ResetOffsetsRequest(
+                group_id=group_id,
+                offsets=[
+                    gpb.OffsetToCommit(topic=t, partition=p, offset=o, metadata=metadata)
+                    for (t, p), o in sorted(offsets.items())
+                ],
+                force=force,
+            ),
+        )
+
+    def delete_group(self, group_id: str) -> gpb.ChangeDoneResponse:
+        """Forget the group and its committed offsets; refused while it has members."""
+        return self._groups("DeleteGroup", gpb.DeleteGroupRequest(group_id=group_id))

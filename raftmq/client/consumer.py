@@ -1,17 +1,29 @@
-"""The consumer: ``assign`` partitions, then ``poll`` returns their records in offset
-order per partition, fetched ahead in the background (raftmq.client.fetcher).
+"""The consumer: ``assign`` partitions, or ``subscribe`` to topics as a member of a
+group, then ``poll`` returns their records in offset order per partition, fetched ahead
+in the background (raftmq.client.fetcher).
 
 Two faces over one fetcher: :class:`Consumer` (its fetcher runs an event loop on a thread
 of its own; use the consumer from one thread) and :class:`AsyncConsumer` (its fetcher
-runs in the caller's loop). Positions live in the consumer: where a partition starts is
-a ``seek`` or ``auto_offset_reset``. Consumer groups, subscriptions and committed offsets
-come with the group coordinator (issue 14) and are not here yet.
+runs in the caller's loop). Where a partition starts is a ``seek``, the group's committed
+offset, or ``auto_offset_reset``.
+
+Group mode (``group_id`` and ``subscribe``): the group session
+(raftmq.client.group_session) heartbeats on the I/O loop; ``poll`` runs the on_assign,
+on_revoke and on_lost callbacks in the caller's thread, and, with
+``enable_auto_commit``, commits the positions of what earlier polls returned, every
+``auto_commit_interval_ms``, before a partition is given up, and on close. Committing
+in ``poll`` (not on a timer of the loop) is what makes auto-commit at-least-once: a
+position is committed only once the caller came back for more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import inspect
+import logging
+import re
 import threading
 import time
 from collections.abc import (
@@ -28,6 +40,7 @@ from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
+from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import (
     Chunk,
     Fetcher,
@@ -36,13 +49,28 @@ from raftmq.client.fetcher import (
     PartitionState,
     TopicPartition,
 )
+from raftmq.client.group_link import GroupLink
+from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
 from raftmq.controller.transitions import RACK
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "NoOffsetError", "TopicPartition"]
+__all__ = [
+    "AsyncConsumer",
+    "CommitFailedError",
+    "Consumer",
+    "ConsumerRecord",
+    "NoOffsetError",
+    "TopicPartition",
+]
 T = TypeVar("T")
 IsolationLevel = Literal["read_uncommitted", "read_committed"]
+log = logging.getLogger(__name__)
+Partitions = set[TopicPartition]
+Callback = Callable[[Partitions], Any]
+"""on_assign / on_revoke / on_lost: called with the set of partitions (an async
+consumer's may be a coroutine function)."""
+ASSIGNORS = ("sticky", "range", "round_robin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +105,19 @@ class ConsumerConfig:
     client_rack: str | None = None
     """This consumer's rack: each partition is read from its in-sync replica in that
     rack when it has one (less cross-rack traffic), else from its leader."""
+    group_id: str | None = None
+    """The consumer group: needed by ``subscribe`` and by ``commit``/``committed``."""
+    enable_auto_commit: bool = True
+    """Commit the positions of what ``poll`` returned, in ``poll`` every
+    auto_commit_interval_ms, before giving a partition up, and on close."""
+    auto_commit_interval_ms: int = 5000
+    session_timeout_ms: int = 45_000
+    """A member silent this long is removed from the group and its partitions handed on."""
+    group_instance_id: str | None = None
+    """Static membership: a restart with the same id within the session timeout takes
+    the partitions back without a rebalance; close() does not leave the group."""
+    assignor: str = "sticky"
+    """How the coordinator spreads partitions: sticky, range or round_robin."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -107,6 +148,22 @@ class ConsumerConfig:
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must hold at least one fetch "
                 f"(fetch_max_bytes {self.fetch_max_bytes})"
             )
+        if self.group_id is not None and not self.group_id:
+            raise ValueError("group_id is a name (1-255 of A-Z a-z 0-9 . _ -), or None")
+        if not 1000 <= self.session_timeout_ms <= 300_000:
+            raise ValueError(
+                f"session_timeout_ms must be 1000-300000, not {self.session_timeout_ms}"
+            )
+        if self.auto_commit_interval_ms < 1:
+            raise ValueError(
+                f"auto_commit_interval_ms must be positive, not {self.auto_commit_interval_ms}"
+            )
+        if self.assignor not in ASSIGNORS:
+            raise ValueError(
+                f"assignor must be one of {', '.join(ASSIGNORS)}, not {self.assignor!r}"
+            )
+        if self.group_instance_id is not None and self.group_id is None:
+            raise ValueError("group_instance_id needs a group_id")
 
 
 def _take(fetcher: Fetcher, max_records: int) -> tuple[list[ConsumerRecord], int]:
@@ -172,16 +229,41 @@ class ConsumerSettings(TypedDict, total=False):
     max_buffer_bytes: int
     isolation_level: IsolationLevel
     client_rack: str | None
+    group_id: str | None
+    enable_auto_commit: bool
+    auto_commit_interval_ms: int
+    session_timeout_ms: int
+    group_instance_id: str | None
+    assignor: str
+
+
+@dataclass(slots=True)
+class _Callbacks:
+    on_assign: Callback | None = None
+    on_revoke: Callback | None = None
+    on_lost: Callback | None = None
+    """None: on_revoke is called for lost partitions too."""
+
+    def of(self, event: GroupEvent) -> Callback | None:
+        if event.kind == "assign":
+            return self.on_assign
+        if event.kind == "lost":
+            return self.on_lost or self.on_revoke
+        return self.on_revoke
 
 
 class _Face:
-    """What both consumers share: the settings, the fetcher's making, and the offset
-    lookups (ListOffsets at each partition's leader)."""
+    """What both consumers share: the settings, the fetcher's making, the offset
+    lookups (ListOffsets at each partition's leader), and the group's bookkeeping."""
 
     def __init__(self, bootstrap: str | Sequence[str], settings: ConsumerSettings) -> None:
         addresses = bootstrap_addresses(bootstrap)
         self.config = ConsumerConfig(addresses, **settings)
         self.closed = False
+        self._session: GroupSession | None = None
+        self._callbacks = _Callbacks()
+        self._link: GroupLink | None = None  # assign mode's commits
+        self._auto_commit_at = time.monotonic()
 
     def _make_fetcher(self, on_data: Callable[[], None]) -> Fetcher:
         c = self.config
@@ -198,6 +280,143 @@ class _Face:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("the consumer is closed; create a new one")
+
+    def _group_id(self, what: str) -> str:
+        if self.config.group_id is None:
+            raise ValueError(f"{what} needs a consumer group: create the consumer with group_id")
+        return self.config.group_id
+
+    def _check_subscribe(self, fetcher: Fetcher, callbacks: _Callbacks) -> None:
+        self._check_open()
+        self._group_id("subscribe")
+        if self._session is None and fetcher.states:
+            raise RuntimeError(
+                "this consumer has partitions from assign(); a consumer either assigns or "
+                "subscribes (create another for the other)"
+            )
+        self._callbacks = callbacks
+
+    def _check_assign(self) -> None:
+        self._check_open()
+        if self._session is not None:
+            raise RuntimeError(
+                "this consumer subscribed: its group assigns its partitions (create another "
+                "consumer to assign partitions yourself)"
+            )
+
+    def _new_session(self, fetcher: Fetcher, notify: Callable[[], None]) -> GroupSession:
+        c = self.config
+        assert c.group_id is not None
+        return GroupSession(
+            fetcher,
+            c.group_id,
+            instance_id=c.group_instance_id,
+            session_timeout_ms=c.session_timeout_ms,
+            assignor=c.assignor,
+            notify=notify,
+        )
+
+    def _group_step(self, fetcher: Fetcher) -> GroupEvent | None:
+        """In ``poll``: the session's refusal, if any, then the next event to handle."""
+        session = self._session
+        if session is None:
+            return None
+        if session.error is not None:
+            err, session.error = session.error, None
+            raise err
+        return session.events.popleft() if session.events else None
+
+    def _auto_commit_due(self) -> dict[TopicPartition, int] | None:
+        """With auto-commit, every auto_commit_interval_ms: the positions to commit (of
+        what earlier polls returned; read before this poll takes more)."""
+        c = self.config
+        if not c.enable_auto_commit or c.group_id is None:
+            return None
+        now = time.monotonic()
+        if (now - self._auto_commit_at) * 1000 < c.auto_commit_interval_ms:
+            return None
+        self._auto_commit_at = now
+        return self._positions()
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        if self._session is not None:
+            return self._session.positions()
+        return positions(self._fetcher_of())
+
+    def _fetcher_of(self) -> Fetcher:
+        raise NotImplementedError
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """On the loop: as the member, or (assign mode) outside the membership."""
+        for tp, offset in offsets.items():
+            _check_offset(offset)
+            assert isinstance(tp, tuple), tp
+        if self._session is not None:
+            await self._session.commit(offsets)
+            return
+        if not offsets:
+            return
+        if self._link is None:
+            self._link = GroupLink(self._fetcher_of().links)
+        group_id = self._group_id("commit")
+        try:
+            await self._link.commit(group_id, "", 0, offsets)
+        except ClientError as err:
+            if err.code != pb.ERROR_CODE_GROUP_NOT_EMPTY:
+                raise
+            raise CommitFailedError(
+                f"group {group_id} refused the commit: {err} (a consumer using assign() "
+                "commits for a group only while it has no members)",
+                err.code,
+                err.status,
+                err.meta,
+                err.code_name,
+            ) from None
+
+    async def _auto_commit(self, offsets: dict[TopicPartition, int]) -> None:
+        try:
+            await self._commit(offsets)
+        except ClientError as err:  # the next one, or the heartbeat, mends it
+            log.warning("auto-commit of group %s failed: %s", self.config.group_id, err)
+
+    async def _committed(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        wanted = sorted(set(partitions))
+        if self._link is None:
+            self._link = GroupLink(self._fetcher_of().links)
+        found = await self._link.fetch_offsets(self._group_id("committed"), wanted)
+        return {tp: found.get(tp) for tp in wanted}
+
+    def _subscribe(
+        self, fetcher: Fetcher, notify: Callable[[], None], topics: list[str] | re.Pattern[str]
+    ) -> None:
+        """On the loop."""
+        if self._session is None:
+            self._session = self._new_session(fetcher, notify)
+        self._session.subscribe(topics)
+
+    def _closing_held(self) -> Partitions:
+        """What on_revoke is told at close: the partitions being consumed."""
+        if self._session is None:
+            return set()
+        held = self._session.membership.held
+        return {tp for tp in dict(self._fetcher_of().states) if tp in held}
+
+    def _resumable(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Not those the group is taking away (paused until ``poll`` gives them up)."""
+        stopping = self._session.stopping if self._session is not None else set()
+        return [tp for tp in partitions if tp not in stopping]
+
+    async def _close_group(self) -> None:
+        """On the loop, at close, after on_revoke: commit (auto-commit) and leave."""
+        session = self._session
+        if session is not None:
+            if self.config.enable_auto_commit:
+                await self._auto_commit(session.positions())
+            await session.close(leave=self.config.group_instance_id is None)
+        elif self.config.enable_auto_commit and self.config.group_id is not None:
+            await self._auto_commit(positions(self._fetcher_of()))
 
 
 async def _offsets(
@@ -227,6 +446,15 @@ def _time_specs(times: Mapping[TopicPartition, int]) -> dict[TopicPartition, pb.
 def _check_offset(offset: int) -> None:
     if offset < 0:
         raise ValueError(f"offset {offset} is negative; offsets start at 0")
+
+
+def _topics(topics: Iterable[str] | str | re.Pattern[str]) -> list[str] | re.Pattern[str]:
+    if isinstance(topics, re.Pattern):
+        return topics
+    names = [topics] if isinstance(topics, str) else list(topics)
+    if not names or not all(isinstance(t, str) and t for t in names):
+        raise ValueError("subscribe to one or more topic names, or a compiled re pattern")
+    return names
 
 
 class Consumer(_Face):
@@ -262,10 +490,32 @@ class Consumer(_Face):
 
         self._wait(call())
 
+    def _fetcher_of(self) -> Fetcher:
+        return self._fetcher
+
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Consume exactly these partitions (replacing any earlier assignment)."""
-        self._check_open()
+        """Consume exactly these partitions (replacing any earlier assignment). With a
+        group_id, commits go to that group outside its membership (member id "")."""
+        self._check_assign()
         self._on_loop(self._fetcher.assign, list(partitions))
+
+    def subscribe(
+        self,
+        topics: Iterable[str] | str | re.Pattern[str],
+        *,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+        on_lost: Callback | None = None,
+    ) -> None:
+        """Join the group (``group_id``) and consume the partitions it assigns, of these
+        topics, or of every topic a compiled pattern matches in full (checked again as
+        topics come and go). The callbacks run inside ``poll``, in its thread:
+        on_assign after partitions are added (seek there to override the committed
+        offset), on_revoke before they are given up (commit there yourself without
+        auto-commit), on_lost when the group dropped this member (they may be another's
+        already: do not commit; without on_lost, on_revoke is called)."""
+        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
+        self._on_loop(self._subscribe, self._fetcher, self._notify, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -280,6 +530,7 @@ class Consumer(_Face):
         self._check_open()
         deadline = time.monotonic() + timeout
         while True:
+            self._handle_group()
             records, freed = _take(self._fetcher, self.config.max_poll_records)
             if freed:
                 self._loop.call_soon_threadsafe(self._fetcher.consumed, freed)
@@ -288,6 +539,55 @@ class Consumer(_Face):
                 return records
             with self._data:
                 self._data.wait(min(left, 0.1))
+
+    def _handle_group(self) -> None:
+        """In ``poll``: the group's news (callbacks here, in the caller's thread), then
+        auto-commit when due."""
+        while (event := self._group_step(self._fetcher)) is not None:
+            assert self._session is not None
+            callback = self._callbacks.of(event)
+            commit = self.config.enable_auto_commit
+            if event.kind == "assign":
+                self._wait(self._session.finish(event, commit=commit))
+                if callback is not None:
+                    callback(set(event.partitions))
+                continue
+            try:
+                if callback is not None:
+                    callback(set(event.partitions))
+            finally:
+                self._wait(self._session.finish(event, commit=commit))
+        due = self._auto_commit_due()
+        if due:
+            asyncio.run_coroutine_threadsafe(self._auto_commit(due), self._loop)
+
+    def commit(
+        self,
+        offsets: Mapping[TopicPartition, int] | None = None,
+        *,
+        asynchronous: bool = False,
+    ) -> concurrent.futures.Future[None] | None:
+        """Commit ``offsets`` (per partition, the next offset to consume), or the
+        position of every partition held. Waits for the group's answer, raising
+        CommitFailedError if it refused (the member was fenced: another may consume
+        those partitions now), unless ``asynchronous``: then returns a future."""
+        self._check_open()
+        self._group_id("commit")
+        chosen = dict(offsets) if offsets is not None else self._positions()
+        future = asyncio.run_coroutine_threadsafe(self._commit(chosen), self._loop)
+        if asynchronous:
+            return future
+        future.result()
+        return None
+
+    def committed(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets (None where there is none) of these partitions,
+        or of the assigned ones."""
+        self._check_open()
+        chosen = self.assignment() if partitions is None else partitions
+        return self._wait(self._committed(chosen))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, polling until the consumer closes."""
@@ -322,17 +622,27 @@ class Consumer(_Face):
             self._on_loop(self._fetcher.set_paused, tp, True)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        for tp in partitions:
+        for tp in self._resumable(partitions):
             self._on_loop(self._fetcher.set_paused, tp, False)
 
     def close(self) -> None:
+        """Give up the partitions (on_revoke, then the auto-commit), leave the group
+        (not a static member), and stop."""
         if self.closed:
             return
-        self.closed = True
-        self._wait(self._fetcher.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        try:
+            held = self._closing_held()
+            if held and self._callbacks.on_revoke is not None:
+                self._callbacks.on_revoke(held)
+        finally:
+            self.closed = True
+            try:
+                self._wait(self._close_group())
+            finally:
+                self._wait(self._fetcher.close())
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
 
     def __enter__(self) -> Consumer:
         return self
@@ -351,10 +661,26 @@ class AsyncConsumer(_Face):
         super().__init__(bootstrap, settings)
         self._data = asyncio.Event()
         self._fetcher = self._make_fetcher(self._data.set)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _fetcher_of(self) -> Fetcher:
+        return self._fetcher
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        self._check_open()
+        self._check_assign()
         self._fetcher.assign(list(partitions))
+
+    def subscribe(
+        self,
+        topics: Iterable[str] | str | re.Pattern[str],
+        *,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+        on_lost: Callback | None = None,
+    ) -> None:
+        """As Consumer.subscribe; a callback may be a coroutine function."""
+        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
+        self._subscribe(self._fetcher, self._data.set, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -367,6 +693,7 @@ class AsyncConsumer(_Face):
         deadline = time.monotonic() + timeout
         while True:
             self._data.clear()
+            await self._handle_group()
             records, freed = _take(self._fetcher, self.config.max_poll_records)
             if freed:
                 self._fetcher.consumed(freed)
@@ -375,6 +702,49 @@ class AsyncConsumer(_Face):
                 return records
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._data.wait(), left)
+
+    async def _handle_group(self) -> None:
+        while (event := self._group_step(self._fetcher)) is not None:
+            assert self._session is not None
+            callback = self._callbacks.of(event)
+            commit = self.config.enable_auto_commit
+            if event.kind == "assign":
+                await self._session.finish(event, commit=commit)
+                await _call(callback, set(event.partitions))
+                continue
+            try:
+                await _call(callback, set(event.partitions))
+            finally:
+                await self._session.finish(event, commit=commit)
+        due = self._auto_commit_due()
+        if due:
+            task = asyncio.get_running_loop().create_task(self._auto_commit(due))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int] | None = None,
+        *,
+        asynchronous: bool = False,
+    ) -> asyncio.Task[None] | None:
+        """As Consumer.commit; ``asynchronous`` returns the commit's task at once."""
+        self._check_open()
+        self._group_id("commit")
+        chosen = dict(offsets) if offsets is not None else self._positions()
+        if asynchronous:
+            task = asyncio.get_running_loop().create_task(self._commit(chosen))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return task
+        await self._commit(chosen)
+        return None
+
+    async def committed(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        self._check_open()
+        return await self._committed(self.assignment() if partitions is None else partitions)
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while not self.closed:
@@ -404,16 +774,37 @@ class AsyncConsumer(_Face):
             self._fetcher.set_paused(tp, True)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        for tp in partitions:
+        for tp in self._resumable(partitions):
             self._fetcher.set_paused(tp, False)
 
     async def close(self) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        try:
+            held = self._closing_held()
+            if held:
+                await _call(self._callbacks.on_revoke, held)
+        finally:
             self.closed = True
-            await self._fetcher.close()
+            try:
+                await self._close_group()
+                for task in list(self._tasks):
+                    with contextlib.suppress(BaseException):
+                        await task
+            finally:
+                await self._fetcher.close()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _call(callback: Callback | None, partitions: Partitions) -> None:
+    """An async consumer's callback, plain or a coroutine function."""
+    if callback is None:
+        return
+    result = callback(partitions)
+    if inspect.isawaitable(result):
+        await result

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -199,10 +200,37 @@ class LowLevelClient:
             max_wait_ms=max_wait_ms,
             min_bytes=min_bytes,
         )
+        return self._read(topic, partition, "Fetch", request, max_wait_ms / 1000 + 10, address)
+
+    def list_offsets(
+        self, topic: str, partition: int, *, position: int | None = None, timestamp_ms: int = 0
+    ) -> pb.ListOffsetsResponse:
+        """At the partition's leader: the offset of ``position`` (pb.EARLIEST or
+        pb.LATEST), else of the first entry at or after ``timestamp_ms``; the answer
+        carries the log start and the high watermark too."""
+        if position is not None:
+            request = pb.ListOffsetsRequest(topic=topic, partition=partition, position=position)
+        else:
+            request = pb.ListOffsetsRequest(
+                topic=topic, partition=partition, timestamp_ms=timestamp_ms
+            )
+        return self._read(topic, partition, "ListOffsets", request, 10.0, None)
+
+    def _read(
+        self,
+        topic: str,
+        partition: int,
+        rpc: str,
+        request: Any,
+        timeout: float,
+        address: str | None,
+    ) -> Any:
+        """``rpc`` at ``address``, or at the leader when None, retrying what is retriable
+        there (see :meth:`fetch`)."""
         target = address or self._leader(topic, partition)
         for attempt in range(self.retries):
             try:
-                return self.stub(target).Fetch(request, timeout=max_wait_ms / 1000 + 10)
+                return getattr(self.stub(target), rpc)(request, timeout=timeout)
             except grpc.RpcError as exc:
                 err = error_of(exc)
                 if address is not None or not (err.retriable or err.unreachable):

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -121,6 +121,7 @@ class ControllerQuorum:
         self._fencing: set[int] = set()  # fence proposals in flight
         self._rejoin_at: dict[int, int] = {}  # fenced broker -> version to catch up to
         self._fence_task: asyncio.Task[None] | None = None
+        self._timers: list[Callable[[], Awaitable[None]]] = []
         self.rsm: ReplicatedStateMachine[MetadataStateMachine] = ReplicatedStateMachine(
             host,
             GROUP,
@@ -146,6 +147,23 @@ class ControllerQuorum:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def on_tick(self, check: Callable[[], Awaitable[None]]) -> None:
+        """Run ``check`` on the fencing timer, after its pause check, so other sessions
+        kept in the leader's memory (consumer group members) expire by the same clock and
+        the same rules: none before this node led for their timeout, none for a pause of
+        this process (:attr:`led_since` restarts then)."""
+        self._timers.append(check)
+
+    @property
+    def led_since(self) -> float | None:
+        """On the leader, when (``monotonic_s``) its count of silences starts: when it
+        took over, or when it woke from a pause; None on a follower. A session last heard
+        before it counts as heard then."""
+        return self._led_since
+
+    def monotonic_s(self) -> float:
+        return self._monotonic_s()
 
     def now_ms(self) -> int:
         """This voter's clock, the one it stamps commands with (fences, decommissions):
@@ -177,6 +195,11 @@ class ControllerQuorum:
             self._rejoin_at.clear()
 
     # --- proposals ----------------------------------------------------------------------
+
+    async def propose(self, command: c.Command, expect: type[R]) -> R:
+        """Any command whose result is an ``expect`` (the group coordinator's); errors as
+        for every command."""
+        return await self._propose(command, expect)
 
     async def _propose(self, command: c.Command, expect: type[R]) -> R:
         """Propose ``command``; its result if accepted, else ControllerRefusal,
@@ -217,7 +240,8 @@ class ControllerQuorum:
             leader, f"controller {self.node_id} does not lead the quorum; {leader} does"
         )
 
-    def _require_leader(self) -> None:
+    def require_leader(self) -> None:
+        """NotControllerError (or ControllerUnavailableError) unless this voter leads."""
         if not self.rsm.is_leader:
             raise self._not_controller(self.rsm.leader)
 
@@ -248,7 +272,7 @@ class ControllerQuorum:
         broker of the registered incarnation is unfenced (one entry) once it caught up
         with the version the leader held at its first beat since the fence: a broker back
         from a partition must know the metadata of its absence before it takes work."""
-        self._require_leader()
+        self.require_leader()
         state = self.rsm.machine.state
         broker = state.brokers.get(broker_id)
         if broker is None:
@@ -366,6 +390,11 @@ class ControllerQuorum:
                 await self._fence_silent()
             except ControllerError as exc:  # leadership moved; the next leader decides
                 log.info("controller %d: fencing deferred: %s", self.node_id, exc)
+            for check in self._timers:
+                try:
+                    await check()
+                except ControllerError as exc:
+                    log.info("controller %d: session expiry deferred: %s", self.node_id, exc)
 
     def silent_brokers(self) -> list[int]:
         """Unfenced brokers this leader has not heard from for a session timeout; none

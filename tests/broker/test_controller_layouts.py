@@ -13,16 +13,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import groups_pb2 as gpb
+from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.broker.metadata_cache import MetadataCache
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from tests.broker.conftest import REBALANCE_ARGS, ClusterFactory, log_tails
-from tests.broker.test_broker_cluster import batch, read_all, wait_until
+from tests.broker.test_broker_cluster import assert_error, batch, read_all, rpc_error, wait_until
 from tests.broker.test_controller_wiring import (
     CONTROLLER_FAILOVER_S,
     produce_and_read,
@@ -109,6 +112,16 @@ def test_dedicated_controllers_serve_admin_place_on_brokers_and_survive_a_leader
         created = admin.create_topic("placed", 3, 3)
         described = admin.describe_cluster()
     assert sorted(described.controller_voters) == list(CONTROLLERS)
+    # The Groups service too: a broker-only node redirects to a voter.
+    broker_only = cluster.spec.brokers[4].address
+    with grpc.insecure_channel(broker_only) as channel:
+        err = rpc_error(
+            lambda: gpb_grpc.GroupsStub(channel).ListGroups(gpb.ListGroupsRequest(), timeout=10)
+        )
+    assert_error(err, grpc.StatusCode.UNAVAILABLE, "NOT_CONTROLLER", "broker only")
+    assert err.meta["raftmq-leader-address"] in cluster.controller_addresses
+    with AdminClient([broker_only]) as admin:
+        assert list(admin.list_groups().groups) == []
     assert sorted(b.id for b in described.brokers) == [4, 5, 6]
     assert all(set(p.replicas) == {4, 5, 6} for p in created.topic.partitions)
     with cluster.client() as client:

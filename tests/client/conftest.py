@@ -32,6 +32,7 @@ CLIENT_TOPICS = {
     "cb": 3,
     "ca": 1,
     "cli": 2,
+    "clig": 2,
 }
 
 

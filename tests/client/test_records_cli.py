@@ -72,3 +72,28 @@ def test_mistakes_are_sentences(cluster: LocalCluster) -> None:
     unknown = raftmq(cluster, "produce", "nope", stdin=b"x\n")
     assert unknown.returncode == 1 and b"topic 'nope' does not exist" in unknown.stderr
     assert b"Traceback" not in unknown.stderr + missing.stderr + bad.stderr
+
+
+def test_consume_with_a_group_resumes_where_the_last_run_stopped(cluster: LocalCluster) -> None:
+    lines = [f"line {i}" for i in range(10)]
+    assert raftmq(cluster, "produce", "clig", stdin="\n".join(lines).encode()).returncode == 0
+    first = raftmq(
+        cluster, "consume", "clig", "--group", "readers", "--from-beginning", "--max-messages", "6"
+    )
+    assert first.returncode == 0, first.stderr
+    rest = raftmq(
+        cluster,
+        "consume",
+        "clig",
+        "--group",
+        "readers",
+        "--max-messages",
+        "4",
+        "--idle-timeout-ms",
+        "8000",
+    )
+    assert rest.returncode == 0, rest.stderr
+    printed = first.stdout.decode().splitlines() + rest.stdout.decode().splitlines()
+    assert sorted(printed) == sorted(lines)  # what was printed was committed: none twice
+    mixed = raftmq(cluster, "consume", "clig", "--group", "readers", "--partition", "0")
+    assert mixed.returncode == 2 and b"leave out --partition" in mixed.stderr

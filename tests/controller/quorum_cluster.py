@@ -14,6 +14,7 @@ import grpc
 
 from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.controller_service import ControllerService, add_controller_service
+from raftmq.broker.groups_service import GroupsService, add_groups_service
 from raftmq.controller.quorum import ControllerQuorum, ControllerUnavailableError
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
@@ -33,6 +34,7 @@ class QuorumCluster:
         self.hosts: dict[int, RaftHost] = {}
         self.quorums: dict[int, ControllerQuorum] = {}
         self.servers: dict[int, grpc.aio.Server] = {}
+        self.groups: dict[int, GroupsService] = {}
         self.addresses: dict[int, str] = {}  # voter -> its gRPC address, shared with services
 
     async def start(self, *nodes: int) -> QuorumCluster:
@@ -47,6 +49,8 @@ class QuorumCluster:
                 server = grpc.aio.server()
                 add_controller_service(ControllerService(quorum, self.addresses), server)
                 add_admin_service(AdminService(quorum, self.addresses), server)
+                self.groups[node] = GroupsService(quorum, self.addresses)
+                add_groups_service(self.groups[node], server)
                 port = server.add_insecure_port("127.0.0.1:0")
                 await server.start()
                 self.servers[node] = server

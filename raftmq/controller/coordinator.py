@@ -1,0 +1,290 @@
+"""The consumer group coordinator as a running service on the controller quorum's leader:
+heartbeats, member sessions, batched offset commits and the group reads, over the pure
+transitions of :mod:`raftmq.controller.groups`.
+
+What is written and what is kept in memory follows the broker heartbeats' rule
+(:mod:`raftmq.controller.quorum`): the log records decisions, the leader's memory the
+beats they are drawn from.
+
+- A heartbeat is computed against the leader's state with the same transition the
+  state machine applies. When it changes nothing (the same member, epoch, holdings and
+  assignment: the steady beat every few seconds of every member) it is answered from
+  that computation, and nothing is proposed; otherwise the ``GroupHeartbeat`` command is
+  proposed and its applied result is the answer. A refusal computed from the local copy
+  is confirmed on a current read first (the copy may lag an entry the leader committed
+  but has not applied yet, e.g. right after an election).
+- Each member's last beat and session timeout live in this leader's memory. The quorum's
+  fencing timer (:meth:`ControllerQuorum.on_tick`) runs :meth:`expire_silent`, which
+  proposes ``RemoveGroupMembers`` for members silent past their timeout; a new leader
+  (or one that woke from a pause) counts every member as heard when its count started
+  (``led_since``), so nobody is removed for the old leader's silence, and a member it
+  has not heard yet is held to the default timeout until its first beat says its own.
+- Commits from many clients are gathered into one ``CommitOffsets`` command per Raft
+  round: one batch is proposed at a time, commits arriving meanwhile wait for it and go
+  in the next (bounded in commits and bytes), and each caller gets its own commit's
+  outcome. Thousands of commits a second then cost tens of entries, not thousands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from raftmq.controller import commands as c
+from raftmq.controller.errors import RefusalCode
+from raftmq.controller.model import ConsumerGroup, MetadataState, TopicPartition
+from raftmq.controller.quorum import ControllerError, ControllerQuorum, ControllerRefusal
+from raftmq.controller.transitions import apply_command
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_TIMEOUT_MS = 45_000
+MIN_SESSION_TIMEOUT_MS = 1_000
+MAX_SESSION_TIMEOUT_MS = 300_000
+MAX_HEARTBEAT_INTERVAL_MS = 3_000
+"""A member beats every third of its session timeout, at most this long apart: a lost
+beat or two do not expire it, and a revocation it was told of is not long delayed."""
+MAX_BATCH_COMMITS = 1_000
+MAX_BATCH_BYTES = 768 * 1024
+"""Bounds of one CommitOffsets command, under the 1 MiB bound of a metadata command
+(commands.MAX_COMMAND_BYTES) with room for its encoding."""
+
+COMMIT_LINGER_MS = 5.0
+"""How long a batch waits for more commits when the last one went out within
+:data:`BUSY_WINDOW_S`: at most ~200 commit entries a second whatever the load, for a few
+ms more latency under load only."""
+BUSY_WINDOW_S = 0.05
+
+
+def heartbeat_interval_ms(session_timeout_ms: int) -> int:
+    return min(MAX_HEARTBEAT_INTERVAL_MS, session_timeout_ms // 3)
+
+
+def commit_bytes(offsets: Iterable[c.OffsetEntry]) -> int:
+    """A bound on what a commit's offsets add to a CommitOffsets command's encoding (JSON:
+    a quoted character may take up to 6 bytes; the field names and numbers ~64)."""
+    return sum(64 + 6 * (len(o.topic) + len(o.metadata)) for o in offsets)
+
+
+def group_state(group: ConsumerGroup) -> str:
+    """ "empty" (no members), "stable" (every member holds exactly its target) or
+    "reconciling" (some partition is still moving between members)."""
+    if not group.members:
+        return "empty"
+    for member in group.members.values():
+        target = group.target.get(member.member_id, ())
+        if member.assigned != target or tuple(sorted(member.owned)) != member.assigned:
+            return "reconciling"
+    return "stable"
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    timeout_s: float
+    heard_s: float
+    """``monotonic_s`` of the member's last beat on this leader."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    commit: c.OffsetCommit
+    size_bytes: int
+    done: asyncio.Future[tuple[c.CommitOutcome, int]]
+
+
+class GroupCoordinator:
+    """The coordinator of every consumer group, on one controller voter; it answers only
+    while the voter leads the quorum (else NotControllerError, as every command)."""
+
+    def __init__(
+        self,
+        quorum: ControllerQuorum,
+        *,
+        max_batch_commits: int = MAX_BATCH_COMMITS,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        linger_ms: float = COMMIT_LINGER_MS,
+    ) -> None:
+        assert max_batch_commits >= 1 and max_batch_bytes >= 1
+        self.quorum = quorum
+        self.max_batch_commits = max_batch_commits
+        self.max_batch_bytes = max_batch_bytes
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._queue: list[_Pending] = []
+        self._committer: asyncio.Task[None] | None = None
+        self._last_batch_s = float("-inf")
+        self.linger_s = linger_ms / 1000
+        self.batches = 0
+        """CommitOffsets commands proposed so far (the batching test reads it)."""
+        quorum.on_tick(self.expire_silent)
+
+    # --- heartbeats ---------------------------------------------------------------------
+
+    async def heartbeat(self, beat: c.GroupHeartbeat, session_timeout_ms: int) -> c.GroupAssignment:
+        """The member's answer; ControllerRefusal (INVALID_GROUP, UNKNOWN_MEMBER,
+        FENCED_MEMBER_EPOCH) and the quorum's other errors as for every command."""
+        assert MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS
+        self.quorum.require_leader()
+        _, state = self.quorum.local_state()
+        answer = _unchanged(state, beat)
+        if isinstance(answer, c.Refused):
+            # The local copy may lag what the leader committed (an election just now, an
+            # entry in its apply): refuse only what a current read refuses, without an
+            # entry, so a zombie's beats write nothing.
+            answer = _unchanged(await self.current(), beat)
+            if isinstance(answer, c.Refused):
+                raise ControllerRefusal(answer.code, answer.message)
+        if answer is None:
+            answer = await self.quorum.propose(beat, c.GroupAssignment)
+        key = (beat.group_id, answer.member_id)
+        if answer.member_epoch == -1:
+            self._sessions.pop(key, None)
+        else:
+            self._sessions[key] = Session(session_timeout_ms / 1000, self.quorum.monotonic_s())
+        return answer
+
+    # --- sessions -----------------------------------------------------------------------
+
+    async def expire_silent(self) -> None:
+        """Propose the removal of every member silent past its session timeout (run by
+        the quorum's fencing timer)."""
+        led_since = self.quorum.led_since
+        if led_since is None or not self.quorum.is_leader:
+            return
+        now_s = self.quorum.monotonic_s()
+        _, state = self.quorum.local_state()
+        default = Session(DEFAULT_SESSION_TIMEOUT_MS / 1000, led_since)
+        for group_id, group in sorted(state.consumer_groups.items()):
+            silent = []
+            for member_id in sorted(group.members):
+                session = self._sessions.get((group_id, member_id), default)
+                if now_s - max(session.heard_s, led_since) > session.timeout_s:
+                    silent.append(member_id)
+            if not silent:
+                continue
+            log.warning(
+                "group %s: members %s sent no heartbeat within their session timeout: "
+                "removing them",
+                group_id,
+                ", ".join(silent),
+            )
+            try:
+                await self.quorum.propose(c.RemoveGroupMembers(group_id, tuple(silent)), c.Done)
+            except ControllerRefusal as exc:  # the group went away meanwhile
+                log.info("group %s: removing silent members refused: %s", group_id, exc)
+            for member_id in silent:
+                self._sessions.pop((group_id, member_id), None)
+        # Forget sessions of members gone from the metadata (left, replaced, removed);
+        # no await between this read and the pruning, so a member that joined since the
+        # loop above is in ``live``.
+        _, state = self.quorum.local_state()
+        for key in [k for k in self._sessions if k[1] not in _members(state, k[0])]:
+            del self._sessions[key]
+
+    def last_heartbeat_age_ms(self, group_id: str, member_id: str) -> int:
+        """Since this leader last heard the member; -1 when it has not since it took over
+        (or woke from a pause)."""
+        session = self._sessions.get((group_id, member_id))
+        led_since = self.quorum.led_since
+        if session is None or led_since is None or session.heard_s < led_since:
+            return -1
+        return int((self.quorum.monotonic_s() - session.heard_s) * 1000)
+
+    # --- offsets ------------------------------------------------------------------------
+
+    async def commit(self, commit: c.OffsetCommit) -> int:
+        """Commit in the next batch; the metadata version that holds it. ControllerRefusal
+        with this commit's own refusal, or the quorum's error for the whole batch."""
+        self.quorum.require_leader()
+        loop = asyncio.get_running_loop()
+        pending = _Pending(commit, commit_bytes(commit.offsets), loop.create_future())
+        self._queue.append(pending)
+        if self._committer is None or self._committer.done():
+            self._committer = loop.create_task(self._commit_batches(), name="group-commits")
+        outcome, version = await pending.done
+        if outcome.code:
+            raise ControllerRefusal(RefusalCode(outcome.code), outcome.message)
+        return version
+
+    async def _commit_batches(self) -> None:
+        """Propose one batch at a time while commits wait: what arrives while one is in
+        the Raft round goes into the next."""
+        loop = asyncio.get_running_loop()
+        while self._queue:
+            # Under load (a batch went out just now), wait a little for more: the rate of
+            # entries is then bounded by the linger, whatever the rate of commits. An
+            # isolated commit goes at once (only the handlers ready to run join it).
+            busy = loop.time() - self._last_batch_s < BUSY_WINDOW_S
+            await asyncio.sleep(self.linger_s if busy else 0)
+            self._last_batch_s = loop.time()
+            batch, size_bytes = [], 0
+            while self._queue and len(batch) < self.max_batch_commits:
+                nxt = self._queue[0]
+                if batch and size_bytes + nxt.size_bytes > self.max_batch_bytes:
+                    break
+                batch.append(self._queue.pop(0))
+                size_bytes += nxt.size_bytes
+            command = c.CommitOffsets(tuple(p.commit for p in batch), self.quorum.now_ms())
+            self.batches += 1
+            try:
+                applied = await self.quorum.propose(command, c.CommitsApplied)
+            except ControllerError as exc:
+                for p in batch:
+                    if not p.done.done():
+                        p.done.set_exception(exc)
+                continue
+            version, _ = self.quorum.local_state()
+            assert len(applied.outcomes) == len(batch), (len(applied.outcomes), len(batch))
+            for p, outcome in zip(batch, applied.outcomes, strict=True):
+                if not p.done.done():  # its caller may have gone (a deadline)
+                    p.done.set_result((outcome, version))
+
+    async def reset_offsets(
+        self, group_id: str, offsets: tuple[c.OffsetEntry, ...], force: bool
+    ) -> int:
+        await self.quorum.propose(
+            c.ResetOffsets(group_id, offsets, force, self.quorum.now_ms()), c.Done
+        )
+        return self.quorum.local_state()[0]
+
+    async def delete_group(self, group_id: str) -> int:
+        await self.quorum.propose(c.DeleteGroup(group_id), c.Done)
+        return self.quorum.local_state()[0]
+
+    # --- reads --------------------------------------------------------------------------
+
+    async def current(self) -> MetadataState:
+        """The metadata as of this call, on the leader (a read index: a deposed leader
+        cannot answer with what a newer one changed)."""
+        self.quorum.require_leader()
+        _, state = await self.quorum.metadata(linearizable=True)
+        return state
+
+
+def _unchanged(
+    state: MetadataState, beat: c.GroupHeartbeat
+) -> c.GroupAssignment | c.Refused | None:
+    """The answer to ``beat`` if it changes nothing in ``state``, its refusal, or None
+    when it changes something (propose it: the applied result is the answer)."""
+    after, result = apply_command(state, state.version + 1, beat)
+    if isinstance(result, c.Refused):
+        return result
+    assert isinstance(result, c.GroupAssignment), result
+    group_id = beat.group_id
+    if after.consumer_groups.get(group_id) != state.consumer_groups.get(group_id):
+        return None
+    return result
+
+
+def _members(state: MetadataState, group_id: str) -> Iterable[str]:
+    group = state.consumer_groups.get(group_id)
+    return group.members if group is not None else ()
+
+
+def partitions_of(tps: Iterable[TopicPartition]) -> dict[str, list[int]]:
+    """Topic: its partitions, sorted (the wire's GroupTopicPartitions)."""
+    out: dict[str, list[int]] = {}
+    for tp in sorted(tps):
+        out.setdefault(tp.topic, []).append(tp.partition)
+    return out

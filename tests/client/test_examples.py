@@ -1,0 +1,92 @@
+"""The delivery-semantics examples (examples/) run as a person runs them, against a real
+cluster: each crashes mid-stream once (--crash-after) and is run again; at-least-once
+then has processed every record, some twice; at-most-once none twice, some never."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raftmq.devtools.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(150)
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 30
+
+
+def run(cluster: LocalCluster, example: str, topic: str, out: Path, *args: str) -> int:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / example),
+            "--bootstrap",
+            ",".join(cluster.addresses),
+            "--topic",
+            topic,
+            "--session-timeout-ms",
+            "2000",
+            "--idle-s",
+            "4",
+            "--out",
+            str(out),
+            *args,
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=90,
+        check=False,
+    ).returncode
+
+
+def processed(out: Path) -> collections.Counter[str]:
+    """How many times each record (by value) was processed."""
+    return collections.Counter(line.split(" ", 2)[2] for line in out.read_text().splitlines())
+
+
+def test_at_least_once_redelivers_after_a_crash(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "processed.txt"
+    assert (
+        run(
+            cluster,
+            "at_least_once.py",
+            "ex-alo",
+            out,
+            "--records",
+            str(RECORDS),
+            "--crash-after",
+            "7",
+        )
+        == 3
+    )
+    assert sum(processed(out).values()) == 7
+    assert run(cluster, "at_least_once.py", "ex-alo", out, "--records", "0") == 0
+    counts = processed(out)
+    assert set(counts) == {repr(f"record-{i}".encode()) for i in range(RECORDS)}  # none lost
+    assert max(counts.values()) == 2  # what the crash did not commit came again
+
+
+def test_at_most_once_loses_but_never_repeats(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "processed.txt"
+    assert (
+        run(
+            cluster,
+            "at_most_once.py",
+            "ex-amo",
+            out,
+            "--records",
+            str(RECORDS),
+            "--crash-after",
+            "7",
+        )
+        == 3
+    )
+    assert sum(processed(out).values()) == 7
+    assert run(cluster, "at_most_once.py", "ex-amo", out, "--records", "0") == 0
+    counts = processed(out)
+    assert max(counts.values()) == 1  # none twice
+    assert 7 < len(counts) < RECORDS  # what the crash had committed but not processed is lost
