@@ -2,8 +2,10 @@
 the controller voters), driven through raw Groups stubs as a consumer would: a member
 joins and gets every partition, a second one joins and partitions move incrementally
 (revoked from the first, given to the second only once the first gave them up), a stale
-member's commit is refused, commits from a follower voter are redirected, and the
-controller leader's SIGKILL loses no commit and no member's assignment."""
+member's commit is refused, a follower voter redirects, the controller leader's SIGKILL
+in the middle of a rebalance loses no commit and no member's assignment (the rebalance
+goes on with the new leader), a silent member is removed after its session timeout and
+concurrent commits share metadata entries."""
 
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def committed(stub: gpb_grpc.GroupsStub, group: str) -> dict[TP, int]:
     return {(o.topic, o.partition): o.offset for o in answer.offsets}
 
 
-def test_incremental_rebalance_fencing_and_a_controller_leader_kill(
+def test_incremental_rebalance_fencing_and_a_controller_leader_kill_mid_rebalance(
     make_cluster: ClusterFactory,
 ) -> None:
     cluster = make_cluster({"orders": 4})
@@ -137,7 +139,13 @@ def test_incremental_rebalance_fencing_and_a_controller_leader_kill(
         a.commit({tp: 21 for tp in kept})
         want = {**{tp: 20 for tp in moving}, **{tp: 21 for tp in kept}}
         assert committed(stub, "g") == want
-        a_before, b_before = held(a.last.assigned), held(b.last.assigned)
+        # A third member joins: the rebalance is under way (one of a and b is told to
+        # give a partition up, and has not yet) when the controller leader dies.
+        c = Member(stub, "g", ["orders"])
+        assert not held(c.beat().assigned)
+        told_a, told_b = a.beat(give_up=False), b.beat(give_up=False)
+        assert len(held(told_a.revoke) | held(told_b.revoke)) == 1
+        before_kill = {m.member_id: (m.epoch, held(m.last.assigned)) for m in (a, b)}
 
     cluster.kill(leader)
     survivors = [cluster.spec.brokers[v].address for v in cluster.spec.voters if v != leader]
@@ -148,20 +156,31 @@ def test_incremental_rebalance_fencing_and_a_controller_leader_kill(
     with grpc.insecure_channel(cluster.spec.brokers[new_leader].address) as channel:
         stub = gpb_grpc.GroupsStub(channel)
         assert committed(stub, "g") == want, "a commit was lost with the controller leader"
-        a.stub = b.stub = stub
-        # The members keep their ids, epochs and partitions across the failover.
-        assert held(a.beat().assigned) == a_before and not a.last.revoke
-        assert held(b.beat().assigned) == b_before and not b.last.revoke
-        a.commit({tp: 30 for tp in a_before})
+        a.stub = b.stub = c.stub = stub
+        # The members keep their ids, epochs and partitions across the failover...
+        for m in (a, b):
+            m.beat(give_up=False)
+            assert (m.epoch, held(m.last.assigned)) == before_kill[m.member_id]
+        # ...and the rebalance goes on: the revoked partition is given up, c gets it.
+        for m in (a, b, c, a, b, c):
+            m.holds -= held(m.last.revoke)
+            m.beat()
+        holdings = [held(m.last.assigned) for m in (a, b, c)]
+        assert sorted(map(len, holdings)) == [1, 1, 2] and set().union(*holdings) == every
+        a.commit({tp: 30 for tp in a.holds})
         with AdminClient(survivors) as admin:
             described = admin.describe_group("g")
             assert described.state == "stable"
-            assert {m.member_id for m in described.members} == {a.member_id, b.member_id}
+            assert {m.member_id for m in described.members} == {
+                a.member_id,
+                b.member_id,
+                c.member_id,
+            }
             assert all(0 <= m.last_heartbeat_age_ms < 10_000 for m in described.members)
             listed = admin.list_groups()
-            assert [(g.group_id, g.member_count) for g in listed.groups] == [("g", 2)]
+            assert [(g.group_id, g.member_count) for g in listed.groups] == [("g", 3)]
         # Both leave: the group is empty, and an operator may reset and delete it.
-        for m in (a, b):
+        for m in (a, b, c):
             m.epoch = -1
             assert m.beat().member_epoch == -1
         with AdminClient(survivors) as admin:
