@@ -19,14 +19,12 @@ follower reads face the faults too: a follower that served an uncommitted record
 show as a dirty read.
 
 ``idempotent`` turns on the producers' idempotence, and the checker then counts a record
-stored twice as a violation. Both need the client features of issue 14 that land on
-their own branches; :func:`check_supported` says plainly when they are missing.
+stored twice as a violation.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import threading
 import time
@@ -36,7 +34,7 @@ from dataclasses import dataclass
 from chaos.history import Op, send_value
 from chaos.workload import Recorder
 from raftmq.client.consumer import Consumer, ConsumerRecord
-from raftmq.client.producer import Producer, ProducerConfig, RecordFuture
+from raftmq.client.producer import Producer, RecordFuture
 
 GROUP = "chaos-group"
 IN_FLIGHT = 32
@@ -61,22 +59,6 @@ class ClientWorkloadOptions:
     their number) when there is one (client_rack); empty: from the leaders."""
 
 
-def check_supported(options: ClientWorkloadOptions) -> None:
-    """Refuse, with a sentence, a mode whose client feature this build does not have."""
-    if options.idempotent and "enable_idempotence" not in {
-        f.name for f in dataclasses.fields(ProducerConfig)
-    }:
-        raise ValueError(
-            "--idempotent needs the idempotent producer (Producer(enable_idempotence=True)), "
-            "which this build does not have yet"
-        )
-    if options.group and not hasattr(Consumer, "subscribe"):
-        raise ValueError(
-            "--group needs consumer groups (Consumer.subscribe, commit, committed), which "
-            "this build does not have yet"
-        )
-
-
 class ClientWorkload:
     def __init__(
         self,
@@ -86,7 +68,6 @@ class ClientWorkload:
         recorder: Recorder,
         options: ClientWorkloadOptions,
     ) -> None:
-        check_supported(options)
         self.addresses = addresses
         self.topic = topic
         self.partitions = partitions
@@ -241,9 +222,7 @@ class ClientWorkload:
             for tp in partitions:  # another member may hold them already: no commit
                 processed.pop(tp, None)
 
-        consumer.subscribe(  # type: ignore[attr-defined]
-            [self.topic], on_revoke=on_revoke, on_lost=on_lost
-        )
+        consumer.subscribe([self.topic], on_revoke=on_revoke, on_lost=on_lost)
         self._poll_loop(process, consumer, processed)
         on_revoke(set(processed))
 
@@ -297,7 +276,7 @@ class ClientWorkload:
         start = self.recorder.now()
         status, error = "ok", None
         try:
-            consumer.commit(offsets)  # type: ignore[attr-defined]
+            consumer.commit(offsets)
         except Exception as exc:
             # Refused (fenced) or not known: either way the checker must not count on it.
             status, error = "info", f"{type(exc).__name__}: {exc}"[:300]
@@ -325,7 +304,7 @@ class ClientWorkload:
             start = self.recorder.now()
             try:
                 with self._consumer() as consumer:
-                    found = consumer.committed(tps)  # type: ignore[attr-defined]
+                    found = consumer.committed(tps)
                 break
             except Exception as exc:
                 if time.monotonic() > deadline:
