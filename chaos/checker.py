@@ -845,42 +845,34 @@ def check_order(h: _History, opts: CheckOptions) -> CheckReport:
 
             f.add("producer-reorder", example)
 
-    readers: dict[tuple[str, int], list[Op]] = defaultdict(list)
-    for op in h.reads:
-        readers[(op.process, op.partition)].append(op)
-    steps = 0
+    steps, uneven = _uneven_steps(h.reads)
     resets_crossed = 0
-    for ops in readers.values():
-        ops.sort(key=_start)
-        for prev, op in itertools.pairwise(ops):
-            steps += 1
-            if _off(op) == _off(prev) + 1:
-                continue
-            if _off(op) > _off(prev) + 1 and h.reset_path(
-                op.process, op.partition, _off(prev) + 1, _off(op)
-            ):
-                resets_crossed += 1
-                continue
-            kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
+    for prev, op in uneven:
+        if _off(op) > _off(prev) + 1 and h.reset_path(
+            op.process, op.partition, _off(prev) + 1, _off(op)
+        ):
+            resets_crossed += 1
+            continue
+        kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
 
-            def rexample(op: Op = op, prev: Op = prev, kind: str = kind) -> dict[str, Any]:
-                what = (
-                    "went back"
-                    if kind == "reader-backwards"
-                    else f"skipped {_off(op) - _off(prev) - 1} record(s)"
-                )
-                return {
-                    "partition": op.partition,
-                    "process": op.process,
-                    "previous": {"offset": prev.offset, "value": prev.value, "start": prev.start},
-                    "next": {"offset": op.offset, "value": op.value, "start": op.start},
-                    "explanation": (
-                        f"reader {op.process} on partition {op.partition} read offset "
-                        f"{op.offset} ({op.value!r}) right after offset {prev.offset}: it {what}"
-                    ),
-                }
+        def rexample(op: Op = op, prev: Op = prev, kind: str = kind) -> dict[str, Any]:
+            what = (
+                "went back"
+                if kind == "reader-backwards"
+                else f"skipped {_off(op) - _off(prev) - 1} record(s)"
+            )
+            return {
+                "partition": op.partition,
+                "process": op.process,
+                "previous": {"offset": prev.offset, "value": prev.value, "start": prev.start},
+                "next": {"offset": op.offset, "value": op.value, "start": op.start},
+                "explanation": (
+                    f"reader {op.process} on partition {op.partition} read offset "
+                    f"{op.offset} ({op.value!r}) right after offset {prev.offset}: it {what}"
+                ),
+            }
 
-            f.add(kind, rexample)
+        f.add(kind, rexample)
     checked: dict[str, float] = {"producer_pairs": pairs, "reader_steps": steps}
     if h.reset_count:
         checked["reader_resets"] = h.reset_count
@@ -1016,30 +1008,37 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
 
 def _check_fixed_consumers(h: _History, f: _Findings, committing: set[str]) -> int:
     """Consumers that commit nothing: each partition's records polled one offset apart."""
-    polled: dict[tuple[str, int], list[Op]] = defaultdict(list)
-    for op in h.consumes:
-        if op.process not in committing:
-            polled[(op.process, op.partition)].append(op)
-    steps = 0
-    for ops in polled.values():
-        ops.sort(key=_start)
-        for prev, op in itertools.pairwise(ops):
-            steps += 1
-            if _off(op) == _off(prev) + 1:
-                continue
-            kind = "consumer-backwards" if _off(op) <= _off(prev) else "consumer-skip"
-            f.add(
-                kind,
-                {
-                    "partition": op.partition,
-                    "process": op.process,
-                    "previous": {"offset": prev.offset, "value": prev.value},
-                    "next": {"offset": op.offset, "value": op.value},
-                    "explanation": f"consumer {op.process} polled partition {op.partition} "
-                    f"offset {op.offset} right after {prev.offset}",
-                },
-            )
+    steps, uneven = _uneven_steps(op for op in h.consumes if op.process not in committing)
+    for prev, op in uneven:
+        kind = "consumer-backwards" if _off(op) <= _off(prev) else "consumer-skip"
+        f.add(
+            kind,
+            {
+                "partition": op.partition,
+                "process": op.process,
+                "previous": {"offset": prev.offset, "value": prev.value},
+                "next": {"offset": op.offset, "value": op.value},
+                "explanation": f"consumer {op.process} polled partition {op.partition} "
+                f"offset {op.offset} right after {prev.offset}",
+            },
+        )
     return steps
+
+
+def _uneven_steps(ops: Iterable[Op]) -> tuple[int, list[tuple[Op, Op]]]:
+    """Each process's records of each partition in the order it saw them (by start;
+    the sort is stable, so the records of one answer keep their order): how many
+    successive pairs there are, and the pairs not exactly one offset apart."""
+    seen: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    for op in ops:
+        seen[(op.process, op.partition)].append(op)
+    steps = 0
+    uneven: list[tuple[Op, Op]] = []
+    for mine in seen.values():
+        mine.sort(key=_start)
+        steps += len(mine) - 1
+        uneven += [(a, b) for a, b in itertools.pairwise(mine) if _off(b) != _off(a) + 1]
+    return steps, uneven
 
 
 def _check_commits_forward(ops: list[Op], f: _Findings) -> None:

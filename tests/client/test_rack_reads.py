@@ -20,6 +20,7 @@ from raftmq.client.errors import error_of
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import ClusterFactory
+from tests.client.test_consumer import poll_until
 
 pytestmark = pytest.mark.timeout(180)
 RACKS = {1: "east", 2: "west", 3: "north"}
@@ -40,15 +41,6 @@ def produce(cluster: LocalCluster, tag: str, count: int) -> dict[int, list[bytes
     for f in futures:
         f.result(timeout=0)
     return sent
-
-
-def poll_until(consumer: Consumer, count: int, timeout: float = 60) -> list[ConsumerRecord]:
-    out: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count:
-        assert time.monotonic() < deadline, f"polled {len(out)} of {count} records"
-        out += consumer.poll(0.5)
-    return out
 
 
 def by_partition(records: list[ConsumerRecord]) -> dict[int, list[bytes | None]]:
@@ -73,7 +65,7 @@ def test_a_racked_consumer_reads_from_its_racks_follower_and_falls_back(
         cluster.addresses, auto_offset_reset="earliest", client_rack="west", fetch_max_wait_ms=200
     ) as consumer:
         consumer.assign(tps)
-        assert by_partition(poll_until(consumer, 3 * 150)) == first
+        assert by_partition(poll_until(consumer, 3 * 150, timeout=60)) == first
         states = consumer._fetcher.states
         # Every partition, led by broker 2 or not, was read from broker 2 (rack "west").
         assert {tp: states[tp].served_by for tp in tps} == {tp: 2 for tp in tps}
@@ -91,7 +83,7 @@ def test_a_racked_consumer_reads_from_its_racks_follower_and_falls_back(
         # Broker 2 led some partitions: wait for their new leaders before producing.
         cluster.wait_for_leaders(timeout=30, among={1, 3})
         second = produce(cluster, "b", 50)
-        assert by_partition(poll_until(consumer, 3 * 50)) == second
+        assert by_partition(poll_until(consumer, 3 * 50, timeout=60)) == second
         now_led_by = leaders(cluster)
         assert {tp: states[tp].served_by for tp in tps} == {tp: now_led_by[tp[1]] for tp in tps}
         assert consumer.poll(0.5) == []  # no duplicates from the switch
