@@ -298,6 +298,20 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise Refusal.of(exc, self.broker) from None
         return replica
 
+    def _with_leader(self, refusal: Refusal, topic: str, partition: int) -> Refusal:
+        """``refusal`` with the partition's leader (as reported to the controller) named
+        in its trailers, for a consumer's replica read to go there at once."""
+        leader, _ = reported_leader(self.broker.spec.state, topic, partition)
+        spec = self.broker.spec.brokers.get(leader)
+        if spec is None:
+            return refusal
+        return Refusal(
+            refusal.code,
+            f"{refusal.message}; its leader is broker {leader}",
+            leader_id=leader,
+            leader_address=spec.address,
+        )
+
     def _refusal(self, exc: PartitionError) -> Refusal:
         return Refusal.of(exc, self.broker)
 
@@ -439,7 +453,12 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        replica = self._replica(request.topic, request.partition)
+        try:
+            replica = self._replica(request.topic, request.partition)
+        except Refusal as refusal:
+            if request.replica_read and refusal.code == pb.ERROR_CODE_NOT_HOSTED:
+                raise self._with_leader(refusal, request.topic, request.partition) from None
+            raise
         max_bytes = request.max_bytes or DEFAULT_FETCH_BYTES
         _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES, " bytes")
         _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS, " ms")

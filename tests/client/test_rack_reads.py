@@ -29,8 +29,11 @@ PARTITIONS = 3
 
 
 def racked_cluster(make_cluster: ClusterFactory) -> LocalCluster:
+    """Brokers 1-3 in racks east, west, north; topic rk on all three, solo on broker 1."""
     return make_cluster(
-        {TOPIC: PARTITIONS}, per_broker_args={b: ["--rack", r] for b, r in RACKS.items()}
+        {TOPIC: PARTITIONS},
+        single_replica={"solo": 1},
+        per_broker_args={b: ["--rack", r] for b, r in RACKS.items()},
     )
 
 
@@ -143,6 +146,19 @@ def test_a_follower_serves_replica_reads_only_up_to_its_commit(
     with pytest.raises(grpc.RpcError) as plain:
         fetch(50, 0, replica_read=False)
     assert error_of(plain.value).code_name == "OFFSET_OUT_OF_RANGE"
+
+    # A broker hosting no replica names the leader too (as reported to the controller).
+    request = pb.FetchRequest(topic="solo", partition=0, offset=0, replica_read=True)
+    deadline = time.monotonic() + 10
+    while True:
+        with pytest.raises(grpc.RpcError) as not_hosted:
+            client.stub(address(cluster, 2)).Fetch(request, timeout=10)
+        err = error_of(not_hosted.value)
+        assert err.code_name == "NOT_HOSTED"
+        if "raftmq-leader-address" in err.meta or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert err.meta["raftmq-leader-address"] == address(cluster, 1)
     client.close()
 
 
