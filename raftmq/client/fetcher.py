@@ -237,8 +237,8 @@ class Fetcher:
     ) -> pb.FetchResponse | None:
         """One Fetch, at the partition's leader or its rack's follower; None when that
         follower failed it (the partition then reads from its leader for a while)."""
-        address = await self.links.leader(*tp)
         follower = await self._closest(tp, state)
+        address = follower.address if follower else await self.links.leader(*tp)
         request = pb.FetchRequest(
             topic=tp[0],
             partition=tp[1],
@@ -248,8 +248,6 @@ class Fetcher:
             min_bytes=1,
             replica_read=follower is not None,
         )
-        if follower is not None:
-            address = follower.address
         try:
             answer: pb.FetchResponse = await self.links.stub(address).Fetch(
                 request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
