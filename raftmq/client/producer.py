@@ -531,8 +531,8 @@ class _Engine:
         if error.code in _SESSION_ENDED or error.code == pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE:
             return ClientError(
                 f"{len(batch.records)} records for {batch.topic}/{batch.partition} were not "
-                f"stored: {error} (this producer takes a new producer id for its next "
-                "records; those of this batch were not written)",
+                f"stored: {error} (the producer takes a new producer id for the records "
+                "sent after them)",
                 error.code,
                 error.status,
                 error.meta,

@@ -6,12 +6,13 @@ and restarted leaves the partition holding each record exactly once, in send ord
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.producer import Producer
+from raftmq.client.producer import AsyncProducer, Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch
@@ -36,7 +37,7 @@ def init_producer_id(cluster: LocalCluster) -> int:
 def test_a_resent_batch_is_stored_once_also_after_every_broker_restarted(
     make_cluster: ClusterFactory,
 ) -> None:
-    cluster = make_cluster({"i": 1})
+    cluster = make_cluster({"i": 1, "a": 2})
     pid = init_producer_id(cluster)
     assert init_producer_id(cluster) != pid  # never handed out twice
 
@@ -69,6 +70,29 @@ def test_a_resent_batch_is_stored_once_also_after_every_broker_restarted(
         if h.type == entry.EntryType.DATA
     ]
     assert triples == [(pid, 0), (pid, 2), (pid, 3)]
+
+    # The asyncio producer numbers its batches the same way: one id, per-partition
+    # sequences from 0 that follow each batch's records, and several batches in flight.
+    async def send_async() -> None:
+        async with AsyncProducer(cluster.addresses, linger_ms=1, batch_size=1024) as p:
+            futures = [await p.send("a", f"a{i:04d}".encode(), partition=i % 2) for i in range(600)]
+            await p.flush()
+            for f in futures:
+                await f
+
+    asyncio.run(send_async())
+    ids = set()
+    with cluster.client() as c:
+        for part in (0, 1):
+            records, raw = read_all(c, "a", part)
+            assert [r.value for r in records] == [f"a{i:04d}".encode() for i in range(part, 600, 2)]
+            expected = 0
+            for h in entry.iter_headers(raw):
+                if h.type == entry.EntryType.DATA:
+                    ids.add(h.producer_id)
+                    assert h.base_sequence == expected
+                    expected += h.record_count
+    assert len(ids) == 1 and ids != {pid} and min(ids) >= 0
 
 
 def test_a_leader_killed_and_restarted_mid_stream_leaves_no_duplicate_and_no_gap(
