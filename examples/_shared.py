@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.admin import AdminClient
-from raftmq.client.consumer import ConsumerRecord
+from raftmq.client.consumer import Consumer, ConsumerRecord
 from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer
 
@@ -34,12 +36,19 @@ def parse_args(doc: str, topic: str) -> argparse.Namespace:
 
 
 def ensure_topic(bootstrap: list[str], topic: str, partitions: int = 3) -> None:
+    """Create the topic if it is new, and wait until each partition has a leader (a
+    producer without retries would lose what it sends before)."""
     with AdminClient(bootstrap) as admin:
         try:
             admin.create_topic(topic, partitions, min(3, len(bootstrap)))
         except ClientError as err:
             if err.code != pb.ERROR_CODE_TOPIC_ALREADY_EXISTS:
                 raise
+        deadline = time.monotonic() + 30
+        while not all(p.leader_id for p in admin.describe_topic(topic).partitions):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"topic {topic} has partitions without a leader after 30 s")
+            time.sleep(0.2)
 
 
 def produce(producer: Producer, topic: str, count: int) -> None:
@@ -59,3 +68,29 @@ def process(out: TextIO, record: ConsumerRecord) -> None:
 
 def output(path: str) -> TextIO:
     return sys.stdout if path == "-" else open(path, "a", encoding="utf-8")
+
+
+def group_consumer(args: argparse.Namespace) -> Consumer:
+    """A member of ``--group`` that commits only when told (``commit()``), subscribed to
+    ``--topic``; a partition the group never committed starts at its beginning."""
+    consumer = Consumer(
+        args.bootstrap.split(","),
+        group_id=args.group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    consumer.subscribe([args.topic])
+    return consumer
+
+
+def batches(consumer: Consumer, idle_s: float) -> Iterator[list[ConsumerRecord]]:
+    """What each poll returns, until none came for ``idle_s`` while the consumer had
+    partitions (a restarted member waits for the dead one's session to expire first)."""
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < idle_s:
+        records = consumer.poll(0.5)
+        if records or not consumer.assignment():
+            idle_since = time.monotonic()
+        if records:
+            yield records

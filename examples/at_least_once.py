@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-from _shared import ensure_topic, output, parse_args, process, produce
+from _shared import batches, ensure_topic, group_consumer, output, parse_args, process, produce
 
-from raftmq.client.consumer import Consumer
 from raftmq.client.producer import Producer
 
 
@@ -37,20 +35,8 @@ def main() -> None:
             produce(producer, args.topic, args.records)
     out = output(args.out)
     processed = 0
-    with Consumer(
-        bootstrap,
-        group_id=args.group,
-        enable_auto_commit=False,  # we commit, after processing
-        auto_offset_reset="earliest",
-        session_timeout_ms=args.session_timeout_ms,
-    ) as consumer:
-        consumer.subscribe([args.topic])
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < args.idle_s:
-            records = consumer.poll(0.5)
-            if not records:
-                continue
-            idle_since = time.monotonic()
+    with group_consumer(args) as consumer:  # we commit, after processing
+        for records in batches(consumer, args.idle_s):
             for record in records:
                 process(out, record)
                 processed += 1

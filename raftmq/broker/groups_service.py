@@ -33,14 +33,19 @@ from raftmq.controller.coordinator import (
     heartbeat_interval_ms,
     partitions_of,
 )
-from raftmq.controller.groups import GROUP_ID, MAX_OFFSET_METADATA_CHARS, MAX_SUBSCRIPTIONS
+from raftmq.controller.groups import (
+    GROUP_ID,
+    MAX_OFFSET_METADATA_CHARS,
+    MAX_SUBSCRIPTIONS,
+    MEMBER_ID,
+)
 from raftmq.controller.model import ConsumerGroup, MetadataState, TopicPartition
 from raftmq.controller.quorum import ControllerQuorum
 
 MAX_LISTED_PARTITIONS = 4096
 """What one heartbeat (owned) or one commit names at most: a metadata command is bounded
 (1 MiB), and a member holding more partitions than this is not a layout we serve."""
-MAX_REQUEST_COMMIT_BYTES = 256 * 1024
+MAX_REQUEST_COMMIT_BYTES = 512 * 1024
 """One commit's share of a batch, at most (coordinator.commit_bytes)."""
 
 
@@ -51,6 +56,16 @@ def _check_group_id(group_id: str) -> str:
             f"group id {shorten(group_id)} is not 1-255 of A-Z a-z 0-9 . _ -",
         )
     return group_id
+
+
+def _check_member_id(member_id: str) -> str:
+    if member_id and not MEMBER_ID.fullmatch(member_id):
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_GROUP,
+            f"member id {shorten(member_id)} is not 1-255 of A-Z a-z 0-9 . _ : - (the id "
+            "the coordinator's answer gave, or empty)",
+        )
+    return member_id
 
 
 def _topic_partitions(listed: Iterable[gpb.GroupTopicPartitions]) -> tuple[TopicPartition, ...]:
@@ -89,13 +104,16 @@ def _offsets(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP, "a partition is named twice; name each partition once"
         )
-    if commit_bytes(offsets) > MAX_REQUEST_COMMIT_BYTES:
+    return offsets
+
+
+def _check_size(commit: c.OffsetCommit) -> None:
+    if commit_bytes(commit) > MAX_REQUEST_COMMIT_BYTES:
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
-            f"the offsets and their metadata are too large for one commit (over "
+            f"the offsets and their metadata are too large for one request (over "
             f"{MAX_REQUEST_COMMIT_BYTES // 1024} KiB); split them or shorten the metadata",
         )
-    return offsets
 
 
 def _positions(
@@ -150,7 +168,7 @@ class GroupsService(ControllerFace):
             )
         beat = c.GroupHeartbeat(
             request.group_id,
-            request.member_id,
+            _check_member_id(request.member_id),
             request.instance_id or None,
             request.member_epoch,
             tuple(request.subscriptions),
@@ -173,10 +191,11 @@ class GroupsService(ControllerFace):
     ) -> gpb.CommitOffsetsResponse:
         commit = c.OffsetCommit(
             _check_group_id(request.group_id),
-            request.member_id,
+            _check_member_id(request.member_id),
             request.member_epoch,
             _offsets(request.offsets),
         )
+        _check_size(commit)
         version = await self.call(self.coordinator.commit(commit))
         return gpb.CommitOffsetsResponse(metadata_version=version)
 
@@ -236,10 +255,9 @@ class GroupsService(ControllerFace):
         self, request: gpb.ResetOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
         offsets = _offsets(request.offsets)
+        _check_size(c.OffsetCommit(_check_group_id(request.group_id), "", 0, offsets))
         version = await self.call(
-            self.coordinator.reset_offsets(
-                _check_group_id(request.group_id), offsets, request.force
-            )
+            self.coordinator.reset_offsets(request.group_id, offsets, request.force)
         )
         return gpb.ChangeDoneResponse(metadata_version=version)
 

@@ -256,6 +256,8 @@ class _Face:
     """What both consumers share: the settings, the fetcher's making, the offset
     lookups (ListOffsets at each partition's leader), and the group's bookkeeping."""
 
+    _fetcher: Fetcher
+
     def __init__(self, bootstrap: str | Sequence[str], settings: ConsumerSettings) -> None:
         addresses = bootstrap_addresses(bootstrap)
         self.config = ConsumerConfig(addresses, **settings)
@@ -286,10 +288,10 @@ class _Face:
             raise ValueError(f"{what} needs a consumer group: create the consumer with group_id")
         return self.config.group_id
 
-    def _check_subscribe(self, fetcher: Fetcher, callbacks: _Callbacks) -> None:
+    def _check_subscribe(self, callbacks: _Callbacks) -> None:
         self._check_open()
         self._group_id("subscribe")
-        if self._session is None and fetcher.states:
+        if self._session is None and self._fetcher.states:
             raise RuntimeError(
                 "this consumer has partitions from assign(); a consumer either assigns or "
                 "subscribes (create another for the other)"
@@ -304,11 +306,11 @@ class _Face:
                 "consumer to assign partitions yourself)"
             )
 
-    def _new_session(self, fetcher: Fetcher, notify: Callable[[], None]) -> GroupSession:
+    def _new_session(self, notify: Callable[[], None]) -> GroupSession:
         c = self.config
         assert c.group_id is not None
         return GroupSession(
-            fetcher,
+            self._fetcher,
             c.group_id,
             instance_id=c.group_instance_id,
             session_timeout_ms=c.session_timeout_ms,
@@ -316,7 +318,7 @@ class _Face:
             notify=notify,
         )
 
-    def _group_step(self, fetcher: Fetcher) -> GroupEvent | None:
+    def _group_step(self) -> GroupEvent | None:
         """In ``poll``: the session's refusal, if any, then the next event to handle."""
         session = self._session
         if session is None:
@@ -341,23 +343,21 @@ class _Face:
     def _positions(self) -> dict[TopicPartition, int]:
         if self._session is not None:
             return self._session.positions()
-        return positions(self._fetcher_of())
-
-    def _fetcher_of(self) -> Fetcher:
-        raise NotImplementedError
+        return positions(self._fetcher)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         """On the loop: as the member, or (assign mode) outside the membership."""
         for tp, offset in offsets.items():
+            if not (isinstance(tp, tuple) and len(tp) == 2):
+                raise ValueError(f"commit offsets per (topic, partition), not per {tp!r}")
             _check_offset(offset)
-            assert isinstance(tp, tuple), tp
         if self._session is not None:
             await self._session.commit(offsets)
             return
         if not offsets:
             return
         if self._link is None:
-            self._link = GroupLink(self._fetcher_of().links)
+            self._link = GroupLink(self._fetcher.links)
         group_id = self._group_id("commit")
         try:
             await self._link.commit(group_id, "", 0, offsets)
@@ -384,16 +384,14 @@ class _Face:
     ) -> dict[TopicPartition, int | None]:
         wanted = sorted(set(partitions))
         if self._link is None:
-            self._link = GroupLink(self._fetcher_of().links)
+            self._link = GroupLink(self._fetcher.links)
         found = await self._link.fetch_offsets(self._group_id("committed"), wanted)
         return {tp: found.get(tp) for tp in wanted}
 
-    def _subscribe(
-        self, fetcher: Fetcher, notify: Callable[[], None], topics: list[str] | re.Pattern[str]
-    ) -> None:
+    def _subscribe(self, notify: Callable[[], None], topics: list[str] | re.Pattern[str]) -> None:
         """On the loop."""
         if self._session is None:
-            self._session = self._new_session(fetcher, notify)
+            self._session = self._new_session(notify)
         self._session.subscribe(topics)
 
     def _closing_held(self) -> Partitions:
@@ -401,7 +399,7 @@ class _Face:
         if self._session is None:
             return set()
         held = self._session.membership.held
-        return {tp for tp in dict(self._fetcher_of().states) if tp in held}
+        return {tp for tp in dict(self._fetcher.states) if tp in held}
 
     def _resumable(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Not those the group is taking away (paused until ``poll`` gives them up)."""
@@ -416,7 +414,7 @@ class _Face:
                 await self._auto_commit(session.positions())
             await session.close(leave=self.config.group_instance_id is None)
         elif self.config.enable_auto_commit and self.config.group_id is not None:
-            await self._auto_commit(positions(self._fetcher_of()))
+            await self._auto_commit(positions(self._fetcher))
 
 
 async def _offsets(
@@ -490,9 +488,6 @@ class Consumer(_Face):
 
         self._wait(call())
 
-    def _fetcher_of(self) -> Fetcher:
-        return self._fetcher
-
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly these partitions (replacing any earlier assignment). With a
         group_id, commits go to that group outside its membership (member id "")."""
@@ -514,8 +509,8 @@ class Consumer(_Face):
         offset), on_revoke before they are given up (commit there yourself without
         auto-commit), on_lost when the group dropped this member (they may be another's
         already: do not commit; without on_lost, on_revoke is called)."""
-        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
-        self._on_loop(self._subscribe, self._fetcher, self._notify, _topics(topics))
+        self._check_subscribe(_Callbacks(on_assign, on_revoke, on_lost))
+        self._on_loop(self._subscribe, self._notify, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -543,7 +538,7 @@ class Consumer(_Face):
     def _handle_group(self) -> None:
         """In ``poll``: the group's news (callbacks here, in the caller's thread), then
         auto-commit when due."""
-        while (event := self._group_step(self._fetcher)) is not None:
+        while (event := self._group_step()) is not None:
             assert self._session is not None
             callback = self._callbacks.of(event)
             commit = self.config.enable_auto_commit
@@ -663,9 +658,6 @@ class AsyncConsumer(_Face):
         self._fetcher = self._make_fetcher(self._data.set)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _fetcher_of(self) -> Fetcher:
-        return self._fetcher
-
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._check_assign()
         self._fetcher.assign(list(partitions))
@@ -679,8 +671,8 @@ class AsyncConsumer(_Face):
         on_lost: Callback | None = None,
     ) -> None:
         """As Consumer.subscribe; a callback may be a coroutine function."""
-        self._check_subscribe(self._fetcher, _Callbacks(on_assign, on_revoke, on_lost))
-        self._subscribe(self._fetcher, self._data.set, _topics(topics))
+        self._check_subscribe(_Callbacks(on_assign, on_revoke, on_lost))
+        self._subscribe(self._data.set, _topics(topics))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._fetcher.states)
@@ -704,7 +696,7 @@ class AsyncConsumer(_Face):
                 await asyncio.wait_for(self._data.wait(), left)
 
     async def _handle_group(self) -> None:
-        while (event := self._group_step(self._fetcher)) is not None:
+        while (event := self._group_step()) is not None:
             assert self._session is not None
             callback = self._callbacks.of(event)
             commit = self.config.enable_auto_commit

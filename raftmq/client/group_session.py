@@ -118,6 +118,20 @@ class GroupSession:
     # --- heartbeats -----------------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
+        try:
+            await self._heartbeat_loop()
+        except Exception as exc:  # a bug: say so in poll rather than go silent
+            log.exception("group %s: the heartbeat task failed", self.group_id)
+            self.error = ClientError(
+                f"the consumer's group session failed ({exc!r}); close the consumer and "
+                "create another",
+                pb.ERROR_CODE_UNSPECIFIED,
+                None,
+                {},
+            )
+            self.notify()
+
+    async def _heartbeat_loop(self) -> None:
         attempt = 0
         while not self.membership.left:
             await self._resolve()
@@ -175,24 +189,17 @@ class GroupSession:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    def wake(self) -> None:
-        self._wake.set()
-
     async def _apply(self, step: Step) -> None:
         """Stop returning what is lost or given up at once; queue the caller's part."""
-        for kind, tps in (("lost", step.lost), ("revoke", step.revoke)):
-            if not tps:
+        self.lost |= step.lost
+        for event in (GroupEvent("lost", step.lost), GroupEvent("revoke", step.revoke)):
+            if not event.partitions:
                 continue
-            if kind == "lost":
-                self.lost |= tps
-            for tp in tps:
+            for tp in event.partitions:
                 self.stopping.add(tp)
                 if tp in self.fetcher.states:
                     self.fetcher.set_paused(tp, True)
-            self.events.append(GroupEvent(kind, tps))  # type: ignore[arg-type]
-        if step.lost:
-            # Nothing to commit nor wait for: the partitions are not ours any more.
-            self.membership.due_now = True
+            self.events.append(event)
         if step.assign:
             self.events.append(GroupEvent("assign", step.assign))
         if step:
@@ -269,7 +276,7 @@ class GroupSession:
         try:
             await self.link.commit(self.group_id, m.member_id, m.epoch, offsets)
         except ClientError as err:
-            if is_fenced(err) or err.code_name == "PARTITION_NOT_ASSIGNED":
+            if is_fenced(err) or err.code == pb.ERROR_CODE_PARTITION_NOT_ASSIGNED:
                 self._wake.set()  # the heartbeat finds out what changed
                 raise CommitFailedError(
                     f"group {self.group_id} refused the commit: {err}",

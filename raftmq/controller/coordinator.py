@@ -10,9 +10,10 @@ beats they are drawn from.
   state machine applies. When it changes nothing (the same member, epoch, holdings and
   assignment: the steady beat every few seconds of every member) it is answered from
   that computation, and nothing is proposed; otherwise the ``GroupHeartbeat`` command is
-  proposed and its applied result is the answer. A refusal computed from the local copy
-  is confirmed on a current read first (the copy may lag an entry the leader committed
-  but has not applied yet, e.g. right after an election).
+  proposed and its applied result is the answer. It is judged on the leader's own copy
+  when that holds every committed entry (the common case), else on a read index (right
+  after an election, or an entry committed and not applied yet); a refusal is answered
+  without an entry.
 - Each member's last beat and session timeout live in this leader's memory. The quorum's
   fencing timer (:meth:`ControllerQuorum.on_tick`) runs :meth:`expire_silent`, which
   proposes ``RemoveGroupMembers`` for members silent past their timeout; a new leader
@@ -28,6 +29,7 @@ beats they are drawn from.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,10 +64,12 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
     return min(MAX_HEARTBEAT_INTERVAL_MS, session_timeout_ms // 3)
 
 
-def commit_bytes(offsets: Iterable[c.OffsetEntry]) -> int:
-    """A bound on what a commit's offsets add to a CommitOffsets command's encoding (JSON:
-    a quoted character may take up to 6 bytes; the field names and numbers ~64)."""
-    return sum(64 + 6 * (len(o.topic) + len(o.metadata)) for o in offsets)
+def commit_bytes(commit: c.OffsetCommit) -> int:
+    """A bound on what a commit adds to a CommitOffsets command's encoding (canonical JSON,
+    ASCII: a character may take up to 12 bytes; the names and numbers of each offset at
+    most 80, the commit's group, member and epoch at most 600)."""
+    strings = sum(len(json.dumps(o.topic)) + len(json.dumps(o.metadata)) for o in commit.offsets)
+    return 600 + 80 * len(commit.offsets) + strings
 
 
 def group_state(group: ConsumerGroup) -> str:
@@ -111,6 +115,9 @@ class GroupCoordinator:
         self.max_batch_commits = max_batch_commits
         self.max_batch_bytes = max_batch_bytes
         self._sessions: dict[tuple[str, str], Session] = {}
+        self._proposing: dict[str, int] = {}
+        """Group id: heartbeats of it being proposed. A member that joined in one is in
+        the state before its session is recorded; the timer must not take it for silent."""
         self._queue: list[_Pending] = []
         self._committer: asyncio.Task[None] | None = None
         self._last_batch_s = float("-inf")
@@ -126,17 +133,24 @@ class GroupCoordinator:
         FENCED_MEMBER_EPOCH) and the quorum's other errors as for every command."""
         assert MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS
         self.quorum.require_leader()
-        _, state = self.quorum.local_state()
+        # Judged on a current state: the local copy when this leader applied everything
+        # committed (the common case, no round trip), else after a read index (an
+        # election just now, an entry in its apply): a beat answered from a lagging copy
+        # could hand back partitions the member gave up in an entry not applied yet.
+        current = self.quorum.applied_all_committed()
+        state = self.quorum.local_state()[1] if current else await self.current()
         answer = _unchanged(state, beat)
-        if isinstance(answer, c.Refused):
-            # The local copy may lag what the leader committed (an election just now, an
-            # entry in its apply): refuse only what a current read refuses, without an
-            # entry, so a zombie's beats write nothing.
-            answer = _unchanged(await self.current(), beat)
-            if isinstance(answer, c.Refused):
-                raise ControllerRefusal(answer.code, answer.message)
+        if isinstance(answer, c.Refused):  # without an entry: a zombie's beats write nothing
+            raise ControllerRefusal(answer.code, answer.message)
         if answer is None:
-            answer = await self.quorum.propose(beat, c.GroupAssignment)
+            group_id = beat.group_id
+            self._proposing[group_id] = self._proposing.get(group_id, 0) + 1
+            try:
+                answer = await self.quorum.propose(beat, c.GroupAssignment)
+            finally:
+                self._proposing[group_id] -= 1
+                if not self._proposing[group_id]:
+                    del self._proposing[group_id]
         key = (beat.group_id, answer.member_id)
         if answer.member_epoch == -1:
             self._sessions.pop(key, None)
@@ -158,7 +172,11 @@ class GroupCoordinator:
         for group_id, group in sorted(state.consumer_groups.items()):
             silent = []
             for member_id in sorted(group.members):
-                session = self._sessions.get((group_id, member_id), default)
+                session = self._sessions.get((group_id, member_id))
+                if session is None:
+                    if group_id in self._proposing:
+                        continue  # maybe joining right now
+                    session = default
                 if now_s - max(session.heard_s, led_since) > session.timeout_s:
                     silent.append(member_id)
             if not silent:
@@ -176,8 +194,8 @@ class GroupCoordinator:
             for member_id in silent:
                 self._sessions.pop((group_id, member_id), None)
         # Forget sessions of members gone from the metadata (left, replaced, removed);
-        # no await between this read and the pruning, so a member that joined since the
-        # loop above is in ``live``.
+        # no await between this read and the pruning, so a session recorded since the
+        # loop above is of a member this state holds.
         _, state = self.quorum.local_state()
         for key in [k for k in self._sessions if k[1] not in _members(state, k[0])]:
             del self._sessions[key]
@@ -198,7 +216,7 @@ class GroupCoordinator:
         with this commit's own refusal, or the quorum's error for the whole batch."""
         self.quorum.require_leader()
         loop = asyncio.get_running_loop()
-        pending = _Pending(commit, commit_bytes(commit.offsets), loop.create_future())
+        pending = _Pending(commit, commit_bytes(commit), loop.create_future())
         self._queue.append(pending)
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_batches(), name="group-commits")

@@ -434,6 +434,17 @@ class ControllerQuorum:
 
     # --- reads --------------------------------------------------------------------------
 
+    def applied_all_committed(self) -> bool:
+        """On the leader: it committed an entry of its term and applied every committed
+        entry, so its local state is as current as a read index would make it (short of
+        a deposition it has not noticed yet, which check-quorum bounds)."""
+        status = self._host.status(GROUP)
+        return (
+            status.role == Role.LEADER
+            and not status.config_pending
+            and self.rsm.applied_index >= status.commit
+        )
+
     def local_state(self) -> tuple[int, MetadataState]:
         """(version, state) as this voter applied it, maybe stale; on the leader, right
         after a command of its own returned, it holds that command (and maybe later ones)."""

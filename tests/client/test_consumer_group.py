@@ -23,10 +23,14 @@ from typing import Any
 
 import pytest
 
+from raftmq.client.admin import AdminClient
 from raftmq.client.consumer import AsyncConsumer, CommitFailedError, Consumer
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import SHARED_BROKER_ARGS, cluster_spec, module_cluster
+from tests.broker.test_controller_layouts import Dedicated, controller_leader, dedicated
+
+__all__ = ["dedicated"]  # the fixture: dedicated controllers, broker-only nodes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -466,3 +470,65 @@ def test_the_async_consumer_in_a_group(cluster: LocalCluster) -> None:
             assert await c.committed() == {("aio", 0): 3, ("aio", 1): 3}
 
     asyncio.run(run())
+
+
+def test_a_group_through_broker_only_nodes_survives_a_controller_leader_kill(
+    dedicated: Dedicated,
+) -> None:
+    """The consumer knows only broker-only nodes: they answer NOT_CONTROLLER and it
+    follows them to the controller leader; killing that leader delays heartbeats and
+    commits until another takes over, and loses no commit."""
+    cluster = dedicated()
+    with AdminClient(cluster.controller_addresses) as admin:
+        admin.create_topic("d", 2, 3)
+    tps = [("d", 0), ("d", 1)]
+
+    def produce(start: int) -> None:
+        with Producer(cluster.addresses, linger_ms=1) as producer:
+            for i in range(start, start + 20):
+                producer.send("d", f"d{i}".encode(), partition=i % 2)
+
+    settings: dict[str, Any] = {
+        "group_id": "g-dedicated",
+        "session_timeout_ms": 10_000,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+    }
+    with Consumer(cluster.addresses, **settings) as c:
+        c.subscribe(["d"])
+        produce(0)
+        assert len(poll_records(c, 20)) == 20
+        c.commit()
+        assert c.committed(tps) == {tp: 10 for tp in tps}
+        leader = controller_leader(cluster.controller_addresses)
+        assert leader in cluster.spec.voters
+        cluster.kill(leader)
+        produce(20)
+        assert len(poll_records(c, 20)) == 20  # fetching never needed the controller
+        c.commit()  # waits for the next controller leader
+        assert c.committed(tps) == {tp: 20 for tp in tps}
+
+
+def test_group_settings_and_misuse_are_sentences() -> None:
+    nowhere = ["127.0.0.1:1"]  # nothing is sent for any of these
+    for settings, words in (
+        ({"group_id": "g", "session_timeout_ms": 10}, "session_timeout_ms must be"),
+        ({"group_instance_id": "w-1"}, "group_instance_id needs a group_id"),
+        ({"group_id": "g", "assignor": "eager"}, "assignor must be one of"),
+        ({"group_id": ""}, "group_id is a name"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            Consumer(nowhere, **settings)
+    with Consumer(nowhere) as c:
+        with pytest.raises(ValueError, match="needs a consumer group"):
+            c.commit({("t", 0): 1})
+        with pytest.raises(ValueError, match="needs a consumer group"):
+            c.subscribe(["t"])
+    with Consumer(nowhere, group_id="g") as c:
+        with pytest.raises(ValueError, match="topic names"):
+            c.subscribe([])
+        with pytest.raises(ValueError, match="negative"):
+            c.commit({("t", 0): -1})
+        c.assign([("t", 0)])
+        with pytest.raises(RuntimeError, match="assign"):
+            c.subscribe(["t"])

@@ -48,45 +48,26 @@ def processed(out: Path) -> collections.Counter[str]:
     return collections.Counter(line.split(" ", 2)[2] for line in out.read_text().splitlines())
 
 
-def test_at_least_once_redelivers_after_a_crash(cluster: LocalCluster, tmp_path: Path) -> None:
+def crash_then_rerun(
+    cluster: LocalCluster, example: str, topic: str, tmp_path: Path
+) -> collections.Counter[str]:
+    """Run ``example`` until it crashes after 7 records, then again to the end: how many
+    times each record was processed over both runs."""
     out = tmp_path / "processed.txt"
-    assert (
-        run(
-            cluster,
-            "at_least_once.py",
-            "ex-alo",
-            out,
-            "--records",
-            str(RECORDS),
-            "--crash-after",
-            "7",
-        )
-        == 3
-    )
+    first = ("--records", str(RECORDS), "--crash-after", "7")
+    assert run(cluster, example, topic, out, *first) == 3  # it crashed
     assert sum(processed(out).values()) == 7
-    assert run(cluster, "at_least_once.py", "ex-alo", out, "--records", "0") == 0
-    counts = processed(out)
+    assert run(cluster, example, topic, out, "--records", "0") == 0
+    return processed(out)
+
+
+def test_at_least_once_redelivers_after_a_crash(cluster: LocalCluster, tmp_path: Path) -> None:
+    counts = crash_then_rerun(cluster, "at_least_once.py", "ex-alo", tmp_path)
     assert set(counts) == {repr(f"record-{i}".encode()) for i in range(RECORDS)}  # none lost
     assert max(counts.values()) == 2  # what the crash did not commit came again
 
 
 def test_at_most_once_loses_but_never_repeats(cluster: LocalCluster, tmp_path: Path) -> None:
-    out = tmp_path / "processed.txt"
-    assert (
-        run(
-            cluster,
-            "at_most_once.py",
-            "ex-amo",
-            out,
-            "--records",
-            str(RECORDS),
-            "--crash-after",
-            "7",
-        )
-        == 3
-    )
-    assert sum(processed(out).values()) == 7
-    assert run(cluster, "at_most_once.py", "ex-amo", out, "--records", "0") == 0
-    counts = processed(out)
+    counts = crash_then_rerun(cluster, "at_most_once.py", "ex-amo", tmp_path)
     assert max(counts.values()) == 1  # none twice
     assert 7 < len(counts) < RECORDS  # what the crash had committed but not processed is lost

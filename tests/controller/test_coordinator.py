@@ -67,6 +67,8 @@ async def test_steady_heartbeats_write_nothing(tmp_path):
                 assert again == first
             assert first.heartbeat_interval_ms == 2000
             assert leader.local_state()[0] == version, "a steady heartbeat was written"
+            # ...and answered from the leader's own copy, without a read index's round.
+            assert leader.applied_all_committed()
 
             # A zombie's stale epoch: refused, and nothing written either.
             stale = gpb.ConsumerGroupHeartbeatRequest()
@@ -237,5 +239,56 @@ async def test_a_restarted_static_member_takes_its_partitions_back(tmp_path):
             group = leader.local_state()[1].consumer_groups["g"]
             assert group.epoch == group_epoch, "a static member's restart rebalanced"
             assert set(group.members) == {again.member_id, other.member_id}
+    finally:
+        await cluster.stop()
+
+
+async def test_bad_commits_are_refused_and_write_nothing(tmp_path):
+    cluster, leader = await started(tmp_path)
+    try:
+        async with grpc.aio.insecure_channel(cluster.addresses[leader.node_id]) as channel:
+            stub = gpb_grpc.GroupsStub(channel)
+            ok = gpb.OffsetToCommit(topic="t", partition=0, offset=1)
+            version = leader.local_state()[0]
+            for request, words in (
+                (gpb.CommitOffsetsRequest(group_id="g"), ("at least one",)),
+                (gpb.CommitOffsetsRequest(group_id="g" * 300, offsets=[ok]), ("group id",)),
+                (
+                    gpb.CommitOffsetsRequest(group_id="g", member_id="m" * 100_000, offsets=[ok]),
+                    ("member id", "100000 chars"),
+                ),
+                (gpb.CommitOffsetsRequest(group_id="g", offsets=[ok, ok]), ("twice",)),
+                (
+                    gpb.CommitOffsetsRequest(
+                        group_id="g",
+                        offsets=[gpb.OffsetToCommit(topic="t", partition=0, metadata="x" * 4097)],
+                    ),
+                    ("4096",),
+                ),
+                (
+                    gpb.CommitOffsetsRequest(
+                        group_id="g",
+                        offsets=[
+                            gpb.OffsetToCommit(topic="t", partition=p, metadata="\U0001f600" * 4000)
+                            for p in range(20)
+                        ],
+                    ),
+                    ("too large",),
+                ),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.CommitOffsets(request)
+                err = error_of(caught.value)
+                assert_error(err, IA, "INVALID_GROUP", *words)
+                assert len(str(err)) < 500
+            assert leader.local_state()[0] == version, "a refused commit was written"
+            # A member id nobody has: refused by the state machine, and its own sentence.
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.CommitOffsets(
+                    gpb.CommitOffsetsRequest(
+                        group_id="g", member_id="ghost", member_epoch=3, offsets=[ok]
+                    )
+                )
+            assert_error(error_of(caught.value), FP, "UNKNOWN_MEMBER", "join again")
     finally:
         await cluster.stop()
