@@ -43,7 +43,10 @@ SEND_INTERVAL_S = 0.004
 """Pause between sends, so a run makes thousands of ops, not millions."""
 DELIVERY_TIMEOUT_MS = 15_000
 REQUEST_TIMEOUT_MS = 3_000
-SESSION_TIMEOUT_MS = 6_000
+SESSION_TIMEOUT_MS = 12_000
+"""A member's heartbeat call gives up after half of it (client/group_session.py) and poll
+then raises; a fault holds a paused or cut-off controller leader for up to 5 s, which a
+group must ride out: so well above 10 s."""
 
 
 @dataclass(frozen=True, slots=True)
