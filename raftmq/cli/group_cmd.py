@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from google.protobuf import json_format
 from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
@@ -123,13 +122,7 @@ def describe(
     with LowLevelClient(cluster_addresses(data, bootstrap), retries=10) as client:
         lags = partition_lags(described, client)
     if json_out:
-        whole: dict[str, Any] = json_format.MessageToDict(
-            described,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
-        whole["partitions"] = [asdict(p) for p in lags]
-        print(json.dumps(whole, indent=2, sort_keys=True))
+        _json(described, partitions=[asdict(p) for p in lags])
         return
     members = Table(
         title=f"group {described.group_id}: {described.state}, epoch {described.group_epoch}, "

@@ -233,10 +233,14 @@ def consume(
             if offset is not None:
                 consumer.seek(chosen[0], offset)
         last_record = time.monotonic()
+        joined = group is None
         try:
             while max_messages is None or count < max_messages:
                 records = consumer.poll(0.2)
+                joined = joined or bool(consumer.assignment())
                 if not records:
+                    if not joined:  # the idle clock starts once the group gave partitions
+                        last_record = time.monotonic()
                     idle_ms = (time.monotonic() - last_record) * 1000
                     if idle_timeout_ms is not None and idle_ms >= idle_timeout_ms:
                         break

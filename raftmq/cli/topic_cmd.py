@@ -79,10 +79,12 @@ def _pairs(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _json(message: Message) -> None:
+def _json(message: Message, **extra: Any) -> None:
+    """``message`` as JSON, with ``extra`` keys beside its fields."""
     as_dict: dict[str, Any] = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    as_dict.update(extra)
     print(json.dumps(as_dict, indent=2, sort_keys=True))
 
 

@@ -30,6 +30,9 @@ from raftmq.client.fetcher import _backoff as backoff
 _REDIRECTED = pb.ERROR_CODE_NOT_CONTROLLER
 _TRY_AGAIN = (pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE, pb.ERROR_CODE_OUTCOME_UNKNOWN)
 CALL_TIMEOUT_S = 5.0
+MAX_FREE_REDIRECTS = 3
+"""Redirects followed at once in a row; past them (nodes pointing at each other during
+an election) each costs a backoff."""
 
 
 class GroupLink:
@@ -45,7 +48,7 @@ class GroupLink:
         """``rpc`` of the Groups service at the controller leader, retried as the module
         says until ``deadline_s``; raises the last ClientError."""
         give_up = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        attempt = 0
+        attempt = redirects = 0
         while True:
             address = self._leader or self._next_bootstrap()
             timeout_s = max(0.1, min(CALL_TIMEOUT_S, give_up - time.monotonic()))
@@ -57,14 +60,17 @@ class GroupLink:
             hint = err.meta.get("raftmq-leader-address", "")
             if err.code == _REDIRECTED and hint and hint != address:
                 self._leader = hint
-                if time.monotonic() < give_up:
-                    continue  # a redirect costs no backoff
+                redirects += 1
+                if redirects <= MAX_FREE_REDIRECTS and time.monotonic() < give_up:
+                    continue  # a redirect costs no backoff (nodes behind the news do, below)
+            redirects = 0
             retry = err.code == _REDIRECTED or err.code in _TRY_AGAIN or err.unreachable
             if err.status == grpc.StatusCode.DEADLINE_EXCEEDED and not err.code_name:
                 retry = True  # the leader may have died mid-call
             if not retry or time.monotonic() >= give_up:
                 raise err
-            self._leader = None
+            if not (err.code == _REDIRECTED and hint):
+                self._leader = None  # ask the bootstrap nodes again
             await backoff(attempt)
             attempt += 1
 

@@ -88,7 +88,9 @@ class GroupSession:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._metadata_at = 0.0
-        self._heard_at = time.monotonic()
+        self._alive_since = time.monotonic()
+        """When the last answered heartbeat was sent: the coordinator cannot have expired
+        this member before that plus the session timeout, so it stops consuming by then."""
 
     # --- subscription ---------------------------------------------------------------------
 
@@ -140,13 +142,18 @@ class GroupSession:
             if beat is None:
                 await self._sleep(min(1.0, METADATA_MAX_AGE_S))
                 continue
-            if m.joined and time.monotonic() - self._heard_at > self.session_timeout_ms / 1000:
+            sent = time.monotonic()
+            session_left_s = self._alive_since + self.session_timeout_ms / 1000 - sent
+            if m.joined and session_left_s <= 0:
                 log.warning("group %s: no answer for a session timeout; rejoining", self.group_id)
                 await self._apply(m.fenced())
                 continue
+            if not m.joined:
+                session_left_s = self.session_timeout_ms / 1000
             try:
                 answer = await self.link.heartbeat(
-                    self._request(beat), deadline_s=self.session_timeout_ms / 2000
+                    self._request(beat),
+                    deadline_s=max(0.05, min(self.session_timeout_ms / 2000, session_left_s)),
                 )
                 attempt = 0
             except ClientError as err:
@@ -161,7 +168,7 @@ class GroupSession:
                     self.notify()
                     await self._sleep(m.interval_ms / 1000)
                 continue
-            self._heard_at = time.monotonic()
+            self._alive_since = sent
             step = m.answered(
                 answer.member_id,
                 answer.member_epoch,
