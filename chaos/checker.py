@@ -21,7 +21,13 @@ self-explaining examples):
 6. ``order``: a producer's acks to a partition have increasing offsets in send order; a
    reader's successive offsets on a partition increase by exactly one, except across its
    own ``reset`` to the log start.
-7. ``consumer-groups``: not applicable until the workload records group operations.
+7. ``consumer-groups``: what the real clients' consumers saw (``consume``, ``commit``,
+   ``committed`` ops, chaos/client_workload.py): a consumer with a fixed assignment
+   advances one offset at a time; a group's acknowledged commits never go back in real
+   time, never pass the log end nor what the committing member consumed, none is lost
+   (the group's committed offset read after the run is at least each of them), and no
+   acknowledged record below that offset went unconsumed. Consumed records are also held
+   to checks 3, 4 and 5 (redelivery at the same offset is not a duplicate).
 8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
 9. ``leaderless``, 10. ``health``: see their functions.
 11. ``replication``: in runs that killed a broker for good, every partition was back at
@@ -68,7 +74,21 @@ MAX_SOURCES = 6
 """Who-saw-it entries kept per value in an example; the total is always given."""
 
 KNOWN_KINDS = frozenset(
-    {"send", "read", "final", "digest", "recovery", "fault", "range", "reset", "replication"}
+    {
+        "send",
+        "read",
+        "final",
+        "digest",
+        "recovery",
+        "fault",
+        "range",
+        "reset",
+        "replication",
+        "consume",
+        "commit",
+        "committed",
+        "consumer-error",
+    }
 )
 
 
@@ -208,6 +228,8 @@ def _who(op: Op) -> str:
         return f"producer {op.process} (ack)"
     if op.kind == "final":
         return f"replica {op.replica} (final, reader {op.process})"
+    if op.kind == "consume":
+        return f"consumer {op.process}"
     return f"reader {op.process}"
 
 
@@ -226,6 +248,10 @@ class _History:
         self.sends: list[Op] = []
         self.acks: list[Op] = []  # ok sends with an offset
         self.reads: list[Op] = []
+        self.consumes: list[Op] = []  # records the real clients' consumers polled
+        self.commits: list[Op] = []
+        self.committed: list[Op] = []  # the group's committed offsets read after the run
+        self.consumer_errors: list[Op] = []
         self.finals: list[Op] = []
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
@@ -257,13 +283,22 @@ class _History:
             self.last_time = max(self.last_time, op.end)
             if kind == "send":
                 self._add_send(op)
-            elif kind in ("read", "final"):
+            elif kind in ("read", "final", "consume"):
                 if op.offset is None or op.value is None:
                     self.malformed.append(op)
                 elif kind == "read":
                     self.reads.append(op)
+                elif kind == "consume":
+                    self.consumes.append(op)
                 else:
                     self._add_final(op)
+            elif kind in ("commit", "committed"):
+                if op.offset is None and op.status == "ok":
+                    self.malformed.append(op)
+                else:
+                    (self.commits if kind == "commit" else self.committed).append(op)
+            elif kind == "consumer-error":
+                self.consumer_errors.append(op)
             elif kind == "digest":
                 self.digests.append(op)
                 if op.replica is not None:
@@ -608,13 +643,15 @@ def check_one_value(h: _History, opts: CheckOptions) -> CheckReport:
     # loops read the attributes directly rather than through _off/_val.
     claims: dict[tuple[int, int | None], str | None] = {}
     conflicts: set[tuple[int, int]] = set()
-    for ops in (h.acks, h.reads, h.finals):
+    for ops in (h.acks, h.reads, h.consumes, h.finals):
         for op in ops:
             key = (op.partition, op.offset)
             if claims.setdefault(key, op.value) != op.value:
                 conflicts.add((op.partition, _off(op)))
     shown = set(sorted(conflicts)[:MAX_EXAMPLES])
-    sources = _value_sources((op for ops in (h.acks, h.reads, h.finals) for op in ops), shown)
+    sources = _value_sources(
+        (op for ops in (h.acks, h.reads, h.consumes, h.finals) for op in ops), shown
+    )
     for key in sorted(conflicts):
 
         def example(key: tuple[int, int] = key) -> dict[str, Any]:
@@ -649,7 +686,7 @@ def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
     f = _Findings("duplicate")
     first: dict[str | None, tuple[int, int | None]] = {}
     dups: dict[str, set[tuple[int, int | None]]] = {}
-    for ops in (h.reads, h.finals):
+    for ops in (h.reads, h.consumes, h.finals):
         for op in ops:
             pos = (op.partition, op.offset)
             seen = first.setdefault(op.value, pos)
@@ -658,7 +695,7 @@ def check_duplicates(h: _History, opts: CheckOptions) -> CheckReport:
     shown = sorted(dups)[:MAX_EXAMPLES]
     wanted = {(p, o) for v in shown for p, o in dups[v] if o is not None}
     sources: dict[Any, dict[str, dict[str, Any]]] = _value_sources(
-        (op for ops in (h.reads, h.finals) for op in ops), wanted
+        (op for ops in (h.reads, h.consumes, h.finals) for op in ops), wanted
     )
     acked = {_val(op): op for op in h.acks if op.value in dups}
     for v in sorted(dups):
@@ -725,7 +762,7 @@ def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
 
         return build
 
-    for ops in (h.reads, h.finals):
+    for ops in (h.reads, h.consumes, h.finals):
         for op in ops:
             status = h.send_status.get(op.value or "")
             if status is None:
@@ -744,7 +781,7 @@ def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
                     ),
                 )
             if (
-                op.kind == "read"
+                op.kind != "final"
                 and not h.finals_hold(op.partition, _off(op), _val(op))
                 and not h.deleted(op.partition, _off(op))
             ):
@@ -759,8 +796,13 @@ def check_phantoms(h: _History, opts: CheckOptions) -> CheckReport:
     return f.report(
         "phantoms",
         "nothing read was never sent, definitely failed, uncommitted (>= hw) or later lost",
-        {"reads": len(h.reads), "finals": len(h.finals), "without_hw": no_hw},
-        applicable=bool(h.reads) or bool(h.finals),
+        {
+            "reads": len(h.reads),
+            "consumed": len(h.consumes),
+            "finals": len(h.finals),
+            "without_hw": no_hw,
+        },
+        applicable=bool(h.reads) or bool(h.consumes) or bool(h.finals),
     )
 
 
@@ -803,42 +845,34 @@ def check_order(h: _History, opts: CheckOptions) -> CheckReport:
 
             f.add("producer-reorder", example)
 
-    readers: dict[tuple[str, int], list[Op]] = defaultdict(list)
-    for op in h.reads:
-        readers[(op.process, op.partition)].append(op)
-    steps = 0
+    steps, uneven = _uneven_steps(h.reads)
     resets_crossed = 0
-    for ops in readers.values():
-        ops.sort(key=_start)
-        for prev, op in itertools.pairwise(ops):
-            steps += 1
-            if _off(op) == _off(prev) + 1:
-                continue
-            if _off(op) > _off(prev) + 1 and h.reset_path(
-                op.process, op.partition, _off(prev) + 1, _off(op)
-            ):
-                resets_crossed += 1
-                continue
-            kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
+    for prev, op in uneven:
+        if _off(op) > _off(prev) + 1 and h.reset_path(
+            op.process, op.partition, _off(prev) + 1, _off(op)
+        ):
+            resets_crossed += 1
+            continue
+        kind = "reader-backwards" if _off(op) <= _off(prev) else "reader-skip"
 
-            def rexample(op: Op = op, prev: Op = prev, kind: str = kind) -> dict[str, Any]:
-                what = (
-                    "went back"
-                    if kind == "reader-backwards"
-                    else f"skipped {_off(op) - _off(prev) - 1} record(s)"
-                )
-                return {
-                    "partition": op.partition,
-                    "process": op.process,
-                    "previous": {"offset": prev.offset, "value": prev.value, "start": prev.start},
-                    "next": {"offset": op.offset, "value": op.value, "start": op.start},
-                    "explanation": (
-                        f"reader {op.process} on partition {op.partition} read offset "
-                        f"{op.offset} ({op.value!r}) right after offset {prev.offset}: it {what}"
-                    ),
-                }
+        def rexample(op: Op = op, prev: Op = prev, kind: str = kind) -> dict[str, Any]:
+            what = (
+                "went back"
+                if kind == "reader-backwards"
+                else f"skipped {_off(op) - _off(prev) - 1} record(s)"
+            )
+            return {
+                "partition": op.partition,
+                "process": op.process,
+                "previous": {"offset": prev.offset, "value": prev.value, "start": prev.start},
+                "next": {"offset": op.offset, "value": op.value, "start": op.start},
+                "explanation": (
+                    f"reader {op.process} on partition {op.partition} read offset "
+                    f"{op.offset} ({op.value!r}) right after offset {prev.offset}: it {what}"
+                ),
+            }
 
-            f.add(kind, rexample)
+        f.add(kind, rexample)
     checked: dict[str, float] = {"producer_pairs": pairs, "reader_steps": steps}
     if h.reset_count:
         checked["reader_resets"] = h.reset_count
@@ -853,22 +887,195 @@ def check_order(h: _History, opts: CheckOptions) -> CheckReport:
 
 
 def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
-    """7. Consumer groups and metadata: the workload records no such ops yet.
+    """7. The real clients' consumers (chaos/client_workload.py).
 
-    A later check (committed offsets never go back, every partition assigned to exactly
-    one member per generation, metadata converges) plugs in by appending to ``CHECKS``;
-    until then this says so rather than silently passing, and names any kinds this
-    checker does not understand.
+    - A consumer that commits nothing has a fixed assignment and reads it in order: each
+      record it polls from a partition is exactly one past the one before.
+    - A group's acknowledged commits of a partition never go back: one that started after
+      another was acknowledged is at least as high (else a stale member overwrote newer
+      progress).
+    - None passes the log end (the largest final high watermark of the partition).
+    - None is lost: the group's committed offset read after the run is at least every
+      acknowledged commit (and was read at all, when there were commits).
+    - Nothing acknowledged below that committed offset went unconsumed by every member
+      (at-least-once: the group never commits past a record nobody processed).
+    - A consumer that raised out of poll (it must ride out faults with its retries).
     """
-    unknown = dict(sorted(h.other.items()))
-    note = f"ops of unchecked kinds: {unknown}" if unknown else "no consumer-group ops"
-    return CheckReport(
-        name="consumer-groups",
-        description="consumer-group and metadata semantics (no such ops recorded yet)",
-        status=NOT_APPLICABLE,
-        counts={"unchecked_ops": sum(unknown.values())},
-        note=note,
+    f = _Findings(
+        "consumer-skip",
+        "consumer-backwards",
+        "commit-backwards",
+        "commit-past-end",
+        "commit-lost",
+        "committed-unread",
+        "unconsumed-below-commit",
+        "consumer-broke",
     )
+    applicable = bool(h.consumes or h.commits or h.committed or h.consumer_errors)
+    committing = {op.process for op in h.commits}
+    steps = _check_fixed_consumers(h, f, committing)
+    ends = _final_ends(h)
+    acked_commits = [op for op in h.commits if op.status == "ok"]
+    by_partition: dict[int, list[Op]] = defaultdict(list)
+    for op in acked_commits:
+        by_partition[op.partition].append(op)
+    for ops in by_partition.values():
+        _check_commits_forward(ops, f)
+    for op in [*acked_commits, *(c for c in h.committed if c.status == "ok")]:
+        end = ends.get(op.partition)
+        if end is not None and _off(op) > end:
+            f.add(
+                "commit-past-end",
+                {
+                    "partition": op.partition,
+                    "offset": op.offset,
+                    "process": op.process,
+                    "final_end": end,
+                    "explanation": f"{op.process} saw offset {op.offset} committed on "
+                    f"partition {op.partition}, past its log end {end}",
+                },
+            )
+    final = {c.partition: _off(c) for c in h.committed if c.status == "ok"}
+    if acked_commits and not final:
+        f.add(
+            "committed-unread",
+            {
+                "errors": [c.error for c in h.committed][:MAX_SOURCES],
+                "explanation": "commits were acknowledged but the group's committed offsets "
+                "were never read after the run, so none can be shown kept",
+            },
+        )
+    elif final:
+        for p, ops in sorted(by_partition.items()):
+            top = max(ops, key=_off)
+            if final.get(p, -1) < _off(top):
+                f.add(
+                    "commit-lost",
+                    {
+                        "partition": p,
+                        "acknowledged": top.offset,
+                        "process": top.process,
+                        "final_committed": final.get(p, -1),
+                        "explanation": f"{top.process}'s commit of offset {top.offset} on "
+                        f"partition {p} was acknowledged, but the group's committed offset "
+                        f"after the run is {final.get(p, -1)}",
+                    },
+                )
+        consumed = {(op.partition, op.offset) for op in h.consumes}
+        for op in h.acks:
+            key = (op.partition, op.offset)
+            if _off(op) < final.get(op.partition, -1) and key not in consumed:
+                if h.deleted(op.partition, _off(op)):
+                    continue
+                f.add(
+                    "unconsumed-below-commit",
+                    {
+                        "partition": op.partition,
+                        "offset": op.offset,
+                        "value": op.value,
+                        "final_committed": final[op.partition],
+                        "explanation": f"{op.value!r} at partition {op.partition} offset "
+                        f"{op.offset} was acknowledged and lies below the group's committed "
+                        f"offset {final[op.partition]}, but no member consumed it",
+                    },
+                )
+    for op in h.consumer_errors:
+        f.add(
+            "consumer-broke",
+            {
+                "process": op.process,
+                "at": op.start,
+                "error": op.error,
+                "explanation": f"consumer {op.process} raised out of poll at "
+                f"{op.start:.1f} s: {op.error}",
+            },
+        )
+    return f.report(
+        "consumer-groups",
+        "consumers read in order; group commits never go back, past the log end or past "
+        "an unconsumed record, and none is lost",
+        {
+            "consumed": len(h.consumes),
+            "fixed_consumer_steps": steps,
+            "commits_acked": len(acked_commits),
+            "commits_unknown": len(h.commits) - len(acked_commits),
+            "partitions_committed": len(final),
+        },
+        applicable=applicable,
+        note="" if applicable else "no consumer ops (the low-level workload has none)",
+    )
+
+
+def _check_fixed_consumers(h: _History, f: _Findings, committing: set[str]) -> int:
+    """Consumers that commit nothing: each partition's records polled one offset apart."""
+    steps, uneven = _uneven_steps(op for op in h.consumes if op.process not in committing)
+    for prev, op in uneven:
+        kind = "consumer-backwards" if _off(op) <= _off(prev) else "consumer-skip"
+        f.add(
+            kind,
+            {
+                "partition": op.partition,
+                "process": op.process,
+                "previous": {"offset": prev.offset, "value": prev.value},
+                "next": {"offset": op.offset, "value": op.value},
+                "explanation": f"consumer {op.process} polled partition {op.partition} "
+                f"offset {op.offset} right after {prev.offset}",
+            },
+        )
+    return steps
+
+
+def _uneven_steps(ops: Iterable[Op]) -> tuple[int, list[tuple[Op, Op]]]:
+    """Each process's records of each partition in the order it saw them (by start;
+    the sort is stable, so the records of one answer keep their order): how many
+    successive pairs there are, and the pairs not exactly one offset apart."""
+    seen: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    for op in ops:
+        seen[(op.process, op.partition)].append(op)
+    steps = 0
+    uneven: list[tuple[Op, Op]] = []
+    for mine in seen.values():
+        mine.sort(key=_start)
+        steps += len(mine) - 1
+        uneven += [(a, b) for a, b in itertools.pairwise(mine) if _off(b) != _off(a) + 1]
+    return steps, uneven
+
+
+def _check_commits_forward(ops: list[Op], f: _Findings) -> None:
+    """One partition's acknowledged commits: each at least every one acknowledged before
+    it started (commits overlapping in time are not ordered)."""
+    by_end = sorted(ops, key=lambda op: op.end)
+    top: Op | None = None
+    i = 0
+    for op in sorted(ops, key=_start):
+        while i < len(by_end) and by_end[i].end < op.start:
+            if top is None or _off(by_end[i]) > _off(top):
+                top = by_end[i]
+            i += 1
+        if top is not None and _off(op) < _off(top):
+            f.add(
+                "commit-backwards",
+                functools.partial(_backwards_example, top, op),
+            )
+
+
+def _backwards_example(earlier: Op, later: Op) -> dict[str, Any]:
+    return {
+        "partition": later.partition,
+        "earlier": {"process": earlier.process, "offset": earlier.offset, "end": earlier.end},
+        "later": {"process": later.process, "offset": later.offset, "start": later.start},
+        "explanation": f"{later.process} committed offset {later.offset} on partition "
+        f"{later.partition} after {earlier.process}'s commit of {earlier.offset} was "
+        "acknowledged: the group's progress went back",
+    }
+
+
+def _final_ends(h: _History) -> dict[int, int]:
+    """Per partition, the largest high watermark any replica's final read reached."""
+    ends: dict[int, int] = {}
+    for (p, _), hw in itertools.chain(h.range_hw.items(), h.replica_hw.items()):
+        ends[p] = max(hw, ends.get(p, hw))
+    return ends
 
 
 def check_recovery(h: _History, opts: CheckOptions) -> CheckReport:

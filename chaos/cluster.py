@@ -32,6 +32,10 @@ from raftmq.devtools.ports import PortReservations
 TOPIC = "chaos"
 
 
+def rack_of(broker_id: int) -> str:
+    return f"rack-{broker_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """A proxied Raft link between two brokers; ``a`` dials ``b``."""
@@ -53,9 +57,11 @@ class ChaosCluster:
         partitions: int = 3,
         voters: int = 0,
         broker_args: list[str] | None = None,
+        racks: bool = False,
     ) -> None:
         """``voters``: nodes 1..``voters`` are the controller voters (combined mode) and
-        the others broker-only; 0: every node is a voter."""
+        the others broker-only; 0: every node is a voter. ``racks``: every broker in a rack
+        of its own (:func:`rack_of`)."""
         if not 0 <= voters <= nodes:
             raise ValueError(f"voters must be 0 to {nodes}, got {voters}")
         self.data = data
@@ -93,6 +99,7 @@ class ChaosCluster:
                 f"127.0.0.1:{self.private[i]}",
                 "--peers",
                 ",".join(f"{j}={addr}" for j, addr in sorted(dial[i].items())),
+                *(["--rack", rack_of(i)] if racks else []),
             ]
             for i in self.nodes
         }

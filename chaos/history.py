@@ -17,6 +17,18 @@ Kinds:
   retention had moved the log start past it, so the reader jumped to the log start (like a
   Kafka consumer with ``auto.offset.reset=earliest``); ``value`` = str(the new offset). The
   checker allows exactly that skip in the reader's order.
+- ``consume``: a record a real Consumer polled (chaos/client_workload.py): ``process``
+  the consumer, ``offset``, ``value``; ``replica`` the broker that answered the fetch (a
+  follower in the consumer's rack, with follower reads). A group member may be handed a
+  partition again and see records again (at-least-once), so only consumers that commit
+  nothing are held to reading in order.
+- ``commit``: a group member's commit of ``offset`` (the next to consume) on
+  ``partition``: ``ok`` (acknowledged by the coordinator) or ``info`` (refused or not
+  known: not counted on), ``error`` why.
+- ``committed``: after the run, the group's committed offset of ``partition`` (-1: none)
+  as a fresh consumer read it; ``status`` ``fail`` with ``error`` when it could not.
+- ``consumer-error``: a Consumer raised out of ``poll`` (``error``); the workload starts
+  a new one in group mode.
 - ``final``: a record read after healing by a fresh reader of one replica (``replica`` =
   broker id), from that replica's log start to its high watermark (``hw``).
 - ``range``: per partition and replica (``replica``), what its final reads covered:

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from chaos import checker, history, replication, report
-from chaos.cluster import TOPIC, ChaosCluster
+from chaos.client_workload import ClientWorkload, ClientWorkloadOptions
+from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
 from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, Nemesis
@@ -52,6 +53,18 @@ class ChaosOptions:
     heal_limit: float = 60.0
     """Runs with ``decommission``: seconds after the fault window by which every partition
     must be back at its replication factor of caught-up replicas on live brokers."""
+    clients: bool = False
+    """The workload of the real clients (chaos/client_workload.py): ``producers``
+    Producers and ``consumers`` Consumers, instead of low-level sends and readers."""
+    consumers: int = 3
+    group: bool = False
+    """With the clients: the consumers form a consumer group and commit (implies clients)."""
+    idempotent: bool = False
+    """With the clients: idempotent producers; duplicates become violations (implies
+    clients)."""
+    follower_reads: bool = False
+    """Every broker in a rack of its own and, with the clients, each consumer reading
+    from the in-sync replica in one of them (client_rack) rather than from the leader."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -64,11 +77,25 @@ class ChaosOptions:
                 f"--faults takes a comma-separated list of {', '.join(CATEGORIES)}; "
                 f"got {','.join(self.faults) or 'nothing'}"
             )
+        self.clients = self.clients or self.group or self.idempotent
+        if self.clients and not 1 <= self.consumers <= 16:
+            raise ValueError(f"--consumers must be 1 to 16, got {self.consumers}")
         if "decommission" in self.faults and (self.nodes < 4 or len(set(self.faults)) < 2):
             raise ValueError(
                 "decommission kills a broker for good: it needs --nodes 4 or more (one beyond "
                 "the replication factor of 3) and another fault kind to run while it heals"
             )
+
+    def client_options(self) -> ClientWorkloadOptions:
+        return ClientWorkloadOptions(
+            producers=self.producers,
+            consumers=self.consumers,
+            group=self.group,
+            idempotent=self.idempotent,
+            racks=tuple(rack_of(i) for i in range(1, self.nodes + 1))
+            if self.follower_reads
+            else (),
+        )
 
     @property
     def aggressive_retention(self) -> bool:
@@ -116,6 +143,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         partitions=options.partitions,
         voters=options.voters,
         broker_args=options.broker_args(),
+        racks=options.follower_reads,
     )
     nemesis: Nemesis | None = None
     monitor: Monitor | None = None
@@ -124,9 +152,15 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         chaos.cluster.start()
         chaos.cluster.wait_for_leaders(timeout=60)
         advertised = [b.address for b in chaos.spec.brokers.values()]
-        workload = Workload(
-            advertised, TOPIC, options.partitions, recorder, producers=options.producers
-        )
+        workload: Workload | ClientWorkload
+        if options.clients:
+            workload = ClientWorkload(
+                advertised, TOPIC, options.partitions, recorder, options.client_options()
+            )
+        else:
+            workload = Workload(
+                advertised, TOPIC, options.partitions, recorder, producers=options.producers
+            )
         nemesis = Nemesis(chaos, options.seed, options.faults)
         monitor = Monitor({i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder)
         recorder.t0 = time.monotonic()
@@ -196,7 +230,10 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     ops = recorder.ops()
     history.write(out / "history.jsonl", ops)
     result = checker.check(
-        ops, recovery_limit_s=options.recovery_limit, heal_limit_s=options.heal_limit
+        ops,
+        idempotent=options.idempotent,
+        recovery_limit_s=options.recovery_limit,
+        heal_limit_s=options.heal_limit,
     )
     (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     faults = [asdict(o) for o in ops if o.kind == "fault"]

@@ -27,6 +27,7 @@ from raftmq.broker.errors import Refusal, abort, name_list, shorten
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.topic_settings import expired, reported_leader
 from raftmq.controller.metadata import TOPIC_NAME
+from raftmq.controller.model import Broker as RegisteredBroker
 from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
@@ -297,6 +298,20 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise Refusal.of(exc, self.broker) from None
         return replica
 
+    def _with_leader(self, refusal: Refusal, topic: str, partition: int) -> Refusal:
+        """``refusal`` with the partition's leader (as reported to the controller) named
+        in its trailers, for a consumer's replica read to go there at once."""
+        leader, _ = reported_leader(self.broker.spec.state, topic, partition)
+        spec = self.broker.spec.brokers.get(leader)
+        if spec is None:
+            return refusal
+        return Refusal(
+            refusal.code,
+            f"{refusal.message}; its leader is broker {leader}",
+            leader_id=leader,
+            leader_address=spec.address,
+        )
+
     def _refusal(self, exc: PartitionError) -> Refusal:
         return Refusal.of(exc, self.broker)
 
@@ -443,7 +458,12 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        replica = self._replica(request.topic, request.partition)
+        try:
+            replica = self._replica(request.topic, request.partition)
+        except Refusal as refusal:
+            if request.replica_read and refusal.code == pb.ERROR_CODE_NOT_HOSTED:
+                raise self._with_leader(refusal, request.topic, request.partition) from None
+            raise
         max_bytes = request.max_bytes or DEFAULT_FETCH_BYTES
         _at_most("max_bytes", max_bytes, MAX_FETCH_BYTES, " bytes")
         _at_most("max_wait_ms", request.max_wait_ms, MAX_WAIT_MS, " ms")
@@ -453,9 +473,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             if wait and not self._parked.locked():
                 async with self._parked:
-                    result = await replica.fetch(request.offset, max_bytes, request.min_bytes, wait)
+                    result = await replica.fetch(
+                        request.offset,
+                        max_bytes,
+                        request.min_bytes,
+                        wait,
+                        replica_read=request.replica_read,
+                    )
             else:
-                result = replica.read(request.offset, max_bytes)
+                result = replica.read(request.offset, max_bytes, replica_read=request.replica_read)
         except PartitionError as exc:
             raise self._refusal(exc) from None
         next_offset = result.next_offset if result.entries else request.offset
@@ -547,10 +573,15 @@ class BrokerService(pb_grpc.BrokerServicer):
                         high_watermark=replica.high_watermark if replica else -1,
                         replica_status=_replica_status(replica) if replica else [],
                         log_start_offset=replica.log_start_offset if replica else -1,
+                        in_sync_replicas=replica.in_sync_voters() if replica else [],
                     )
                 )
             topics.append(pb.TopicInfo(name=name, partitions=parts))
-        brokers = [pb.BrokerInfo(id=b.id, host=b.host, port=b.port) for b in spec.brokers.values()]
+        registered = spec.state.brokers
+        brokers = [
+            pb.BrokerInfo(id=b.id, host=b.host, port=b.port, rack=_rack(registered.get(b.id)))
+            for b in spec.brokers.values()
+        ]
         return pb.MetadataResponse(
             cluster=spec.name,
             brokers=brokers,
@@ -578,6 +609,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         except LinkRefusal as exc:
             raise Refusal(exc.code, str(exc)) from None
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+
+
+def _rack(broker: RegisteredBroker | None) -> str:
+    return (broker.rack or "") if broker is not None else ""
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

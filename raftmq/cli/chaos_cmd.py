@@ -48,6 +48,37 @@ def run(
     ] = Path("./chaos-out"),
     partitions: Annotated[int, typer.Option(min=1, max=64, help="Partitions written.")] = 3,
     producers: Annotated[int, typer.Option(min=1, max=64, help="Producer threads.")] = 4,
+    clients: Annotated[
+        bool,
+        typer.Option(
+            help="Run the real clients: Producer objects (acks=all, retrying) and Consumer "
+            "objects, instead of low-level sends and readers."
+        ),
+    ] = False,
+    consumers: Annotated[
+        int, typer.Option(min=1, max=16, help="With --clients: Consumer threads.")
+    ] = 3,
+    group: Annotated[
+        bool,
+        typer.Option(
+            help="The consumers form one consumer group and commit after processing; the "
+            "checker holds commits to never going back or getting lost (implies --clients)."
+        ),
+    ] = False,
+    idempotent: Annotated[
+        bool,
+        typer.Option(
+            help="Idempotent producers; a record stored twice is then a violation "
+            "(implies --clients)."
+        ),
+    ] = False,
+    follower_reads: Annotated[
+        bool,
+        typer.Option(
+            help="Every broker in a rack of its own; with --clients each consumer reads from "
+            "the in-sync follower in one of them (client_rack)."
+        ),
+    ] = False,
     voters: Annotated[
         int,
         typer.Option(
@@ -90,6 +121,11 @@ def run(
             faults=[f.strip() for f in faults.split(",") if f.strip()],
             seed=seed,
             producers=producers,
+            clients=clients,
+            consumers=consumers,
+            group=group,
+            idempotent=idempotent,
+            follower_reads=follower_reads,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
         )

@@ -36,7 +36,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
@@ -51,6 +51,7 @@ from raftmq.client.fetcher import (
 )
 from raftmq.client.group_link import GroupLink
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
+from raftmq.controller.transitions import RACK
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 
@@ -63,6 +64,7 @@ __all__ = [
     "TopicPartition",
 ]
 T = TypeVar("T")
+IsolationLevel = Literal["read_uncommitted", "read_committed"]
 log = logging.getLogger(__name__)
 Partitions = set[TopicPartition]
 Callback = Callable[[Partitions], Any]
@@ -96,6 +98,13 @@ class ConsumerConfig:
     """Bytes per fetch, and what each partition may hold fetched but not yet polled."""
     max_buffer_bytes: int = 64 * 1024 * 1024
     """What all partitions together may hold fetched but not yet polled."""
+    isolation_level: IsolationLevel = "read_uncommitted"
+    """'read_uncommitted' or 'read_committed'. Both read up to the high watermark while
+    raftmq has no transactions; read_committed will then also stop at the last stable
+    offset and drop aborted transactions' records (docs/transactions.md)."""
+    client_rack: str | None = None
+    """This consumer's rack: each partition is read from its in-sync replica in that
+    rack when it has one (less cross-rack traffic), else from its leader."""
     group_id: str | None = None
     """The consumer group: needed by ``subscribe`` and by ``commit``/``committed``."""
     enable_auto_commit: bool = True
@@ -124,6 +133,16 @@ class ConsumerConfig:
             raise ValueError(f"fetch_max_wait_ms must be 0-60000, not {self.fetch_max_wait_ms}")
         if not 1 <= self.fetch_max_bytes <= 64 * 1024 * 1024:
             raise ValueError(f"fetch_max_bytes must be 1 B to 64 MiB, not {self.fetch_max_bytes}")
+        if self.isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(
+                "isolation_level must be 'read_uncommitted' or 'read_committed', not "
+                f"{self.isolation_level!r}"
+            )
+        if self.client_rack is not None and not RACK.fullmatch(self.client_rack):
+            raise ValueError(
+                f"client_rack {self.client_rack!r} is not a rack name: brokers' racks are "
+                "1-64 characters of A-Z a-z 0-9 . _ - (or leave it None to read from leaders)"
+            )
         if self.max_buffer_bytes < self.fetch_max_bytes:
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must hold at least one fetch "
@@ -208,6 +227,8 @@ class ConsumerSettings(TypedDict, total=False):
     fetch_max_wait_ms: int
     fetch_max_bytes: int
     max_buffer_bytes: int
+    isolation_level: IsolationLevel
+    client_rack: str | None
     group_id: str | None
     enable_auto_commit: bool
     auto_commit_interval_ms: int
@@ -255,6 +276,7 @@ class _Face:
             partition_buffer_bytes=c.fetch_max_bytes,
             max_buffer_bytes=c.max_buffer_bytes,
             on_data=on_data,
+            client_rack=c.client_rack,
         )
 
     def _check_open(self) -> None:

@@ -7,6 +7,11 @@ all, so memory does not grow with a slow ``poll`` loop nor, past the cap, with t
 of partitions. Entries are kept as the broker sent them; records are decoded by ``poll``,
 in the caller's thread, only as far as it takes them.
 
+With a ``client_rack``, a partition is read from its in-sync follower in that rack when
+it has one (Kafka's KIP-392: FetchRequest.replica_read). Whatever that follower refuses,
+a failure to reach it, or its leader not counting it in sync, sends the partition to its
+leader for FOLLOWER_RETRY_S, after which the choice is made again on fresh metadata.
+
 Positions have generations: a ``seek`` (or a reset after the log start moved past the
 position) bumps the partition's generation and drops its buffer, and an answer to a fetch
 started under an older generation is thrown away when it lands.
@@ -16,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,13 +33,22 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.backoff import backoff
+from raftmq.client.cluster_view import Leader
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
+
+log = logging.getLogger(__name__)
 
 OffsetReset = Literal["earliest", "latest", "error"]
 TopicPartition = tuple[str, int]
 RPC_SLACK_S = 10.0
 """How much longer than its long poll a Fetch may take before the client gives up."""
+FOLLOWER_RETRY_S = 5.0
+"""How long a partition reads from its leader after its rack's follower failed a fetch."""
+VIEW_MAX_AGE_S = 30.0
+"""How old the metadata behind a follower choice may be (which replicas are in sync)."""
+MIN_REFRESH_S = 1.0
+"""Follower choices made again at once share one Metadata round within this time."""
 
 
 class NoOffsetError(ClientError):
@@ -60,6 +76,10 @@ class PartitionState:
     error: ClientError | None = None
     """Raised by the next ``poll`` (a NoOffsetError, or a refusal a retry cannot mend)."""
     high_watermark: int = -1
+    served_by: int = 0
+    """The broker that answered the last fetch (FetchResponse.broker_id)."""
+    leader_until_s: float = 0.0
+    """Until then (monotonic) the partition reads from its leader, not its rack's follower."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -77,8 +97,10 @@ class Fetcher:
         partition_buffer_bytes: int,
         max_buffer_bytes: int,
         on_data: Callable[[], None],
+        client_rack: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.client_rack = client_rack
         self.auto_offset_reset = auto_offset_reset
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.partition_buffer_bytes = partition_buffer_bytes
@@ -89,6 +111,7 @@ class Fetcher:
         self.total_bytes = 0
         self.links = Connections(bootstrap)
         self._room = asyncio.Event()
+        self._view_at_s = 0.0
 
     # --- offsets ---------------------------------------------------------------------------
 
@@ -183,7 +206,9 @@ class Fetcher:
                         if state.generation == generation:
                             state.fetch_offset = state.position = offset
                     continue
-                answer = await self._fetch(tp, state.fetch_offset)
+                answer = await self._fetch(tp, state, state.fetch_offset)
+                if answer is None:
+                    continue  # the follower failed: again at once, at the leader
                 attempt = 0
             except ClientError as err:
                 if err.code == pb.ERROR_CODE_OFFSET_OUT_OF_RANGE:
@@ -205,7 +230,13 @@ class Fetcher:
                 or self.total_bytes >= self.max_buffer_bytes
             )
 
-    async def _fetch(self, tp: TopicPartition, offset: int) -> pb.FetchResponse:
+    async def _fetch(
+        self, tp: TopicPartition, state: PartitionState, offset: int
+    ) -> pb.FetchResponse | None:
+        """One Fetch, at the partition's leader or its rack's follower; None when that
+        follower failed it (the partition then reads from its leader for a while)."""
+        follower = await self._closest(tp, state)
+        address = follower.address if follower else await self.links.leader(*tp)
         request = pb.FetchRequest(
             topic=tp[0],
             partition=tp[1],
@@ -213,21 +244,57 @@ class Fetcher:
             max_bytes=self.partition_buffer_bytes,
             max_wait_ms=self.fetch_max_wait_ms,
             min_bytes=1,
+            replica_read=follower is not None,
         )
-        address = await self.links.leader(*tp)
         try:
             answer: pb.FetchResponse = await self.links.stub(address).Fetch(
                 request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
             )
             return answer
         except grpc.aio.AioRpcError as exc:
-            raise error_of(exc) from None
+            err = error_of(exc)
+            if follower is None:
+                raise err from None
+        # Whatever the follower said (not in sync, behind the position, gone), the leader
+        # answers for the partition; its hint, if it gave one, is the freshest news.
+        state.leader_until_s = time.monotonic() + FOLLOWER_RETRY_S
+        log.debug(
+            "%s/%d: reading from the leader for %.0f s; broker %d refused a replica read: %s",
+            *tp,
+            FOLLOWER_RETRY_S,
+            follower.broker_id,
+            err,
+        )
+        if err.meta.get("raftmq-leader-address"):
+            self.links.learn(*tp, err)
+        return None
+
+    async def _closest(self, tp: TopicPartition, state: PartitionState) -> Leader | None:
+        """The in-sync follower in the consumer's rack to read ``tp`` from, or None: no
+        client_rack, none in the rack, the leader is there, or a fallback is running."""
+        if self.client_rack is None:
+            return None
+        now = time.monotonic()
+        if now < state.leader_until_s:
+            return None
+        stale = now - self._view_at_s > VIEW_MAX_AGE_S
+        if (stale or state.leader_until_s) and now - self._view_at_s > MIN_REFRESH_S:
+            self._view_at_s = now  # before the await: the other partitions share it
+            await self.links.refresh()
+        state.leader_until_s = 0.0
+        view = self.links.view
+        follower = view.closest_replica(*tp, self.client_rack)
+        if follower is None and view.rack_follower(*tp, self.client_rack) is not None:
+            # The rack's replica is out of sync: the leader, and a look again later.
+            state.leader_until_s = now + FOLLOWER_RETRY_S
+        return follower
 
     def _deliver(self, state: PartitionState, generation: int, answer: pb.FetchResponse) -> None:
         with self.lock:
             if state.generation != generation:
                 return  # a seek came in meanwhile
             state.high_watermark = answer.high_watermark
+            state.served_by = answer.broker_id
             if not answer.entries:
                 return
             state.buffered.append(Chunk(generation, answer.entries, answer.next_offset))

@@ -500,9 +500,50 @@ class PartitionReplica:
 
     # --- fetch ------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int) -> ReadResult:
-        """Committed entries from ``offset``; OffsetOutOfRangeError names the valid range."""
+    def follower_read_refusal(self, offset: int) -> NotLeaderError | None:
+        """Why this replica may not answer a consumer's replica read (FetchRequest.
+        replica_read) at ``offset``, or None when it may: the leader always may; a follower
+        only while in sync by its own lights (a voter, not quarantined, rejoining or
+        repairing, its log holding everything its leader said is committed, its leader
+        known and its connection to it up) and while ``offset`` is within what it holds
+        committed. Past its high watermark the consumer has seen more than this follower
+        knows; below its log start only the leader may say out of range (a reset). The
+        refusal names the leader (none when it is unreachable), so the consumer goes there."""
+        if self.is_leader:
+            return None
+        st = self._host.status(self.group.name)
+        leader = st.leader
+        why = ""
+        if st.failed is not None or st.rejoining or st.repairing:
+            why = self.state[1]
+        elif leader == 0 or leader == self._host.node_id:
+            why = "it knows no leader"
+        elif not self._host.transport.peer_alive(leader):
+            why = f"it has no connection to the leader, broker {leader}"
+            leader = 0
+        elif st.membership is not None and self._host.node_id not in st.membership.voters:
+            why = "it is a learner, still copying the log"
+        elif st.leader_commit > st.last_index:
+            why = self.state[1]
+        elif offset > self.high_watermark:
+            why = (
+                f"its commit reaches offset {self.high_watermark}, below the fetch offset {offset}"
+            )
+        elif offset < self.log_start_offset:
+            why = f"its log starts at offset {self.log_start_offset}, after the fetch offset"
+        if not why:
+            return None
+        return self._not_leader(leader, f"this follower does not serve the read now: {why}")
+
+    def read(self, offset: int, max_bytes: int, *, replica_read: bool = False) -> ReadResult:
+        """Committed entries from ``offset``; OffsetOutOfRangeError names the valid range.
+        ``replica_read``: a consumer's read of the closest replica; a follower that may not
+        serve it (:meth:`follower_read_refusal`) refuses with NotLeaderError."""
         self.check_serving()
+        if replica_read:
+            refusal = self.follower_read_refusal(offset)
+            if refusal is not None:
+                raise refusal
         hw = self.high_watermark
         start = self.log_start_offset
         if not start <= offset <= hw:
@@ -575,15 +616,25 @@ class PartitionReplica:
         )
 
     async def fetch(
-        self, offset: int, max_bytes: int, min_bytes: int, max_wait_s: float
+        self,
+        offset: int,
+        max_bytes: int,
+        min_bytes: int,
+        max_wait_s: float,
+        *,
+        replica_read: bool = False,
     ) -> ReadResult:
         """Long poll: answer once ``min_bytes`` of committed data are there, or at the end
-        of ``max_wait_s`` with whatever there is (maybe nothing)."""
+        of ``max_wait_s`` with whatever there is (maybe nothing). A replica read on a
+        follower whose commit is still below ``offset`` (it trails the leader's by about a
+        heartbeat) waits for it within the same time before refusing."""
         deadline_s = time.monotonic() + max_wait_s
         while True:
-            result = self.read(offset, max_bytes)
-            if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
-                return result
+            commit_behind = replica_read and offset > self.high_watermark and not self.is_leader
+            if not commit_behind or time.monotonic() >= deadline_s:
+                result = self.read(offset, max_bytes, replica_read=replica_read)
+                if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
+                    return result
             event = self._hw_event
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), deadline_s - time.monotonic())

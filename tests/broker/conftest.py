@@ -67,7 +67,8 @@ ClusterFactory = Callable[..., LocalCluster]
 def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
     """``make_cluster({"t": 1})`` starts a fresh 3-broker cluster in tmp_path (20 ms ticks,
     an election timeout of ``election_ticks``) and waits until every partition is led by its
-    preferred replica; it is killed after the test. ``extra_args`` go to every broker."""
+    preferred replica; it is killed after the test. ``extra_args`` go to every broker,
+    ``per_broker_args`` to one (a rack, say)."""
     clusters: list[LocalCluster] = []
 
     def make(
@@ -76,12 +77,16 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Clu
         single_replica: dict[str, int] | None = None,
         election_ticks: int = 10,
         extra_args: list[str] | None = None,
+        per_broker_args: dict[int, list[str]] | None = None,
     ) -> LocalCluster:
         data = tmp_path / f"cluster-{len(clusters)}"
         args = ["--tick-ms", "20", "--election-ticks", str(election_ticks), *REBALANCE_ARGS]
         args += extra_args or []
         cluster = LocalCluster(
-            data, cluster_spec(topics, single_replica=single_replica), broker_args=args
+            data,
+            cluster_spec(topics, single_replica=single_replica),
+            broker_args=args,
+            per_broker_args=per_broker_args,
         )
         clusters.append(cluster)
         cluster.start()

@@ -190,20 +190,22 @@ class ProduceResponse(_message.Message):
     def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes")
+    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     offset: int
     max_bytes: int
     max_wait_ms: int
     min_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ...) -> None: ...
+    replica_read: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., replica_read: _Optional[bool] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("entries", "next_offset", "high_watermark", "log_start_offset", "broker_id")
@@ -250,17 +252,19 @@ class MetadataRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_create: _Optional[bool] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("id", "host", "port")
+    __slots__ = ("id", "host", "port", "rack")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
     id: int
     host: str
     port: int
-    def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    rack: str
+    def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark", "replica_status", "log_start_offset")
+    __slots__ = ("partition", "leader_id", "replicas", "leader_term", "high_watermark", "replica_status", "log_start_offset", "in_sync_replicas")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +272,7 @@ class PartitionInfo(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     REPLICA_STATUS_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     leader_id: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
@@ -275,7 +280,8 @@ class PartitionInfo(_message.Message):
     high_watermark: int
     replica_status: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     log_start_offset: int
-    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ..., replica_status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    in_sync_replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., leader_term: _Optional[int] = ..., high_watermark: _Optional[int] = ..., replica_status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_start_offset: _Optional[int] = ..., in_sync_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("broker_id", "state", "reason")

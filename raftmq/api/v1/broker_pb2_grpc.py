@@ -98,7 +98,8 @@ class BrokerServicer:
 
     def Fetch(self, request, context):
         """Read committed entries (below the high watermark) from a leader or a follower,
-        waiting up to max_wait_ms for min_bytes to be available (long poll).
+        waiting up to max_wait_ms for min_bytes to be available (long poll). A consumer
+        reading from its rack's follower sets replica_read (FetchRequest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
