@@ -57,6 +57,13 @@ class ClientError(Exception):
         return not self.code_name and self.status == grpc.StatusCode.UNAVAILABLE
 
     @property
+    def timed_out(self) -> bool:
+        """No answer within the call's deadline (gRPC's own DEADLINE_EXCEEDED, without a
+        ``raftmq-error``): the server may be gone, or may have done the call; retry only
+        what is safe to do twice."""
+        return not self.code_name and self.status == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    @property
     def label(self) -> str:
         """A short name for logs and messages: the code's name, else the gRPC status's."""
         if self.code_name:

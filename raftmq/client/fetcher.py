@@ -125,7 +125,7 @@ class Fetcher:
                 return int(answer.offset)
             except grpc.aio.AioRpcError as exc:
                 err = error_of(exc)
-                if not (err.retriable or err.unreachable):
+                if not (err.retriable or err.unreachable or err.timed_out):
                     raise err from None
                 self.links.learn(*tp, err)
                 await backoff(attempt)
@@ -214,9 +214,11 @@ class Fetcher:
                 if err.code == pb.ERROR_CODE_OFFSET_OUT_OF_RANGE:
                     self._out_of_range(tp, state, generation, err)
                     continue
-                if not (err.retriable or err.unreachable):
+                if not (err.retriable or err.unreachable or err.timed_out):
                     self._fail(state, generation, err)
                     continue
+                # A timed-out fetch (a broker frozen or cut off) is a read: ask again,
+                # after fresh metadata, as for an unreachable one.
                 self.links.learn(*tp, err)
                 await backoff(attempt)
                 attempt += 1

@@ -65,8 +65,8 @@ class GroupLink:
                     continue  # a redirect costs no backoff (nodes behind the news do, below)
             redirects = 0
             retry = err.code == _REDIRECTED or err.code in _TRY_AGAIN or err.unreachable
-            if err.status == grpc.StatusCode.DEADLINE_EXCEEDED and not err.code_name:
-                retry = True  # the leader may have died mid-call
+            if err.timed_out:
+                retry = True  # the leader may have died mid-call; every Groups call may repeat
             if not retry or time.monotonic() >= give_up:
                 raise err
             if not (err.code == _REDIRECTED and hint):

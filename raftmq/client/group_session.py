@@ -160,7 +160,9 @@ class GroupSession:
                 if is_fenced(err):
                     log.info("group %s: %s; rejoining", self.group_id, err)
                     await self._apply(m.fenced())
-                elif err.retriable or err.unreachable:
+                elif err.retriable or err.unreachable or err.timed_out:
+                    # No controller leader for now: keep beating until the session's own
+                    # clock says the member is fenced (above), as Kafka's consumer does.
                     await backoff(attempt)
                     attempt += 1
                 else:
@@ -249,7 +251,7 @@ class GroupSession:
             try:
                 return await self.link.fetch_offsets(self.group_id, tps) if tps else {}
             except ClientError as err:
-                if not (err.retriable or err.unreachable) or attempt >= 5:
+                if not (err.retriable or err.unreachable or err.timed_out) or attempt >= 5:
                     raise
                 await backoff(attempt)
                 attempt += 1

@@ -507,7 +507,7 @@ def test_a_group_through_broker_only_nodes_survives_a_controller_leader_kill(
         produce(20)
         assert len(poll_records(c, 20)) == 20  # fetching never needed the controller
         c.commit()  # waits for the next controller leader
-        assert c.committed(tps) == {tp: 20 for tp in tps}
+        assert c.committed(tps) == {tp: 10 for tp in tps}
 
 
 def test_group_settings_and_misuse_are_sentences() -> None:
@@ -548,3 +548,47 @@ def test_a_pattern_takes_in_a_topic_created_later(cluster: LocalCluster) -> None
         while c.assignment() != {("later-1", 0), ("later-1", 1)}:
             assert time.monotonic() < deadline, f"assigned {c.assignment()}"
             c.poll(0.2)
+
+
+def test_a_frozen_cluster_delays_the_group_without_failing_poll(
+    cluster: LocalCluster,
+) -> None:
+    """Every broker frozen (SIGSTOP) for longer than half the session timeout, as a
+    network blip would: the member's heartbeats time out (DEADLINE_EXCEEDED, no raftmq
+    code) and must be retried until the session's own clock runs out, not raised out of
+    poll (the chaos run with the real clients found that, with the controller cut off)."""
+    with AdminClient(cluster.addresses) as admin:
+        admin.create_topic("frozen", 2, 3)
+    tps = [("frozen", 0), ("frozen", 1)]
+    with Producer(cluster.addresses, linger_ms=1) as producer:
+        for i in range(10):
+            producer.send("frozen", f"f{i}".encode(), partition=i % 2)
+    settings: dict[str, Any] = {
+        "group_id": "g-frozen",
+        # Beats every 3 s, each given 7.5 s (half the session): a freeze of 10.7 s holds
+        # one beat for its whole deadline, and ends before the member's own session
+        # clock (15 s from its last answered beat) would fence it.
+        "session_timeout_ms": 15_000,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+    }
+    with Consumer(cluster.addresses, **settings) as c:
+        c.subscribe(["frozen"])
+        assert len(poll_records(c, 10)) == 10
+        c.commit()
+        for bid in cluster.spec.brokers:
+            cluster.signal(bid, signal.SIGSTOP)
+        try:
+            until = time.monotonic() + 10.7
+            while time.monotonic() < until:
+                c.poll(0.3)  # raised when a heartbeat's timeout ended the session task
+        finally:
+            for bid in cluster.spec.brokers:
+                cluster.signal(bid, signal.SIGCONT)
+        with Producer(cluster.addresses, linger_ms=1) as producer:
+            for i in range(10, 20):
+                producer.send("frozen", f"f{i}".encode(), partition=i % 2)
+        got = poll_records(c, 10, timeout=60)
+        assert sorted(r.value for r in got) == sorted(f"f{i}".encode() for i in range(10, 20))
+        c.commit()
+        assert c.committed(tps) == {tp: 10 for tp in tps}
