@@ -78,9 +78,11 @@ async def partitions_with_history(
     return seen, answered
 
 
-async def _voter_log_end(address: str) -> int | None:
-    """The last index of the metadata group's log on the voter at ``address`` (0: it
-    never held an entry), None when it does not answer."""
+async def _voter_has_past(address: str) -> bool | None:
+    """Whether the voter at ``address`` knows a past of the metadata group: an entry in
+    its log, or only a term above 0 (it saw an election, so a leader may have committed
+    entries it has not received yet: it was cut off, or stopped, right after); None when
+    it does not answer."""
     async with grpc.aio.insecure_channel(address) as channel:
         try:
             answer = await cpb_grpc.ControllerStub(channel).DescribeVoter(
@@ -88,13 +90,13 @@ async def _voter_log_end(address: str) -> int | None:
             )
         except grpc.RpcError:
             return None
-    return int(answer.last_index)
+    return answer.last_index > 0 or answer.term > 0
 
 
 async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[bool, list[int]]:
     """Does the controller quorum have a past this voter may have been part of (a voter
-    holds an entry of its log: a leader was elected)? With the ids of the voters that
-    answered.
+    holds an entry of its log, or saw a term: an election happened)? With the ids of the
+    voters that answered.
 
     The metadata group's own ``.raft-promised`` record lives in the data folder too, so a
     controller voter whose folder was wiped asks the other voters, as a broker does for its
@@ -102,6 +104,6 @@ async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[boo
     until it holds the leader's log), or it could help a lagging voter win an election and
     vote committed metadata away."""
     peers = [(v, a) for v, a in sorted(voters.items()) if v != me]
-    ends = await asyncio.gather(*(_voter_log_end(a) for _, a in peers))
-    answered = [v for (v, _), end in zip(peers, ends, strict=True) if end is not None]
-    return any(end for end in ends), answered
+    pasts = await asyncio.gather(*(_voter_has_past(a) for _, a in peers))
+    answered = [v for (v, _), past in zip(peers, pasts, strict=True) if past is not None]
+    return any(pasts), answered

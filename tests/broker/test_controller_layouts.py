@@ -17,6 +17,8 @@ import grpc
 import pytest
 
 from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.broker.metadata_cache import MetadataCache
@@ -250,6 +252,21 @@ def test_brokers_keep_serving_while_every_controller_is_paused(dedicated: Dedica
             assert [r.value for r in records] == acked[p]
 
 
+def voter_log_end(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return int(
+            cpb_grpc.ControllerStub(channel)
+            .DescribeVoter(cpb.DescribeVoterRequest(), timeout=5)
+            .last_index
+        )
+
+
+def metadata_index(cluster: LocalCluster) -> int:
+    """The metadata log's end on the voter that leads (what every voter must reach)."""
+    leader = controller_leader(cluster.controller_addresses)
+    return voter_log_end(cluster.spec.brokers[leader].address) if leader else 1 << 62
+
+
 def test_a_wiped_controller_voter_cannot_vote_committed_metadata_away(
     dedicated: Dedicated,
 ) -> None:
@@ -258,6 +275,13 @@ def test_a_wiped_controller_voter_cannot_vote_committed_metadata_away(
     cluster = dedicated(brokers=1)
     with cluster.admin() as admin:
         admin.create_topic("a", 1, 1)
+    # Voter 3 must hold a past for the probe to find (on a loaded machine it may not
+    # have received a single entry yet): the committed topic a.
+    wait_until(
+        lambda: voter_log_end(cluster.spec.brokers[3].address) >= metadata_index(cluster),
+        30.0,
+        "voter 3 to hold topic a",
+    )
     cluster.kill(3)
     with AdminClient([cluster.spec.brokers[v].address for v in (1, 2)]) as admin:
         admin.create_topic("b", 1, 1)
