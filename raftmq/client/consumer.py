@@ -13,7 +13,10 @@ on_revoke and on_lost callbacks in the caller's thread, and, with
 ``enable_auto_commit``, commits the positions of what earlier polls returned, every
 ``auto_commit_interval_ms``, before a partition is given up, and on close. Committing
 in ``poll`` (not on a timer of the loop) is what makes auto-commit at-least-once: a
-position is committed only once the caller came back for more.
+position is committed only once the caller came back for more. ``unsubscribe`` gives
+everything up as ``close`` does (and leaves, a static member too), keeping the consumer
+for another ``subscribe`` or ``assign``. Commits name an offset or an
+:class:`OffsetAndMetadata` per partition; ``committed(with_metadata=True)`` reads both.
 """
 
 from __future__ import annotations
@@ -342,16 +345,14 @@ class _Face:
         for tp, o in offsets.items():
             if not (isinstance(tp, tuple) and len(tp) == 2):
                 raise ValueError(f"commit offsets per (topic, partition), not per {tp!r}")
-            if isinstance(o, OffsetAndMetadata):
-                _check_offset(o.offset)
-                _check_metadata(tp, o.metadata)
-            elif isinstance(o, int) and not isinstance(o, bool):
-                _check_offset(o)
-            else:
+            offset, metadata = o if isinstance(o, OffsetAndMetadata) else (o, "")
+            if not isinstance(offset, int) or isinstance(offset, bool):
                 raise TypeError(
                     f"commit an offset (int) or OffsetAndMetadata(offset, metadata) for "
                     f"{tp!r}, not {o!r}"
                 )
+            _check_offset(offset)
+            _check_metadata(tp, metadata)
         return dict(offsets)
 
     def _group_step(self) -> GroupEvent | None:

@@ -102,6 +102,8 @@ def test_offsets_are_committed_with_metadata_and_read_back(cluster: LocalCluster
             c.commit({("meta", 0): OffsetAndMetadata(4, "x" * 4097)})
         with pytest.raises(TypeError, match="OffsetAndMetadata"):
             c.commit({("meta", 0): "4"})  # type: ignore[dict-item]
+        with pytest.raises(TypeError, match="OffsetAndMetadata"):
+            c.commit({("meta", 0): OffsetAndMetadata("4", "")})  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="text"):
             c.commit({("meta", 0): OffsetAndMetadata(4, b"raw")})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="negative"):
