@@ -73,6 +73,15 @@ def poll_until(c: Consumer, done: Callable[[list[ConsumerRecord]], bool]) -> lis
     return got
 
 
+async def apoll(c: AsyncConsumer, count: int) -> list[ConsumerRecord]:
+    got: list[ConsumerRecord] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"polled {len(got)} of {count}"
+        got += await c.poll(0.3)
+    return got
+
+
 # --- offsets with metadata -------------------------------------------------------------
 
 
@@ -149,11 +158,7 @@ def test_the_async_consumer_commits_and_reads_metadata(cluster: LocalCluster) ->
         )
         async with c:
             c.subscribe(["ameta"])
-            got: list = []
-            deadline = time.monotonic() + 30
-            while len(got) < 4:
-                assert time.monotonic() < deadline
-                got += await c.poll(0.3)
+            await apoll(c, 4)
             await c.commit({("ameta", 0): OffsetAndMetadata(2, "async note")})
             task = await c.commit({("ameta", 1): 1}, asynchronous=True)
             assert task is not None
@@ -252,11 +257,7 @@ def test_the_async_consumer_unsubscribes(cluster: LocalCluster) -> None:
         )
         async with c:
             c.subscribe(["aunsub"], on_revoke=on_revoke)
-            got: list = []
-            deadline = time.monotonic() + 30
-            while len(got) < 3:
-                assert time.monotonic() < deadline
-                got += await c.poll(0.3)
+            await apoll(c, 3)
             await c.unsubscribe()
             assert revoked == [{("aunsub", 0)}] and c.assignment() == set()
             assert await c.committed([("aunsub", 0)]) == {("aunsub", 0): 3}
