@@ -38,6 +38,8 @@ app = typer.Typer(
     "reset offsets, delete."
 )
 
+METADATA_CELL_CHARS = 40
+"""How much of a committed offset's metadata the table shows (--json has all of it)."""
 GroupArg = Annotated[str, typer.Argument(help="The consumer group's id.")]
 
 
@@ -149,7 +151,10 @@ def describe(
     for col in ("topic", "partition", "member", "committed", "log end", "lag"):
         table.add_column(col)
     if with_metadata:
-        table.add_column("metadata", overflow="fold")
+        # cut to one short line here (--json has it whole)
+        table.add_column(
+            "metadata", overflow="ellipsis", no_wrap=True, max_width=METADATA_CELL_CHARS
+        )
     for p in lags:
         row = [
             p.topic,
@@ -160,15 +165,9 @@ def describe(
             str(p.lag) if p.lag >= 0 else "?",
         ]
         if with_metadata:
-            row.append(_short_text(p.metadata) or "-")
+            row.append(p.metadata or "-")
         table.add_row(*row)
     console.print(table)
-
-
-def _short_text(text: str, limit: int = 60) -> str:
-    """Metadata as a table cell: one line, at most ``limit`` characters (--json has all)."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def parse_time_ms(text: str) -> int:
