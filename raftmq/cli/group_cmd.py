@@ -2,11 +2,11 @@
 through the controller's Groups API (groups.proto) on the admin client's routing. Any
 broker of the cluster will do as a bootstrap address.
 
-``describe`` shows, per partition, the committed offset beside the log end (the high
-watermark, asked of the partition's leader with ListOffsets) and the lag between them:
-how far the group is behind. Reads print rich tables, or with ``--json`` JSON for
-scripts; errors are the controller's sentences with their code, exit status 1 (2 for bad
-usage).
+``describe`` shows, per partition, the committed offset (and the metadata committed with
+it, when there is some) beside the log end (the high watermark, asked of the partition's
+leader with ListOffsets) and the lag between them: how far the group is behind. Reads
+print rich tables, or with ``--json`` JSON for scripts; errors are the controller's
+sentences with their code, exit status 1 (2 for bad usage).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ app = typer.Typer(
     "reset offsets, delete."
 )
 
+METADATA_CELL_CHARS = 40
+"""How much of a committed offset's metadata the table shows (--json has all of it)."""
 GroupArg = Annotated[str, typer.Argument(help="The consumer group's id.")]
 
 
@@ -53,6 +55,8 @@ class PartitionLag:
     """-1 when the partition's leader did not answer."""
     lag: int
     """log end - committed (the whole log end without a commit); -1 when unknown."""
+    metadata: str = ""
+    """The text committed with the offset (Consumer.commit with OffsetAndMetadata)."""
 
 
 def _tps(listed: Any) -> list[tuple[str, int]]:
@@ -73,15 +77,15 @@ def _log_end(client: LowLevelClient, topic: str, partition: int) -> int:
 def partition_lags(described: gpb.GroupDescription, client: LowLevelClient) -> list[PartitionLag]:
     """Every partition the group holds or committed, with its lag."""
     owner = {tp: m.member_id for m in described.members for tp in _tps(m.assigned)}
-    committed = {(o.topic, o.partition): o.offset for o in described.offsets}
+    committed = {(o.topic, o.partition): o for o in described.offsets}
     out = []
-    for topic, partition in sorted({*owner, *committed}):
-        end = _log_end(client, topic, partition)
-        offset = committed.get((topic, partition), -1)
+    for tp in sorted({*owner, *committed}):
+        end = _log_end(client, *tp)
+        c = committed.get(tp)
+        offset = c.offset if c is not None else -1
         lag = -1 if end < 0 else max(0, end - max(offset, 0))
-        out.append(
-            PartitionLag(topic, partition, owner.get((topic, partition), ""), offset, end, lag)
-        )
+        meta = c.metadata if c is not None else ""
+        out.append(PartitionLag(*tp, owner.get(tp, ""), offset, end, lag, meta))
     return out
 
 
@@ -143,17 +147,26 @@ def describe(
         )
     console.print(members if described.members else "No members.")
     table = Table(title="partitions (lag: log end - committed)")
+    with_metadata = any(p.metadata for p in lags)
     for col in ("topic", "partition", "member", "committed", "log end", "lag"):
         table.add_column(col)
+    if with_metadata:
+        # cut to one short line here (--json has it whole)
+        table.add_column(
+            "metadata", overflow="ellipsis", no_wrap=True, max_width=METADATA_CELL_CHARS
+        )
     for p in lags:
-        table.add_row(
+        row = [
             p.topic,
             str(p.partition),
             p.member_id or "-",
             str(p.committed_offset) if p.committed_offset >= 0 else "-",
             str(p.log_end_offset) if p.log_end_offset >= 0 else "?",
             str(p.lag) if p.lag >= 0 else "?",
-        )
+        ]
+        if with_metadata:
+            row.append(p.metadata or "-")
+        table.add_row(*row)
     console.print(table)
 
 

@@ -13,7 +13,10 @@ on_revoke and on_lost callbacks in the caller's thread, and, with
 ``enable_auto_commit``, commits the positions of what earlier polls returned, every
 ``auto_commit_interval_ms``, before a partition is given up, and on close. Committing
 in ``poll`` (not on a timer of the loop) is what makes auto-commit at-least-once: a
-position is committed only once the caller came back for more.
+position is committed only once the caller came back for more. ``unsubscribe`` gives
+everything up as ``close`` does (and leaves, a static member too), keeping the consumer
+for another ``subscribe`` or ``assign``. Commits name an offset or an
+:class:`OffsetAndMetadata` per partition; ``committed(with_metadata=True)`` reads both.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
@@ -49,8 +52,9 @@ from raftmq.client.fetcher import (
     PartitionState,
     TopicPartition,
 )
-from raftmq.client.group_link import GroupLink
+from raftmq.client.group_link import Commits, GroupLink, OffsetAndMetadata
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
+from raftmq.controller.groups import MAX_OFFSET_METADATA_CHARS
 from raftmq.controller.transitions import RACK
 from raftmq.format import entry
 from raftmq.format.records import decode_records
@@ -61,6 +65,7 @@ __all__ = [
     "Consumer",
     "ConsumerRecord",
     "NoOffsetError",
+    "OffsetAndMetadata",
     "TopicPartition",
 ]
 T = TypeVar("T")
@@ -71,6 +76,8 @@ Callback = Callable[[Partitions], Any]
 """on_assign / on_revoke / on_lost: called with the set of partitions (an async
 consumer's may be a coroutine function)."""
 ASSIGNORS = ("sticky", "range", "round_robin")
+Committed = dict[TopicPartition, int | None]
+CommittedWithMetadata = dict[TopicPartition, OffsetAndMetadata | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +273,8 @@ class _Face:
         self._callbacks = _Callbacks()
         self._link: GroupLink | None = None  # assign mode's commits
         self._auto_commit_at = time.monotonic()
+        self._in_callback = False
+        """Inside on_assign / on_revoke / on_lost (run by ``poll``)."""
 
     def _make_fetcher(self, on_data: Callable[[], None]) -> Fetcher:
         c = self.config
@@ -318,6 +327,34 @@ class _Face:
             notify=notify,
         )
 
+    def _check_unsubscribe(self) -> None:
+        self._check_open()
+        if self._in_callback:
+            raise RuntimeError(
+                "unsubscribe() inside on_assign, on_revoke or on_lost: poll is handing "
+                "partitions over; call it after poll returns"
+            )
+
+    def _commits(self, offsets: Commits | None) -> dict[TopicPartition, int | OffsetAndMetadata]:
+        """What ``commit`` commits, checked in the caller's thread: ``offsets`` (an offset
+        or OffsetAndMetadata per partition), or every position held."""
+        self._check_open()
+        self._group_id("commit")
+        if offsets is None:
+            return dict(self._positions())
+        for tp, o in offsets.items():
+            if not (isinstance(tp, tuple) and len(tp) == 2):
+                raise ValueError(f"commit offsets per (topic, partition), not per {tp!r}")
+            offset, metadata = o if isinstance(o, OffsetAndMetadata) else (o, "")
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise TypeError(
+                    f"commit an offset (int) or OffsetAndMetadata(offset, metadata) for "
+                    f"{tp!r}, not {o!r}"
+                )
+            _check_offset(offset)
+            _check_metadata(tp, metadata)
+        return dict(offsets)
+
     def _group_step(self) -> GroupEvent | None:
         """In ``poll``: the session's refusal, if any, then the next event to handle."""
         session = self._session
@@ -345,12 +382,8 @@ class _Face:
             return self._session.positions()
         return positions(self._fetcher)
 
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def _commit(self, offsets: Commits) -> None:
         """On the loop: as the member, or (assign mode) outside the membership."""
-        for tp, offset in offsets.items():
-            if not (isinstance(tp, tuple) and len(tp) == 2):
-                raise ValueError(f"commit offsets per (topic, partition), not per {tp!r}")
-            _check_offset(offset)
         if self._session is not None:
             await self._session.commit(offsets)
             return
@@ -380,13 +413,15 @@ class _Face:
             log.warning("auto-commit of group %s failed: %s", self.config.group_id, err)
 
     async def _committed(
-        self, partitions: Iterable[TopicPartition]
-    ) -> dict[TopicPartition, int | None]:
-        wanted = sorted(set(partitions))
+        self, partitions: Iterable[TopicPartition] | None, with_metadata: bool
+    ) -> Committed | CommittedWithMetadata:
+        wanted = sorted(set(self._fetcher.states if partitions is None else partitions))
         if self._link is None:
             self._link = GroupLink(self._fetcher.links)
         found = await self._link.fetch_offsets(self._group_id("committed"), wanted)
-        return {tp: found.get(tp) for tp in wanted}
+        if with_metadata:
+            return {tp: found.get(tp) for tp in wanted}
+        return {tp: o.offset if (o := found.get(tp)) is not None else None for tp in wanted}
 
     def _subscribe(self, notify: Callable[[], None], topics: list[str] | re.Pattern[str]) -> None:
         """On the loop."""
@@ -406,15 +441,26 @@ class _Face:
         stopping = self._session.stopping if self._session is not None else set()
         return [tp for tp in partitions if tp not in stopping]
 
-    async def _close_group(self) -> None:
-        """On the loop, at close, after on_revoke: commit (auto-commit) and leave."""
+    async def _close_group(self, *, leave: bool) -> None:
+        """On the loop, at close or unsubscribe, after on_revoke: commit (auto-commit) and
+        stop heartbeating, leaving the group if ``leave``."""
         session = self._session
         if session is not None:
             if self.config.enable_auto_commit:
                 await self._auto_commit(session.positions())
-            await session.close(leave=self.config.group_instance_id is None)
+            await session.close(leave=leave)
         elif self.config.enable_auto_commit and self.config.group_id is not None:
             await self._auto_commit(positions(self._fetcher))
+
+    async def _unsubscribe(self) -> None:
+        """On the loop, after on_revoke: commit (auto-commit), leave the group (a static
+        member too: it asked to consume nothing, so its partitions must go to others now,
+        not after its session timeout), and drop every partition, so the consumer may
+        subscribe or assign afresh."""
+        await self._close_group(leave=True)
+        self._session = None
+        self._callbacks = _Callbacks()
+        self._fetcher.assign([])
 
 
 async def _offsets(
@@ -444,6 +490,18 @@ def _time_specs(times: Mapping[TopicPartition, int]) -> dict[TopicPartition, pb.
 def _check_offset(offset: int) -> None:
     if offset < 0:
         raise ValueError(f"offset {offset} is negative; offsets start at 0")
+
+
+def _check_metadata(tp: TopicPartition, metadata: str) -> None:
+    """The coordinator's bound, checked before anything is sent (it refuses the same)."""
+    if not isinstance(metadata, str):
+        raise TypeError(f"the metadata of {tp!r} is text (str), not {type(metadata).__name__}")
+    if len(metadata) > MAX_OFFSET_METADATA_CHARS:
+        raise ValueError(
+            f"the metadata of {tp[0]}/{tp[1]} is {len(metadata)} characters; a group keeps "
+            f"at most {MAX_OFFSET_METADATA_CHARS} per offset (keep a reference to larger "
+            "state there, not the state itself)"
+        )
 
 
 def _topics(topics: Iterable[str] | str | re.Pattern[str]) -> list[str] | re.Pattern[str]:
@@ -540,49 +598,71 @@ class Consumer(_Face):
         auto-commit when due."""
         while (event := self._group_step()) is not None:
             assert self._session is not None
-            callback = self._callbacks.of(event)
+            session, callback = self._session, self._callbacks.of(event)
             commit = self.config.enable_auto_commit
             if event.kind == "assign":
-                self._wait(self._session.finish(event, commit=commit))
-                if callback is not None:
-                    callback(set(event.partitions))
+                self._wait(session.finish(event, commit=commit))
+                self._call(callback, set(event.partitions))
                 continue
             try:
-                if callback is not None:
-                    callback(set(event.partitions))
+                self._call(callback, set(event.partitions))
             finally:
-                self._wait(self._session.finish(event, commit=commit))
+                self._wait(session.finish(event, commit=commit))
         due = self._auto_commit_due()
         if due:
             asyncio.run_coroutine_threadsafe(self._auto_commit(due), self._loop)
 
+    def _call(self, callback: Callback | None, partitions: Partitions) -> None:
+        if callback is None:
+            return
+        self._in_callback = True
+        try:
+            callback(partitions)
+        finally:
+            self._in_callback = False
+
     def commit(
         self,
-        offsets: Mapping[TopicPartition, int] | None = None,
+        offsets: Commits | None = None,
         *,
         asynchronous: bool = False,
     ) -> concurrent.futures.Future[None] | None:
-        """Commit ``offsets`` (per partition, the next offset to consume), or the
-        position of every partition held. Waits for the group's answer, raising
-        CommitFailedError if it refused (the member was fenced: another may consume
-        those partitions now), unless ``asynchronous``: then returns a future."""
-        self._check_open()
-        self._group_id("commit")
-        chosen = dict(offsets) if offsets is not None else self._positions()
+        """Commit ``offsets`` (per partition, the next offset to consume, or an
+        OffsetAndMetadata(offset, metadata) to keep text beside it), or the position of
+        every partition held. Waits for the group's answer, raising CommitFailedError if
+        it refused (the member was fenced: another may consume those partitions now),
+        unless ``asynchronous``: then returns a future."""
+        chosen = self._commits(offsets)
         future = asyncio.run_coroutine_threadsafe(self._commit(chosen), self._loop)
         if asynchronous:
             return future
         future.result()
         return None
 
+    @overload
     def committed(
-        self, partitions: Iterable[TopicPartition] | None = None
-    ) -> dict[TopicPartition, int | None]:
+        self,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        with_metadata: Literal[False] = False,
+    ) -> Committed: ...
+    @overload
+    def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: Literal[True]
+    ) -> CommittedWithMetadata: ...
+    @overload
+    def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: bool
+    ) -> Committed | CommittedWithMetadata: ...
+    def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: bool = False
+    ) -> Committed | CommittedWithMetadata:
         """The group's committed offsets (None where there is none) of these partitions,
-        or of the assigned ones."""
+        or of the assigned ones; ``with_metadata``: as OffsetAndMetadata, with the text
+        committed beside each."""
         self._check_open()
-        chosen = self.assignment() if partitions is None else partitions
-        return self._wait(self._committed(chosen))
+        chosen = None if partitions is None else list(partitions)
+        return self._wait(self._committed(chosen, with_metadata))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, polling until the consumer closes."""
@@ -620,6 +700,18 @@ class Consumer(_Face):
         for tp in self._resumable(partitions):
             self._on_loop(self._fetcher.set_paused, tp, False)
 
+    def unsubscribe(self) -> None:
+        """Stop consuming, as Kafka's: give up every partition (on_revoke, then the
+        auto-commit), leave the group (a static member too), and drop what assign()
+        gave; then subscribe or assign again. Nothing held: nothing to do."""
+        self._check_unsubscribe()
+        try:
+            held = self._closing_held()
+            if held:
+                self._call(self._callbacks.on_revoke, held)
+        finally:
+            self._wait(self._unsubscribe())
+
     def close(self) -> None:
         """Give up the partitions (on_revoke, then the auto-commit), leave the group
         (not a static member), and stop."""
@@ -627,12 +719,12 @@ class Consumer(_Face):
             return
         try:
             held = self._closing_held()
-            if held and self._callbacks.on_revoke is not None:
-                self._callbacks.on_revoke(held)
+            if held:
+                self._call(self._callbacks.on_revoke, held)
         finally:
             self.closed = True
             try:
-                self._wait(self._close_group())
+                self._wait(self._close_group(leave=self.config.group_instance_id is None))
             finally:
                 self._wait(self._fetcher.close())
                 self._loop.call_soon_threadsafe(self._loop.stop)
@@ -698,32 +790,42 @@ class AsyncConsumer(_Face):
     async def _handle_group(self) -> None:
         while (event := self._group_step()) is not None:
             assert self._session is not None
-            callback = self._callbacks.of(event)
+            session, callback = self._session, self._callbacks.of(event)
             commit = self.config.enable_auto_commit
             if event.kind == "assign":
-                await self._session.finish(event, commit=commit)
-                await _call(callback, set(event.partitions))
+                await session.finish(event, commit=commit)
+                await self._call(callback, set(event.partitions))
                 continue
             try:
-                await _call(callback, set(event.partitions))
+                await self._call(callback, set(event.partitions))
             finally:
-                await self._session.finish(event, commit=commit)
+                await session.finish(event, commit=commit)
         due = self._auto_commit_due()
         if due:
             task = asyncio.get_running_loop().create_task(self._auto_commit(due))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _call(self, callback: Callback | None, partitions: Partitions) -> None:
+        """A callback, plain or a coroutine function."""
+        if callback is None:
+            return
+        self._in_callback = True
+        try:
+            result = callback(partitions)
+            if inspect.isawaitable(result):
+                await result
+        finally:
+            self._in_callback = False
+
     async def commit(
         self,
-        offsets: Mapping[TopicPartition, int] | None = None,
+        offsets: Commits | None = None,
         *,
         asynchronous: bool = False,
     ) -> asyncio.Task[None] | None:
         """As Consumer.commit; ``asynchronous`` returns the commit's task at once."""
-        self._check_open()
-        self._group_id("commit")
-        chosen = dict(offsets) if offsets is not None else self._positions()
+        chosen = self._commits(offsets)
         if asynchronous:
             task = asyncio.get_running_loop().create_task(self._commit(chosen))
             self._tasks.add(task)
@@ -732,11 +834,28 @@ class AsyncConsumer(_Face):
         await self._commit(chosen)
         return None
 
+    @overload
     async def committed(
-        self, partitions: Iterable[TopicPartition] | None = None
-    ) -> dict[TopicPartition, int | None]:
+        self,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        with_metadata: Literal[False] = False,
+    ) -> Committed: ...
+    @overload
+    async def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: Literal[True]
+    ) -> CommittedWithMetadata: ...
+    @overload
+    async def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: bool
+    ) -> Committed | CommittedWithMetadata: ...
+    async def committed(
+        self, partitions: Iterable[TopicPartition] | None = None, *, with_metadata: bool = False
+    ) -> Committed | CommittedWithMetadata:
+        """As Consumer.committed."""
         self._check_open()
-        return await self._committed(self.assignment() if partitions is None else partitions)
+        chosen = None if partitions is None else list(partitions)
+        return await self._committed(chosen, with_metadata)
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while not self.closed:
@@ -769,17 +888,27 @@ class AsyncConsumer(_Face):
         for tp in self._resumable(partitions):
             self._fetcher.set_paused(tp, False)
 
+    async def unsubscribe(self) -> None:
+        """As Consumer.unsubscribe."""
+        self._check_unsubscribe()
+        try:
+            held = self._closing_held()
+            if held:
+                await self._call(self._callbacks.on_revoke, held)
+        finally:
+            await self._unsubscribe()
+
     async def close(self) -> None:
         if self.closed:
             return
         try:
             held = self._closing_held()
             if held:
-                await _call(self._callbacks.on_revoke, held)
+                await self._call(self._callbacks.on_revoke, held)
         finally:
             self.closed = True
             try:
-                await self._close_group()
+                await self._close_group(leave=self.config.group_instance_id is None)
                 for task in list(self._tasks):
                     with contextlib.suppress(BaseException):
                         await task
@@ -791,12 +920,3 @@ class AsyncConsumer(_Face):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-async def _call(callback: Callback | None, partitions: Partitions) -> None:
-    """An async consumer's callback, plain or a coroutine function."""
-    if callback is None:
-        return
-    result = callback(partitions)
-    if inspect.isawaitable(result):
-        await result

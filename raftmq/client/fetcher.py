@@ -329,10 +329,14 @@ class Fetcher:
         """The position fell below the log start (retention) or past the end: start over
         where the reset policy says, or, with 'error', tell the caller."""
         if self.auto_offset_reset == "error":
+            sentence = (
+                f"{err}; auto_offset_reset is 'error', so {tp[0]}/{tp[1]} waits for a seek "
+                "(seek, seek_to_beginning or seek_to_end) before polling on"
+            )
             self._fail(
                 state,
                 generation,
-                NoOffsetError(str(err), err.code, err.status, err.meta, err.code_name),
+                NoOffsetError(sentence, err.code, err.status, err.meta, err.code_name),
             )
             return
         with self.lock:

@@ -16,7 +16,8 @@ member on: the coordinator answers a repeated one from its memory.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -33,6 +34,19 @@ CALL_TIMEOUT_S = 5.0
 MAX_FREE_REDIRECTS = 3
 """Redirects followed at once in a row; past them (nodes pointing at each other during
 an election) each costs a backoff."""
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset (the next offset to consume) with the free text the group keeps
+    beside it (at most MAX_OFFSET_METADATA_CHARS characters; "" for none), as Kafka's
+    OffsetAndMetadata: e.g. where the application's own state stood at that offset."""
+
+    offset: int
+    metadata: str = ""
+
+
+Commits = Mapping[tuple[str, int], "int | OffsetAndMetadata"]
+"""What a commit names per partition: the offset, or the offset with its metadata."""
 
 
 class GroupLink:
@@ -90,30 +104,31 @@ class GroupLink:
         return answer
 
     async def commit(
-        self, group_id: str, member_id: str, member_epoch: int, offsets: dict[tuple[str, int], int]
+        self, group_id: str, member_id: str, member_epoch: int, offsets: Commits
     ) -> int:
-        """Commit ``offsets`` (the next offset to consume per partition); returns the
-        metadata version that holds them."""
+        """Commit ``offsets`` (the next offset to consume per partition, with or without
+        metadata); returns the metadata version that holds them."""
+        listed = []
+        for (t, p), o in sorted(offsets.items()):
+            o = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
+            listed.append(gpb.OffsetToCommit(topic=t, partition=p, offset=o[0], metadata=o[1]))
         request = gpb.CommitOffsetsRequest(
-            group_id=group_id,
-            member_id=member_id,
-            member_epoch=member_epoch,
-            offsets=[
-                gpb.OffsetToCommit(topic=t, partition=p, offset=o)
-                for (t, p), o in sorted(offsets.items())
-            ],
+            group_id=group_id, member_id=member_id, member_epoch=member_epoch, offsets=listed
         )
         answer: gpb.CommitOffsetsResponse = await self.call("CommitOffsets", request)
         return int(answer.metadata_version)
 
     async def fetch_offsets(
         self, group_id: str, partitions: list[tuple[str, int]] | None = None
-    ) -> dict[tuple[str, int], int]:
-        """The group's committed positions of ``partitions`` (None: all it has); a
-        partition without one is left out."""
+    ) -> dict[tuple[str, int], OffsetAndMetadata]:
+        """The group's committed positions of ``partitions`` (None: all it has), with
+        their metadata; a partition without one is left out."""
         request = gpb.FetchOffsetsRequest(group_id=group_id, partitions=by_topic(partitions or ()))
         answer: gpb.FetchOffsetsResponse = await self.call("FetchOffsets", request)
-        return {(o.topic, o.partition): int(o.offset) for o in answer.offsets}
+        return {
+            (o.topic, o.partition): OffsetAndMetadata(int(o.offset), o.metadata)
+            for o in answer.offsets
+        }
 
 
 def by_topic(partitions: Any) -> list[gpb.GroupTopicPartitions]:

@@ -32,7 +32,7 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.client.backoff import backoff
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import Fetcher
-from raftmq.client.group_link import GroupLink, by_topic, flat, is_fenced
+from raftmq.client.group_link import Commits, GroupLink, by_topic, flat, is_fenced
 from raftmq.client.membership import Beat, Membership, Step, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,8 @@ class GroupSession:
         attempt = 0
         while True:
             try:
-                return await self.link.fetch_offsets(self.group_id, tps) if tps else {}
+                found = await self.link.fetch_offsets(self.group_id, tps) if tps else {}
+                return {tp: o.offset for tp, o in found.items()}
             except ClientError as err:
                 if not (err.retriable or err.unreachable or err.timed_out) or attempt >= 5:
                     raise
@@ -268,7 +269,7 @@ class GroupSession:
         held, lost = self.membership.held, self.lost
         return {tp: o for tp, o in positions(self.fetcher).items() if tp in held and tp not in lost}
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def commit(self, offsets: Commits) -> None:
         """Commit ``offsets`` as this member (at its current epoch); raises
         CommitFailedError when the group refuses them."""
         if not offsets:

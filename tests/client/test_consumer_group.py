@@ -506,8 +506,9 @@ def test_a_group_through_broker_only_nodes_survives_a_controller_leader_kill(
         cluster.kill(leader)
         produce(20)
         assert len(poll_records(c, 20)) == 20  # fetching never needed the controller
+        assert c.committed(tps) == {tp: 10 for tp in tps}  # the next leader kept the commit
         c.commit()  # waits for the next controller leader
-        assert c.committed(tps) == {tp: 10 for tp in tps}
+        assert c.committed(tps) == {tp: 20 for tp in tps}
 
 
 def test_group_settings_and_misuse_are_sentences() -> None:
