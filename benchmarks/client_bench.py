@@ -13,9 +13,11 @@ Phases, on a 3-broker local cluster (one topic, 3 partitions, 3 replicas, acks=a
    every record; the Consumer polls the same records.
 3. sequential latency: one record at a time, acks=all, waiting for each answer: raw
    ProduceStream request against ``Producer.send(...).result()`` (``linger_ms`` 0: with
-   a linger, as in Kafka, a lone record waits for it). The two alternate in
-   ``SEQUENTIAL_BLOCKS`` blocks (over one stream and one producer, opened untimed), so
-   a load that comes and goes on a shared machine falls on both alike; a 1 KiB
+   a linger, as in Kafka, a lone record waits for it), and ``await (await
+   AsyncProducer.send(...))``, which shows what the thread-safe Producer's two thread
+   hand-offs (caller -> its event loop -> caller) add. The three alternate in
+   ``SEQUENTIAL_BLOCKS`` blocks (over one stream and one producer each, opened untimed),
+   so a load that comes and goes on a shared machine falls on all alike; a 1 KiB
    append+fsync probe of the data disk is printed beside them, since an acks=all commit
    waits for two fsyncs (the leader's and a follower's) on that disk.
 
@@ -51,7 +53,7 @@ from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
 from raftmq.client.connections import Connections  # noqa: E402
 from raftmq.client.consumer import Consumer  # noqa: E402
 from raftmq.client.produce_stream import ProduceStream  # noqa: E402
-from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.client.producer import AsyncProducer, Producer  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
 
@@ -158,6 +160,21 @@ async def close_raw(links: Connections, stream: ProduceStream) -> None:
     await links.close()
 
 
+async def open_async_producer(bootstrap: tuple[str, ...], value: bytes) -> AsyncProducer:
+    producer = AsyncProducer(bootstrap, linger_ms=0)
+    await (await producer.send(TOPIC, value, partition=0))  # warm: metadata, stream
+    return producer
+
+
+async def async_sequential(producer: AsyncProducer, samples: int, value: bytes) -> list[float]:
+    out = []
+    for _ in range(samples):
+        t0 = time.monotonic()
+        await (await producer.send(TOPIC, value, partition=0))
+        out.append(time.monotonic() - t0)
+    return out
+
+
 def client_sequential(producer: Producer, samples: int, value: bytes) -> list[float]:
     out = []
     for _ in range(samples):
@@ -167,25 +184,27 @@ def client_sequential(producer: Producer, samples: int, value: bytes) -> list[fl
     return out
 
 
-def sequential(
-    bootstrap: tuple[str, ...], samples: int, value: bytes
-) -> tuple[list[float], list[float]]:
-    """Raw and Producer latencies in alternating blocks (which goes first alternates too),
-    each side over one stream or producer opened before the first block."""
-    raw: list[float] = []
-    client: list[float] = []
+def sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> dict[str, list[float]]:
+    """Raw, Producer and AsyncProducer latencies in alternating blocks (the order rotates
+    from block to block), each over one stream or producer opened before the first block."""
+    out: dict[str, list[float]] = {"raw": [], "client": [], "async": []}
     per_block = max(1, samples // SEQUENTIAL_BLOCKS)
     with asyncio.Runner() as runner, Producer(bootstrap, linger_ms=0) as producer:
         links, stream = runner.run(raw_stream(bootstrap))
+        aproducer = runner.run(open_async_producer(bootstrap, value))
         producer.send(TOPIC, value, partition=0).result()  # warm: metadata, stream
+        sides = list(out)
         for block in range(SEQUENTIAL_BLOCKS):
-            for side in (0, 1) if block % 2 == 0 else (1, 0):
-                if side == 0:
-                    raw += runner.run(raw_sequential(stream, per_block, value))
+            for side in sides[block % 3 :] + sides[: block % 3]:
+                if side == "raw":
+                    out[side] += runner.run(raw_sequential(stream, per_block, value))
+                elif side == "client":
+                    out[side] += client_sequential(producer, per_block, value)
                 else:
-                    client += client_sequential(producer, per_block, value)
+                    out[side] += runner.run(async_sequential(aproducer, per_block, value))
+        runner.run(aproducer.close())
         runner.run(close_raw(links, stream))
-    return raw, client
+    return out
 
 
 def ends(cluster: LocalCluster) -> dict[int, int]:
@@ -220,10 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     figures["client_consume_s"] = client_consume(bootstrap, client_start, records)
     figures["disk_fsync_1k"] = fsync = fsync_probe(work)
     load_before = os.getloadavg()[0]
-    raw_lat, client_lat = sequential(bootstrap, samples, value)
+    for side, lats in sequential(bootstrap, samples, value).items():
+        figures[f"{side}_sequential"] = latency_summary(lats)
     figures["sequential_load"] = [load_before, os.getloadavg()[0]]
-    figures["raw_sequential"] = latency_summary(raw_lat)
-    figures["client_sequential"] = latency_summary(client_lat)
 
     rows = []
     mib = records * RECORD_BYTES / 2**20
@@ -243,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  raw ProduceStream    {raw_s['p50_ms']:6.2f} / {raw_s['p99_ms']:6.2f}")
     print(f"  Producer.send()      {client_s['p50_ms']:6.2f} / {client_s['p99_ms']:6.2f}")
+    async_s = figures["async_sequential"]
+    print(f"  AsyncProducer.send() {async_s['p50_ms']:6.2f} / {async_s['p99_ms']:6.2f}")
     print(f"  disk: 1 KiB append+fsync {fsync['p50_ms']:6.2f} / {fsync['p99_ms']:6.2f}")
     print(
         "\ntargets: produce and consume ratio >= 0.8x; send().result() p99 <= 2 ms (quiet machine)"
