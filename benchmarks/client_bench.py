@@ -12,7 +12,14 @@ Phases, on a 3-broker local cluster (one topic, 3 partitions, 3 replicas, acks=a
 2. consume throughput: the raw path fetches 1 MiB at a time from each leader and decodes
    every record; the Consumer polls the same records.
 3. sequential latency: one record at a time, acks=all, waiting for each answer: raw
-   ProduceStream request against ``Producer.send(...).result()``.
+   ProduceStream request against ``Producer.send(...).result()`` (``linger_ms`` 0: with
+   a linger, as in Kafka, a lone record waits for it), and ``await (await
+   AsyncProducer.send(...))``, which shows what the thread-safe Producer's two thread
+   hand-offs (caller -> its event loop -> caller) add. The three alternate in
+   ``SEQUENTIAL_BLOCKS`` blocks (over one stream and one producer each, opened untimed),
+   so a load that comes and goes on a shared machine falls on all alike; a 1 KiB
+   append+fsync probe of the data disk is printed beside them, since an acks=all commit
+   waits for two fsyncs (the leader's and a follower's) on that disk.
 
 Both sides run in this one process, one after the other, on the same data sizes.
 
@@ -37,6 +44,7 @@ from benchmarks.harness import (  # noqa: E402
     add_cleanup,
     add_run_options,
     disk_tempdir,
+    fsync_probe,
     kill_on_exit,
     latency_summary,
     print_json_last,
@@ -45,7 +53,7 @@ from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
 from raftmq.client.connections import Connections  # noqa: E402
 from raftmq.client.consumer import Consumer  # noqa: E402
 from raftmq.client.produce_stream import ProduceStream  # noqa: E402
-from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.client.producer import AsyncProducer, Producer  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
 
@@ -53,6 +61,7 @@ TOPIC = "bench"
 PARTITIONS = 3
 RECORD_BYTES = 1024
 FETCH_BYTES = 1 << 20
+SEQUENTIAL_BLOCKS = 10
 
 
 async def raw_produce(bootstrap: tuple[str, ...], records: int, batch: int, value: bytes) -> float:
@@ -127,29 +136,74 @@ def client_consume(bootstrap: tuple[str, ...], start: dict[int, int], count: int
         return time.monotonic() - started
 
 
-async def raw_sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> list[float]:
+async def raw_stream(bootstrap: tuple[str, ...]) -> tuple[Connections, ProduceStream]:
+    """A ProduceStream to partition 0's leader, opened by one untimed request."""
     links = Connections(bootstrap)
     address = await links.leader(TOPIC, 0)
     stream = ProduceStream(links.channel(address), address)
+    await raw_sequential(stream, 1, b"")
+    return links, stream
+
+
+async def raw_sequential(stream: ProduceStream, samples: int, value: bytes) -> list[float]:
     out = []
     for _ in range(samples):
         t0 = time.monotonic()
         entry = build_batch([Record(None, value, int(time.time() * 1000))])
         await stream.produce(pb.ProduceRequest(topic=TOPIC, partition=0, entries=entry))
         out.append(time.monotonic() - t0)
-    await stream.close()
-    await links.close()
     return out
 
 
-def client_sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> list[float]:
+async def close_raw(links: Connections, stream: ProduceStream) -> None:
+    await stream.close()
+    await links.close()
+
+
+async def open_async_producer(bootstrap: tuple[str, ...], value: bytes) -> AsyncProducer:
+    producer = AsyncProducer(bootstrap, linger_ms=0)
+    await (await producer.send(TOPIC, value, partition=0))  # warm: metadata, stream
+    return producer
+
+
+async def async_sequential(producer: AsyncProducer, samples: int, value: bytes) -> list[float]:
     out = []
-    with Producer(bootstrap, linger_ms=0) as producer:
+    for _ in range(samples):
+        t0 = time.monotonic()
+        await (await producer.send(TOPIC, value, partition=0))
+        out.append(time.monotonic() - t0)
+    return out
+
+
+def client_sequential(producer: Producer, samples: int, value: bytes) -> list[float]:
+    out = []
+    for _ in range(samples):
+        t0 = time.monotonic()
+        producer.send(TOPIC, value, partition=0).result()
+        out.append(time.monotonic() - t0)
+    return out
+
+
+def sequential(bootstrap: tuple[str, ...], samples: int, value: bytes) -> dict[str, list[float]]:
+    """Raw, Producer and AsyncProducer latencies in alternating blocks (the order rotates
+    from block to block), each over one stream or producer opened before the first block."""
+    out: dict[str, list[float]] = {"raw": [], "client": [], "async": []}
+    per_block = max(1, samples // SEQUENTIAL_BLOCKS)
+    with asyncio.Runner() as runner, Producer(bootstrap, linger_ms=0) as producer:
+        links, stream = runner.run(raw_stream(bootstrap))
+        aproducer = runner.run(open_async_producer(bootstrap, value))
         producer.send(TOPIC, value, partition=0).result()  # warm: metadata, stream
-        for _ in range(samples):
-            t0 = time.monotonic()
-            producer.send(TOPIC, value, partition=0).result()
-            out.append(time.monotonic() - t0)
+        sides = list(out)
+        for block in range(SEQUENTIAL_BLOCKS):
+            for side in sides[block % 3 :] + sides[: block % 3]:
+                if side == "raw":
+                    out[side] += runner.run(raw_sequential(stream, per_block, value))
+                elif side == "client":
+                    out[side] += client_sequential(producer, per_block, value)
+                else:
+                    out[side] += runner.run(async_sequential(aproducer, per_block, value))
+        runner.run(aproducer.close())
+        runner.run(close_raw(links, stream))
     return out
 
 
@@ -183,10 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     figures["client_produce_s"] = client_produce(bootstrap, records, args.batch, value)
     figures["raw_consume_s"] = raw_consume(cluster, raw_start, records)
     figures["client_consume_s"] = client_consume(bootstrap, client_start, records)
-    raw_lat = asyncio.run(raw_sequential(bootstrap, samples, value))
-    client_lat = client_sequential(bootstrap, samples, value)
-    figures["raw_sequential"] = latency_summary(raw_lat)
-    figures["client_sequential"] = latency_summary(client_lat)
+    figures["disk_fsync_1k"] = fsync = fsync_probe(work)
+    load_before = os.getloadavg()[0]
+    for side, lats in sequential(bootstrap, samples, value).items():
+        figures[f"{side}_sequential"] = latency_summary(lats)
+    figures["sequential_load"] = [load_before, os.getloadavg()[0]]
 
     rows = []
     mib = records * RECORD_BYTES / 2**20
@@ -200,9 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         mbs = size * client_rate / records
         print(f"{phase:<9} {raw_rate:>11,.0f} {client_rate:>13,.0f} {mbs:>12.1f} {ratio:>6.2f}x")
     raw_s, client_s = figures["raw_sequential"], figures["client_sequential"]
-    print(f"\nsequential acks=all, {samples} samples: p50 / p99 ms")
+    print(
+        f"\nsequential acks=all, {samples} samples each in {SEQUENTIAL_BLOCKS} alternating "
+        f"blocks (load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}): p50 / p99 ms"
+    )
     print(f"  raw ProduceStream    {raw_s['p50_ms']:6.2f} / {raw_s['p99_ms']:6.2f}")
     print(f"  Producer.send()      {client_s['p50_ms']:6.2f} / {client_s['p99_ms']:6.2f}")
+    async_s = figures["async_sequential"]
+    print(f"  AsyncProducer.send() {async_s['p50_ms']:6.2f} / {async_s['p99_ms']:6.2f}")
+    print(f"  disk: 1 KiB append+fsync {fsync['p50_ms']:6.2f} / {fsync['p99_ms']:6.2f}")
     print(
         "\ntargets: produce and consume ratio >= 0.8x; send().result() p99 <= 2 ms (quiet machine)"
     )

@@ -3,7 +3,8 @@
 - where data goes: :func:`disk_tempdir`, a temporary folder on a real disk (fsync on tmpfs
   costs nothing and would flatter whichever side fsyncs more);
 - figures: :func:`percentile` (nearest rank), :func:`latency_summary`, :func:`cpu_seconds_of`,
-  :func:`idle_cpu` (share of a core per process over a window, from schedstat);
+  :func:`idle_cpu` (share of a core per process over a window, from schedstat),
+  :func:`fsync_probe` (what the data disk's fsync costs now: the floor under acks=all);
 - the command line: :func:`add_run_options` (``--quick``: under a minute; ``--json``: every
   figure as one JSON object on the last line, printed by :func:`print_json_last`), then a
   readable table for people;
@@ -130,6 +131,27 @@ def latency_summary(samples_s: list[float]) -> dict[str, Any]:
         "p999_ms": percentile(s, 0.999) * 1000,
         "max_ms": (s[-1] * 1000) if s else float("nan"),
     }
+
+
+def fsync_probe(directory: Path, count: int = 1000, size: int = 1024) -> dict[str, Any]:
+    """Latency of append + fsync of ``size`` bytes on the data disk: the floor under an
+    acks=all commit (leader and a follower each fsync), so a latency target can be read
+    against what the disk allows at the moment. 1000 samples (about a second) so the rare
+    stalls of a shared virtual disk show in p999 and max: they are the sequential tail."""
+    path = directory / "fsync-probe"
+    lats: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        block = os.urandom(size)
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            lats.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return latency_summary(lats)
 
 
 # --- the command line ---------------------------------------------------------------------

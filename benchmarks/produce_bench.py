@@ -59,6 +59,7 @@ from benchmarks.harness import (  # noqa: E402
     add_run_options,
     cpu_seconds_of,
     disk_tempdir,
+    fsync_probe,
     kill_all,
     kill_group,
     kill_on_exit,
@@ -493,27 +494,6 @@ def consume_figures(results: list[Json], value_size: int) -> Json:
         "wire_mb_per_s": sum(r["bytes"] for r in results) / secs / MB,
         "client_cpu_pct": [round(r["cpu_pct"]) for r in results],
     }
-
-
-def fsync_probe(directory: Path, count: int = 1000, size: int = KIB) -> Json:
-    """Latency of append + fsync of ``size`` bytes on the data disk: the floor under an
-    acks=all commit (leader and a follower each fsync), so a latency target can be read
-    against what the disk allows at the moment. 1000 samples (about a second) so the rare
-    stalls of a shared virtual disk show in p999 and max: they are the sequential tail."""
-    path = directory / "fsync-probe"
-    lats: list[float] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        block = os.urandom(size)
-        for _ in range(count):
-            t0 = time.perf_counter()
-            os.write(fd, block)
-            os.fsync(fd)
-            lats.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-    return latency_summary(lats)
 
 
 class Profiler:
