@@ -70,4 +70,7 @@ def test_at_least_once_redelivers_after_a_crash(cluster: LocalCluster, tmp_path:
 def test_at_most_once_loses_but_never_repeats(cluster: LocalCluster, tmp_path: Path) -> None:
     counts = crash_then_rerun(cluster, "at_most_once.py", "ex-amo", tmp_path)
     assert max(counts.values()) == 1  # none twice
-    assert 7 < len(counts) < RECORDS  # what the crash had committed but not processed is lost
+    # What the crash had committed but not processed is lost. How much depends on how many
+    # records the crashed run's polls took at once (all 30, on a loaded machine: then the
+    # rerun finds nothing left), never on luck in what is delivered twice.
+    assert 7 <= len(counts) < RECORDS
