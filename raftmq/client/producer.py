@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -59,6 +60,8 @@ exactly once with idempotence, since the leader recognises the resent batch)."""
 _SESSION_ENDED = {pb.ERROR_CODE_PRODUCER_FENCED, pb.ERROR_CODE_UNKNOWN_PRODUCER_ID}
 SESSION_RETRY_S = 0.5
 """The wait before asking again for a producer id after no broker gave one."""
+
+log = logging.getLogger(__name__)
 
 
 class ProducerClosedError(RuntimeError):
@@ -453,7 +456,7 @@ class _Engine:
                 key = (batch.topic, batch.partition)
                 self._backing_off[key] = self._backing_off.get(key, 0) + 1
                 try:
-                    await backoff(batch.attempts - 1, self.config.retry_backoff_ms / 1000)
+                    await backoff(max(0, batch.attempts - 1), self.config.retry_backoff_ms / 1000)
                     if time.monotonic() < batch.deadline_s:
                         self.acc.retry_first(batch)
                         return
@@ -465,6 +468,17 @@ class _Engine:
                         del self._backing_off[key]
                 error = self._expired(batch, error)
             self._fail(batch, self._final(batch, error))
+        except Exception as exc:
+            # A bug of ours: the batch must still end, or its futures (and flush) would
+            # wait for ever.
+            log.exception(
+                "sending %d records to %s/%d failed",
+                len(batch.records),
+                batch.topic,
+                batch.partition,
+            )
+            if not batch.outcome.done():
+                self._fail(batch, exc)
         finally:
             self._release_slot(batch)
 

@@ -38,6 +38,7 @@ from tests.broker.test_broker_cluster import (
     offsets,
     read_all,
     rpc_error,
+    wait_until,
 )
 
 PROTO = Path(__file__).resolve().parents[2] / "raftmq" / "api" / "v1" / "broker.proto"
@@ -519,6 +520,13 @@ def test_a_corrupt_stored_entry_is_data_loss_and_the_broker_serves_on(tmp_path: 
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
+            # The refusal names the leader when the victim knows it: wait until it does (the
+            # cluster's leaders can be known before the victim heard from its own).
+            def victim_knows_leader() -> bool:
+                answer = c.stub(address).Metadata(pb.MetadataRequest(topics=["cd"]), timeout=5)
+                return answer.topics[0].partitions[0].leader_id == preferred
+
+            wait_until(victim_knows_leader, LEADER_TIMEOUT, "the victim to know its leader")
             err = rpc_error(lambda: c.fetch("cd", 0, 0, address=address))
             assert_error(
                 err, grpc.StatusCode.DATA_LOSS, "CORRUPT_DATA", "checksum", f"broker {victim}"

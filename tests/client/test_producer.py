@@ -84,6 +84,26 @@ def test_acks_zero_returns_no_offset_and_the_records_arrive(cluster: LocalCluste
         time.sleep(0.1)
 
 
+def test_a_send_that_breaks_unexpectedly_still_ends_its_future(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error nobody expected while sending a batch (a bug of ours: a refactor once
+    passed a negative attempt to the backoff) fails the batch's futures; it used to
+    leave them, and flush, waiting for ever."""
+    from raftmq.client import producer as producer_module
+
+    def broken(*args: object) -> float:
+        raise RuntimeError("a bug in the send path")
+
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        producer.send("a0", b"warm").result(10)  # metadata and the stream are up
+        monkeypatch.setattr(producer_module._Engine, "_attempt", broken)
+        future = producer.send("a0", b"lost")
+        with pytest.raises(RuntimeError, match="a bug in the send path"):
+            future.result(10)
+        producer.flush(10)
+
+
 def test_a_full_buffer_blocks_send_then_says_why(cluster: LocalCluster) -> None:
     # Records wait in an open batch for a minute, so the buffer only fills.
     producer = Producer(
