@@ -640,8 +640,11 @@ class PartitionReplica:
                 if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
                     return result
             event = self._hw_event
+            # asyncio.timeout, not wait_for: on 3.11 wait_for runs the wait in a task of
+            # its own on every long poll.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), deadline_s - time.monotonic())
+                async with asyncio.timeout(max(0.0, deadline_s - time.monotonic())):
+                    await event.wait()
 
 
 def _replicated(log_config: LogConfig) -> LogConfig:
