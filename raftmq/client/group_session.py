@@ -34,6 +34,7 @@ from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import Fetcher
 from raftmq.client.group_link import Commits, GroupLink, by_topic, flat, is_fenced
 from raftmq.client.membership import Beat, Membership, Step, TopicPartition
+from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +302,8 @@ class GroupSession:
         """Stop heartbeating; ``leave`` the group (a static member does not: its restart
         takes its partitions back within the session timeout)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+            with contextlib.suppress(Exception):  # its failure was reported to poll already
+                await stop_task(self._task)
         m = self.membership
         if leave and m.joined:
             beat = m.leave()
