@@ -75,6 +75,7 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICA_OK: _ClassVar[ReplicaState]
     REPLICA_CATCHING_UP: _ClassVar[ReplicaState]
     REPLICA_FAILED: _ClassVar[ReplicaState]
+    REPLICA_OPENING: _ClassVar[ReplicaState]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_UNKNOWN_TOPIC: ErrorCode
 ERROR_CODE_UNKNOWN_PARTITION: ErrorCode
@@ -132,6 +133,7 @@ REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_OK: ReplicaState
 REPLICA_CATCHING_UP: ReplicaState
 REPLICA_FAILED: ReplicaState
+REPLICA_OPENING: ReplicaState
 
 class ProduceRequest(_message.Message):
     __slots__ = ("topic", "partition", "entries", "acks", "timeout_ms", "request_id")
