@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raftmq.log.repair import Damage
+
 
 class RaftError(Exception):
     pass
@@ -36,3 +42,29 @@ class GroupFailedError(RaftError):
 class ReadIndexError(RaftError):
     """No read point could be confirmed: the request was lost when leadership moved or
     this member stopped, or no leader confirmed one in time. Nothing was read; retry."""
+
+
+class GroupDamagedError(RaftError):
+    """``RaftHost.open_group`` read a damaged entry of the group's log (a CONFIG entry it
+    replays, the entry at the commit hint or the snapshot boundary): the group is not open.
+    ``damages`` lists the damaged ranges of sealed segments (``raftmq.log.repair.Damage``),
+    which a healthy replica holds byte for byte: call ``RaftHost.repair_closed_group``,
+    then ``open_group`` again. Empty when the damage is nothing a peer's entries can
+    replace (``reason`` then says what to do)."""
+
+    def __init__(self, name: str, reason: str, damages: Sequence[Damage] = ()) -> None:
+        super().__init__(f"group {name} cannot open: {reason}")
+        self.name = name
+        self.reason = reason
+        self.damages = tuple(damages)
+
+
+class GroupRepairError(RaftError):
+    """``RaftHost.repair_closed_group`` could not make the group's files whole: no peer
+    supplied a damaged range, or the damage is of a kind a peer's bytes cannot patch.
+    ``reason`` says which and what an operator can do; the group stays closed."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"group {name} was not repaired: {reason}")
+        self.name = name
+        self.reason = reason

@@ -18,11 +18,15 @@ import struct
 import zlib
 from pathlib import Path
 
+from raftmq.format.errors import FormatError
 from raftmq.log.atomic_file import overwrite_in_place, read_atomic, read_in_place, write_atomic
 from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.errors import LogError
 from raftmq.log.log import Log
+from raftmq.log.repair import find_damage
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore, starts_rejoining
+from raftmq.raft.errors import GroupDamagedError
 from raftmq.raft.hardstate import HardState
 from raftmq.raft.membership import ConfigHistory, Membership
 from raftmq.raft.messages import SnapshotMeta
@@ -166,13 +170,37 @@ def load_group(
     try:
         if snapshot is not None:
             cut_to_snapshot(name, path, log_, snapshot[0], node_id=node_id)
-        core, hs = _load_core(
-            name, path, log_, membership, replay, node_id=node_id, core_cfg=core_cfg
-        )
+        try:
+            core, hs = _load_core(
+                name, path, log_, membership, replay, node_id=node_id, core_cfg=core_cfg
+            )
+        except (FormatError, LogError) as exc:
+            raise _damaged(name, log_, exc) from exc
     except BaseException:
         log_.abandon()  # nothing was written: give its descriptors back at once
         raise
     return core, log_, hs
+
+
+def _damaged(name: str, log_: Log, exc: Exception) -> Exception:
+    """What to raise for an entry read at open that failed its checks: GroupDamagedError
+    naming every damaged sealed range (a peer holds them byte for byte), or ``exc`` itself
+    when no sealed segment is damaged (then it is not damage a peer's bytes can mend, and
+    the caller sees the real error). Recovery at ``Log.open`` already cut a damaged tail of
+    the active segment, so only sealed segments can hold what the read tripped on."""
+    damages = find_damage(log_)
+    if not damages:
+        return exc
+    ranges = ", ".join(
+        f"entries {d.first_index}..{d.end_index - 1} of segment {d.segment} ({d.reason})"
+        for d in damages
+    )
+    return GroupDamagedError(
+        name,
+        f"a read at open failed ({exc}); damaged: {ranges}; repair them from a replica "
+        "(RaftHost.repair_closed_group), then open the group again",
+        damages,
+    )
 
 
 def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, node_id: int) -> None:
@@ -208,6 +236,86 @@ def cut_to_snapshot(name: str, path: Path, log_: Log, snap: SnapshotMeta, *, nod
         save_snapshot_meta(meta_path, snap)
 
 
+def _hard_state_or_rejoin(
+    name: str, path: Path, log_: Log, *, node_id: int
+) -> tuple[HardState, bool]:
+    """The saved hard state; for a torn or corrupt file, the state of a replica that lost
+    its votes: (state, True).
+
+    Why this is safe. The replica must not guess its vote, and does not: it takes the last
+    term in its log (every entry it holds was appended in a term it knew, so it knew at
+    least that one; 0 for an empty log), no vote, and the *rejoining* flag (docs/raft.md,
+    "Rejoining after disk loss"). It may have voted in a higher term T before; a rejoining
+    core grants no vote and no pre-vote (``_handle_vote_request``) and never campaigns, not
+    even on TimeoutNow (``campaign``; ``_become_leader`` asserts it). Learning a higher
+    term does not end that: ``_reset``/``become_follower`` keep the flag, which only an
+    append from the current leader addressed to this life of the replica and reaching its
+    ``rejoin_to`` clears, so the replica votes again only in terms at or above a leader it
+    followed, with its log, exactly the case the rejoin argument covers (the term T it
+    forgot has its leader, or is over, by then). Its log is intact, so that takes one
+    round trip. The flag is in the file rewritten here, so a crash mid-rejoin keeps it."""
+    try:
+        return load_hard_state(path / HARD_STATE_FILE), False
+    except HardStateCorruptError as exc:
+        term = log_.term_at(log_.last_index) if log_.last_index >= log_.start_index - 1 else 0
+        log.warning(
+            "group %s on node %d: %s; it opens with term %d (its log's last), no vote, "
+            "and rejoins: it neither votes nor campaigns until a leader has brought it up "
+            "to date (the file is rewritten)",
+            name,
+            node_id,
+            exc,
+            term,
+        )
+        return HardState(term, 0, 0, rejoining=True), True
+
+
+def _rebuild_snapshot_meta(
+    name: str,
+    log_: Log,
+    meta_path: Path,
+    saved: SnapshotMeta | None,
+    hint: ConfigHistory | None,
+    *,
+    node_id: int,
+) -> Membership:
+    """The configuration at the start of a log that starts above 1 when its snapshot meta
+    is unreadable (or names another index: a crash between a prefix cut and its save).
+
+    The CONFIG entries below the start are gone, so the configuration there cannot come
+    from the log, and the one the caller passes (today's) may be wrong: guessing would
+    let this replica count votes and acks of the wrong members. The commit hint holds the
+    committed configurations from an earlier start on; when it reaches the start (its
+    ``through`` at or above it: no CONFIG entry it lacks lies below the start), it names
+    the one in force there, and the meta is rebuilt from it with the term and offset the
+    log's start checkpoint keeps. Otherwise the group does not open."""
+    start = log_.start_index - 1
+    at_start = hint.as_of(start) if hint is not None and hint.through >= start else None
+    if at_start is None:
+        what = "unreadable" if saved is None else f"at index {saved.index}"
+        raise GroupDamagedError(
+            name,
+            f"its snapshot meta {meta_path} is {what} while the log starts after index "
+            f"{start}, and no commit hint names the configuration there; delete the "
+            "group's directory (keep its .raft-promised record) to resynchronise it from "
+            "its peers",
+        )
+    rebuilt = SnapshotMeta(start, log_.term_at(start), log_.start_offset, at_start)
+    save_snapshot_meta(meta_path, rebuilt)
+    log.warning(
+        "group %s on node %d: its snapshot meta was %s; rebuilt from the commit hint: the "
+        "log starts after index %d, term %d, with voters %s and learners %s",
+        name,
+        node_id,
+        "unreadable" if saved is None else f"at index {saved.index}",
+        start,
+        rebuilt.term,
+        sorted(at_start.voters),
+        sorted(at_start.learners),
+    )
+    return at_start
+
+
 def _load_core(
     name: str,
     path: Path,
@@ -220,7 +328,9 @@ def _load_core(
 ) -> tuple[RaftCore, HardState]:
     if not log_.recovery.clean:
         log.warning("group %s on node %d: log recovery %s", name, node_id, log_.recovery)
-    saved = load_snapshot_meta(path / SNAPSHOT_META_FILE)
+    hint = None if replay else read_commit_hint(path / COMMIT_HINT_FILE)
+    meta_path = path / SNAPSHOT_META_FILE
+    saved = load_snapshot_meta(meta_path)
     if saved is not None and saved.index == log_.start_index - 1:
         membership = saved.membership  # CONFIG entries below the start are gone
     elif saved is None and log_.start_index == 1 and log_.last_index == 0:
@@ -228,10 +338,27 @@ def _load_core(
         # same one whatever its caller passes then (a partition's replica set changes
         # with moves; the log's CONFIG entries say how), so the saved configuration
         # history still matches and snapshots of early indexes name the right members.
-        save_snapshot_meta(path / SNAPSHOT_META_FILE, SnapshotMeta(0, 0, 0, membership))
-    hs = load_hard_state(path / HARD_STATE_FILE)
+        save_snapshot_meta(meta_path, SnapshotMeta(0, 0, 0, membership))
+    elif log_.start_index > 1:
+        membership = _rebuild_snapshot_meta(name, log_, meta_path, saved, hint, node_id=node_id)
+    elif hint is not None and (at_zero := hint.as_of(0)) is not None:
+        # A log that starts at 1 replays every CONFIG entry; only the configuration it
+        # was created with (the meta at 0) is missing, and the hint still names it.
+        membership = at_zero
+        save_snapshot_meta(meta_path, SnapshotMeta(0, 0, 0, membership))
+    else:
+        log.warning(
+            "group %s on node %d: its snapshot meta %s is missing or unreadable; the log "
+            "starts at 1 and its CONFIG entries are replayed on top of the configuration "
+            "given now (%s), which holds wherever a CONFIG entry has since replaced the "
+            "one it was created with",
+            name,
+            node_id,
+            meta_path,
+            sorted(membership.members),
+        )
+    hs, lost_hard_state = _hard_state_or_rejoin(name, path, log_, node_id=node_id)
     commit = hs.commit
-    hint = None if replay else read_commit_hint(path / COMMIT_HINT_FILE)
     if hint is not None:
         commit = max(commit, hint.through)
     promised = promised_path(path).exists()
@@ -246,6 +373,11 @@ def _load_core(
             if hs.term == 0
             else f"log ends at {log_.last_index}, below its commit {commit}",
         )
+    if lost_hard_state:
+        # Written now, not at the first Ready: a crash before it must not leave the corrupt
+        # file to be read again as something else. The flag in it keeps the rejoin going.
+        save_hard_state(path / HARD_STATE_FILE, hs)
+        record_promised(path)
     # Never trust a commit index beyond the durable log (a torn tail may have been cut):
     # entries at or below a once-known commit that are still present are the committed
     # ones, because a log only ever loses a suffix.

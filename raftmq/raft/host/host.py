@@ -37,6 +37,7 @@ from raftmq.log.log import Log, ReadResult
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
 from raftmq.raft.errors import (
+    GroupDamagedError,
     GroupFailedError,
     NotLeaderError,
     OutcomeUnknownError,
@@ -371,6 +372,10 @@ class RaftHost(SelfRepair):
         self._injected_fault: BaseException | None = None
         self._repairs: dict[str, asyncio.Task[None]] = {}
         self._repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]] = {}
+        self._closed_repairs: set[str] = set()
+        """Groups not open here whose log :meth:`repair_closed_group` is mending: their
+        RepairReplies reach it, nothing else of theirs is processed."""
+        self._transport_started = False
         self._read_nonce = secrets.randbits(63)
         self._read_seq = itertools.count()
         transport.set_handler(self)
@@ -410,9 +415,18 @@ class RaftHost(SelfRepair):
         is told of a received snapshot after the log restarted at it.
 
         ``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
+
+        Raises GroupDamagedError when an entry it reads at open (a CONFIG entry it
+        replays, the entries around the commit hint or a snapshot's cut) is damaged in a
+        sealed segment: the group is not open; :meth:`repair_closed_group` mends it from
+        a peer, then call this again. A torn or corrupt hard state does not stop it: the
+        group opens *rejoining* (group_storage's ``_hard_state_or_rejoin`` says why
+        that is safe).
         """
         if name in self.groups or name in self.quarantined:
             raise ValueError(f"group {name!r} is already open on node {self.node_id}")
+        if name in self._closed_repairs:
+            raise ValueError(f"group {name!r} is being repaired on node {self.node_id}")
         path = Path(directory)
         config = log_config or LogConfig()
         core, log_, hs = load_group(
@@ -695,8 +709,10 @@ class RaftHost(SelfRepair):
         for name, m in batch:
             group = self.groups.get(name)
             if group is None:
-                # A group this node does not host (yet), or one it quarantined: Raft treats
-                # it as loss.
+                if isinstance(m, RepairReply) and name in self._closed_repairs:
+                    self._take_repair_reply(name, m)  # for repair_closed_group
+                # A group this node does not host (yet), or one it quarantined or is
+                # repairing closed: Raft treats it as loss.
                 continue
             if isinstance(m, (RepairRequest, RepairReply, AuditRequest, AuditReply)):
                 self._on_repair_message(group, m)
@@ -750,8 +766,15 @@ class RaftHost(SelfRepair):
 
     # --- the loops ----------------------------------------------------------------------
 
+    async def _ensure_transport(self) -> None:
+        """Start the transport once: :meth:`repair_closed_group` may need it before
+        :meth:`start` (a broker mends a group that cannot open before it serves)."""
+        if not self._transport_started:
+            self._transport_started = True
+            await self.transport.start()
+
     async def start(self) -> None:
-        await self.transport.start()
+        await self._ensure_transport()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
         if self.scrub_bytes_per_s > 0:
@@ -1000,7 +1023,15 @@ class RaftHost(SelfRepair):
             while not self._stopping:
                 await asyncio.sleep(group.retry_s)
                 try:
-                    self._reopen(group)
+                    try:
+                        self._reopen(group)
+                    except GroupDamagedError as damaged:
+                        if not damaged.damages:
+                            raise
+                        # Reopening again would read the same bytes: mend them from the
+                        # group's other members first.
+                        await self._repair_for_reopen(group, damaged)
+                        self._reopen(group)
                     return
                 except Exception as exc:
                     group.retry_s = min(RETRY_MAX_S, group.retry_s * 2)
@@ -1014,6 +1045,23 @@ class RaftHost(SelfRepair):
                     )
         finally:
             self._recoveries.pop(group.name, None)
+
+    async def _repair_for_reopen(self, group: RaftGroup, damaged: GroupDamagedError) -> None:
+        """Repair a quarantined group's damaged sealed segments from the members of the
+        configuration it last ran with (the leader it knew first), its files closed.
+        Raises GroupRepairError when none could."""
+        assert group.opened_with is not None
+        core = group.core
+        peers = sorted(core.membership.members - {self.node_id}, key=lambda n: (n != core.lead, n))
+        log.error(
+            "group %s on node %d: reopening found damage; repairing it from nodes %s: %s",
+            group.name,
+            self.node_id,
+            peers,
+            damaged.reason,
+        )
+        what = await self._repair_closed(group.name, group.directory, peers, group.opened_with[1])
+        log.warning("node %d: %s; reopening it", self.node_id, what)
 
     def _reopen(self, group: RaftGroup) -> None:
         assert group.opened_with is not None and group.failure is not None

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raftmq.format.errors import CorruptEntryError, FormatError
+from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogError
+from raftmq.log.log import Log
 from raftmq.log.repair import (
     Damage,
     RepairRefusedError,
@@ -27,6 +31,8 @@ from raftmq.log.repair import (
     stored_crc,
     whole_segment,
 )
+from raftmq.raft.errors import GroupRepairError
+from raftmq.raft.host.group_storage import driven_log_config
 from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
@@ -47,6 +53,9 @@ SCRUB_BYTES_PER_S = 1 << 20
 """Default pace of the background scrubber that re-reads sealed segments and checks
 their CRCs (bit rot is found before a client or follower needs the range); 0 is off."""
 SCRUB_PASS_PAUSE_S = 10.0
+PEER_WAIT_S = 10.0
+"""How long a repair of a closed group waits for a peer's connection before it asks the
+next one (a broker that just started has none yet)."""
 
 
 class SelfRepair:
@@ -62,9 +71,125 @@ class SelfRepair:
     _stopping: bool
     _repairs: dict[str, asyncio.Task[None]]
     _repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]]
+    quarantined: dict[str, RaftGroup]
+    _closed_repairs: set[str]
 
     def _unquiesce(self, group: RaftGroup) -> None:
         raise NotImplementedError  # the host's
+
+    async def _ensure_transport(self) -> None:
+        raise NotImplementedError  # the host's
+
+    # --- repair of a group that cannot open -------------------------------------------
+
+    async def repair_closed_group(
+        self,
+        name: str,
+        directory: str | Path,
+        peers: Sequence[int],
+        log_config: LogConfig | None = None,
+    ) -> str:
+        """Restore the damaged sealed segments of group ``name``'s log, which is *not*
+        open here (``open_group`` raised GroupDamagedError), from one of ``peers``,
+        byte-identical; then open the group again with ``open_group``. Returns a one-line
+        account of what was repaired.
+
+        Only the log is opened (no core, no hard state): ``Log.open`` cuts a damaged tail
+        of the active segment itself, so what is left to mend is in sealed segments
+        (:func:`find_damage`). Each damaged range is asked of the peers in turn
+        (RepairRequest; they answer from their open group), checked and written in place
+        (:func:`patch`, fsynced). Meanwhile RepairReplies for ``name`` reach this call and
+        every other message for it is dropped, as for any group not open here (loss, to
+        Raft). Starts the transport if the host has not started yet (a broker opens its
+        groups before it serves), so it can run before :meth:`start`.
+
+        Raises GroupRepairError (the group stays closed; ``reason`` says why and what to
+        do) when no peer supplied a range, when a range cannot be patched in place (a
+        damaged length field: a replacement of another size), or when no sealed segment
+        is damaged (what keeps the group closed is not entries a peer can supply).
+        ValueError when the group is open here or a repair of it is under way."""
+        if name in self.groups or name in self.quarantined:
+            raise ValueError(f"group {name!r} is open on node {self.node_id}: not a closed group")
+        if name in self._closed_repairs:
+            raise ValueError(f"group {name!r} is already being repaired on node {self.node_id}")
+        await self._ensure_transport()
+        return await self._repair_closed(name, Path(directory), peers, log_config)
+
+    async def _repair_closed(
+        self, name: str, directory: Path, peers: Sequence[int], log_config: LogConfig | None
+    ) -> str:
+        """:meth:`repair_closed_group` without its checks (a quarantined group's reopen
+        uses it too: it is in ``quarantined``, its files closed)."""
+        self._closed_repairs.add(name)
+        try:
+            loop = asyncio.get_running_loop()
+            config = driven_log_config(log_config or LogConfig())
+            log_ = await loop.run_in_executor(self._pool, Log.open, directory, config)
+            try:
+                return await self._repair_closed_log(name, log_, list(peers))
+            finally:
+                await loop.run_in_executor(self._pool, log_.close)
+        finally:
+            self._closed_repairs.discard(name)
+
+    async def _repair_closed_log(self, name: str, log_: Log, peers: list[int]) -> str:
+        loop = asyncio.get_running_loop()
+        damages = await loop.run_in_executor(self._pool, find_damage, log_)
+        if not damages:
+            raise GroupRepairError(
+                name,
+                "no sealed segment of its log is damaged (a damaged tail of the active "
+                "segment was already cut when the log opened): what keeps it from opening "
+                "is not entries a replica can supply; open it again to see the reason",
+            )
+        peers = [p for p in peers if p != self.node_id]
+        done_lines: list[str] = []
+        for damage in damages:
+            what = f"entries {damage.first_index}..{damage.end_index - 1}"
+            failures: list[str] = []
+            for peer in peers:
+                if not await self._wait_peer(peer):
+                    failures.append(f"node {peer} is not reachable")
+                    continue
+                try:
+                    data = await self._fetch_range(name, peer, damage.first_index, damage.end_index)
+                    done = await loop.run_in_executor(self._pool, patch, log_, damage, data)
+                except RepairRefusedError as exc:
+                    raise GroupRepairError(
+                        name,
+                        f"{what} of segment {damage.segment} cannot be patched in place: "
+                        f"{exc}; delete the group's directory (keep its .raft-promised "
+                        "record) to resynchronise it from its peers",
+                    ) from exc
+                except (TimeoutError, LogError, FormatError) as exc:
+                    failures.append(f"node {peer}: {exc or type(exc).__name__}")
+                    continue
+                line = (
+                    f"{what} of segment {damage.segment} ({damage.reason}) from node "
+                    f"{peer}: {done.replaced_bytes} bytes replaced at byte {done.at}"
+                )
+                log.warning("group %s on node %d: repaired %s", name, self.node_id, line)
+                done_lines.append(line)
+                break
+            else:
+                raise GroupRepairError(
+                    name,
+                    f"no replica supplied {what} of segment {damage.segment} "
+                    f"({damage.reason}): {'; '.join(failures) or 'no peers given'}; start "
+                    "a replica that holds them and try again, or delete the group's "
+                    "directory (keep its .raft-promised record) to resynchronise it",
+                )
+        return f"group {name}: repaired " + "; ".join(done_lines)
+
+    async def _wait_peer(self, peer: int) -> bool:
+        """Whether ``peer``'s connection is up, waiting up to PEER_WAIT_S for it (the
+        transport drops what is sent to a peer it is not connected to)."""
+        deadline_s = time.monotonic() + PEER_WAIT_S
+        while not self.transport.peer_alive(peer):
+            if time.monotonic() >= deadline_s or self._stopping:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     # --- self-repair of corrupt entries (raftmq/log/repair.py) --------------------------
 
@@ -127,7 +252,7 @@ class SelfRepair:
             for peer in sources:
                 try:
                     data = await self._fetch_range(
-                        group, peer, damage.first_index, damage.end_index
+                        group.name, peer, damage.first_index, damage.end_index
                     )
                     done = await loop.run_in_executor(self._pool, patch, group.log, damage, data)
                 except RepairRefusedError as exc:
@@ -207,16 +332,16 @@ class SelfRepair:
                         self.request_repair(group.name, "the scrubber")
                     await asyncio.sleep(seg.size / self.scrub_bytes_per_s)
 
-    async def _fetch_range(self, group: RaftGroup, peer: int, lo: int, hi: int) -> bytes:
-        """Entries [lo, hi) as ``peer`` stores them, in bounded replies."""
+    async def _fetch_range(self, name: str, peer: int, lo: int, hi: int) -> bytes:
+        """Entries [lo, hi) of group ``name`` as ``peer`` stores them, in bounded replies."""
         parts: list[bytes] = []
         while lo < hi:
-            key = (group.name, peer, lo)
+            key = (name, peer, lo)
             fut = asyncio.get_running_loop().create_future()
             self._repair_replies[key] = fut
             try:
                 self.transport.send(
-                    peer, group.name, RepairRequest(self.node_id, peer, lo, hi), urgent=False
+                    peer, name, RepairRequest(self.node_id, peer, lo, hi), urgent=False
                 )
                 self.transport.flush()
                 reply = await asyncio.wait_for(fut, REPAIR_REPLY_TIMEOUT_S)
@@ -288,6 +413,13 @@ class SelfRepair:
         if whole is not None:
             self.request_repair(group.name, "a replica audit", [whole])
 
+    def _take_repair_reply(self, name: str, m: RepairReply) -> None:
+        """Hand a RepairReply to the repair waiting for it (of an open group, or of one
+        :meth:`repair_closed_group` mends); a late or unasked one is dropped."""
+        fut = self._repair_replies.get((name, m.src, m.lo))
+        if fut is not None and not fut.done():
+            fut.set_result(m)
+
     def _on_repair_message(
         self, group: RaftGroup, m: RepairRequest | RepairReply | AuditRequest | AuditReply
     ) -> None:
@@ -309,9 +441,7 @@ class SelfRepair:
                 )
             return
         if isinstance(m, RepairReply):
-            fut = self._repair_replies.get((group.name, m.src, m.lo))
-            if fut is not None and not fut.done():
-                fut.set_result(m)
+            self._take_repair_reply(group.name, m)
             return
         try:
             # Reads check the CRC of whatever they return: a damaged copy here is refused,
