@@ -354,4 +354,3 @@ async def test_a_quarantined_group_whose_reopen_finds_damage_repairs_from_its_me
         assert any("repaired entries" in m and seg.stem in m for m in said), said
     finally:
         await c.close()
-
