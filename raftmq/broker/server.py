@@ -283,7 +283,7 @@ class Broker:
         if CONTROLLER in self.roles:
             if self._probe_metadata_past:
                 await self._mark_wiped_voter()
-            self.quorum = ControllerQuorum(
+            self.quorum = await ControllerQuorum.open(
                 self.host,
                 self.data_dir,
                 self.voter_addresses,

@@ -20,24 +20,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from raftmq.controller import commands as c
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.model import MetadataState
 from raftmq.controller.state_machine import MetadataStateMachine
 from raftmq.raft.errors import (
+    GroupDamagedError,
     GroupFailedError,
+    GroupRepairError,
     NotLeaderError,
     OutcomeUnknownError,
     ProposalDroppedError,
     ReadIndexError,
 )
 from raftmq.raft.host.host import DurableFn, GroupStatus, RaftHost
-from raftmq.raft.host.state_machine import CommandTooLargeError, ReplicatedStateMachine
+from raftmq.raft.host.state_machine import (
+    MAX_COMMAND_BYTES,
+    SEGMENT_BYTES,
+    CommandTooLargeError,
+    ReplicatedStateMachine,
+    state_machine_log_config,
+)
 from raftmq.raft.membership import Membership
 from raftmq.raft.ready import Role, SoftState
 from raftmq.tasks import stop_task
@@ -51,6 +60,13 @@ SESSION_TIMEOUT_S = 6.0
 PROPOSE_TIMEOUT_S = 10.0
 """How long a command may take to commit before its outcome is reported unknown."""
 READ_TIMEOUT_S = 5.0
+REPAIR_RETRY_FIRST_S = 1.0
+"""A metadata log no voter could mend yet is tried again after this long, doubling..."""
+REPAIR_RETRY_MAX_S = 30.0
+"""...up to this (its peers may still be starting, or down)."""
+METADATA_SEGMENT_BYTES_ENV = "RAFTMQ_TEST_METADATA_SEGMENT_BYTES"
+"""Tests only: the metadata log's segment size in bytes when set (its default, 4 MiB, is
+more than a test's few commands fill, and damage in a *sealed* segment needs some)."""
 
 R = TypeVar("R", bound=c.Result)
 
@@ -132,6 +148,64 @@ class ControllerQuorum:
             on_durable=on_durable,
             **rsm_options,
         )
+
+    @classmethod
+    async def open(
+        cls,
+        host: RaftHost,
+        directory: str | Path,
+        voters: Iterable[int],
+        cluster_name: str,
+        **options: Any,
+    ) -> ControllerQuorum:
+        """Construct the quorum's voter (arguments as for the constructor), mending a
+        metadata log that cannot open from the other voters first.
+
+        Why: a bit flipped in a sealed segment of this voter's metadata log, in an entry
+        the group reads at open, made the constructor raise, and the broker crash-looped
+        on it although the other voters hold the same bytes. Here GroupDamagedError starts
+        :meth:`RaftHost.repair_closed_group` with the other voters as peers (it starts the
+        host's transport if needed: the broker opens this group before the host runs),
+        then the group is opened again. While no voter can supply a range (they may be
+        starting too), it tries again with backoff, logging why each time; damage no
+        peer's bytes can mend (GroupDamagedError without ranges) is raised as it is."""
+        voters = frozenset(voters)
+        env_segment = os.environ.get(METADATA_SEGMENT_BYTES_ENV)
+        if env_segment and "segment_bytes" not in options:
+            options["segment_bytes"] = int(env_segment)
+        log_config = state_machine_log_config(
+            max_command_bytes=int(options.get("max_command_bytes", MAX_COMMAND_BYTES)),
+            segment_bytes=int(options.get("segment_bytes", SEGMENT_BYTES)),
+        )
+        peers = sorted(voters - {host.node_id})
+        retry_s = REPAIR_RETRY_FIRST_S
+        while True:
+            try:
+                return cls(host, directory, voters, cluster_name, **options)
+            except GroupDamagedError as exc:
+                if not exc.damages:
+                    raise
+                log.error(
+                    "controller %d: its metadata log cannot open (%s); repairing it from voters %s",
+                    host.node_id,
+                    exc.reason,
+                    peers,
+                )
+            try:
+                what = await host.repair_closed_group(
+                    GROUP, Path(directory) / GROUP, peers, log_config
+                )
+            except GroupRepairError as exc:
+                log.error(
+                    "controller %d: %s; trying again in %.0f s",
+                    host.node_id,
+                    exc,
+                    retry_s,
+                )
+                await asyncio.sleep(retry_s)
+                retry_s = min(REPAIR_RETRY_MAX_S, retry_s * 2)
+                continue
+            log.warning("controller %d: %s; opening its metadata group", host.node_id, what)
 
     # --- lifecycle ----------------------------------------------------------------------
 

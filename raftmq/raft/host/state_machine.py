@@ -62,6 +62,24 @@ WATCH_MAX_PENDING = 4096
 """Default bound of events queued for one watcher before it is dropped."""
 READ_ATTEMPT_S = 1.0
 """How long one read-index request may go unanswered before it is asked again."""
+SEGMENT_BYTES = 4 * MIB
+"""Segment size of a state machine's log (small logs: commands, cut at snapshots)."""
+
+
+def state_machine_log_config(
+    *, max_command_bytes: int = MAX_COMMAND_BYTES, segment_bytes: int = SEGMENT_BYTES
+) -> LogConfig:
+    """The settings a replicated state machine's log runs with; also what
+    :meth:`RaftHost.repair_closed_group` opens it with when it cannot open."""
+    return LogConfig(
+        segment_bytes=segment_bytes,
+        retention_ms=-1,  # only snapshots cut this log (RaftHost.compact through)
+        retention_bytes=-1,
+        max_message_bytes=max_command_bytes + entry.HEADER_SIZE,
+        flush_policy=FlushPolicy.EVERY_BATCH,
+        preallocate_bytes=4 * MIB,
+    )
+
 
 _SNAP_HEAD = struct.Struct(">4sqqqI")  # magic, index, term, next offset, membership length
 _SNAP_MAGIC = b"RSM1"
@@ -202,8 +220,13 @@ class ReplicatedStateMachine(Generic[M]):
         max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
         on_soft_state: Callable[[SoftState], None] | None = None,
         on_durable: DurableFn | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
-        """``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`."""
+        """``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
+
+        Opening the group may raise GroupDamagedError (:meth:`RaftHost.open_group`): mend
+        it with :meth:`RaftHost.repair_closed_group`, the log settings
+        :func:`state_machine_log_config` gives, then construct this again."""
         if snapshot_every_entries < 1 or snapshot_every_bytes < 1:
             raise ValueError("snapshot thresholds must be at least 1")
         if catch_up_entries < 0:
@@ -243,13 +266,8 @@ class ReplicatedStateMachine(Generic[M]):
             name,
             self.directory,
             membership,
-            log_config=LogConfig(
-                segment_bytes=4 * MIB,
-                retention_ms=-1,  # only snapshots cut this log (RaftHost.compact through)
-                retention_bytes=-1,
-                max_message_bytes=max_command_bytes + entry.HEADER_SIZE,
-                flush_policy=FlushPolicy.EVERY_BATCH,
-                preallocate_bytes=4 * MIB,
+            log_config=state_machine_log_config(
+                max_command_bytes=max_command_bytes, segment_bytes=segment_bytes
             ),
             apply=self._apply,
             on_soft_state=self._soft_state,
