@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,12 @@ def assert_same_sealed_bytes(a: Path, b: Path) -> None:
         assert x.read_bytes() == y.read_bytes(), f"{x.name} differs"
 
 
+def whole_log(folder: Path) -> bytes:
+    """Every stored entry, in order (no preallocation in CONFIG: segments hold only
+    entries), to compare replicas whose segment boundaries may differ."""
+    return b"".join(p.read_bytes() for p in sorted(folder.glob("*.log")))
+
+
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(repair_mod, "PEER_WAIT_S", 1.0)
@@ -157,7 +164,9 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver_mod, "RETRY_MAX_S", 0.4)
 
 
-async def _damaged_open_is_repaired(tmp: Path, etype: EntryType, seg_no: int) -> None:
+async def _damaged_open_is_repaired(
+    tmp: Path, etype: EntryType, seg_no: int, *, in_length: bool = False
+) -> None:
     c = Cluster(tmp, replay=True)
     await c.start()
     try:
@@ -168,7 +177,9 @@ async def _damaged_open_is_repaired(tmp: Path, etype: EntryType, seg_no: int) ->
         seg = sealed(folder)[seg_no]
         original = seg.read_bytes()
         h = first_entry_of_type(seg, etype)
-        flip(seg, h.end - 1)  # the payload's last byte: the CRC catches it
+        # The payload's last byte (the CRC catches it), or the length's low byte (the
+        # framing is wrong from there to the segment's end; the file keeps its size).
+        flip(seg, h.position + 3 if in_length else h.end - 1)
         await c.boot(victim)
         host = c.hosts[victim]
         with pytest.raises(GroupDamagedError) as caught:
@@ -183,6 +194,7 @@ async def _damaged_open_is_repaired(tmp: Path, etype: EntryType, seg_no: int) ->
         c.open(victim)
         for peer in peers:
             assert_same_sealed_bytes(folder, c.folder(peer))
+            assert whole_log(folder) == whole_log(c.folder(peer))
         await propose_to_leader(c.running(), PAYLOAD, 2)
         last = max(h.groups["g"].last_index for h in c.running().values())
         await wait_for(lambda: host.groups["g"].commit_index >= last, what="the repaired member")
@@ -196,6 +208,51 @@ async def test_a_damaged_config_entry_read_at_open_is_repaired_from_a_peer(tmp_p
 
 async def test_a_damaged_data_entry_read_at_open_is_repaired_from_a_peer(tmp_path, quick):
     await _damaged_open_is_repaired(tmp_path, EntryType.DATA, 1)
+
+
+async def test_a_flipped_length_field_read_at_open_is_patched_in_place(tmp_path, quick):
+    await _damaged_open_is_repaired(tmp_path, EntryType.DATA, 1, in_length=True)
+
+
+async def test_a_sealed_segment_that_shrank_is_cut_back_and_the_replica_rejoins(tmp_path, quick):
+    """A sealed segment lost its last bytes: the peer's copy of the damaged range is
+    longer than what is left, so it cannot be patched in place; the log is cut there
+    instead, the replica rejoins, and the leader brings it back byte for byte."""
+    c = Cluster(tmp_path, replay=True)
+    await c.start()
+    try:
+        await c.fill()
+        victim = c.follower()
+        await c.stop(victim)
+        folder = c.folder(victim)
+        seg = sealed(folder)[1]
+        os.truncate(seg, seg.stat().st_size - 100)
+        await c.boot(victim)
+        host = c.hosts[victim]
+        with pytest.raises(GroupDamagedError) as caught:
+            c.open(victim)
+        (damage,) = caught.value.damages
+        peers = sorted(n for n in (1, 2, 3) if n != victim)
+        what = await host.repair_closed_group("g", folder, peers, CONFIG)
+        assert f"cut the log from entry {damage.first_index} on" in what, what
+        assert group_storage.load_hard_state(folder / group_storage.HARD_STATE_FILE).rejoining
+        c.open(victim)
+        assert host.status("g").rejoining
+        assert host.groups["g"].last_index == damage.first_index - 1
+        await propose_to_leader(c.running(), PAYLOAD, 2)
+        leader = c.leader()
+        assert leader is not None
+        await wait_for(
+            lambda: (
+                not host.status("g").rejoining
+                and host.groups["g"].commit_index >= leader.groups["g"].last_index
+            ),
+            timeout=20,
+            what="the cut replica to rejoin",
+        )
+        assert whole_log(folder) == whole_log(c.folder(leader.node_id))
+    finally:
+        await c.close()
 
 
 async def test_no_peer_to_repair_from_is_a_repair_error_with_a_reason(tmp_path, quick):

@@ -133,6 +133,29 @@ def record_promised(directory: Path) -> None:
     write_atomic(promised_path(directory), b"")
 
 
+def cut_back_to_rejoin(log_: Log, index: int) -> None:
+    """Cut a closed group's log from ``index`` on and make the replica *rejoin*: for a
+    damaged range no peer's bytes can patch in place (its length field changed, so the
+    replacement has another size), while a peer holds it.
+
+    The cut may remove entries this replica acknowledged, as a cut-back disk does; the
+    rejoining flag, saved *before* the cut, keeps it from voting or campaigning until a
+    leader has brought it up to date again (docs/raft.md, "Rejoining after disk loss").
+    A crash between the two leaves a rejoining replica with the damaged log, which the
+    next open and repair cut again. A corrupt hard state is left as it is: the open then
+    rejoins anyway (:func:`_hard_state_or_rejoin`)."""
+    path = log_.directory
+    try:
+        hs = load_hard_state(path / HARD_STATE_FILE)
+    except HardStateCorruptError:
+        hs = None
+    if hs is not None:
+        save_hard_state(path / HARD_STATE_FILE, dataclasses.replace(hs, rejoining=True))
+    record_promised(path)
+    log_.truncate_suffix(index)
+    log_.flush()
+
+
 def driven_log_config(config: LogConfig) -> LogConfig:
     """The settings a group's log runs with for a group configured with ``config``: the
     driver does the fsyncs itself (off the event loop), hence the INTERVAL log.

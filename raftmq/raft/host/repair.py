@@ -32,7 +32,7 @@ from raftmq.log.repair import (
     whole_segment,
 )
 from raftmq.raft.errors import GroupRepairError
-from raftmq.raft.host.group_storage import driven_log_config
+from raftmq.raft.host.group_storage import cut_back_to_rejoin, driven_log_config
 from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
@@ -103,10 +103,14 @@ class SelfRepair:
         Raft). Starts the transport if the host has not started yet (a broker opens its
         groups before it serves), so it can run before :meth:`start`.
 
+        A range a peer supplies but that cannot be patched in place (a damaged length
+        field: the replacement has another size) is cut off instead, with everything
+        after it, and the replica *rejoins* (:func:`cut_back_to_rejoin`): the leader
+        sends the rest once it opens, and it votes only once whole again.
+
         Raises GroupRepairError (the group stays closed; ``reason`` says why and what to
-        do) when no peer supplied a range, when a range cannot be patched in place (a
-        damaged length field: a replacement of another size), or when no sealed segment
-        is damaged (what keeps the group closed is not entries a peer can supply).
+        do) when no peer supplied a range, or when no sealed segment is damaged (what
+        keeps the group closed is not entries a peer can supply).
         ValueError when the group is open here or a repair of it is under way."""
         if name in self.groups or name in self.quarantined:
             raise ValueError(f"group {name!r} is open on node {self.node_id}: not a closed group")
@@ -155,12 +159,20 @@ class SelfRepair:
                     data = await self._fetch_range(name, peer, damage.first_index, damage.end_index)
                     done = await loop.run_in_executor(self._pool, patch, log_, damage, data)
                 except RepairRefusedError as exc:
-                    raise GroupRepairError(
-                        name,
-                        f"{what} of segment {damage.segment} cannot be patched in place: "
-                        f"{exc}; delete the group's directory (keep its .raft-promised "
-                        "record) to resynchronise it from its peers",
-                    ) from exc
+                    # The peer holds the range (its copy passed every check) but not in
+                    # the shape of ours: cut ours back from there and rejoin; the leader
+                    # sends the rest, and later damaged ranges go with the cut.
+                    await loop.run_in_executor(
+                        self._pool, cut_back_to_rejoin, log_, damage.first_index
+                    )
+                    line = (
+                        f"cut the log from entry {damage.first_index} on (segment "
+                        f"{damage.segment} cannot be patched in place: {exc}); node {peer} "
+                        "holds those entries, and this replica rejoins: no votes until its "
+                        "leader has brought it up to date"
+                    )
+                    log.warning("group %s on node %d: %s", name, self.node_id, line)
+                    return f"group {name}: " + "; ".join([*done_lines, line])
                 except (TimeoutError, LogError, FormatError) as exc:
                     failures.append(f"node {peer}: {exc or type(exc).__name__}")
                     continue
