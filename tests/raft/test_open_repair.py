@@ -270,8 +270,15 @@ async def test_no_peer_to_repair_from_is_a_repair_error_with_a_reason(tmp_path, 
         host = c.hosts[victim]
         with pytest.raises(GroupDamagedError):
             c.open(victim)
+        repair = asyncio.ensure_future(
+            host.repair_closed_group("g", c.folder(victim), others, CONFIG)
+        )
+        await wait_for(lambda: host.repairing("g"), what="the repair to start")
+        with pytest.raises(ValueError, match="being repaired"):
+            c.open(victim)  # never while its log is open for the repair
         with pytest.raises(GroupRepairError) as caught:
-            await host.repair_closed_group("g", c.folder(victim), others, CONFIG)
+            await repair
+        assert not host.repairing("g")
         reason = caught.value.reason
         assert all(f"node {n} is not reachable" in reason for n in others), reason
         assert ".raft-promised" in reason, reason

@@ -220,7 +220,10 @@ class SelfRepair:
         self._repairs[name] = task
 
     def repairing(self, name: str) -> bool:
-        """Whether a repair of this group's log is under way (for replica status)."""
+        """Whether a repair of this group's log is under way (for replica status), also
+        one of a group that could not open (:meth:`repair_closed_group`)."""
+        if name in self._closed_repairs:
+            return True
         task = self._repairs.get(name)
         return task is not None and not task.done()
 
