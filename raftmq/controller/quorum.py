@@ -30,6 +30,7 @@ from raftmq.controller import commands as c
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.model import MetadataState
 from raftmq.controller.state_machine import MetadataStateMachine
+from raftmq.log.atomic_file import fsync_dir
 from raftmq.raft.errors import (
     GroupDamagedError,
     GroupFailedError,
@@ -39,6 +40,7 @@ from raftmq.raft.errors import (
     ProposalDroppedError,
     ReadIndexError,
 )
+from raftmq.raft.host.group_storage import record_promised
 from raftmq.raft.host.host import DurableFn, GroupStatus, RaftHost
 from raftmq.raft.host.state_machine import (
     MAX_COMMAND_BYTES,
@@ -100,6 +102,24 @@ class ControllerUnavailableError(ControllerError):
 class OutcomeUnknown(ControllerError):
     """The command was proposed but leadership moved (or it took too long) before it
     applied here: it may still commit. Read the metadata before retrying."""
+
+
+def _set_aside(node_id: int, group_dir: Path, why: str) -> None:
+    """Move a metadata group's directory that cannot open aside (``<dir>.damaged-<ms>``,
+    for an operator to inspect or restore) and record that this voter promised, so the
+    fresh one rejoins rather than passing for a new voter."""
+    aside = group_dir.with_name(f"{group_dir.name}.damaged-{time.time_ns() // 1_000_000}")
+    group_dir.rename(aside)
+    fsync_dir(group_dir.parent)
+    record_promised(group_dir)
+    log.error(
+        "controller %d: its metadata group cannot open (%s); its directory is kept as %s "
+        "and it resynchronises from the other voters: it rejoins empty and votes again "
+        "only once it holds the leader's metadata",
+        node_id,
+        why,
+        aside,
+    )
 
 
 class ControllerQuorum:
@@ -167,8 +187,14 @@ class ControllerQuorum:
         :meth:`RaftHost.repair_closed_group` with the other voters as peers (it starts the
         host's transport if needed: the broker opens this group before the host runs),
         then the group is opened again. While no voter can supply a range (they may be
-        starting too), it tries again with backoff, logging why each time; damage no
-        peer's bytes can mend (GroupDamagedError without ranges) is raised as it is."""
+        starting too), it tries again with backoff, logging why each time.
+
+        Damage no peer's entries can mend (GroupDamagedError without ranges: a corrupt
+        state machine snapshot the log extends) is met as the error's own advice says, by
+        resynchronising: the group's directory is moved aside (kept, not deleted), its
+        ``.raft-promised`` record written, and the voter opens empty and *rejoins*: no
+        vote until the leader has sent it the metadata again. Only with other voters to
+        send it, and once; otherwise the error is raised."""
         voters = frozenset(voters)
         env_segment = os.environ.get(METADATA_SEGMENT_BYTES_ENV)
         if env_segment and "segment_bytes" not in options:
@@ -179,12 +205,17 @@ class ControllerQuorum:
         )
         peers = sorted(voters - {host.node_id})
         retry_s = REPAIR_RETRY_FIRST_S
+        set_aside = False
         while True:
             try:
                 return cls(host, directory, voters, cluster_name, **options)
             except GroupDamagedError as exc:
                 if not exc.damages:
-                    raise
+                    if set_aside or not peers:
+                        raise
+                    _set_aside(host.node_id, Path(directory) / GROUP, exc.reason)
+                    set_aside = True
+                    continue
                 log.error(
                     "controller %d: its metadata log cannot open (%s); repairing it from voters %s",
                     host.node_id,

@@ -30,6 +30,7 @@ from raftmq.format.entry import EntryType
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import MIB, FlushPolicy, LogConfig
 from raftmq.raft.errors import (
+    GroupDamagedError,
     NotLeaderError,
     OutcomeUnknownError,
     ProposalDroppedError,
@@ -506,10 +507,12 @@ class ReplicatedStateMachine(Generic[M]):
         payload = read_atomic(path)
         if payload is None:
             if path.exists():
-                raise ValueError(
-                    f"group {self.name}: snapshot {path} is torn or corrupt (CRC mismatch); "
-                    "delete the group's directory (keep its .raft-promised record) to "
-                    "resynchronise it from its peers"
+                # Not a range a peer's entries can mend: the state the log extends is lost.
+                raise GroupDamagedError(
+                    self.name,
+                    f"snapshot {path} is torn or corrupt (CRC mismatch); delete the group's "
+                    "directory (keep its .raft-promised record) to resynchronise it from "
+                    "its peers",
                 )
             return None
         return decode_snapshot(payload)
