@@ -135,8 +135,8 @@ def record_promised(directory: Path) -> None:
 
 def cut_back_to_rejoin(log_: Log, index: int) -> None:
     """Cut a closed group's log from ``index`` on and make the replica *rejoin*: for a
-    damaged range no peer's bytes can patch in place (its length field changed, so the
-    replacement has another size), while a peer holds it.
+    damaged range no peer's bytes can patch in place (the segment file shrank or grew, so
+    the replacement has another size), while a peer holds it.
 
     The cut may remove entries this replica acknowledged, as a cut-back disk does; the
     rejoining flag, saved *before* the cut, keeps it from voting or campaigning until a

@@ -103,8 +103,8 @@ class SelfRepair:
         Raft). Starts the transport if the host has not started yet (a broker opens its
         groups before it serves), so it can run before :meth:`start`.
 
-        A range a peer supplies but that cannot be patched in place (a damaged length
-        field: the replacement has another size) is cut off instead, with everything
+        A range a peer supplies but that cannot be patched in place (the segment file
+        shrank or grew: the replacement has another size) is cut off instead, with everything
         after it, and the replica *rejoins* (:func:`cut_back_to_rejoin`): the leader
         sends the rest once it opens, and it votes only once whole again.
 
