@@ -61,7 +61,7 @@ class GroupDamagedError(RaftError):
 
 class GroupRepairError(RaftError):
     """``RaftHost.repair_closed_group`` could not make the group's files whole: no peer
-    supplied a damaged range, or the damage is of a kind a peer's bytes cannot patch.
+    supplied a damaged range, or what stops the open is not a damaged range at all.
     ``reason`` says which and what an operator can do; the group stays closed."""
 
     def __init__(self, name: str, reason: str) -> None:
