@@ -283,7 +283,15 @@ class TcpTransport:
         if p.writer is not None and p.writer is not writer:
             p.writer.close()  # a newer connection replaces a half-dead one
         p.writer = writer
+        was_alive = p.alive
         self._heard(p)
+        if was_alive and self._handler is not None:
+            # A new connection may be a new process of the peer, restarted sooner than
+            # dead_after_s: tell the driver as for a peer that came back, so the groups
+            # it shares wake. A quiesced leader otherwise never learns that a follower
+            # restarted, and one that lost its state (rejoining: it never campaigns,
+            # so it sends nothing) waited for a heartbeat that never came.
+            self._handler.on_peer_state(node, True)
         p.wake.set()
         return p
 
