@@ -143,10 +143,11 @@ async def test_a_voter_whose_metadata_snapshot_is_corrupt_resynchronises(tmp_pat
                     t.set_peer_address(p, ("127.0.0.1", other.port))
         (aside,) = group_dir.parent.glob(f"{GROUP}.damaged-*")
         assert (aside / SNAPSHOT_FILE).read_bytes() == bytes(raw)  # kept as it was
-        await wait_for(lambda: quorum.local_state()[0] >= version, 20, "the voter to catch up")
-        await wait_for(lambda: not quorum.raft_status().rejoining, 20, "the rejoin to end")
+        # The metadata changes on (a write wakes the leader's group, if it quiesced, at once).
         leader = await cluster.leader()
         await retry(lambda: leader.create_topic("after", 1, 3, {}))
+        await wait_for(lambda: quorum.local_state()[0] > version, 20, "the voter to catch up")
+        await wait_for(lambda: not quorum.raft_status().rejoining, 20, "the rejoin to end")
         await wait_for(
             lambda: "after" in quorum.local_state()[1].topics, 20, "the new topic on the voter"
         )
