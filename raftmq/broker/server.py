@@ -39,6 +39,7 @@ from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
+from raftmq.broker.replica_passes import compact_each, hand_back, hand_back_due
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.broker.topic_ids import TopicIdMarkers
@@ -46,7 +47,7 @@ from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_repli
 from raftmq.broker.unopened import UnopenedReplicas
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.healing import DEFAULT_LIMITS, Limits
-from raftmq.controller.leadership import HandBack, LedGroup
+from raftmq.controller.leadership import HandBack
 from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState, Partition, Topic
 from raftmq.controller.mover import Mover
@@ -812,11 +813,7 @@ class Broker:
                 await self._delete_expired_replicas()
             except Exception:
                 log.exception("deleting expired decommissioned replicas failed")
-            for r in list(self.replicas.values()):
-                try:
-                    self.host.compact(group_name(r.topic, r.partition))
-                except Exception:
-                    log.exception("retention of %s/%d failed", r.topic, r.partition)
+            compact_each(self.host, self.replicas.values())
 
     async def _campaign_where_preferred(
         self, opened: list[PartitionReplica], within: float = PREFER_WINDOW_SECONDS
@@ -880,29 +877,20 @@ class Broker:
         policy = HandBack()
         while not self.stopping:
             await asyncio.sleep(self.leader_rebalance_seconds)
-            led = []
-            for r in list(self.replicas.values()):
-                try:
-                    preferred = self.spec.preferred_leader(r.topic, r.partition)
-                    if preferred == self.id or not r.is_leader or self.stopping:
-                        continue
-                    name = group_name(r.topic, r.partition)
-                    alive = self.transport.peer_alive(preferred)
-                    led.append(LedGroup(name, preferred, self.host.status(name), alive))
-                except Exception:  # closed meanwhile, or its metadata is odd: the others go on
-                    log.exception("preferred leader of %s/%d: looking failed", r.topic, r.partition)
             try:
-                due = policy.due(led)
-            except Exception:
+                due = hand_back_due(
+                    self.id,
+                    self.replicas.values(),
+                    self.spec.preferred_leader,
+                    self.host,
+                    self.transport.peer_alive,
+                    policy,
+                )
+            except Exception:  # the policy itself: the next pass looks again
                 log.exception("broker %d: choosing hand-backs failed", self.id)
                 continue
-            for group in due:
-                name, preferred = group.name, group.preferred
-                log.info("handing %s back to its preferred leader, broker %d", name, preferred)
-                try:
-                    self.host.transfer_leadership(name, preferred)
-                except RaftError as exc:  # lost leadership meanwhile, or a transfer under way
-                    log.info("no hand-back of %s: %s", name, exc)
+            if not self.stopping:
+                hand_back(self.host, due)
 
     async def _hand_over_leadership(self, wait: float) -> None:
         """Move each partition this broker leads, and the controller's metadata group if it
