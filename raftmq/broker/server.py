@@ -43,8 +43,14 @@ from raftmq.broker.replica_passes import compact_each, hand_back, hand_back_due
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.broker.topic_ids import TopicIdMarkers
-from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_replicas, log_config_for
-from raftmq.broker.unopened import UnopenedReplicas
+from raftmq.broker.topic_settings import (
+    ReplicaSettings,
+    expired,
+    expired_replicas,
+    log_config_for,
+    reported_leader,
+)
+from raftmq.broker.unopened import RebuildRefused, UnopenedReplicas
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.leadership import HandBack
@@ -613,6 +619,70 @@ class Broker:
             except Exception:  # the next pass tries again
                 log.exception("broker %d: reopening its failed replicas failed", self.id)
 
+    async def rebuild_replica(self, topic: str, partition: int, *, force: bool) -> int:
+        """An operator's repair of this broker's replica of ``topic``/``partition`` that no
+        peer could repair in place: close it, delete its data, and open it empty as a
+        replica whose disk was replaced (its promise record kept: it gives no vote until
+        the leader has copied it the whole log). Returns the bytes deleted.
+
+        Refused (:class:`RebuildRefused`) when the metadata does not assign it here, and,
+        unless ``force``, while it leads or no other replica is known to lead: its data may
+        then be the only copy of acknowledged records."""
+        state = self.spec.state
+        found = state.topics.get(topic)
+        part = found.partitions[partition] if found and partition < len(found.partitions) else None
+        if found is None or part is None or self.id not in part.replicas + part.learners:
+            raise RebuildRefused(
+                "not-hosted",
+                f"broker {self.id} hosts no replica of {topic}/{partition}"
+                + (f"; its replicas are on brokers {list(part.replicas)}" if part else ""),
+            )
+        key = (topic, partition)
+        replica = self.replicas.get(key)
+        leader = replica.leader_id if replica is not None else 0
+        leader = leader or reported_leader(state, topic, partition)[0]
+        if not force and (leader in (0, self.id) or len(part.replicas) < 2):
+            why = (
+                "it leads the partition"
+                if leader == self.id
+                else "no other replica holds the partition"
+                if len(part.replicas) < 2
+                else "no other replica is known to lead the partition"
+            )
+            raise RebuildRefused(
+                "unsafe",
+                f"broker {self.id} will not rebuild its replica of {topic}/{partition}: {why}, "
+                "so its data may be the only copy of acknowledged records; wait until "
+                "another replica leads, or rebuild with --force to accept losing them",
+            )
+        directory = self.data_dir / f"{topic}-{partition}"
+        async with self._reconcile_lock:
+            name = group_name(topic, partition)
+            self.replicas.pop(key, None)
+            if name in self.host.groups or name in self.host.quarantined:
+                await self.host.close_group(name)
+            deleted = await asyncio.to_thread(_delete_tree, directory)
+            if len(part.replicas) > 1:
+                # A replica that loses its log must not pass for a new one (docs/raft.md,
+                # "Rejoining after disk loss"); a single replica has nobody to wait for.
+                record_promised(directory)
+            else:
+                promised_path(directory).unlink(missing_ok=True)
+            self.unopened.opened(key)
+            self.unopened.opening(key, "rebuilding: opening empty")
+            log.warning(
+                "broker %d: rebuilding its replica of %s/%d on an operator's request%s: "
+                "%d bytes deleted; it copies the leader's log again",
+                self.id,
+                topic,
+                partition,
+                " (forced)" if force else "",
+                deleted,
+            )
+            opened = await self._open_replicas([(found, partition, part)], state.version)
+            self._after_opening(opened, state)
+        return deleted
+
     def _track(self, task: asyncio.Task[None]) -> None:
         """Keep a short-lived task until it ends (stop cancels what still runs)."""
         self._prefer_tasks.add(task)
@@ -934,6 +1004,19 @@ def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
     return lambda: replica.is_leader
+
+
+def _delete_tree(directory: Path) -> int:
+    """Delete ``directory`` (or whatever stands at its path); returns the bytes it held."""
+    if directory.is_symlink() or directory.is_file():
+        size = directory.lstat().st_size
+        directory.unlink()
+        return size
+    if not directory.exists():
+        return 0
+    size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    shutil.rmtree(directory)
+    return size
 
 
 def _listed_path(directory: Path) -> Path:

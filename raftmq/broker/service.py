@@ -26,7 +26,7 @@ from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.topic_settings import expired, reported_leader
-from raftmq.broker.unopened import OpenState, Unopened
+from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker as RegisteredBroker
 from raftmq.controller.model import Partition
@@ -626,6 +626,32 @@ class BrokerService(pb_grpc.BrokerServicer):
         if expired(part, time.time_ns() // 1_000_000):
             return []
         return _unopened_status(me, self.broker.unopened.get((topic, p)))
+
+    async def RebuildReplica(
+        self, request: pb.RebuildReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RebuildReplicaResponse:
+        self._check_has_metadata()
+        try:
+            deleted = await self.broker.rebuild_replica(
+                request.topic, request.partition, force=request.force
+            )
+        except RebuildRefused as exc:
+            code = (
+                pb.ERROR_CODE_NOT_HOSTED
+                if exc.kind == "not-hosted"
+                else pb.ERROR_CODE_UNSAFE_REBUILD
+            )
+            raise Refusal(code, str(exc)) from None
+        key = (request.topic, request.partition)
+        replica = self.broker.replicas.get(key)
+        if replica is not None:
+            state, reason = replica.state
+            status = pb.ReplicaStatus(
+                broker_id=self.broker.id, state=_REPLICA_STATE[state], reason=reason
+            )
+        else:
+            status = _unopened_status(self.broker.id, self.broker.unopened.get(key))[0]
+        return pb.RebuildReplicaResponse(status=status, deleted_bytes=deleted)
 
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext

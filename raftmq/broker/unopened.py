@@ -114,8 +114,18 @@ class UnopenedReplicas:
         )
 
 
+class RebuildRefused(Exception):
+    """An operator's rebuild of a replica (``raftmq broker rebuild-replica``) that the
+    broker will not do: ``kind`` is "not-hosted" or "unsafe"; the message says why and
+    what to do instead."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def _short(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-__all__ = ["OpenState", "Unopened", "UnopenedReplicas"]
+__all__ = ["OpenState", "RebuildRefused", "Unopened", "UnopenedReplicas"]

@@ -6,7 +6,11 @@ topic deleted); once the cause is gone it opens by itself."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 
 import grpc
@@ -15,8 +19,8 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import ClusterFactory
-from tests.broker.test_broker_cluster import RPC_TIMEOUT, address_of, wait_until
-from tests.broker.test_broker_health import own_status, run_status
+from tests.broker.test_broker_cluster import RPC_TIMEOUT, address_of, read_all, wait_until
+from tests.broker.test_broker_health import ROOT, own_status, run_status
 
 LIVE_S = 30.0
 """Time for a change to reach a broker and be seen there, on a loaded machine."""
@@ -135,3 +139,64 @@ def test_a_replica_that_cannot_open_is_reported_and_the_broker_applies_the_rest(
         code, report = run_status(cluster)
         assert code == 0, report
     shutil.rmtree(cluster.data, ignore_errors=True)
+
+
+def _rebuild(cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    bootstrap = ",".join(cluster.addresses)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raftmq.cli.main",
+            "broker",
+            "rebuild-replica",
+            *args,
+            "--bootstrap",
+            bootstrap,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_an_operator_rebuilds_a_replica_no_peer_could_repair(make_cluster: ClusterFactory) -> None:
+    cluster = make_cluster({"base": 1})
+    victim = address_of(cluster, VICTIM)
+    (cluster.data / f"broker-{VICTIM}" / "stuck-0").write_bytes(b"not a directory")
+    with cluster.admin() as admin, cluster.client() as client:
+        admin.create_topic("stuck", 1, 3)
+        for i in range(3):
+            client.produce("stuck", 0, build_batch([Record(None, f"v{i}".encode(), 1000 + i)]))
+        wait_until(
+            lambda: _own_state(client, victim, "stuck", 0)[0] == pb.REPLICA_FAILED,
+            LIVE_S,
+            f"broker {VICTIM} to report its replica of stuck/0 failed",
+        )
+        # A replica that leads is not rebuilt unless forced: its data may be the only copy.
+        leader = wait_until(
+            lambda: client.refresh_leaders(timeout=1.0).get(("stuck", 0)),
+            LIVE_S,
+            "a leader for stuck/0",
+        )
+        refused = _rebuild(cluster, str(leader.broker_id), "stuck", "0")  # type: ignore[attr-defined]
+        assert refused.returncode == 1, refused
+        assert "UNSAFE_REBUILD" in refused.stdout and "--force" in refused.stdout, refused.stdout
+
+        done = _rebuild(cluster, str(VICTIM), "stuck", "0")
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        assert answer["state"] == "ok" and answer["deleted_bytes"] == len(b"not a directory")
+        assert _own_state(client, victim, "stuck", 0)[0] == pb.REPLICA_OK
+        records = wait_until(
+            lambda: (
+                (got := read_all(client, "stuck", 0, address=victim)[0]) and len(got) == 3 and got
+            ),
+            LIVE_S,
+            f"broker {VICTIM} serving the three records again",
+        )
+        assert [r.value for r in records] == [b"v0", b"v1", b"v2"]
+    code, report = run_status(cluster)
+    assert code == 0, report
