@@ -200,9 +200,13 @@ def test_lost_write_is_reported() -> None:
     assert example["partition"] == 0 and example["offset"] == N
     assert example["value"] == val(0, N) and example["process"] == producer(0)
     assert example["status"] == "ok"
-    assert example["finals_at_offset"] == {str(r): {"value": None, "hw": N} for r in REPLICAS}
+    assert example["finals_at_offset"] == {
+        str(r): {"value": None, "hw": N, "state": "ok"} for r in REPLICAS
+    }
     assert "no final read holds it anywhere" in example["explanation"]
-    assert_only(result, "lost", "replicas")
+    assert "replica 3 ok" in example["explanation"]
+    # Held by no replica, it is lost, and not counted again as under-replicated.
+    assert_only(result, "lost")
 
 
 def test_ack_found_only_at_another_offset_is_lost() -> None:
@@ -231,8 +235,7 @@ def test_examples_are_capped_but_counts_are_not() -> None:
     lost = result.get("lost")
     assert lost.counts["lost"] == 50
     assert len(lost.examples) == MAX_EXAMPLES
-    assert result.get("replicas").counts["missing-on-replica"] == 150
-    assert len(result.get("replicas").examples) == MAX_EXAMPLES
+    assert result.get("replicas").counts["under-replicated"] == 0
 
 
 def test_ack_without_offset_is_malformed_not_silently_skipped() -> None:
@@ -248,10 +251,12 @@ def test_ack_without_offset_is_malformed_not_silently_skipped() -> None:
 def test_replica_missing_a_record() -> None:
     ops = without(clean(), final(0, 2, val(0, 2), N, 3))
     result = check(ops)
-    assert count(result, "replicas", "missing-on-replica") == 1
+    # Its final hw (5) is past offset 2: it claims a record it does not hold.
+    assert count(result, "replicas", "missing-below-hw") == 1
+    assert count(result, "replicas", "under-replicated") == 0
     example = result.get("replicas").examples[0]
     assert (example["partition"], example["offset"], example["replica"]) == (0, 2, 3)
-    assert example["value"] == val(0, 2)
+    assert example["value"] == val(0, 2) and example["state"] == "ok"
     assert "nothing at that offset" in example["explanation"]
     assert_only(result, "replicas")  # replicas 1 and 2 still hold it: not lost
 
@@ -260,18 +265,22 @@ def test_replica_whose_hw_is_below_an_acked_offset() -> None:
     # Replica 3 of partition 0 is stuck at hw 3: acked offsets 3 and 4 are missing there.
     ops = without(clean(), final(0, 3, val(0, 3), N, 3), final(0, 4, val(0, 4), N, 3))
     result = check(_with_replica_hw(ops, partition=0, replica=3, hw=3))
-    assert count(result, "replicas", "missing-on-replica") == 2
-    examples = result.get("replicas").examples
-    assert sorted(e["offset"] for e in examples) == [3, 4]
-    assert all(e["replica"] == 3 and e["replica_hw"] == 3 for e in examples)
-    assert "final hw 3" in examples[0]["explanation"]
+    # Two records, one replica short: one example names the replica, its state, the range.
+    assert count(result, "replicas", "under-replicated") == 2
+    assert count(result, "replicas", "under-replicated-replicas") == 1
+    (example,) = result.get("replicas").examples
+    assert (example["first_offset"], example["last_offset"]) == (3, 4)
+    assert example["replica"] == 3 and example["replica_hw"] == 3
+    assert example["held_by"] == [1, 2] and example["state"] == "ok"
+    assert "final high watermark is 3" in example["explanation"]
+    assert "not lost" in example["explanation"]
     assert_only(result, "replicas")
 
 
 def test_record_at_or_above_a_replicas_hw_counts_as_missing() -> None:
     # Replica 3 reports hw 4 while its log shows offset 4: offset 4 is not committed there.
     result = check(_with_replica_hw(clean(), partition=0, replica=3, hw=4))
-    assert count(result, "replicas", "missing-on-replica") == 1
+    assert count(result, "replicas", "under-replicated") == 1
     assert result.get("replicas").examples[0]["offset"] == 4
     assert count(result, "phantoms", "at-or-above-hw") == 1  # the final read itself
 
@@ -287,7 +296,7 @@ def _with_replica_hw(ops: list[Op], *, partition: int, replica: int, hw: int) ->
 
 def test_replica_known_only_by_its_digest_holds_nothing() -> None:
     result = check([*clean(), digest(0, N, 4)])
-    assert count(result, "replicas", "missing-on-replica") == N
+    assert count(result, "replicas", "under-replicated") == N
     assert "only a digest" in result.get("replicas").examples[0]["explanation"]
     assert_only(result, "replicas")
 
@@ -300,7 +309,8 @@ def test_digest_mismatch() -> None:
     example = result.get("replicas").examples[0]
     assert example["partition"] == 1 and example["offset"] == N
     assert example["values"] == {f"sha-1-{N}": [1, 3], "sha-other": [2]}
-    assert count(result, "replicas", "missing-on-replica") == 0
+    assert count(result, "replicas", "under-replicated") == 0
+    assert count(result, "replicas", "missing-below-hw") == 0
     assert_only(result, "replicas")
 
 
@@ -435,7 +445,7 @@ def test_dirty_read_of_a_record_later_lost() -> None:
     assert count(result, "phantoms", "dirty-read") == 1
     example = result.get("phantoms").examples[0]
     assert example["value"] == val(0, N) and example["process"] == "reader0"
-    assert example["finals_at_offset"]["1"] == {"value": None, "hw": N}
+    assert example["finals_at_offset"]["1"] == {"value": None, "hw": N, "state": "ok"}
     assert_only(result, "phantoms")
 
 
@@ -624,17 +634,16 @@ def test_a_record_below_one_replicas_start_must_be_on_another() -> None:
     assert count(result, "lost", "lost") == 1
     assert result.get("lost").examples[0]["offset"] == 1
     assert count(result, "lost", "deleted-by-retention") == 0
-    assert count(result, "replicas", "missing-on-replica") == 1
-    assert result.get("replicas").examples[0]["replica"] == 3
+    assert count(result, "replicas", "under-replicated") == 0  # lost, not counted twice
     # The live reader saw offset 1 and no replica holds it any more: a dirty read too.
     assert count(result, "phantoms", "dirty-read") == 1
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_a_replica_missing_a_record_at_or_above_its_own_start() -> None:
     ops = ranged(clean(), {(0, 1): 2, (0, 2): 2, (0, 3): 2})
     result = check(without(ops, final(0, 3, val(0, 3), N, 2)))
-    assert count(result, "replicas", "missing-on-replica") == 1
+    assert count(result, "replicas", "missing-below-hw") == 1
     example = result.get("replicas").examples[0]
     assert (example["offset"], example["replica"]) == (3, 2)
     assert_only(result, "replicas")  # replicas 1 and 3 still hold it: not lost
@@ -646,8 +655,7 @@ def test_a_record_missing_everywhere_at_the_common_start_is_lost() -> None:
     result = check(without(ops, *[final(1, 2, val(1, 2), N, r) for r in REPLICAS]))
     assert count(result, "lost", "lost") == 1
     assert count(result, "lost", "deleted-by-retention") == 2
-    assert count(result, "replicas", "missing-on-replica") == 3
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_a_replica_without_a_range_op_starts_at_zero() -> None:
@@ -657,8 +665,7 @@ def test_a_replica_without_a_range_op_starts_at_zero() -> None:
     result = check(ops)
     assert count(result, "lost", "deleted-by-retention") == 0
     assert count(result, "lost", "lost") == 2
-    assert count(result, "replicas", "missing-on-replica") == 2
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_live_read_below_every_start_is_not_a_dirty_read() -> None:

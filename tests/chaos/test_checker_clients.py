@@ -57,7 +57,11 @@ def test_a_commit_that_goes_back_after_a_newer_one_is_caught() -> None:
     ops = [*group_history(), commit(0, 2, 150.0, "consumer-0")]  # a zombie, old progress
     result = check(ops)
     assert_only(result, "consumer-groups")
-    assert count(result, "consumer-groups", "commit-backwards") == 1
+    assert count(result, "consumer-groups", "commit-went-back-client") == 1
+    assert count(result, "consumer-groups", "commit-went-back-coordinator") == 0
+    example = result.get("consumer-groups").examples[0]
+    assert example["side"] == "client" and example["later"]["process"] == "consumer-0"
+    assert example["explanation"].startswith("client side: member consumer-0 committed")
 
 
 def test_overlapping_commits_are_not_ordered() -> None:
@@ -71,7 +75,12 @@ def test_a_lost_commit_and_one_past_the_log_end_are_caught() -> None:
     ops += [committed(0, 3), committed(1, N)]
     result = check(ops)
     assert_only(result, "consumer-groups")
-    assert count(result, "consumer-groups", "commit-lost") == 1
+    assert count(result, "consumer-groups", "commit-went-back-coordinator") == 1
+    assert count(result, "consumer-groups", "commit-went-back-client") == 0
+    example = result.get("consumer-groups").examples[0]
+    assert example["side"] == "coordinator" and example["answered"] == 3
+    assert example["acknowledged"] == 5
+    assert example["explanation"].startswith("coordinator side: consumer-1's commit of offset 5")
 
     ops = [*group_history(), commit(1, N + 4, 150.0, "consumer-1")]
     result = check(ops)
