@@ -585,8 +585,7 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
             "explanation": (
                 f"{op.value!r} was acknowledged to producer {op.process} at partition "
                 f"{op.partition} offset {op.offset}, but no replica's final read holds it "
-                f"there; {where}"
-                + (f" (replicas: {states})" if h.statuses and states else "")
+                f"there; {where}" + (f" (replicas: {states})" if h.statuses and states else "")
             ),
         }
 
@@ -1294,9 +1293,7 @@ def _backwards_example(earlier: Op, later: Op) -> dict[str, Any]:
     }
 
 
-def _check_committed_answers(
-    h: _History, by_partition: dict[int, list[Op]], f: _Findings
-) -> None:
+def _check_committed_answers(h: _History, by_partition: dict[int, list[Op]], f: _Findings) -> None:
     """The coordinator side: every answer it gave about a partition's committed offset
     (``committed`` ops) is at least the highest commit it acknowledged before the question
     was asked; a partition it has no answer for counts as answered "none" (-1)."""
