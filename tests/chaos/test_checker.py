@@ -854,3 +854,147 @@ def test_a_partition_healed_past_the_limit_is_reported() -> None:
     result = check([*clean(), replication(0, 75.0)], heal_limit_s=60)
     assert_only(result, "replication")
     assert count(result, "replication", "slow") == 1
+
+
+# ------------------------------------------------- lost vs under-replicated (issue 20)
+
+
+def range_op(p: int, r: int, start: int, hw: int, t: float = 200.0, answered: bool = True) -> Op:
+    return Op(
+        "range",
+        f"final-r{r}",
+        p,
+        None,
+        start,
+        "ok" if answered else "fail",
+        t,
+        t,
+        hw=hw,
+        replica=r,
+        error=None if answered else "no answer to ListOffsets",
+    )
+
+
+def short_on_replica_3(read_at: float) -> list[Op]:
+    """Partition 0's replica 3 stopped at hw 2: offsets 2-4 only replicas 1 and 2 hold.
+    Its final read ended at ``read_at`` (healing ended at 150)."""
+    ops = without(clean(), *[final(0, i, val(0, i), N, 3) for i in range(2, N)])
+    ops = _with_replica_hw(ops, partition=0, replica=3, hw=2)
+    ops += [range_op(0, r, 0, N) for r in (1, 2)] + [range_op(0, 3, 0, 2, t=read_at)]
+    catching_up = status(3, 0, "REPLICA_CATCHING_UP", "behind the leader's commit by 3 entries")
+    return [*without(ops, status(3, 0, "REPLICA_OK")), catching_up]
+
+
+def test_records_other_replicas_hold_are_under_replicated_not_lost() -> None:
+    # Read 50 s after healing, past the 30 s bound: the partition did not heal in time.
+    result = check(short_on_replica_3(read_at=200.0), recovery_limit_s=30)
+    assert count(result, "lost", "lost") == 0
+    assert count(result, "replicas", "under-replicated") == 3
+    assert count(result, "replicas", "under-replicated-replicas") == 1
+    (example,) = result.get("replicas").examples
+    assert example["replica"] == 3 and example["held_by"] == [1, 2]
+    assert example["state"] == "catching_up: behind the leader's commit by 3 entries"
+    assert example["waited_s"] == 50.0
+    assert "past the recovery limit of 30 s" in example["explanation"]
+    assert "under-replicated, not lost" in example["explanation"]
+    assert_only(result, "replicas")
+
+
+def test_under_replication_within_the_recovery_bound_is_not_a_violation() -> None:
+    # Read 10 s after healing: still inside the bound, so it may yet catch up.
+    result = check(short_on_replica_3(read_at=160.0), recovery_limit_s=30)
+    assert count(result, "replicas", "under-replicated") == 0
+    assert count(result, "replicas", "under-replicated-healing") == 3
+    assert "it may still catch up" in result.get("replicas").examples[0]["explanation"]
+    assert_only(result)
+
+
+def test_a_replica_that_cannot_open_does_not_turn_retention_into_loss() -> None:
+    # Issue 20: retention moved replicas 1 and 2 of partition 0 to start 3; replica 3
+    # could not open (no answer, reported failed). Its "start" must not pull the retention
+    # floor to 0 (which made offsets 0-2 "lost"); offsets 3-4 are under-replicated on it.
+    ops = [op for op in clean() if not (op.kind == "final" and op.partition == 0)]
+    ops = [op for op in ops if not (op.kind == "digest" and op.partition == 0)]
+    ops += [final(0, i, val(0, i), N, r) for r in (1, 2) for i in range(3, N)]
+    ops += [range_op(0, 1, 3, N), range_op(0, 2, 3, N), range_op(0, 3, 0, 0, answered=False)]
+    ops = without(ops, status(3, 0, "REPLICA_OK"))
+    ops.append(status(3, 0, "REPLICA_FAILED", "segment 0: CRC mismatch at byte 4096"))
+    result = check(ops)
+    assert count(result, "lost", "lost") == 0
+    assert count(result, "lost", "deleted-by-retention") == 3
+    assert count(result, "replicas", "under-replicated") == 2
+    example = result.get("replicas").examples[0]
+    assert example["state"] == "failed: segment 0: CRC mismatch at byte 4096"
+    assert "did not answer its final read" in example["explanation"]
+    assert count(result, "health", "replica-failed") == 1
+    # The live reader saw offsets 0-2, since deleted everywhere healthy: not dirty reads.
+    assert_only(result, "replicas", "health")
+
+
+def test_a_lost_example_names_each_replicas_state() -> None:
+    ops = without(clean(), status(2, 0, "REPLICA_OK"))
+    ops += [status(2, 0, "REPLICA_OPENING", "repairing segment 3 from broker 1")]
+    result = check([*ops, send(0, N, N, t=60.0)])
+    example = result.get("lost").examples[0]
+    assert example["finals_at_offset"]["2"]["state"] == (
+        "opening: repairing segment 3 from broker 1"
+    )
+    assert "replica 2 opening: repairing segment 3 from broker 1" in example["explanation"]
+
+
+# --------------------------------------------------------- health: assignment (issue 20)
+
+
+def assignment(broker: int, p: int, replicas: str = "1,2,3", leader_id: int = 1) -> Op:
+    return Op(
+        "assignment",
+        f"status-{broker}",
+        p,
+        replicas,
+        leader_id,
+        start=210,
+        end=210,
+        replica=broker,
+    )
+
+
+def assigned_clean() -> list[Op]:
+    return clean() + [assignment(b, p) for b in REPLICAS for p in PARTITIONS]
+
+
+def test_every_assigned_replica_reported_passes() -> None:
+    result = check(assigned_clean())
+    assert_only(result)
+    assert count(result, "health", "assigned") == len(REPLICAS) * len(PARTITIONS)
+
+
+def test_an_assigned_replica_its_broker_does_not_report_is_a_violation() -> None:
+    # Broker 3 serves, but lists no replica of partition 1: absent, not reported failed.
+    result = check(without(assigned_clean(), status(3, 1, "REPLICA_OK")))
+    assert count(result, "health", "replica-unreported") == 1
+    assert count(result, "health", "replica-failed") == 0
+    example = result.get("health").examples[0]
+    assert (example["partition"], example["replica"]) == (1, 3)
+    assert example["assigned"] == [1, 2, 3]
+    assert "broker 3 does not report its replica" in example["explanation"]
+    assert "per broker 1's metadata" in example["explanation"]  # the leader's answer
+    assert_only(result, "health")
+
+
+def test_the_leaders_assignment_wins_over_a_stale_one() -> None:
+    # Broker 2 still lists broker 4 (moved away); the leader (1) lists 1,2,3: no finding.
+    ops = [op for op in assigned_clean() if not (op.kind == "assignment" and op.replica == 2)]
+    ops += [assignment(2, p, "1,2,4") for p in PARTITIONS]
+    assert_only(check(ops))
+
+
+def test_a_replica_still_opening_after_healing_is_a_violation() -> None:
+    ops = without(assigned_clean(), status(2, 0, "REPLICA_OK"))
+    ops.append(status(2, 0, "REPLICA_OPENING", "repairing segment 7 from broker 1"))
+    result = check(ops)
+    assert count(result, "health", "replica-opening") == 1
+    example = result.get("health").examples[0]
+    assert example["state"] == "opening"
+    assert example["reason"] == "repairing segment 7 from broker 1"
+    assert "still opening after healing: repairing segment 7" in example["explanation"]
+    assert_only(result, "health")
