@@ -16,7 +16,7 @@ from chaos.client_workload import ClientWorkload, ClientWorkloadOptions
 from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
 from chaos.monitor import Monitor
-from chaos.nemesis import CATEGORIES, Nemesis
+from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.errors import ClientError, ErrorCode
@@ -41,9 +41,10 @@ class ChaosOptions:
     since only a follower behind the leader's log start needs a snapshot."""
     segment_bytes: int = 2048
     sealed_segment_bytes: int = 16384
-    """Segment size in runs with ``corrupt`` or ``fd-pressure`` (and no retention): small,
-    so partitions seal segments within seconds (bit rot is put into sealed ones) and hold
-    many segment files (more than an open-file limit allows at one each)."""
+    """Segment size in runs with ``corrupt``, ``corrupt-config``, ``corrupt-index`` or
+    ``fd-pressure`` (and no retention): small, so partitions seal segments within seconds
+    (bit rot is put into sealed ones, and only they have index files) and hold many
+    segment files (more than an open-file limit allows at one each)."""
     retention_bytes: int = 8192
     retention_check_ms: int = 250
     voters: int = 0
@@ -116,7 +117,7 @@ class ChaosOptions:
                 "--retention-check-ms",
                 str(self.retention_check_ms),
             ]
-        elif {"corrupt", "fd-pressure"} & set(self.faults):
+        elif SEALED_SEGMENT_FAULTS & set(self.faults):
             args += ["--segment-bytes", str(self.sealed_segment_bytes)]
         if "decommission" in self.faults:
             args += ["--heal-delay-ms", str(self.heal_delay_ms)]
