@@ -7,11 +7,15 @@ handcrafted histories. It is a pure function: ``check(ops)`` returns a ``CheckRe
 Promises checked (one report per check, each with counts and up to ``MAX_EXAMPLES``
 self-explaining examples):
 
-1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of its
-   partition, at its acknowledged offset, with its value, unless retention deleted it
-   (its offset is below every replica's log start).
+1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of some
+   replica of its partition, at its acknowledged offset, with its value, unless retention
+   deleted it (its offset is below every healthy replica's log start). Lost means no
+   replica holds it.
 2. ``replicas``: every replica holds every acknowledged record of its partition from its
-   log start up to its final high watermark, and the replicas' digests agree.
+   log start, and the replicas' digests agree. A record some replicas lack while another
+   holds it is ``under-replicated``: a violation only when the replica had not caught up
+   within ``recovery_limit_s`` of healing; a replica whose final high watermark passed a
+   record it does not hold is ``missing-below-hw``.
 3. ``one-value-per-offset``: acks, live reads and final reads never disagree about the
    value at a (partition, offset).
 4. ``duplicates``: no value appears at two offsets (a violation only with idempotence).
@@ -23,13 +27,16 @@ self-explaining examples):
    own ``reset`` to the log start.
 7. ``consumer-groups``: what the real clients' consumers saw (``consume``, ``commit``,
    ``committed`` ops, chaos/client_workload.py): a consumer with a fixed assignment
-   advances one offset at a time; a group's acknowledged commits never go back in real
-   time, never pass the log end nor what the committing member consumed, none is lost
-   (the group's committed offset read after the run is at least each of them), and no
-   acknowledged record below that offset went unconsumed. Consumed records are also held
-   to checks 3, 4 and 5 (redelivery at the same offset is not a duplicate).
+   advances one offset at a time; a group's committed offset never goes back, and the
+   finding names the side (``commit-went-back-client``: a member committed older
+   progress after newer was acknowledged; ``commit-went-back-coordinator``: the
+   coordinator's FetchOffsets answer was older than an acknowledged commit), never
+   passes the log end, and no acknowledged record below it went unconsumed (unless
+   retention deleted it on a healthy replica first). Consumed records are also held to
+   checks 3, 4 and 5 (redelivery at the same offset is not a duplicate).
 8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
-9. ``leaderless``, 10. ``health``: see their functions.
+9. ``leaderless``, 10. ``health``: see their functions (``health`` also holds every
+   replica the metadata assigns to being reported by its broker, and not still opening).
 11. ``replication``: in runs that killed a broker for good, every partition was back at
     its replication factor of in-sync voters on live brokers within ``heal_limit_s`` of
     the end of the fault window.
@@ -39,8 +46,13 @@ may not have been written), but once one is read it is held to checks 3, 4 and 5
 other record.
 
 Retention: ``range`` ops give each replica's log start at the final read. Records below a
-replica's start are not expected on it; a record below every replica's start was deleted,
-not lost. A history without ``range`` ops has every start at 0, i.e. no exemption at all.
+replica's start are not expected on it; a record below every healthy replica's start was
+deleted, not lost (a replica that did not answer, or reports itself failed or opening, has
+no start that counts). A history without ``range`` ops has every start at 0, i.e. no
+exemption at all.
+
+Examples name each replica involved and its state as its broker reported it (ok,
+catching_up, failed, opening, with the reason; unreported when its broker listed none).
 
 Histories can hold about a million operations, so every check is one or two passes over
 dicts and sets built once in ``_History`` (sorting only per producer/reader, O(n log n)),
