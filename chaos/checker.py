@@ -290,6 +290,8 @@ class _History:
         self.replica_state: dict[tuple[int, int], tuple[str, str | None]] = {}
         # broker -> its grpc health answer after healing.
         self.broker_health: dict[int, str] = {}
+        # broker -> what else the status sweep noted (its Metadata call got no answer).
+        self.broker_note: dict[int, str] = {}
         # partition -> the assignment ops (what each broker's metadata said hosts it).
         self.assignments: dict[int, list[Op]] = defaultdict(list)
         # (partition, replica) -> when its final read ended (range op), for the heal bound.
@@ -395,6 +397,8 @@ class _History:
             health = self.broker_health.get(replica)
             if health is not None and health != "SERVING":
                 return f"unreported (broker {replica} answers health {health})"
+            if replica in self.broker_note:
+                return f"unreported (broker {replica} serves, but {self.broker_note[replica]})"
             return "unreported (its broker does not list it)"
         state, reason = found
         words = STATE_WORDS.get(state, state)
@@ -406,6 +410,8 @@ class _History:
             self.malformed.append(op)
         elif op.partition < 0:
             self.broker_health[op.replica] = op.value or ""
+            if op.error:
+                self.broker_note[op.replica] = op.error
         else:
             self.replica_state[(op.partition, op.replica)] = (op.value or "", op.error)
 

@@ -58,7 +58,8 @@ Kinds:
   partition was seen healed (or the wait gave up).
 - ``status``: after the final reads, what broker ``replica`` says of itself: with
   ``partition`` -1 its grpc.health.v1 answer (``SERVING``, ``NOT_SERVING``, or
-  ``UNREACHABLE``); otherwise the state it reports for its replica of that partition
+  ``UNREACHABLE``; ``error`` set when its Metadata call then got no answer, so none of its
+  replicas could be reported); otherwise the state it reports for its replica of that partition
   (``REPLICA_OK``, ``REPLICA_CATCHING_UP``, ``REPLICA_FAILED``, ``REPLICA_OPENING``)
   and, in ``error``, why.
 - ``assignment``: with the status ops, what broker ``replica``'s metadata says of

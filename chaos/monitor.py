@@ -98,7 +98,8 @@ class Monitor:
 
     def record_status(self, exclude: set[int] | frozenset[int] = frozenset()) -> None:
         """One ``status`` op per broker and replica: the broker's health (``value`` is
-        ``SERVING``, ``NOT_SERVING`` or ``UNREACHABLE``, on a ``partition`` -1 op) and each
+        ``SERVING``, ``NOT_SERVING`` or ``UNREACHABLE``, on a ``partition`` -1 op; its
+        ``error`` says so when the broker then did not answer Metadata) and each
         replica's state as its own broker reports it (``value`` the state's name,
         ``error`` its reason), and one ``assignment`` op per broker and partition: the
         replicas its metadata lists (``value``, comma-separated ids) and the leader it
@@ -118,10 +119,20 @@ class Monitor:
                 health = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
             except grpc.RpcError:
                 health = "UNREACHABLE"
-            self.recorder.add(
-                Op("status", process, -1, health, start=now, end=now, replica=broker_id)
-            )
             meta = self._metadata(broker_id, STATUS_WAIT_S)
+            silent = None if meta is not None else "its Metadata call got no answer"
+            self.recorder.add(
+                Op(
+                    "status",
+                    process,
+                    -1,
+                    health,
+                    start=now,
+                    end=now,
+                    replica=broker_id,
+                    error=silent,
+                )
+            )
             if meta is None:
                 continue
             for topic in meta.topics:

@@ -58,11 +58,11 @@ CATEGORIES = (
 )
 
 CORRUPT_FILES = {
-    "corrupt-hardstate": "Raft hard state",
-    "corrupt-producer-state": "producer-state checkpoint",
-    "corrupt-log-start": "log-start checkpoint",
-    "corrupt-index": "offset index",
-    "corrupt-metadata-cache": "metadata cache",
+    "corrupt-hardstate": "a Raft hard state",
+    "corrupt-producer-state": "a producer-state checkpoint",
+    "corrupt-log-start": "a log-start checkpoint",
+    "corrupt-index": "an offset index",
+    "corrupt-metadata-cache": "the metadata cache",
 }
 """The bit-rot faults that flip a bit in one small CRC-framed file a replica or broker reads
 at open (``find_files`` says where each lives), and what their descriptions call it."""
@@ -504,13 +504,13 @@ class Nemesis:
                 self.chaos.cluster.start(victim)
                 self.killed.discard(victim)
 
-            said = flipped or f"no {what} left once it stopped: nothing flipped"
+            said = flipped or "none left once it stopped: nothing flipped"
             return Fault(
-                kind, f"bit rot in a {what} on node {victim}: {said}", heal, targets=[victim]
+                kind, f"bit rot in {what} on node {victim}: {said}", heal, targets=[victim]
             )
         return Fault(
             kind,
-            f"bit rot in a {what} skipped: no node holds one that may be flipped yet",
+            f"bit rot in {what} skipped: no node holds one that may be flipped yet",
             lambda: None,
         )
 

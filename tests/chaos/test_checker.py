@@ -998,3 +998,27 @@ def test_a_replica_still_opening_after_healing_is_a_violation() -> None:
     assert example["reason"] == "repairing segment 7 from broker 1"
     assert "still opening after healing: repairing segment 7" in example["explanation"]
     assert_only(result, "health")
+
+
+def test_a_serving_broker_that_does_not_answer_metadata_leaves_its_replicas_unreported() -> None:
+    ops = [op for op in assigned_clean() if not (op.kind == "status" and op.replica == 3)]
+    ops.append(
+        Op(
+            "status",
+            "status-3",
+            -1,
+            "SERVING",
+            start=210,
+            end=210,
+            replica=3,
+            error="its Metadata call got no answer",
+        )
+    )
+    result = check(ops)
+    assert count(result, "health", "replica-unreported") == len(PARTITIONS)
+    assert count(result, "health", "not-serving") == 0
+    assert (
+        "broker 3 serves, but its Metadata call got no answer"
+        in (result.get("health").examples[0]["explanation"])
+    )
+    assert_only(result, "health")
