@@ -1525,12 +1525,17 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
                     f"high watermark {final_hw} stayed behind {best_hw[p]}",
                 },
             )
-    assigned = 0
+    assigned = unasked = 0
     for p in sorted(h.assignments):
         members, said = h.assigned(p)
         assigned += len(members)
         for r in sorted(members):
             if (p, r) in h.replica_state:
+                continue
+            if r not in h.broker_health:
+                # The sweep asks every broker but one killed for good; a partition still
+                # assigned to it is the replication check's finding, not a silent replica.
+                unasked += 1
                 continue
 
             def example(p: int = p, r: int = r, said: Op | None = said) -> dict[str, Any]:
@@ -1554,6 +1559,7 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
             "brokers": sum(1 for op in h.statuses if op.partition < 0),
             "replicas": replicas,
             "assigned": assigned,
+            "assigned-to-unasked-brokers": unasked,
         },
         applicable=bool(h.statuses),
     )

@@ -30,7 +30,8 @@ def run(
     faults: Annotated[
         str,
         typer.Option(
-            help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
+            help="all (every kind below; decommission only with --nodes 4 or more), or "
+            "comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
             "hung, snapshot (a follower cut off until it must catch up from a snapshot), unsynced "
             "(power loss: SIGKILL and cut every file to its last fsynced size), corrupt (a bit "
             "flipped in a sealed segment of one replica), corrupt-config, corrupt-hardstate, "

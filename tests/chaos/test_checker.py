@@ -1022,3 +1022,11 @@ def test_a_serving_broker_that_does_not_answer_metadata_leaves_its_replicas_unre
         in (result.get("health").examples[0]["explanation"])
     )
     assert_only(result, "health")
+
+
+def test_a_replica_on_a_broker_the_sweep_did_not_ask_is_not_unreported() -> None:
+    # Broker 3 was killed for good (no status op at all): the replication check's case.
+    ops = [op for op in assigned_clean() if not (op.kind == "status" and op.replica == 3)]
+    result = check(ops)
+    assert count(result, "health", "replica-unreported") == 0
+    assert count(result, "health", "assigned-to-unasked-brokers") == len(PARTITIONS)

@@ -209,3 +209,13 @@ def test_controller_log_entries_spare_the_active_segments_last_entry(tmp_path: P
     bad = [h.index for h in entry.iter_headers(data, verify=False) if not entry.crc_ok(data, h)]
     assert bad == [next(i for d, i in corrupted)]
     assert len(controller_entries(root, corrupted)) == 3
+
+
+def test_all_asks_for_every_fault_kind(tmp_path: Path) -> None:
+    from chaos.run import ChaosOptions
+
+    three = ChaosOptions(out=tmp_path, faults=["all"])
+    assert set(three.faults) == set(CATEGORIES) - {"decommission"}
+    assert set(ChaosOptions(out=tmp_path, nodes=4, faults=["all"]).faults) == set(CATEGORIES)
+    # The bit-rot faults that need sealed segments get small ones.
+    assert "--segment-bytes" in three.broker_args() or three.aggressive_retention
