@@ -31,7 +31,7 @@ from raftmq.log.checkpoints import START_CHECKPOINT
 from raftmq.log.durability_markers import DURABLE_SUFFIX
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 from raftmq.partition.producer_tracking import CHECKPOINT_FILE as PRODUCER_STATE_FILE
-from raftmq.raft.host.group_storage import HARD_STATE_FILE
+from raftmq.raft.host.group_storage import HARD_STATE_FILE, SNAPSHOT_META_FILE
 
 CATEGORIES = (
     "partition",
@@ -66,6 +66,9 @@ CORRUPT_FILES = {
 }
 """The bit-rot faults that flip a bit in one small CRC-framed file a replica or broker reads
 at open (``find_files`` says where each lives), and what their descriptions call it."""
+
+CONFIG_FILE_WHAT = "the snapshot meta (the configuration a group starts from; no CONFIG entry yet)"
+"""What ``corrupt-config`` flips when no sealed segment holds a CONFIG entry."""
 
 SEALED_SEGMENT_FAULTS = frozenset({"corrupt", "corrupt-config", "corrupt-index", "fd-pressure"})
 """Fault kinds that need partitions to seal segments within seconds: runs with one of them
@@ -488,7 +491,7 @@ class Nemesis:
         thousand entries; a replicated group's file already flipped on another replica is
         not taken) is passed over for another; with none anywhere the fault does nothing
         and says so."""
-        what = CORRUPT_FILES[kind]
+        what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
         nodes = self.rng.sample(self.live_nodes, len(self.live_nodes))
         for victim in nodes:
             broker_dir = self.chaos.data / f"broker-{victim}"
@@ -515,16 +518,24 @@ class Nemesis:
         )
 
     def _start_corrupt_config(self) -> Fault:
-        """Bit rot in a Raft configuration entry (CONFIG: a partition's first entry, and one
-        per membership change) of a sealed segment of one replica, while its broker is down;
-        like ``corrupt`` otherwise. A replica that reads its membership from a damaged
-        entry must not elect or vote on a guess: it repairs the entry from a peer first."""
-        return self._start_entry_flip(
-            "corrupt-config",
-            "a CONFIG entry",
-            lambda broker_dir: config_entries(broker_dir, self.corrupted),
-            self.live_nodes,
-        )
+        """Bit rot in a Raft configuration one replica reads at open, while its broker is
+        down; like ``corrupt`` otherwise. A replica that reads its membership from damaged
+        bytes must not elect or vote on a guess: it repairs them from a peer first.
+
+        A group's log holds a CONFIG entry only once its membership changed (a move, a
+        decommission, a rebalance); until then the configuration it starts from is in its
+        snapshot meta (``raft-snapshot``, with the log's start point). So: a CONFIG entry
+        of a sealed segment when some node holds one, else a partition's snapshot meta."""
+        if any(
+            config_entries(self.chaos.data / f"broker-{i}", self.corrupted) for i in self.live_nodes
+        ):
+            return self._start_entry_flip(
+                "corrupt-config",
+                "a CONFIG entry",
+                lambda broker_dir: config_entries(broker_dir, self.corrupted),
+                self.live_nodes,
+            )
+        return self._start_corrupt_file("corrupt-config")
 
     def _start_corrupt_controller_log(self) -> Fault:
         """Bit rot in the controller's metadata log on one voter (the ``__cluster_metadata``
@@ -745,7 +756,9 @@ def _group_dirs(broker_dir: Path) -> list[Path]:
     return [*dirs, controller] if controller.is_dir() else dirs
 
 
-_REPLICATED_STATE = frozenset({HARD_STATE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT})
+_REPLICATED_STATE = frozenset(
+    {HARD_STATE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT, SNAPSHOT_META_FILE}
+)
 """Files whose loss a replica may have to repair from a peer: flipped on one replica of a
 group at most (see ``Nemesis.corrupted_files``)."""
 
@@ -755,6 +768,9 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
     may flip a bit in, sorted; none that is empty, and none of a group whose same file was
     flipped on another replica (``corrupted``: (file name, group directory name)).
 
+    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry): each
+      group's ``raft-snapshot`` (snapshot meta: the log's start point and the membership
+      there, which a new group starts from);
     - ``corrupt-hardstate``: each group's ``raft-hardstate`` (term, vote, commit);
     - ``corrupt-producer-state``: each partition's ``producer_state.json`` checkpoint;
     - ``corrupt-log-start``: each group's ``log-start.checkpoint`` (the log writes it when
@@ -775,6 +791,7 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
         ]
     else:
         name = {
+            "corrupt-config": SNAPSHOT_META_FILE,
             "corrupt-hardstate": HARD_STATE_FILE,
             "corrupt-producer-state": PRODUCER_STATE_FILE,
             "corrupt-log-start": START_CHECKPOINT,

@@ -31,23 +31,48 @@ from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.partition.producer_tracking import ProducerTracking
 from raftmq.raft.hardstate import HardState
-from raftmq.raft.host.group_storage import HARD_STATE_FILE, load_hard_state, save_hard_state
+from raftmq.raft.host.group_storage import (
+    HARD_STATE_FILE,
+    SNAPSHOT_META_FILE,
+    load_hard_state,
+    load_snapshot_meta,
+    save_hard_state,
+    save_snapshot_meta,
+)
 from raftmq.raft.membership import Membership
+from raftmq.raft.messages import SnapshotMeta
+
+MEMBERS = Membership(frozenset({1, 2, 3}))
 
 
-def _write_log(directory: Path, entries: int, *, config_first: bool = True) -> None:
-    """A group's log as Raft writes it: a CONFIG entry first (a new group's configuration),
-    then data entries, in 1 KiB segments so that most are sealed (and indexed)."""
+def _write_log(directory: Path, entries: int, *, config_at: int | None = None) -> None:
+    """A group's log as Raft writes it: the configuration it starts from in its snapshot
+    meta, a leader's NOOP first, then data entries (and, at index ``config_at``, a CONFIG
+    entry, as a membership change appends one), in 1 KiB segments so that most are sealed
+    (and indexed)."""
     config = LogConfig(segment_bytes=1024, flush_policy=FlushPolicy.EVERY_BATCH)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_snapshot_meta(directory / SNAPSHOT_META_FILE, SnapshotMeta(0, 0, 0, MEMBERS))
     with Log.open(directory, config) as log:
-        index = 1
-        if config_first:
-            members = Membership(frozenset({1, 2, 3})).encode()
-            log.append(entry.encode(members, type=entry.EntryType.CONFIG, index=1, term=1))
-            index = 2
-        for i in range(entries):
-            batch = build_batch([Record(None, f"value-{i}".encode() * 4, 1_700_000_000_000)])
-            log.append(entry.stamp(batch, index=index + i, term=1, base_offset=i))
+        log.append(entry.encode(b"", type=entry.EntryType.NOOP, index=1, term=1))
+        offset = 0
+        for index in range(2, entries + 2):
+            if index == config_at:
+                change = Membership(frozenset({1, 2, 4})).encode()
+                log.append(
+                    entry.encode(
+                        change,
+                        type=entry.EntryType.CONFIG,
+                        index=index,
+                        term=1,
+                        base_offset=offset,
+                    )
+                )
+                continue
+            value = f"value-{offset}".encode() * 4
+            batch = build_batch([Record(None, value, 1_700_000_000_000)])
+            log.append(entry.stamp(batch, index=index, term=1, base_offset=offset))
+            offset += 1
 
 
 def broker_dir(tmp_path: Path, broker: int = 1, *, voter: bool = True) -> Path:
@@ -108,6 +133,7 @@ def test_every_new_kind_is_a_fault_kind() -> None:
         ("corrupt-producer-state", "producer_state.json"),
         ("corrupt-log-start", "log-start.checkpoint"),
         ("corrupt-metadata-cache", "metadata.cache"),
+        ("corrupt-config", "raft-snapshot"),
     ],
 )
 def test_a_file_fault_finds_its_file_and_flips_one_bit(
@@ -167,7 +193,7 @@ def test_index_files_are_those_of_sealed_segments(tmp_path: Path) -> None:
 
 def test_a_broker_without_the_file_offers_nothing(tmp_path: Path) -> None:
     root = tmp_path / "broker-1"
-    _write_log(root / f"{TOPIC}-0", 3)  # a young partition: no checkpoint, nothing sealed
+    _write_log(root / f"{TOPIC}-0", 3, config_at=3)  # young: no checkpoint, nothing sealed
     for kind in ("corrupt-producer-state", "corrupt-metadata-cache", "corrupt-index"):
         assert find_files(root, kind, set()) == []
     assert config_entries(root, set()) == []  # its CONFIG entry is in the active segment
@@ -176,22 +202,36 @@ def test_a_broker_without_the_file_offers_nothing(tmp_path: Path) -> None:
     assert flip_entry_bit([], random.Random(0), set()) == ""
 
 
-def test_config_entries_of_sealed_segments_are_found_and_flipped_once(tmp_path: Path) -> None:
+def test_a_new_groups_configuration_is_in_its_snapshot_meta(tmp_path: Path) -> None:
+    # No membership change yet: no CONFIG entry; corrupt-config falls back to raft-snapshot.
     root = broker_dir(tmp_path, voter=False)
+    assert config_entries(root, set()) == []
+    (path,) = [p for p in find_files(root, "corrupt-config", set()) if "-0" in p.parent.name]
+    assert load_snapshot_meta(path) == SnapshotMeta(0, 0, 0, MEMBERS)
+    corrupted: set[tuple[str, str]] = set()
+    flip_file_bit([path], random.Random(8), corrupted)
+    assert load_snapshot_meta(path) is None  # the damage shows as no saved meta at all
+    assert corrupted == {(SNAPSHOT_META_FILE, f"{TOPIC}-0")}
+
+
+def test_config_entries_of_sealed_segments_are_found_and_flipped_once(tmp_path: Path) -> None:
+    root = tmp_path / "broker-1"
+    for p in (0, 1):
+        _write_log(root / f"{TOPIC}-{p}", 40, config_at=3)  # a membership change
     corrupted: set[tuple[str, int]] = set()
     found = config_entries(root, corrupted)
     assert {(seg.parent.name, h.index) for seg, h in found} == {
-        (f"{TOPIC}-0", 1),
-        (f"{TOPIC}-1", 1),
+        (f"{TOPIC}-0", 3),
+        (f"{TOPIC}-1", 3),
     }
     assert all(h.type == entry.EntryType.CONFIG for _, h in found)
     before = _snapshot(root)
     said = flip_entry_bit(found, random.Random(5), corrupted)
-    assert "CONFIG entry at index 1" in said
+    assert "CONFIG entry at index 3" in said
     (seg,) = _changed_bits(before, root)
     data = seg.read_bytes()
     bad = [h for h in entry.iter_headers(data, verify=False) if not entry.crc_ok(data, h)]
-    assert [(h.type, h.index) for h in bad] == [(entry.EntryType.CONFIG, 1)]
+    assert [(h.type, h.index) for h in bad] == [(entry.EntryType.CONFIG, 3)]
     # That entry's copy on any replica is not offered again.
     assert len(config_entries(root, corrupted)) == 1
 
