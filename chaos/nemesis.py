@@ -525,7 +525,8 @@ class Nemesis:
         A group's log holds a CONFIG entry only once its membership changed (a move, a
         decommission, a rebalance); until then the configuration it starts from is in its
         snapshot meta (``raft-snapshot``, with the log's start point). So: a CONFIG entry
-        of a sealed segment when some node holds one, else a partition's snapshot meta."""
+        of a sealed segment when some node holds one, else a group's snapshot meta (a
+        partition's or, on a voter, the controller group's)."""
         if any(
             config_entries(self.chaos.data / f"broker-{i}", self.corrupted) for i in self.live_nodes
         ):
