@@ -151,8 +151,10 @@ class Log:
         """The segment's index, loaded (or rebuilt) for a closed one that dropped it."""
         if seg is not self._segments[-1]:
             self._cache_touch(seg)
-            if seg.index is None and not seg.load_index():
-                recovery.rebuild_index(self, seg)
+            if seg.index is None:
+                reason = seg.load_index()
+                if reason is not None:
+                    recovery.rebuild_index(self, seg, reason)
         assert seg.index is not None
         return seg.index
 

@@ -82,6 +82,13 @@ def truncate_prefix(log: Log, index: int, offset: int | None, prev_term: int | N
     log empty there when ``index`` lies past its end (a snapshot install)."""
     log._check_open()
     writes.wait_no_flush(log)
+    if index == log.start_index and prev_term is not None and prev_term != log._prev_term:
+        # A snapshot (committed state) that ends right before our start and knows the term
+        # there better than we do: our log-start checkpoint was rebuilt without it
+        # (``recovery._rebuild_start`` takes 0 rather than guess). Take the snapshot's, or
+        # the leader's appends after it never match and it resends the same snapshot.
+        log._set_start(index, log.start_offset, prev_term)
+        return
     if index <= log.start_index:
         return
     if index <= log.next_index:
