@@ -38,7 +38,9 @@ class SegmentIndex:
 
     __slots__ = (
         "base_offset",
+        "checked_slots",
         "first_index",
+        "from_file",
         "indexes",
         "last_slot_position",
         "max_timestamp_ms",
@@ -58,6 +60,12 @@ class SegmentIndex:
         self.time_offsets = array("I")
         self.last_slot_position = -1
         self.max_timestamp_ms = -1
+        # Loaded from files (not built by this process from the segment): a lookup checks
+        # that the entry at the slot it starts from is the one the slot names, once per
+        # slot (reads.check_slot), so a file that passed its CRC yet is wrong for this
+        # segment cannot make a read skip or misplace records.
+        self.from_file = False
+        self.checked_slots: set[int] = set()
 
     def observe(
         self,
@@ -208,6 +216,7 @@ class SegmentIndex:
         idx.timestamps_ms, idx.time_offsets = stamps, time_offsets
         idx.last_slot_position = positions[-1] if positions else -1
         idx.max_timestamp_ms = stamps[-1] if stamps else -1
+        idx.from_file = True
         return idx
 
 

@@ -158,6 +158,11 @@ class Log:
         assert seg.index is not None
         return seg.index
 
+    def _rebuild_index(self, seg: Segment, reason: str) -> None:
+        """Replace a closed segment's index that a lookup found wrong (reads.check_slot)."""
+        assert seg is not self._segments[-1], "the active segment's index is never loaded"
+        recovery.rebuild_index(self, seg, reason)
+
     def _cache_touch(self, seg: Segment) -> None:
         if seg in self._unsealed:
             return  # its fd and in-memory index stay until the flush that seals it

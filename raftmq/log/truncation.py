@@ -64,7 +64,13 @@ def truncate_suffix(log: Log, index: int) -> None:
 def _position_of_index(log: Log, seg: Segment, index: int) -> int:
     if index <= seg.first_index:
         return 0
-    start = log._index_of(seg).position_for_index(index)
+
+    def slot() -> int:
+        position = log._index_of(seg).position_for_index(index)
+        reads.check_slot(seg, position)
+        return position
+
+    start = reads.with_checked_index(log, slot)
     found: list[int] = []
 
     def at(position: int, h: EntryHeader) -> str | None:
