@@ -105,7 +105,7 @@ class MetadataCache:
             self.path.unlink(missing_ok=True)
             removed = "removed it"
         except OSError as exc:
-            removed = f"could not remove it ({exc.strerror or exc}): it is rewritten later"
+            removed = f"could not remove it ({exc.strerror or exc}): remove it by hand"
         log.warning(
             "the metadata cache %s %s: ignored it and %s; this broker waits for the "
             "controller's copy of the metadata before it opens its replicas",
