@@ -158,22 +158,24 @@ def _rebuild_start(log: Log, problem: str) -> None:
     higher one could win this replica a vote its log does not deserve. A term too low
     costs only liveness (the leader's first append there does not match and it sends its
     start point, which sets the term: ``truncation.truncate_prefix``)."""
-    prev_term = 0
     below = [term for first, term in log._terms if first < log.start_index]
-    if below:
-        prev_term = below[-1]
+    prev_term = below[-1] if below else 0
+    known = bool(below) or log.start_index == 1  # nothing precedes index 1: its term is 0
     log._prev_term = prev_term
     log._write_start()
     log.recovery.notes.append(f"{problem}: rebuilt from the first segment")
     logger.warning(
         "log %s: %s; rebuilt it from the segments on disk: the log now starts at the first "
-        "segment's first entry (index %d, offset %d, term before it %s). Entries a cut had "
-        "dropped from that segment may be readable again; none that were kept are hidden",
+        "segment's first entry (index %d, offset %d, term before it %s). %s",
         log.directory,
         problem,
         log.start_index,
         log.start_offset,
-        prev_term if below else "unknown: 0 until the leader's start point says",
+        prev_term if known else "unknown: 0 until the leader's start point says",
+        "Nothing was ever cut from this log: the start is exact"
+        if log.start_index == 1
+        else "Entries a cut had dropped from that segment may be readable again; none "
+        "that were kept are hidden",
     )
 
 

@@ -126,7 +126,7 @@ class ProducerTracking:
         if damaged is not None:
             log.warning(
                 "%s: the producer state checkpoint %s %s; ignored it and rebuilt the state of "
-                "%d producers from the batch headers of entries %d to %d (a producer whose "
+                "%d producer(s) from the batch headers of entries %d to %d (a producer whose "
                 "last batch is older is unknown here until it starts a new epoch); writing "
                 "a fresh checkpoint",
                 self.name,
