@@ -65,7 +65,7 @@ class SegmentIndex:
         # slot (reads.check_slot), so a file that passed its CRC yet is wrong for this
         # segment cannot make a read skip or misplace records.
         self.from_file = False
-        self.checked_slots: set[int] = set()
+        self.checked_slots = bytearray()  # one flag per slot, sized at load (1 byte each)
 
     def observe(
         self,
@@ -112,6 +112,11 @@ class SegmentIndex:
             return self.positions[-1] if self.positions else 0
         slot = bisect_left(self.offsets, self.time_offsets[t]) - 1
         return self.positions[slot] if slot >= 0 else 0
+
+    def slot_at(self, position: int) -> int | None:
+        """Number of the slot at ``position``, None when no slot is there."""
+        k = bisect_left(self.positions, position)
+        return k if k < len(self.positions) and self.positions[k] == position else None
 
     def entry_at(self, position: int) -> tuple[int, int] | None:
         """(Raft index, base offset) of the entry at ``position`` when a slot marks one there."""
@@ -217,6 +222,7 @@ class SegmentIndex:
         idx.last_slot_position = positions[-1] if positions else -1
         idx.max_timestamp_ms = stamps[-1] if stamps else -1
         idx.from_file = True
+        idx.checked_slots = bytearray(len(positions))
         return idx
 
 

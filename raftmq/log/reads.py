@@ -48,9 +48,12 @@ def check_slot(seg: Segment, position: int) -> None:
     """Before a lookup starts at ``position`` (a slot of ``seg``'s index), make sure the
     entry there is the one the slot names, when the index came from files and this slot
     was not checked yet: one header read per slot per load, so the hot path (the active
-    segment, slots already checked) pays a set lookup. Raises StaleIndexError."""
+    segment, slots already checked) pays a bisection. Raises StaleIndexError."""
     idx = seg.index
-    if idx is None or not idx.from_file or position == 0 or position in idx.checked_slots:
+    if idx is None or not idx.from_file or position == 0:
+        return
+    slot = idx.slot_at(position)
+    if slot is not None and idx.checked_slots[slot]:
         return
     claimed = idx.entry_at(position)
     found: tuple[int, int] | None = None
@@ -66,7 +69,8 @@ def check_slot(seg: Segment, position: int) -> None:
             f"its slot at byte {position} names (index, offset) {claimed} but the entry "
             f"there is {found if found is not None else 'not an entry start'}",
         )
-    idx.checked_slots.add(position)
+    assert slot is not None
+    idx.checked_slots[slot] = 1
 
 
 def with_checked_index(log: Log, lookup: Callable[[], _T]) -> _T:
