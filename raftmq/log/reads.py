@@ -322,7 +322,14 @@ def _entry_after(log: Log, pos: int, seg: Segment, end: int) -> tuple[int, int] 
             following = log._segments[pos + 1]
             return following.first_index, following.base_offset
         return log.next_index, log.next_offset
-    return None if seg.index is None else seg.index.entry_at(end)
+    if seg.index is None:
+        return None
+    found = seg.index.entry_at(end)
+    if found is not None:
+        # Trusted to say where whole entries end and what follows: a slot from a file is
+        # checked against the disk first (once), or a read could end mid-entry.
+        check_slot(seg, end)
+    return found
 
 
 def _read_size(log: Log, seg: Segment, position: int, budget_bytes: int, *, have: int) -> int:

@@ -156,6 +156,9 @@ def test_an_index_file_with_a_valid_crc_but_wrong_slots_is_rebuilt(
         + (int.from_bytes(rows[16:20], "big") - 1).to_bytes(4, "big")
         + rows[20:],
         "past the end": rows[:-4] + (1 << 30).to_bytes(4, "big"),
+        # The last slot's position moved 8 bytes into its entry: a read ending there
+        # would hand out part of an entry.
+        "mid-entry": rows[:-4] + (int.from_bytes(rows[-4:], "big") + 8).to_bytes(4, "big"),
         "first slot not at 0": rows[:8] + (7).to_bytes(4, "big") + rows[12:],
     }
     for what, payload in wrong.items():
@@ -167,7 +170,7 @@ def test_an_index_file_with_a_valid_crc_but_wrong_slots_is_rebuilt(
             assert _answers(case) == answers, what
         said = [w for w in _warnings(caplog) if victim.name in w and "rebuilt" in w]
         assert len(said) == 1, (what, _warnings(caplog))
-        if what == "shifted":
+        if what in ("shifted", "mid-entry"):
             assert "slot at byte" in said[0]  # caught by the lookup, not by the load
 
 
