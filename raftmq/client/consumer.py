@@ -272,6 +272,8 @@ class _Face:
         self._session: GroupSession | None = None
         self._callbacks = _Callbacks()
         self._link: GroupLink | None = None  # assign mode's commits
+        self._commit_turn: asyncio.Lock | None = None
+        """Assign mode's commits go one at a time, as a member's do (GroupSession.commit)."""
         self._auto_commit_at = time.monotonic()
         self._in_callback = False
         """Inside on_assign / on_revoke / on_lost (run by ``poll``)."""
@@ -399,9 +401,12 @@ class _Face:
             return
         if self._link is None:
             self._link = GroupLink(self._fetcher.links)
+        if self._commit_turn is None:
+            self._commit_turn = asyncio.Lock()
         group_id = self._group_id("commit")
         try:
-            await self._link.commit(group_id, "", 0, offsets)
+            async with self._commit_turn:
+                await self._link.commit(group_id, "", 0, offsets)
         except ClientError as err:
             if err.code != pb.ERROR_CODE_GROUP_NOT_EMPTY:
                 raise

@@ -90,6 +90,8 @@ class GroupSession:
         it up): a commit stamped with an older count names a position from an earlier
         tenure, which the group may have moved past since, so it is refused."""
         self._topics: tuple[str, ...] | re.Pattern[str] = ()
+        self._commit_turn = asyncio.Lock()
+        """Held by the commit being sent (:meth:`commit` says why one at a time)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._metadata_at = 0.0
@@ -296,9 +298,17 @@ class GroupSession:
         the partitions was lost, or lost or given up since ``stamp`` (:meth:`stamp`, taken
         when the offsets were read): those offsets are a position from before, and the
         group may have moved past it since (another member consumed on), so committing
-        them could move its progress back."""
+        them could move its progress back.
+
+        One commit at a time, in the order they were made: a commit the link retries
+        (a controller failover, an outcome unknown) must not land after a later one
+        the group already acknowledged, as an auto-commit overlapping the next would."""
         if not offsets:
             return
+        async with self._commit_turn:
+            await self._commit_now(offsets, stamp)
+
+    async def _commit_now(self, offsets: Commits, stamp: dict[TopicPartition, int] | None) -> None:
         stale = sorted(
             tp
             for tp in offsets
