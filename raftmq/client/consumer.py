@@ -490,7 +490,7 @@ async def _seek_to(
     partitions = partitions or tuple(fetcher.states)
     specs = {tp: pb.ListOffsetsRequest(position=where) for tp in partitions}
     for tp, offset in (await _offsets(fetcher, specs)).items():
-        fetcher.seek(tp, offset)
+        fetcher.seek(tp, offset, reached=True)  # a broker's answer: the log has it
 
 
 async def _partitions_for(fetcher: Fetcher, topic: str) -> list[int]:

@@ -17,7 +17,9 @@ position) bumps the partition's generation and drops its buffer, and an answer t
 started under an older generation is thrown away when it lands.
 
 A partition's ``floor`` is an offset the consumer knows its log once reached: the group's
-committed offset it started from, or a high watermark a broker reported. A broker whose
+committed offset it started from, a high watermark or a list-offsets answer (a reset,
+seek_to_beginning, seek_to_end) a broker gave; a plain ``seek`` does not raise it, so a
+seek past the end still resets. A broker whose
 committed log ends below the floor is behind (a leader just elected and still learning
 its commit, a replica restarted or rebuilt from a snapshot), not the consumer: its "out
 of range" above its end is asked again after a backoff, never answered with the reset
@@ -79,8 +81,8 @@ class PartitionState:
     generation: int = 0
     floor: int = 0
     """An offset this partition's log is known to have reached (the group's committed
-    offset, a high watermark a broker reported): a fetch at or below it that a broker
-    calls past its end is retried, not reset (the module's docstring says why)."""
+    offset, a high watermark or list-offsets answer a broker gave): a fetch at or below
+    it that a broker calls past its end is retried, not reset (the module says why)."""
     paused: bool = False
     buffered: deque[Chunk] = field(default_factory=deque)
     buffered_bytes: int = 0
@@ -220,6 +222,7 @@ class Fetcher:
                     with self.lock:
                         if state.generation == generation:
                             state.fetch_offset = state.position = offset
+                            state.floor = max(state.floor, offset)  # a broker's own answer
                     continue
                 answer = await self._fetch(tp, state, state.fetch_offset)
                 if answer is None:
