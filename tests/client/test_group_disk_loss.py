@@ -67,7 +67,26 @@ def restart(cluster: LocalCluster, *voters: int) -> None:
         cluster.wait_ready(v)
 
 
-@pytest.mark.parametrize("order", ["wipe-then-kill-majority", "kill-majority-with-the-wiped"])
+WIPED_ALONE_BUG = (
+    "a voter with no data folder that hears from no other voter at boot starts as a new "
+    "voter and votes at once (raftmq/broker/history_probe.py metadata_with_history, "
+    "raftmq/broker/server.py _mark_wiped_voter): with 3 it elects 3, which lacks the "
+    "commit, and FetchOffsets then answers no offset (issue 20, reported to the broker's "
+    "owners)"
+)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "wipe-then-kill-majority",
+        "kill-majority-with-the-wiped",
+        pytest.param(
+            "kill-majority-with-the-wiped-starting-alone",
+            marks=pytest.mark.xfail(strict=True, reason=WIPED_ALONE_BUG),
+        ),
+    ],
+)
 def test_an_acknowledged_commit_survives_a_wiped_voter_and_a_killed_majority(
     dedicated: Dedicated, order: str
 ) -> None:
@@ -75,7 +94,7 @@ def test_an_acknowledged_commit_survives_a_wiped_voter_and_a_killed_majority(
     with cluster.admin() as admin:
         admin.create_topic(TOPIC, 1, 1)
     produce(cluster, range(30))
-    if order == "kill-majority-with-the-wiped":
+    if order.startswith("kill-majority-with-the-wiped"):
         cluster.kill(3)  # the commit is then acknowledged by voters 1 and 2 alone
     with member(cluster) as c:
         c.subscribe([TOPIC])
@@ -99,12 +118,12 @@ def test_an_acknowledged_commit_survives_a_wiped_voter_and_a_killed_majority(
         cluster.kill(1)
         cluster.kill(2)
         wipe(cluster, 1)
-        # 3 first, serving before 1 starts: a voter with no data folder asks the others
-        # whether the quorum has a past, and one that hears from none starts as a new
-        # voter and votes at once (raftmq/broker/history_probe.py), which here would
-        # elect 3 and lose the commit. Reported with issue 20; not this test's subject.
-        restart(cluster, 3)
-        restart(cluster, 1)
+        # A voter with no data folder asks the others whether the quorum has a past:
+        # with 3 serving first, 3 answers. Starting alone, 1 hears from nobody (the
+        # xfail case: WIPED_ALONE_BUG).
+        first, second = (1, 3) if order.endswith("starting-alone") else (3, 1)
+        restart(cluster, first)
+        restart(cluster, second)
         pair = [cluster.spec.brokers[v].address for v in (1, 3)]
         deadline = time.monotonic() + NO_LEADER_S
         while time.monotonic() < deadline:
