@@ -5,9 +5,9 @@ committed offset, not from what it had buffered; a committed offset past the end
 log a broker serves is waited for, not answered with ``auto_offset_reset``.
 
 The chaos run that found it: a consumer committed 4842, its session ran out while two
-brokers were killed, it joined again, and a fetch past what a lagging broker had
-committed was reset to 'earliest' (4772 on a replica rebuilt from a snapshot); it then
-committed 4802."""
+brokers were killed, it joined again, read from 4772 (never committed: most likely the
+log start of a replica rebuilt from a snapshot, where a fetch past a lagging broker's end
+was reset to 'earliest'), and committed 4802."""
 
 from __future__ import annotations
 
