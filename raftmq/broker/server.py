@@ -798,10 +798,23 @@ class Broker:
         instead of passing for new ones (:mod:`raftmq.broker.history_probe`)."""
         seen, answered = await partitions_with_history((self.bootstrap, view), self.id, hosted)
         if not answered:
-            log.info(
-                "broker %d: no data directory and no peer answering: starting as a new broker",
+            # Nobody could say, so assume the past: a replica that passed for new would vote
+            # at once and could help a peer that missed committed entries win an election.
+            # Rejoining costs only the wait for a leader that has the log (a replica with
+            # no peer has nothing to wait for: it starts empty).
+            seen = {
+                (t, p)
+                for t, p in hosted
+                if t in view.state.topics and len(view.state.topics[t].partitions[p].replicas) > 1
+            }
+            log.warning(
+                "broker %d: no data directory, no --new, and no peer answering whether its "
+                "replicas had a past: %d of them rejoin (no vote until a leader has copied "
+                "them its log); if this is a new broker, restart it with --new",
                 self.id,
+                len(seen),
             )
+            _record_promised_all(self.data_dir, seen)
             return
         if not seen:
             return
@@ -814,16 +827,27 @@ class Broker:
             len(seen),
             len(hosted),
         )
-        for topic, p in sorted(seen):
-            directory = self.data_dir / f"{topic}-{p}"
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            record_promised(directory)
+        _record_promised_all(self.data_dir, seen)
 
     async def _mark_wiped_voter(self) -> None:
         """No data folder on a controller voter: if the quorum has a past, this voter's
         metadata group rejoins (no vote until it holds the leader's log), as a replaced
         partition replica does (:func:`metadata_with_history`)."""
         past, answered = await metadata_with_history(self.voter_addresses, self.id)
+        if not answered:
+            # Nobody could say, so assume the past (as for partitions): a voter that passed
+            # for new would vote at once, and with one voter that missed committed metadata
+            # it could elect that one and vote acknowledged metadata (offset commits, topics)
+            # away. A new cluster's voters start with --new (raftmq dev does), so they never
+            # wait here for each other.
+            log.warning(
+                "broker %d: no data folder, no --new, and no other voter answering whether the "
+                "metadata has a past: its metadata group rejoins (no vote until it holds the "
+                "leader's log); if this is a new cluster, restart every voter with --new",
+                self.id,
+            )
+            record_promised(self.data_dir / GROUP)
+            return
         if not past:
             log.info(
                 "broker %d: no data folder, and no other voter (answered: %s) holds metadata: "
@@ -1004,6 +1028,13 @@ def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
     return lambda: replica.is_leader
+
+
+def _record_promised_all(data_dir: Path, replicas: set[tuple[str, int]]) -> None:
+    for topic, p in sorted(replicas):
+        directory = data_dir / f"{topic}-{p}"
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        record_promised(directory)
 
 
 def _delete_tree(directory: Path) -> int:

@@ -67,24 +67,12 @@ def restart(cluster: LocalCluster, *voters: int) -> None:
         cluster.wait_ready(v)
 
 
-WIPED_ALONE_BUG = (
-    "a voter with no data folder that hears from no other voter at boot starts as a new "
-    "voter and votes at once (raftmq/broker/history_probe.py metadata_with_history, "
-    "raftmq/broker/server.py _mark_wiped_voter): with 3 it elects 3, which lacks the "
-    "commit, and FetchOffsets then answers no offset (issue 20, reported to the broker's "
-    "owners)"
-)
-
-
 @pytest.mark.parametrize(
     "order",
     [
         "wipe-then-kill-majority",
         "kill-majority-with-the-wiped",
-        pytest.param(
-            "kill-majority-with-the-wiped-starting-alone",
-            marks=pytest.mark.xfail(strict=True, reason=WIPED_ALONE_BUG),
-        ),
+        "kill-majority-with-the-wiped-starting-alone",
     ],
 )
 def test_an_acknowledged_commit_survives_a_wiped_voter_and_a_killed_majority(
@@ -119,8 +107,8 @@ def test_an_acknowledged_commit_survives_a_wiped_voter_and_a_killed_majority(
         cluster.kill(2)
         wipe(cluster, 1)
         # A voter with no data folder asks the others whether the quorum has a past:
-        # with 3 serving first, 3 answers. Starting alone, 1 hears from nobody (the
-        # xfail case: WIPED_ALONE_BUG).
+        # with 3 serving first, 3 answers. Starting alone, 1 hears from nobody, so it
+        # assumes a past and rejoins all the same.
         first, second = (1, 3) if order.endswith("starting-alone") else (3, 1)
         restart(cluster, first)
         restart(cluster, second)
