@@ -7,11 +7,15 @@ handcrafted histories. It is a pure function: ``check(ops)`` returns a ``CheckRe
 Promises checked (one report per check, each with counts and up to ``MAX_EXAMPLES``
 self-explaining examples):
 
-1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of its
-   partition, at its acknowledged offset, with its value, unless retention deleted it
-   (its offset is below every replica's log start).
+1. ``lost``: an acknowledged record (``send`` status ``ok``) is in the final reads of some
+   replica of its partition, at its acknowledged offset, with its value, unless retention
+   deleted it (its offset is below every healthy replica's log start). Lost means no
+   replica holds it.
 2. ``replicas``: every replica holds every acknowledged record of its partition from its
-   log start up to its final high watermark, and the replicas' digests agree.
+   log start, and the replicas' digests agree. A record some replicas lack while another
+   holds it is ``under-replicated``: a violation only when the replica had not caught up
+   within ``recovery_limit_s`` of healing; a replica whose final high watermark passed a
+   record it does not hold is ``missing-below-hw``.
 3. ``one-value-per-offset``: acks, live reads and final reads never disagree about the
    value at a (partition, offset).
 4. ``duplicates``: no value appears at two offsets (a violation only with idempotence).
@@ -23,13 +27,16 @@ self-explaining examples):
    own ``reset`` to the log start.
 7. ``consumer-groups``: what the real clients' consumers saw (``consume``, ``commit``,
    ``committed`` ops, chaos/client_workload.py): a consumer with a fixed assignment
-   advances one offset at a time; a group's acknowledged commits never go back in real
-   time, never pass the log end nor what the committing member consumed, none is lost
-   (the group's committed offset read after the run is at least each of them), and no
-   acknowledged record below that offset went unconsumed. Consumed records are also held
-   to checks 3, 4 and 5 (redelivery at the same offset is not a duplicate).
+   advances one offset at a time; a group's committed offset never goes back, and the
+   finding names the side (``commit-went-back-client``: a member committed older
+   progress after newer was acknowledged; ``commit-went-back-coordinator``: the
+   coordinator's FetchOffsets answer was older than an acknowledged commit), never
+   passes the log end, and no acknowledged record below it went unconsumed (unless
+   retention deleted it on a healthy replica first). Consumed records are also held to
+   checks 3, 4 and 5 (redelivery at the same offset is not a duplicate).
 8. ``recovery``: after healing, the cluster recovered, within ``recovery_limit_s``.
-9. ``leaderless``, 10. ``health``: see their functions.
+9. ``leaderless``, 10. ``health``: see their functions (``health`` also holds every
+   replica the metadata assigns to being reported by its broker, and not still opening).
 11. ``replication``: in runs that killed a broker for good, every partition was back at
     its replication factor of in-sync voters on live brokers within ``heal_limit_s`` of
     the end of the fault window.
@@ -39,8 +46,13 @@ may not have been written), but once one is read it is held to checks 3, 4 and 5
 other record.
 
 Retention: ``range`` ops give each replica's log start at the final read. Records below a
-replica's start are not expected on it; a record below every replica's start was deleted,
-not lost. A history without ``range`` ops has every start at 0, i.e. no exemption at all.
+replica's start are not expected on it; a record below every healthy replica's start was
+deleted, not lost (a replica that did not answer, or reports itself failed or opening, has
+no start that counts). A history without ``range`` ops has every start at 0, i.e. no
+exemption at all.
+
+Examples name each replica involved and its state as its broker reported it (ok,
+catching_up, failed, opening, with the reason; unreported when its broker listed none).
 
 Histories can hold about a million operations, so every check is one or two passes over
 dicts and sets built once in ``_History`` (sorting only per producer/reader, O(n log n)),
@@ -88,6 +100,9 @@ KNOWN_KINDS = frozenset(
         "commit",
         "committed",
         "consumer-error",
+        "leader",
+        "status",
+        "assignment",
     }
 )
 
@@ -221,6 +236,18 @@ class _Findings:
 
 # --------------------------------------------------------------------------- index
 
+STATE_WORDS = {
+    "REPLICA_OK": "ok",
+    "REPLICA_CATCHING_UP": "catching_up",
+    "REPLICA_FAILED": "failed",
+    "REPLICA_OPENING": "opening",
+    "REPLICA_STATE_UNSPECIFIED": "unspecified",
+}
+"""How examples name the states of broker.proto's ReplicaState."""
+
+UNSOUND_STATES = frozenset({"REPLICA_FAILED", "REPLICA_OPENING"})
+"""States in which a replica serves nothing: its log start does not count for retention."""
+
 
 def _who(op: Op) -> str:
     """A short, human description of who saw a value (for examples)."""
@@ -259,6 +286,18 @@ class _History:
         self.faults: list[Op] = []
         self.leaders: dict[int, list[Op]] = defaultdict(list)  # partition -> monitor's ops
         self.statuses: list[Op] = []
+        # (partition, replica) -> (state, reason) as the replica's own broker reported it.
+        self.replica_state: dict[tuple[int, int], tuple[str, str | None]] = {}
+        # broker -> its grpc health answer after healing.
+        self.broker_health: dict[int, str] = {}
+        # broker -> what else the status sweep noted (its Metadata call got no answer).
+        self.broker_note: dict[int, str] = {}
+        # partition -> the assignment ops (what each broker's metadata said hosts it).
+        self.assignments: dict[int, list[Op]] = defaultdict(list)
+        # (partition, replica) -> when its final read ended (range op), for the heal bound.
+        self.read_at: dict[tuple[int, int], float] = {}
+        # (partition, replica) whose final read got no answer at all (range status fail).
+        self.unanswered: set[tuple[int, int]] = set()
         self.range_hw: dict[tuple[int, int], int] = {}
         # (partition, replica) -> why its final read stopped short (range ops' error).
         self.range_error: dict[tuple[int, int], str] = {}
@@ -316,16 +355,82 @@ class _History:
             elif kind == "leader":
                 self.leaders[op.partition].append(op)
             elif kind == "status":
-                self.statuses.append(op)
+                self._add_status(op)
+            elif kind == "assignment":
+                self.assignments[op.partition].append(op)
             else:
                 self.other[kind] += 1
 
-        # Retention floor per partition: the smallest log start among its replicas (a replica
-        # without a range op starts at 0); below it no replica holds anything any more.
-        self.floor: dict[int, int] = {
-            p: min(self.replica_start.get((p, r), 0) for r in self.replicas[p])
-            for p in {p for p, _ in self.replica_start}
-        }
+        self.healed_at: float | None = min((op.start for op in self.recoveries), default=None)
+        # Retention floor per partition: the smallest log start among its healthy replicas
+        # (a replica without a range op starts at 0); below it no replica holds anything
+        # any more. A replica that did not answer its final read, or that says it is failed
+        # or still opening, reports no log start: counting it at 0 would turn every record
+        # retention deleted on the healthy ones into a "lost" one.
+        # The largest log start among them bounds what a consumer could still read.
+        self.floor: dict[int, int] = {}
+        self.retained_from: dict[int, int] = {}
+        for p in {p for p, _ in self.replica_start}:
+            starts = [self.replica_start.get((p, r), 0) for r in self.healthy_replicas(p)]
+            self.floor[p] = min(starts, default=0)
+            self.retained_from[p] = max(starts, default=0)
+
+    def healthy_replicas(self, partition: int) -> list[int]:
+        """The replicas of ``partition`` whose log start counts: they answered their final
+        read and do not say they are failed or still opening. All of them when none is."""
+        every = sorted(self.replicas.get(partition, ()))
+        healthy = [
+            r
+            for r in every
+            if (partition, r) not in self.unanswered
+            and self.replica_state.get((partition, r), ("", None))[0] not in UNSOUND_STATES
+        ]
+        return healthy or every
+
+    def state_of(self, partition: int, replica: int) -> str:
+        """The replica's state in a few words, for examples: ok, catching_up, failed or
+        opening (with the reason its broker gave), unreported, or unknown (no status ops)."""
+        found = self.replica_state.get((partition, replica))
+        if found is None:
+            if not self.statuses:
+                return "unknown (no status reports)"
+            health = self.broker_health.get(replica)
+            if health is not None and health != "SERVING":
+                return f"unreported (broker {replica} answers health {health})"
+            if replica in self.broker_note:
+                return f"unreported (broker {replica} serves, but {self.broker_note[replica]})"
+            return "unreported (its broker does not list it)"
+        state, reason = found
+        words = STATE_WORDS.get(state, state)
+        return f"{words}: {reason}" if reason else words
+
+    def _add_status(self, op: Op) -> None:
+        self.statuses.append(op)
+        if op.replica is None:
+            self.malformed.append(op)
+        elif op.partition < 0:
+            self.broker_health[op.replica] = op.value or ""
+            if op.error:
+                self.broker_note[op.replica] = op.error
+        else:
+            self.replica_state[(op.partition, op.replica)] = (op.value or "", op.error)
+
+    def assigned(self, partition: int) -> tuple[set[int], Op | None]:
+        """The replicas the metadata assigns to ``partition`` after healing, and the op that
+        said so: the answer of the broker that leads it (the freshest view), else the
+        assignment most brokers gave. (Empty when no assignment op was recorded.)"""
+        ops = self.assignments.get(partition, [])
+        if not ops:
+            return set(), None
+        leading = [op for op in ops if op.offset is not None and op.offset == op.replica]
+        if leading:
+            chosen = leading[-1]
+        else:
+            votes: dict[str, list[Op]] = defaultdict(list)
+            for op in ops:
+                votes[op.value or ""].append(op)
+            chosen = max(votes.values(), key=len)[-1]
+        return {int(r) for r in (chosen.value or "").split(",") if r.strip()}, chosen
 
     def _add_send(self, op: Op) -> None:
         self.sends.append(op)
@@ -360,6 +465,9 @@ class _History:
             return
         key = (op.partition, op.replica)
         self.replicas[op.partition].add(op.replica)
+        self.read_at[key] = max(op.end, self.read_at.get(key, op.end))
+        if op.status == "fail":
+            self.unanswered.add(key)
         # Several reads of one replica: the lowest start is what it was shown to hold.
         self.replica_start[key] = min(op.offset, self.replica_start.get(key, op.offset))
         if op.hw is not None:
@@ -379,8 +487,14 @@ class _History:
         self.resets[(op.process, op.partition)][op.offset] = to
 
     def deleted(self, partition: int, offset: int) -> bool:
-        """Whether retention deleted ``offset`` on every replica (False without range ops)."""
+        """Whether retention deleted ``offset`` on every healthy replica (False without
+        range ops)."""
         return offset < self.floor.get(partition, 0)
+
+    def unreadable(self, partition: int, offset: int) -> bool:
+        """Whether retention deleted ``offset`` on some healthy replica, so a consumer may
+        have found it gone (and reset to the log start) before it got there."""
+        return offset < self.retained_from.get(partition, 0)
 
     def replica_start_of(self, partition: int, replica: int) -> int:
         return self.replica_start.get((partition, replica), 0)
@@ -416,12 +530,19 @@ class _History:
         )
 
     def finals_at(self, partition: int, offset: int) -> dict[str, Any]:
-        """What each replica's final reads hold at ``offset`` (for examples)."""
+        """What each replica's final reads hold at ``offset``, and its state (for examples)."""
         out: dict[str, Any] = {}
         for r in sorted(self.replicas.get(partition, ())):
             log = self.replica_logs.get((partition, r), {})
             out[str(r)] = {"value": log.get(offset), "hw": self.replica_hw.get((partition, r))}
+            if self.statuses:
+                out[str(r)]["state"] = self.state_of(partition, r)
         return out
+
+    def final_hw(self, partition: int, replica: int) -> int | None:
+        """How far the replica's final read reached: its range op's hw, else its finals'."""
+        key = (partition, replica)
+        return self.range_hw.get(key, self.replica_hw.get(key))
 
     def final_positions(self, values: set[str]) -> dict[str, list[dict[str, int | None]]]:
         """Where the finals hold each of ``values``: an extra pass, used for examples only."""
@@ -442,8 +563,11 @@ CheckFn = Callable[[_History, CheckOptions], CheckReport]
 def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
     """1. Every acknowledged record survives, at its acknowledged offset, on some replica.
 
-    "Some replica" rather than "the leader" because the history does not say who leads
-    after healing; check 2 then holds every replica to the same standard.
+    Lost means no replica's final read holds it: "some replica" rather than "the leader"
+    because a record on one replica can still be restored to the others (check 2 says
+    whether that happened in time). Records below every healthy replica's log start were
+    deleted by retention, not lost; a replica that did not answer, or says it is failed
+    or opening, has no log start to count (see ``_History.floor``).
     """
     f = _Findings("lost", "acked-without-offset")
     lost: list[Op] = []
@@ -464,6 +588,10 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
             if elsewhere
             else "no final read holds it anywhere"
         )
+        states = "; ".join(
+            f"replica {r} {h.state_of(op.partition, r)}"
+            for r in sorted(h.replicas.get(op.partition, ()))
+        )
         return {
             "partition": op.partition,
             "offset": op.offset,
@@ -475,7 +603,7 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
             "explanation": (
                 f"{op.value!r} was acknowledged to producer {op.process} at partition "
                 f"{op.partition} offset {op.offset}, but no replica's final read holds it "
-                f"there; {where}"
+                f"there; {where}" + (f" (replicas: {states})" if h.statuses and states else "")
             ),
         }
 
@@ -501,26 +629,51 @@ def check_lost(h: _History, opts: CheckOptions) -> CheckReport:
         checked["deleted-by-retention"] = deleted
     return f.report(
         "lost",
-        "every acknowledged send is in the final reads at its acknowledged offset"
-        + (" (or below every replica's log start)" if h.replica_start else ""),
+        "every acknowledged send is held by some replica at its acknowledged offset"
+        + (" (or below every healthy replica's log start)" if h.replica_start else ""),
         checked,
         applicable=bool(h.acks),
     )
 
 
-def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
-    """2. Every replica holds every acknowledged record below its final high watermark,
-    and the replicas' digests of the committed prefix agree.
+@dataclass
+class _Short:
+    """One replica's shortfall: the acknowledged records other replicas hold and it lacks."""
 
-    A record at or above a replica's final hw counts as missing there: an acknowledged
-    record is committed, so every replica's hw must have passed it once healed. A replica
-    known only from its digest (no final reads) holds nothing.
+    partition: int
+    replica: int
+    offsets: list[int] = field(default_factory=list)
+    first: Op | None = None
+
+
+def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
+    """2. Every replica holds every acknowledged record from its log start, and the
+    replicas' digests of the common range agree.
+
+    A record missing on some replicas but held by others is under-replicated: nothing is
+    lost while one copy remains, and a replica behind (catching up, repairing, or unable
+    to open) is expected right after faults. It is a violation (``under-replicated``)
+    only when the replica had not caught up by the recovery bound: its final read ended
+    ``recovery_limit_s`` or more after healing (the run waits that long for it) and its
+    high watermark still stopped short of the record (or it did not answer at all).
+    Read earlier and short, it is counted (``under-replicated-healing``), not blamed.
+
+    A replica whose final high watermark passed a record but does not hold it says it has
+    what it does not: ``missing-below-hw``, a violation whenever it is seen. A replica
+    known only from its digest (no final reads) holds nothing. Records no replica holds
+    are check 1's (lost), not counted here again.
     """
-    f = _Findings("missing-on-replica", "partition-without-replicas", "digest-mismatch")
+    f = _Findings(
+        "under-replicated",
+        "missing-below-hw",
+        "partition-without-replicas",
+        "digest-mismatch",
+        "under-replicated-healing",
+    )
     pairs = 0
     below_start = 0
     bare_partitions: set[int] = set()
-    # Sorted once per partition, so examples come out in a stable order.
+    short: dict[tuple[int, int], _Short] = {}
     ordered = {p: tuple(sorted(rs)) for p, rs in h.replicas.items()}
     for op in h.acks:
         p, o, v = op.partition, _off(op), _val(op)
@@ -539,41 +692,42 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
                     },
                 )
             continue
+        held_somewhere: bool | None = None
         for r in replicas:
             if o < h.replica_start_of(p, r):
                 below_start += 1  # deleted there by retention or skipped by a snapshot
                 continue
             pairs += 1
-            hw = h.replica_hw.get((p, r))
+            hw = h.final_hw(p, r)
             if (hw is None or o < hw) and h.replica_holds(p, r, o, v):
                 continue
+            if held_somewhere is None:
+                held_somewhere = h.finals_hold(p, o, v)
+            if not held_somewhere:
+                continue  # lost: check 1 reports it
+            behind = (
+                hw is None
+                or o >= hw
+                or (p, r) in h.unanswered
+                or (p, r) in h.range_error
+                or (p, r) not in h.replica_logs
+            )
+            if not behind:
+                f.add("missing-below-hw", functools.partial(_missing_example, h, op, r, hw))
+                continue
+            gap = short.setdefault((p, r), _Short(p, r))
+            gap.offsets.append(o)
+            gap.first = gap.first or op
 
-            def example(op: Op = op, r: int = r, hw: int | None = hw) -> dict[str, Any]:
-                held = h.replica_logs.get((op.partition, r), {}).get(_off(op))
-                if (op.partition, r) not in h.replica_logs:
-                    why = "it reported no final reads (only a digest)"
-                elif hw is not None and _off(op) >= hw:
-                    why = f"its final hw {hw} is not above the offset"
-                elif held is None:
-                    why = "its final reads have nothing at that offset"
-                else:
-                    why = f"it holds {held!r} there instead"
-                return {
-                    "partition": op.partition,
-                    "offset": op.offset,
-                    "value": op.value,
-                    "process": op.process,
-                    "status": op.status,
-                    "replica": r,
-                    "replica_hw": hw,
-                    "replica_value": held,
-                    "explanation": (
-                        f"{op.value!r} (acknowledged to {op.process} at partition "
-                        f"{op.partition} offset {op.offset}) is missing on replica {r}: {why}"
-                    ),
-                }
-
-            f.add("missing-on-replica", example)
+    under = 0
+    for (p, r), gap in sorted(short.items()):
+        under += len(gap.offsets)
+        read_at = h.read_at.get((p, r), max((op.end for op in h.finals), default=0.0))
+        waited = None if h.healed_at is None else read_at - h.healed_at
+        healing = waited is not None and waited < opts.recovery_limit_s
+        kind = "under-replicated-healing" if healing else "under-replicated"
+        f.add(kind, functools.partial(_short_example, h, gap, waited, opts.recovery_limit_s))
+        f.counts[kind] += len(gap.offsets) - 1  # counts are records; examples per replica
 
     groups: dict[tuple[int, int | None], dict[str | None, list[int | None]]] = defaultdict(
         lambda: defaultdict(list)
@@ -597,17 +751,105 @@ def check_replicas(h: _History, opts: CheckOptions) -> CheckReport:
                     ),
                 },
             )
-    checked: dict[str, float] = {"replica_record_pairs": pairs, "digest_groups": len(groups)}
+    checked: dict[str, float] = {
+        "replica_record_pairs": pairs,
+        "digest_groups": len(groups),
+        "under-replicated-replicas": len(short),
+    }
     if h.replica_start:
         checked["below-replica-start"] = below_start
     return f.report(
         "replicas",
-        "every replica holds every acknowledged record below its final hw"
+        "every replica holds every acknowledged record"
         + (" from its log start" if h.replica_start else "")
-        + "; digests agree",
+        + f" within {opts.recovery_limit_s:g} s of healing; digests agree",
         checked,
         applicable=bool(h.acks) or bool(h.digests),
+        violation_kinds=[
+            "under-replicated",
+            "missing-below-hw",
+            "partition-without-replicas",
+            "digest-mismatch",
+        ],
     )
+
+
+def _short_example(
+    h: _History, gap: _Short, waited: float | None, limit_s: float
+) -> dict[str, Any]:
+    """One replica's under-replication, in a sentence: which replica, in what state, how
+    many records it lacks that others hold, and how long after healing it was read."""
+    p, r = gap.partition, gap.replica
+    first = gap.first
+    assert first is not None
+    holders = [
+        x
+        for x in sorted(h.replicas.get(p, ()))
+        if x != r and h.replica_holds(p, x, _off(first), _val(first))
+    ]
+    hw = h.final_hw(p, r)
+    if (p, r) in h.unanswered:
+        reach = "it did not answer its final read"
+    elif (p, r) in h.range_error:
+        reach = f"its final read was refused: {h.range_error[(p, r)]}"
+    elif (p, r) not in h.replica_logs:
+        reach = "it reported no final reads (only a digest)"
+    else:
+        reach = f"its final high watermark is {hw}"
+    when = (
+        "no recovery op says when healing ended"
+        if waited is None
+        else f"read {waited:.1f} s after healing"
+        + (
+            f", within the recovery limit of {limit_s:g} s: it may still catch up"
+            if waited < limit_s
+            else f", past the recovery limit of {limit_s:g} s"
+        )
+    )
+    state = h.state_of(p, r)
+    return {
+        "partition": p,
+        "replica": r,
+        "state": state,
+        "records": len(gap.offsets),
+        "first_offset": min(gap.offsets),
+        "last_offset": max(gap.offsets),
+        "replica_hw": hw,
+        "held_by": holders,
+        "waited_s": None if waited is None else round(waited, 3),
+        "offset": first.offset,
+        "value": first.value,
+        "explanation": (
+            f"replica {r} of partition {p} (state {state}) lacks {len(gap.offsets)} "
+            f"acknowledged record(s), offsets {min(gap.offsets)}-{max(gap.offsets)}, that "
+            f"replica(s) {holders} hold: under-replicated, not lost; {reach}; {when}"
+        ),
+    }
+
+
+def _missing_example(h: _History, op: Op, r: int, hw: int | None) -> dict[str, Any]:
+    held = h.replica_logs.get((op.partition, r), {}).get(_off(op))
+    why = (
+        "its final reads have nothing at that offset"
+        if held is None
+        else f"it holds {held!r} there instead"
+    )
+    return {
+        "partition": op.partition,
+        "offset": op.offset,
+        "value": op.value,
+        "process": op.process,
+        "status": op.status,
+        "replica": r,
+        "state": h.state_of(op.partition, r),
+        "replica_hw": hw,
+        "replica_value": held,
+        "explanation": (
+            f"{op.value!r} (acknowledged to {op.process} at partition {op.partition} offset "
+            f"{op.offset}) is missing on replica {r} (state {h.state_of(op.partition, r)}) "
+            f"although its final hw {hw} is past it: {why}"
+        ),
+    }
 
 
 def _value_sources(
@@ -891,22 +1133,29 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
 
     - A consumer that commits nothing has a fixed assignment and reads it in order: each
       record it polls from a partition is exactly one past the one before.
-    - A group's acknowledged commits of a partition never go back: one that started after
-      another was acknowledged is at least as high (else a stale member overwrote newer
-      progress).
+    - The group's committed offset never goes back, and the finding says which side moved
+      it back. Client side (``commit-went-back-client``): a member committed an offset
+      older than one already acknowledged (its ``commit`` op started after the newer one's
+      ended) and the coordinator acknowledged it: a stale member overwrote newer progress.
+      Coordinator side (``commit-went-back-coordinator``): the coordinator answered a
+      FetchOffsets (the ``committed`` ops: the group's offsets read after the run) with an
+      offset older than a commit it had acknowledged before the question was asked: it
+      lost acknowledged progress.
     - None passes the log end (the largest final high watermark of the partition).
-    - None is lost: the group's committed offset read after the run is at least every
-      acknowledged commit (and was read at all, when there were commits).
+    - The group's committed offsets were read at all after the run, when there were
+      acknowledged commits (``committed-unread``).
     - Nothing acknowledged below that committed offset went unconsumed by every member
-      (at-least-once: the group never commits past a record nobody processed).
+      (at-least-once: the group never commits past a record nobody processed), unless
+      retention had deleted it on a healthy replica (below the largest log start the
+      healthy replicas report): a consumer reaching it then was reset past it.
     - A consumer that raised out of poll (it must ride out faults with its retries).
     """
     f = _Findings(
         "consumer-skip",
         "consumer-backwards",
-        "commit-backwards",
+        "commit-went-back-client",
+        "commit-went-back-coordinator",
         "commit-past-end",
-        "commit-lost",
         "committed-unread",
         "unconsumed-below-commit",
         "consumer-broke",
@@ -946,27 +1195,13 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
             },
         )
     elif final:
-        for p, ops in sorted(by_partition.items()):
-            top = max(ops, key=_off)
-            if final.get(p, -1) < _off(top):
-                f.add(
-                    "commit-lost",
-                    {
-                        "partition": p,
-                        "acknowledged": top.offset,
-                        "process": top.process,
-                        "final_committed": final.get(p, -1),
-                        "explanation": f"{top.process}'s commit of offset {top.offset} on "
-                        f"partition {p} was acknowledged, but the group's committed offset "
-                        f"after the run is {final.get(p, -1)}",
-                    },
-                )
+        _check_committed_answers(h, by_partition, f)
         consumed = {(op.partition, op.offset) for op in h.consumes}
         for op in h.acks:
             key = (op.partition, op.offset)
             if _off(op) < final.get(op.partition, -1) and key not in consumed:
-                if h.deleted(op.partition, _off(op)):
-                    continue
+                if h.unreadable(op.partition, _off(op)):
+                    continue  # retention deleted it before a consumer got there
                 f.add(
                     "unconsumed-below-commit",
                     {
@@ -992,13 +1227,15 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
         )
     return f.report(
         "consumer-groups",
-        "consumers read in order; group commits never go back, past the log end or past "
-        "an unconsumed record, and none is lost",
+        "consumers read in order; a group's committed offsets never go back (neither a "
+        "member's commit nor the coordinator's answer), past the log end or past an "
+        "unconsumed record",
         {
             "consumed": len(h.consumes),
             "fixed_consumer_steps": steps,
             "commits_acked": len(acked_commits),
             "commits_unknown": len(h.commits) - len(acked_commits),
+            "committed_answers": sum(1 for c in h.committed if c.status == "ok"),
             "partitions_committed": len(final),
         },
         applicable=applicable,
@@ -1043,7 +1280,8 @@ def _uneven_steps(ops: Iterable[Op]) -> tuple[int, list[tuple[Op, Op]]]:
 
 def _check_commits_forward(ops: list[Op], f: _Findings) -> None:
     """One partition's acknowledged commits: each at least every one acknowledged before
-    it started (commits overlapping in time are not ordered)."""
+    it started (commits overlapping in time are not ordered). A later, lower one is the
+    client side going back: a member committed older progress (and was not fenced)."""
     by_end = sorted(ops, key=lambda op: op.end)
     top: Op | None = None
     i = 0
@@ -1054,7 +1292,7 @@ def _check_commits_forward(ops: list[Op], f: _Findings) -> None:
             i += 1
         if top is not None and _off(op) < _off(top):
             f.add(
-                "commit-backwards",
+                "commit-went-back-client",
                 functools.partial(_backwards_example, top, op),
             )
 
@@ -1062,11 +1300,55 @@ def _check_commits_forward(ops: list[Op], f: _Findings) -> None:
 def _backwards_example(earlier: Op, later: Op) -> dict[str, Any]:
     return {
         "partition": later.partition,
+        "side": "client",
         "earlier": {"process": earlier.process, "offset": earlier.offset, "end": earlier.end},
         "later": {"process": later.process, "offset": later.offset, "start": later.start},
-        "explanation": f"{later.process} committed offset {later.offset} on partition "
-        f"{later.partition} after {earlier.process}'s commit of {earlier.offset} was "
-        "acknowledged: the group's progress went back",
+        "explanation": f"client side: member {later.process} committed offset {later.offset} "
+        f"on partition {later.partition} at {later.start:.1f} s, after "
+        f"{earlier.process}'s commit of {earlier.offset} had been acknowledged at "
+        f"{earlier.end:.1f} s, and the coordinator acknowledged it: the group's progress "
+        "went back",
+    }
+
+
+def _check_committed_answers(h: _History, by_partition: dict[int, list[Op]], f: _Findings) -> None:
+    """The coordinator side: every answer it gave about a partition's committed offset
+    (``committed`` ops) is at least the highest commit it acknowledged before the question
+    was asked; a partition it has no answer for counts as answered "none" (-1)."""
+    answers: dict[int, list[Op]] = defaultdict(list)
+    for c in h.committed:
+        if c.status == "ok":
+            answers[c.partition].append(c)
+    asked_at = min((c.start for cs in answers.values() for c in cs), default=h.last_time)
+    for p, ops in sorted(by_partition.items()):
+        mine = answers.get(p) or [Op("committed", "final-group", p, None, -1, "ok", asked_at)]
+        for answer in mine:
+            before = [op for op in ops if op.end < answer.start]
+            if not before:
+                continue
+            top = max(before, key=_off)
+            if _off(answer) < _off(top):
+                f.add(
+                    "commit-went-back-coordinator",
+                    functools.partial(_coordinator_example, top, answer),
+                )
+
+
+def _coordinator_example(top: Op, answer: Op) -> dict[str, Any]:
+    said = "no committed offset" if _off(answer) < 0 else f"offset {answer.offset}"
+    return {
+        "partition": answer.partition,
+        "side": "coordinator",
+        "acknowledged": top.offset,
+        "process": top.process,
+        "acknowledged_at": top.end,
+        "answered": answer.offset,
+        "asked_by": answer.process,
+        "asked_at": answer.start,
+        "explanation": f"coordinator side: {top.process}'s commit of offset {top.offset} on "
+        f"partition {answer.partition} was acknowledged at {top.end:.1f} s, but asked at "
+        f"{answer.start:.1f} s (FetchOffsets, by {answer.process}) the coordinator answered "
+        f"{said}: it lost acknowledged progress",
     }
 
 
@@ -1170,8 +1452,16 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
     and none says so falsely: a replica that reports ok while its final high watermark is
     behind the other replicas', or while its final read was refused part way (say, by a
     checksum failure nobody repaired), is a broker alive but failed without saying so.
-    From the ``status`` ops recorded after the final reads."""
-    f = _Findings("not-serving", "replica-failed", "silent-failure")
+    From the ``status`` ops recorded after the final reads.
+
+    Every replica the metadata assigns (``assignment`` ops: PartitionInfo.replicas) must
+    be reported by its own broker: one that is not (``replica-unreported``) is a replica
+    that vanished from view, which is how a replica that could not open went unnoticed.
+    A replica still ``REPLICA_OPENING`` after healing (``replica-opening``: not opened
+    yet, or being repaired from a peer first) serves nothing, like a failed one."""
+    f = _Findings(
+        "not-serving", "replica-failed", "replica-opening", "replica-unreported", "silent-failure"
+    )
     best_hw: dict[int, int] = {}
     for (p, _), hw in h.range_hw.items():
         best_hw[p] = max(hw, best_hw.get(p, hw))
@@ -1191,15 +1481,18 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
             continue
         replicas += 1
         p = op.partition
-        if op.value == "REPLICA_FAILED":
+        if op.value in UNSOUND_STATES:
+            kind = "replica-failed" if op.value == "REPLICA_FAILED" else "replica-opening"
+            still = "still failed" if op.value == "REPLICA_FAILED" else "still opening"
             f.add(
-                "replica-failed",
+                kind,
                 {
                     "partition": p,
                     "replica": who,
+                    "state": STATE_WORDS[op.value or ""],
                     "reason": op.error,
-                    "explanation": f"replica {who} of partition {p} is still failed after "
-                    f"healing: {op.error}",
+                    "explanation": f"replica {who} of partition {p} is {still} after "
+                    f"healing: {op.error or 'no reason given'}",
                 },
             )
             continue
@@ -1232,10 +1525,42 @@ def check_health(h: _History, opts: CheckOptions) -> CheckReport:
                     f"high watermark {final_hw} stayed behind {best_hw[p]}",
                 },
             )
+    assigned = unasked = 0
+    for p in sorted(h.assignments):
+        members, said = h.assigned(p)
+        assigned += len(members)
+        for r in sorted(members):
+            if (p, r) in h.replica_state:
+                continue
+            if r not in h.broker_health:
+                # The sweep asks every broker but one killed for good; a partition still
+                # assigned to it is the replication check's finding, not a silent replica.
+                unasked += 1
+                continue
+
+            def example(p: int = p, r: int = r, said: Op | None = said) -> dict[str, Any]:
+                source = "" if said is None else f" (per broker {said.replica}'s metadata)"
+                return {
+                    "partition": p,
+                    "replica": r,
+                    "assigned": sorted(h.assigned(p)[0]),
+                    "state": h.state_of(p, r),
+                    "explanation": f"partition {p} is assigned to brokers "
+                    f"{sorted(h.assigned(p)[0])}{source}, but broker {r} does not report "
+                    f"its replica after healing: {h.state_of(p, r)}",
+                }
+
+            f.add("replica-unreported", example)
     return f.report(
         "health",
-        "after healing every broker serves, every replica is sound, and none says so falsely",
-        {"brokers": sum(1 for op in h.statuses if op.partition < 0), "replicas": replicas},
+        "after healing every broker serves, every assigned replica is reported, open and "
+        "sound, and none says so falsely",
+        {
+            "brokers": sum(1 for op in h.statuses if op.partition < 0),
+            "replicas": replicas,
+            "assigned": assigned,
+            "assigned-to-unasked-brokers": unasked,
+        },
         applicable=bool(h.statuses),
     )
 

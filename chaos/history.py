@@ -22,19 +22,23 @@ Kinds:
   follower in the consumer's rack, with follower reads). A group member may be handed a
   partition again and see records again (at-least-once), so only consumers that commit
   nothing are held to reading in order.
-- ``commit``: a group member's commit of ``offset`` (the next to consume) on
-  ``partition``: ``ok`` (acknowledged by the coordinator) or ``info`` (refused or not
-  known: not counted on), ``error`` why.
+- ``commit``: a group member's commit (the client side: what the member asked for) of
+  ``offset`` (the next to consume) on ``partition``: ``ok`` (acknowledged by the
+  coordinator) or ``info`` (refused or not known: not counted on), ``error`` why.
 - ``committed``: after the run, the group's committed offset of ``partition`` (-1: none)
-  as a fresh consumer read it; ``status`` ``fail`` with ``error`` when it could not.
+  as a fresh consumer read it (the coordinator side: its FetchOffsets answer);
+  ``status`` ``fail`` with ``error`` when it could not.
 - ``consumer-error``: a Consumer raised out of ``poll`` (``error``); the workload starts
   a new one in group mode.
 - ``final``: a record read after healing by a fresh reader of one replica (``replica`` =
   broker id), from that replica's log start to its high watermark (``hw``).
 - ``range``: per partition and replica (``replica``), what its final reads covered:
   ``offset`` = its log start (ListOffsets EARLIEST; records below it were deleted by
-  retention or skipped by a snapshot install), ``hw`` = its high watermark. Histories
-  without ``range`` ops (older runs) mean every replica started at 0.
+  retention or skipped by a snapshot install), ``hw`` = its high watermark, ``end`` when
+  the read ended (the run waits for a replica behind until healing plus the recovery
+  limit). ``status`` ``fail`` (with ``error``): the replica never answered, so it has no
+  log start (its 0 means nothing). Histories without ``range`` ops (older runs) mean
+  every replica started at 0.
 - ``digest``: per partition and replica, the SHA-256 (``value``) of the stored entry bytes
   of the range every replica holds: from the largest log start among the replicas (their
   ``range`` ops) to ``offset`` (the smallest high watermark among them). Replicas must agree
@@ -54,8 +58,15 @@ Kinds:
   partition was seen healed (or the wait gave up).
 - ``status``: after the final reads, what broker ``replica`` says of itself: with
   ``partition`` -1 its grpc.health.v1 answer (``SERVING``, ``NOT_SERVING``, or
-  ``UNREACHABLE``); otherwise the state it reports for its replica of that partition
-  (``REPLICA_OK``, ``REPLICA_CATCHING_UP``, ``REPLICA_FAILED``) and, in ``error``, why.
+  ``UNREACHABLE``; ``error`` set when its Metadata call then got no answer, so none of its
+  replicas could be reported); otherwise the state it reports for its replica of that partition
+  (``REPLICA_OK``, ``REPLICA_CATCHING_UP``, ``REPLICA_FAILED``, ``REPLICA_OPENING``)
+  and, in ``error``, why.
+- ``assignment``: with the status ops, what broker ``replica``'s metadata says of
+  ``partition``: ``value`` the assigned replicas (PartitionInfo ``replicas``, comma-
+  separated broker ids), ``offset`` the leader it knows (0: none). The checker takes the
+  leader's own answer (else the most common one) as the assignment and requires a status
+  op from every assigned replica's broker.
 """
 
 from __future__ import annotations

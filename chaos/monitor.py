@@ -8,6 +8,9 @@ Two things are recorded, both from each broker's own (unproxied) address:
 - ``status`` ops, once, after healing: each broker's grpc.health.v1 answer and the state
   it reports for each of its replicas (Metadata's ``replica_status``). The checker holds
   them against the final reads: a broker that is up but cannot serve must say so.
+- ``assignment`` ops, with them: which brokers each broker's metadata assigns each
+  partition to (PartitionInfo ``replicas``), so the checker can tell a replica reported
+  as failed from one its broker does not report at all.
 """
 
 from __future__ import annotations
@@ -95,9 +98,13 @@ class Monitor:
 
     def record_status(self, exclude: set[int] | frozenset[int] = frozenset()) -> None:
         """One ``status`` op per broker and replica: the broker's health (``value`` is
-        ``SERVING``, ``NOT_SERVING`` or ``UNREACHABLE``, on a ``partition`` -1 op) and each
+        ``SERVING``, ``NOT_SERVING`` or ``UNREACHABLE``, on a ``partition`` -1 op; its
+        ``error`` says so when the broker then did not answer Metadata) and each
         replica's state as its own broker reports it (``value`` the state's name,
-        ``error`` its reason). Brokers in ``exclude`` (killed for good) are not asked."""
+        ``error`` its reason), and one ``assignment`` op per broker and partition: the
+        replicas its metadata lists (``value``, comma-separated ids) and the leader it
+        knows (``offset``, 0 for none). Brokers in ``exclude`` (killed for good) are not
+        asked."""
         for broker_id in self.addresses:
             if broker_id in exclude:
                 continue
@@ -112,14 +119,36 @@ class Monitor:
                 health = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
             except grpc.RpcError:
                 health = "UNREACHABLE"
-            self.recorder.add(
-                Op("status", process, -1, health, start=now, end=now, replica=broker_id)
-            )
             meta = self._metadata(broker_id, STATUS_WAIT_S)
+            silent = None if meta is not None else "its Metadata call got no answer"
+            self.recorder.add(
+                Op(
+                    "status",
+                    process,
+                    -1,
+                    health,
+                    start=now,
+                    end=now,
+                    replica=broker_id,
+                    error=silent,
+                )
+            )
             if meta is None:
                 continue
             for topic in meta.topics:
                 for part in topic.partitions:
+                    self.recorder.add(
+                        Op(
+                            "assignment",
+                            process,
+                            part.partition,
+                            ",".join(str(b) for b in part.replicas),
+                            part.leader_id,
+                            start=now,
+                            end=now,
+                            replica=broker_id,
+                        )
+                    )
                     for rs in part.replica_status:
                         if rs.broker_id != broker_id:
                             continue  # what a leader says of its followers is second-hand

@@ -21,12 +21,17 @@ from pathlib import Path
 
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.metadata_cache import CACHE_FILE
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
+from raftmq.controller.quorum import GROUP as CONTROLLER_GROUP
 from raftmq.format import entry
+from raftmq.log.checkpoints import START_CHECKPOINT
 from raftmq.log.durability_markers import DURABLE_SUFFIX
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
+from raftmq.partition.producer_tracking import CHECKPOINT_FILE as PRODUCER_STATE_FILE
+from raftmq.raft.host.group_storage import HARD_STATE_FILE, SNAPSHOT_META_FILE
 
 CATEGORIES = (
     "partition",
@@ -39,11 +44,35 @@ CATEGORIES = (
     "snapshot",
     "unsynced",
     "corrupt",
+    "corrupt-config",
+    "corrupt-hardstate",
+    "corrupt-producer-state",
+    "corrupt-log-start",
+    "corrupt-index",
+    "corrupt-metadata-cache",
+    "corrupt-controller-log",
     "disk-loss",
     "fd-pressure",
     "controller",
     "decommission",
 )
+
+CORRUPT_FILES = {
+    "corrupt-hardstate": "a Raft hard state",
+    "corrupt-producer-state": "a producer-state checkpoint",
+    "corrupt-log-start": "a log-start checkpoint",
+    "corrupt-index": "an offset index",
+    "corrupt-metadata-cache": "the metadata cache",
+}
+"""The bit-rot faults that flip a bit in one small CRC-framed file a replica or broker reads
+at open (``find_files`` says where each lives), and what their descriptions call it."""
+
+CONFIG_FILE_WHAT = "the snapshot meta (the configuration a group starts from; no CONFIG entry yet)"
+"""What ``corrupt-config`` flips when no sealed segment holds a CONFIG entry."""
+
+SEALED_SEGMENT_FAULTS = frozenset({"corrupt", "corrupt-config", "corrupt-index", "fd-pressure"})
+"""Fault kinds that need partitions to seal segments within seconds: runs with one of them
+(and no aggressive retention) use small segments (``ChaosOptions.sealed_segment_bytes``)."""
 
 """Sidecar of a segment file holding the size its last fsync covered (8 bytes, big-endian),
 written by brokers started with ``--durability-markers`` (see ``raftmq.broker.server``)."""
@@ -106,8 +135,13 @@ class Nemesis:
         """The broker the ``decommission`` fault killed for good (at most one): no other
         fault picks it, and no heal restarts it."""
         self.corrupted: set[tuple[str, int]] = set()
-        """(partition directory name, Raft index) of every entry the ``corrupt`` fault
-        flipped a bit in, on whichever replica: never a second replica's copy."""
+        """(group directory name, Raft index) of every entry a bit-rot fault (``corrupt``,
+        ``corrupt-config``, ``corrupt-controller-log``) flipped a bit in, on whichever
+        replica: never a second replica's copy."""
+        self.corrupted_files: set[tuple[str, str]] = set()
+        """(file name, group directory name) of every replicated group's file a bit-rot
+        fault flipped a bit in: never the same file of a second replica of that group, so
+        a majority always holds a sound copy to repair from."""
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -190,6 +224,8 @@ class Nemesis:
             return self._start_decommission()
         categories = [c for c in self.categories if c != "decommission"]
         category = self.rng.choice(categories)
+        if category in CORRUPT_FILES:
+            return self._start_corrupt_file(category)
         return getattr(self, f"_start_{category.replace('-', '_')}")()
 
     def _start_decommission(self) -> Fault:
@@ -444,6 +480,104 @@ class Nemesis:
         what = flipped or "nothing to corrupt yet (no sealed segment)"
         return Fault("corrupt", f"bit rot on node {victim}: {what}", heal, targets=[victim])
 
+    def _start_corrupt_file(self, kind: str) -> Fault:
+        """Bit rot in one file a replica (or the broker) reads when it opens, on a node
+        that holds one: SIGKILL it, flip one bit in the file, restart it at heal. The
+        files are small and CRC-framed, so the restarted broker finds the flip at open and
+        must rebuild the file, repair the replica from a peer, or report it failed; it must
+        never serve from the damaged file, nor drop the replica from its reports.
+
+        A node without such a file (a producer-state checkpoint is written only every few
+        thousand entries; a replicated group's file already flipped on another replica is
+        not taken) is passed over for another; with none anywhere the fault does nothing
+        and says so."""
+        what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
+        nodes = self.rng.sample(self.live_nodes, len(self.live_nodes))
+        for victim in nodes:
+            broker_dir = self.chaos.data / f"broker-{victim}"
+            if not find_files(broker_dir, kind, self.corrupted_files):
+                continue
+            self.chaos.cluster.kill(victim)
+            self.killed.add(victim)
+            flipped = flip_file_bit(
+                find_files(broker_dir, kind, self.corrupted_files), self.rng, self.corrupted_files
+            )
+
+            def heal(victim: int = victim) -> None:
+                self.chaos.cluster.start(victim)
+                self.killed.discard(victim)
+
+            said = flipped or "none left once it stopped: nothing flipped"
+            return Fault(
+                kind, f"bit rot in {what} on node {victim}: {said}", heal, targets=[victim]
+            )
+        return Fault(
+            kind,
+            f"bit rot in {what} skipped: no node holds one that may be flipped yet",
+            lambda: None,
+        )
+
+    def _start_corrupt_config(self) -> Fault:
+        """Bit rot in a Raft configuration one replica reads at open, while its broker is
+        down; like ``corrupt`` otherwise. A replica that reads its membership from damaged
+        bytes must not elect or vote on a guess: it repairs them from a peer first.
+
+        A group's log holds a CONFIG entry only once its membership changed (a move, a
+        decommission, a rebalance); until then the configuration it starts from is in its
+        snapshot meta (``raft-snapshot``, with the log's start point). So: a CONFIG entry
+        of a sealed segment when some node holds one, else a group's snapshot meta (a
+        partition's or, on a voter, the controller group's)."""
+        if any(
+            config_entries(self.chaos.data / f"broker-{i}", self.corrupted) for i in self.live_nodes
+        ):
+            return self._start_entry_flip(
+                "corrupt-config",
+                "a CONFIG entry",
+                lambda broker_dir: config_entries(broker_dir, self.corrupted),
+                self.live_nodes,
+            )
+        return self._start_corrupt_file("corrupt-config")
+
+    def _start_corrupt_controller_log(self) -> Fault:
+        """Bit rot in the controller's metadata log on one voter (the ``__cluster_metadata``
+        group's segments), while it is down: an entry of a sealed segment, or, since that
+        log rolls rarely, one of its active segment that another entry follows (so the log
+        cannot take it for a torn write at its end)."""
+        voters = [v for v in self.chaos.voters if v in self.live_nodes]
+        return self._start_entry_flip(
+            "corrupt-controller-log",
+            "an entry of the controller's metadata log",
+            lambda broker_dir: controller_entries(broker_dir, self.corrupted),
+            voters,
+        )
+
+    def _start_entry_flip(
+        self,
+        kind: str,
+        what: str,
+        find: Callable[[Path], list[tuple[Path, entry.EntryHeader]]],
+        nodes: list[int],
+    ) -> Fault:
+        """SIGKILL the first of ``nodes`` (in a seeded order) on which ``find`` finds an
+        entry, flip one bit in that entry's payload, restart it at heal."""
+        for victim in self.rng.sample(nodes, len(nodes)):
+            broker_dir = self.chaos.data / f"broker-{victim}"
+            if not find(broker_dir):
+                continue
+            self.chaos.cluster.kill(victim)
+            self.killed.add(victim)
+            flipped = flip_entry_bit(find(broker_dir), self.rng, self.corrupted)
+
+            def heal(victim: int = victim) -> None:
+                self.chaos.cluster.start(victim)
+                self.killed.discard(victim)
+
+            said = flipped or "none left once it stopped: nothing flipped"
+            return Fault(
+                kind, f"bit rot in {what} on node {victim}: {said}", heal, targets=[victim]
+            )
+        return Fault(kind, f"bit rot in {what} skipped: no node holds one yet", lambda: None)
+
     def _start_disk_loss(self) -> Fault:
         """A follower comes back with a wiped or truncated data directory (a replaced or
         restored disk): it lost entries it had acknowledged, and must catch up without
@@ -613,6 +747,156 @@ def flip_bit(broker_dir: Path, rng: random.Random, corrupted: set[tuple[str, int
             f"(entry at index {h.index}, offsets {h.base_offset}-{h.last_offset})"
         )
     return ""
+
+
+def _group_dirs(broker_dir: Path) -> list[Path]:
+    """The replicated groups' directories of one broker: its partitions' and, on a
+    controller voter, the metadata group's."""
+    dirs = sorted(broker_dir.glob(f"{TOPIC}-*"))
+    controller = broker_dir / CONTROLLER_GROUP
+    return [*dirs, controller] if controller.is_dir() else dirs
+
+
+_REPLICATED_STATE = frozenset(
+    {HARD_STATE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT, SNAPSHOT_META_FILE}
+)
+"""Files whose loss a replica may have to repair from a peer: flipped on one replica of a
+group at most (see ``Nemesis.corrupted_files``)."""
+
+
+def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> list[Path]:
+    """The files of one broker that the bit-rot fault ``kind`` (a key of CORRUPT_FILES)
+    may flip a bit in, sorted; none that is empty, and none of a group whose same file was
+    flipped on another replica (``corrupted``: (file name, group directory name)).
+
+    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry): each
+      group's ``raft-snapshot`` (snapshot meta: the log's start point and the membership
+      there, which a new group starts from);
+    - ``corrupt-hardstate``: each group's ``raft-hardstate`` (term, vote, commit);
+    - ``corrupt-producer-state``: each partition's ``producer_state.json`` checkpoint;
+    - ``corrupt-log-start``: each group's ``log-start.checkpoint`` (the log writes it when
+      it is created, and again whenever retention or a snapshot moves its start);
+    - ``corrupt-index``: the offset index (``.index``) of each sealed segment;
+    - ``corrupt-metadata-cache``: the broker's ``metadata.cache``.
+
+    The last two are never excluded: an index is rebuilt from its own segment, and the
+    cache is the broker's own (the controller has the truth), so no replica's copy
+    depends on another's."""
+    if kind == "corrupt-metadata-cache":
+        found = [broker_dir / CACHE_FILE]
+    elif kind == "corrupt-index":
+        found = [
+            seg.with_suffix(INDEX_SUFFIX)
+            for d in _group_dirs(broker_dir)
+            for seg in sealed_segments(d)
+        ]
+    else:
+        name = {
+            "corrupt-config": SNAPSHOT_META_FILE,
+            "corrupt-hardstate": HARD_STATE_FILE,
+            "corrupt-producer-state": PRODUCER_STATE_FILE,
+            "corrupt-log-start": START_CHECKPOINT,
+        }[kind]
+        found = [d / name for d in _group_dirs(broker_dir)]
+    return [
+        path
+        for path in found
+        if path.is_file()
+        and path.stat().st_size > 0
+        and (path.name, path.parent.name) not in corrupted
+    ]
+
+
+def flip_file_bit(paths: list[Path], rng: random.Random, corrupted: set[tuple[str, str]]) -> str:
+    """Flip one bit anywhere in one of ``paths`` (the broker must be dead) and note the
+    file (``corrupted``), so the same file of the same group is never flipped on another
+    replica; say what was flipped ("" when ``paths`` is empty). Every such file is framed
+    with a CRC (``raftmq.log.atomic_file``), so any bit of it is one the reader checks."""
+    if not paths:
+        return ""
+    path = rng.choice(paths)
+    data = path.read_bytes()
+    if not data:
+        return ""
+    position = rng.randrange(len(data))
+    bit = rng.randrange(8)
+    _flip(path, position, bit)
+    if path.name in _REPLICATED_STATE:
+        corrupted.add((path.name, path.parent.name))
+    return f"bit {bit} of byte {position} of {len(data)} flipped in {path.parent.name}/{path.name}"
+
+
+def _flip(path: Path, position: int, bit: int) -> None:
+    """Flip one bit in place and fsync it: what a bad sector read back as."""
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([byte ^ (1 << bit)]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def config_entries(
+    broker_dir: Path, corrupted: set[tuple[str, int]]
+) -> list[tuple[Path, entry.EntryHeader]]:
+    """The CONFIG entries (Raft configurations) of sealed segments of one broker's
+    partitions, as (segment, header), leaving out those flipped on another replica before.
+    Sealed only, as for ``corrupt``: a damaged entry in the active segment's tail reads as
+    a torn write, a different fault."""
+    return [
+        (seg, h)
+        for d in sorted(broker_dir.glob(f"{TOPIC}-*"))
+        for seg in sealed_segments(d)
+        for h in entry.iter_headers(seg.read_bytes(), verify=False)
+        if h.type == entry.EntryType.CONFIG
+        and h.payload_length > 0
+        and (d.name, h.index) not in corrupted
+    ]
+
+
+def controller_entries(
+    broker_dir: Path, corrupted: set[tuple[str, int]]
+) -> list[tuple[Path, entry.EntryHeader]]:
+    """The entries with a payload of the controller's metadata log on one voter, as
+    (segment, header): those of sealed segments, and of the active one all but the last
+    (another entry follows each, so a flip there is bit rot, not a torn tail); none
+    flipped on another voter before. Empty on a node that is not a voter."""
+    directory = broker_dir / CONTROLLER_GROUP
+    if not directory.is_dir():
+        return []
+    sealed = set(sealed_segments(directory))
+    found: list[tuple[Path, entry.EntryHeader]] = []
+    for seg in sorted(directory.glob(f"*{LOG_SUFFIX}")):
+        headers = list(entry.iter_headers(seg.read_bytes(), verify=False))
+        if seg not in sealed:
+            headers = headers[:-1]
+        found += [
+            (seg, h)
+            for h in headers
+            if h.payload_length > 0 and (directory.name, h.index) not in corrupted
+        ]
+    return found
+
+
+def flip_entry_bit(
+    candidates: list[tuple[Path, entry.EntryHeader]],
+    rng: random.Random,
+    corrupted: set[tuple[str, int]],
+) -> str:
+    """Flip one bit in the payload of one of ``candidates`` (the broker must be dead), note
+    it in ``corrupted``, and say what was flipped ("" when there is no candidate)."""
+    if not candidates:
+        return ""
+    seg, h = rng.choice(candidates)
+    position = h.position + entry.HEADER_SIZE + rng.randrange(h.payload_length)
+    bit = rng.randrange(8)
+    _flip(seg, position, bit)
+    corrupted.add((seg.parent.name, h.index))
+    return (
+        f"bit {bit} of byte {position} flipped in {seg.parent.name}/{seg.name} "
+        f"({entry.EntryType(h.type).name} entry at index {h.index})"
+    )
 
 
 def truncate_log(directory: Path, rng: random.Random) -> int:

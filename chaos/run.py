@@ -3,6 +3,7 @@ nemesis injects faults, heal, measure recovery, read every replica, check, repor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -15,7 +16,7 @@ from chaos.client_workload import ClientWorkload, ClientWorkloadOptions
 from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
 from chaos.monitor import Monitor
-from chaos.nemesis import CATEGORIES, Nemesis
+from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.errors import ClientError, ErrorCode
@@ -40,9 +41,10 @@ class ChaosOptions:
     since only a follower behind the leader's log start needs a snapshot."""
     segment_bytes: int = 2048
     sealed_segment_bytes: int = 16384
-    """Segment size in runs with ``corrupt`` or ``fd-pressure`` (and no retention): small,
-    so partitions seal segments within seconds (bit rot is put into sealed ones) and hold
-    many segment files (more than an open-file limit allows at one each)."""
+    """Segment size in runs with ``corrupt``, ``corrupt-config``, ``corrupt-index`` or
+    ``fd-pressure`` (and no retention): small, so partitions seal segments within seconds
+    (bit rot is put into sealed ones, and only they have index files) and hold many
+    segment files (more than an open-file limit allows at one each)."""
     retention_bytes: int = 8192
     retention_check_ms: int = 250
     voters: int = 0
@@ -71,10 +73,13 @@ class ChaosOptions:
             raise ValueError(f"--nodes must be 3 to 7, got {self.nodes}")
         if self.duration < 10:
             raise ValueError(f"--duration must be at least 10 seconds, got {self.duration}")
+        if self.faults == ["all"]:
+            # Every kind; decommission only where it can run (a broker beyond the factor).
+            self.faults = [c for c in CATEGORIES if c != "decommission" or self.nodes >= 4]
         unknown = set(self.faults) - set(CATEGORIES)
         if unknown or not self.faults:
             raise ValueError(
-                f"--faults takes a comma-separated list of {', '.join(CATEGORIES)}; "
+                f"--faults takes all or a comma-separated list of {', '.join(CATEGORIES)}; "
                 f"got {','.join(self.faults) or 'nothing'}"
             )
         self.clients = self.clients or self.group or self.idempotent
@@ -115,7 +120,7 @@ class ChaosOptions:
                 "--retention-check-ms",
                 str(self.retention_check_ms),
             ]
-        elif {"corrupt", "fd-pressure"} & set(self.faults):
+        elif SEALED_SEGMENT_FAULTS & set(self.faults):
             args += ["--segment-bytes", str(self.sealed_segment_bytes)]
         if "decommission" in self.faults:
             args += ["--heal-delay-ms", str(self.heal_delay_ms)]
@@ -126,6 +131,10 @@ class ChaosOptions:
 
 
 Say = Callable[[str], None]
+
+MIN_CATCH_UP_S = 5.0
+"""The least time a final read waits for a replica to reach the leader's high watermark,
+even when the recovery bound has already passed (recovery itself took long)."""
 
 CORRUPT_RETRIES = 50
 CORRUPT_RETRY_S = 0.2
@@ -219,7 +228,9 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         workload.finish()
         monitor.stop()
         say("reading every partition from every replica")
-        _final_reads(chaos, recorder, options, replicas, nemesis.gone)
+        _final_reads(
+            chaos, recorder, options, replicas, nemesis.gone, healed + options.recovery_limit
+        )
         monitor.record_status(exclude=nemesis.gone)
     finally:
         if monitor is not None:
@@ -271,16 +282,21 @@ def _final_reads(
     options: ChaosOptions,
     replicas: dict[int, tuple[int, ...]],
     gone: set[int],
+    catch_up_until: float,
 ) -> None:
     """Read every replica of every partition (``replicas``: as the metadata lists them at
     the end) from its own log start to its high watermark (``range`` and ``final`` ops),
-    then digest the range all of them hold. Brokers in ``gone`` were killed for good."""
+    then digest the range all of them hold. Brokers in ``gone`` were killed for good.
+
+    A replica behind is waited for until ``catch_up_until`` (recorder time: healing plus
+    the recovery limit), so one the checker finds short was given the whole bound."""
     direct = {i: chaos.direct_address(i) for i in chaos.nodes if i not in gone}
     with LowLevelClient(list(direct.values()), retries=20) as client:
         for p in range(options.partitions):
             target = _leader_hw(client, direct, p)
             reads = {
-                r: _read_replica(client, direct[r], p, target, recorder, r) for r in replicas[p]
+                r: _read_replica(client, direct[r], p, target, recorder, r, catch_up_until)
+                for r in replicas[p]
             }
             common_start = max(read.start for read in reads.values())
             common_end = min(read.hw for read in reads.values())
@@ -350,15 +366,23 @@ def _offsets(client: LowLevelClient, address: str, partition: int) -> tuple[int,
 
 
 def _read_replica(
-    client: LowLevelClient, address: str, partition: int, target: int, recorder: Recorder, r: int
+    client: LowLevelClient,
+    address: str,
+    partition: int,
+    target: int,
+    recorder: Recorder,
+    r: int,
+    catch_up_until: float,
 ) -> _ReplicaRead:
-    """Wait until the replica's high watermark reaches ``target`` (it catches up), then read
-    it from its log start; each record becomes a ``final`` op, the range a ``range`` op.
+    """Wait until the replica's high watermark reaches ``target`` (it catches up; at most
+    until ``catch_up_until``, and at least a few seconds), then read it from its log
+    start; each record becomes a ``final`` op, the range a ``range`` op (status ``fail``
+    when the replica never answered: it has no log start to report).
 
     Retention may still move the start while we read (the last writes can push one more
     segment out); the read then starts over at the new start, so the ``range`` op always
     names a start the finals really begin at."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + max(MIN_CATCH_UP_S, catch_up_until - recorder.now())
     start, hw = -1, -1
     while time.monotonic() < deadline:
         start, hw = _offsets(client, address, partition)
@@ -366,7 +390,8 @@ def _read_replica(
             break
         time.sleep(0.2)
     if hw < 0:
-        recorder.add(_range_op(partition, r, 0, 0, recorder))
+        op = _range_op(partition, r, 0, 0, recorder, "no answer to ListOffsets")
+        recorder.add(dataclasses.replace(op, status="fail"))
         return _ReplicaRead(0, 0, b"")
     error = None
     for _attempt in range(5):

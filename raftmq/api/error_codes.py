@@ -89,6 +89,8 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE: Rule(_FP, retriable=False),
     pb.ERROR_CODE_PRODUCER_FENCED: Rule(_FP, retriable=False),
     pb.ERROR_CODE_UNKNOWN_PRODUCER_ID: Rule(_FP, retriable=False),
+    # operator repairs
+    pb.ERROR_CODE_UNSAFE_REBUILD: Rule(_FP, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

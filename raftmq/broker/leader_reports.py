@@ -80,7 +80,10 @@ class LeaderReports:
         """Scan and report until cancelled."""
         try:
             while True:
-                self.scan()
+                try:
+                    self.scan()
+                except Exception:  # never the end of every partition's reports
+                    log.exception("broker %d: a scan for leader reports failed", self.broker_id)
                 await asyncio.sleep(SCAN_S)
         finally:
             for task in list(self._tasks):
@@ -94,8 +97,12 @@ class LeaderReports:
         state = self._metadata()
         now_s = time.monotonic()
         out = []
-        for key, replica in self._replicas.items():
-            term = replica.led_term
+        for key, replica in list(self._replicas.items()):
+            try:
+                term = replica.led_term
+            except Exception:  # this replica alone is skipped (its failure is reported)
+                log.exception("%s/%d: reading its leadership failed", *key)
+                continue
             if term <= 0 or self._done.get(key, 0) >= term:
                 continue
             if key in self._in_flight or self._retry.get(key, (0.0, 0.0))[0] > now_s:

@@ -31,6 +31,7 @@ _STATE = {
     pb.REPLICA_OK: "in_sync",
     pb.REPLICA_CATCHING_UP: "catching_up",
     pb.REPLICA_FAILED: "failed",
+    pb.REPLICA_OPENING: "opening",
 }
 
 

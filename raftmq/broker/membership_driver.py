@@ -141,7 +141,14 @@ class MembershipDriver:
                 self._unsettled.discard(key)
                 self._leaving.pop(key, None)
                 continue
-            if not self._check_one(key, replica, part, state.version):
+            try:
+                unsettled = self._check_one(key, replica, part, state.version)
+            except Exception as exc:  # this group alone; looked at again on the next pass
+                if self._said.get(key) != repr(exc):  # the traceback once, not every pass
+                    self._said[key] = repr(exc)
+                    log.exception("broker %d: following %s/%d's replica set failed", self.id, *key)
+                continue
+            if not unsettled:
                 self._unsettled.discard(key)
                 self._said.pop(key, None)
                 self._transferred_at.pop(key, None)

@@ -66,14 +66,28 @@ class MetadataCache:
 
     def load(self) -> MetadataState | None:
         """The cached state, or None when there is none, it is damaged, or it belongs to
-        another cluster (a data folder reused under a new name)."""
-        raw = read_atomic(self.path)
+        another cluster (a data folder reused under a new name).
+
+        Never raises: the cache only saves waiting for the controller, so a copy that fails
+        its CRC, cannot be read or does not decode is set aside with one WARNING that says
+        so and removed (a later start must not trip on it again, and the next version
+        applied is cached afresh); the broker then waits for the controller's copy."""
+        try:
+            raw = read_atomic(self.path)
+        except OSError as exc:
+            self._set_aside(f"cannot be read ({exc.strerror or exc})")
+            return None
         if raw is None:
+            if self.path.exists():
+                self._set_aside("fails its CRC (damaged on disk)")
             return None
         try:
             state = decode_snapshot(raw)
         except SnapshotError as exc:
-            log.warning("ignoring the metadata cache %s: %s", self.path, exc)
+            self._set_aside(f"does not decode ({exc})")
+            return None
+        except Exception as exc:  # a payload that passed its CRC yet breaks the decoder
+            self._set_aside(f"does not decode ({type(exc).__name__}: {exc})")
             return None
         if state.cluster_name != self.cluster_name:
             log.warning(
@@ -85,6 +99,20 @@ class MetadataCache:
             return None
         self.written_version = state.version
         return state
+
+    def _set_aside(self, problem: str) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+            removed = "removed it"
+        except OSError as exc:
+            removed = f"could not remove it ({exc.strerror or exc}): remove it by hand"
+        log.warning(
+            "the metadata cache %s %s: ignored it and %s; this broker waits for the "
+            "controller's copy of the metadata before it opens its replicas",
+            self.path,
+            problem,
+            removed,
+        )
 
     def start(self) -> None:
         if self._task is None:

@@ -39,15 +39,23 @@ from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.ready_file import BoundAddresses
+from raftmq.broker.replica_passes import compact_each, hand_back, hand_back_due
 from raftmq.broker.runtime import tune_gc, tune_malloc
 from raftmq.broker.service import MAX_FETCH_BYTES, BrokerService, add_to_server
 from raftmq.broker.topic_ids import TopicIdMarkers
-from raftmq.broker.topic_settings import ReplicaSettings, expired, expired_replicas, log_config_for
+from raftmq.broker.topic_settings import (
+    ReplicaSettings,
+    expired,
+    expired_replicas,
+    log_config_for,
+    reported_leader,
+)
+from raftmq.broker.unopened import RebuildRefused, UnopenedReplicas
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.healing import DEFAULT_LIMITS, Limits
-from raftmq.controller.leadership import HandBack, LedGroup
+from raftmq.controller.leadership import HandBack
 from raftmq.controller.metadata_view import ControllerMetadata
-from raftmq.controller.model import MetadataState, Topic
+from raftmq.controller.model import MetadataState, Partition, Topic
 from raftmq.controller.mover import Mover
 from raftmq.controller.quorum import GROUP, ControllerQuorum
 from raftmq.log.atomic_file import read_atomic, write_atomic
@@ -89,6 +97,8 @@ this broker for it; never lowered, though a restarted broker may first get an ol
 a copy of the metadata older than that (a lagging voter's, after a restart) never deletes
 the replica as moved away; only a newer one that lists it no more does."""
 INCARNATION_FILE = "incarnation"
+OPEN_RETRY_CHECK_S = 0.5
+"""How often the broker looks for failed replicas whose backoff has passed."""
 
 
 def open_files_note(replicas: int) -> tuple[str, bool]:
@@ -221,6 +231,12 @@ class Broker:
         self.link = ControllerLink(self.voter_addresses)
         self.log_config = log_config or LogConfig()
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
+        self.unopened = UnopenedReplicas()
+        """The replicas the metadata assigns here that are not in :attr:`replicas`: opening,
+        repairing, or failed to open (why; retried with backoff)."""
+        self._reconcile_lock = asyncio.Lock()
+        """Held while replicas open or are deleted for a metadata version, so that a retry
+        of a failed one never races the next version's reconcile."""
         self.settings = ReplicaSettings(self.log_config)
         self.leader_reports = LeaderReports(
             broker_id, self.link.report_leader, self.replicas, lambda: self.spec.state
@@ -255,6 +271,7 @@ class Broker:
         self._report_task: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._moves_task: asyncio.Task[None] | None = None
+        self._reopen_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
@@ -337,6 +354,7 @@ class Broker:
             self._follow_task = loop.create_task(self._join_and_follow())
             self._report_task = loop.create_task(self.leader_reports.run())
             self._moves_task = loop.create_task(self.moves.run())
+            self._reopen_task = loop.create_task(self._reopen_failed_replicas())
             if self.leader_rebalance_seconds > 0:
                 self._rebalance_task = loop.create_task(self._restore_preferred_leaders())
         elif self.quorum is not None:
@@ -441,11 +459,25 @@ class Broker:
 
     async def _reconcile(self, state: MetadataState) -> None:
         """Make the local replicas what ``state`` says: learn peers' Raft addresses, delete
-        the replicas of deleted topics, open the replicas this broker hosts."""
+        the replicas of deleted topics, open the replicas this broker hosts.
+
+        Every step is per replica (docs/driver.md, "Failure isolation in the broker's
+        control loop"): one that cannot be deleted, opened or reconfigured is logged and
+        recorded with its reason (an unopened one in :attr:`unopened`, retried with
+        backoff), and every other change of the version still applies."""
+        async with self._reconcile_lock:
+            await self._reconcile_locked(state)
+
+    async def _reconcile_locked(self, state: MetadataState) -> None:
         view = ControllerMetadata(state)
         for b in state.brokers.values():
             if b.id != self.id and b.id not in self.raft_peers:
-                self.transport.add_peer(b.id, (b.raft_host, b.raft_port))
+                try:
+                    self.transport.add_peer(b.id, (b.raft_host, b.raft_port))
+                except Exception:
+                    log.exception(
+                        "broker %d: learning broker %d's Raft address failed", self.id, b.id
+                    )
         await self._delete_gone_replicas(state)
         now_ms = time.time_ns() // 1_000_000
         wanted = [
@@ -454,29 +486,77 @@ class Broker:
             for p, part in enumerate(topic.partitions)
             if (self.id in part.replicas or self.id in part.learners) and not expired(part, now_ms)
         ]
+        self.unopened.keep_only({(t.name, p) for t, p, _ in wanted})
         opening = [(t, p, r) for t, p, r in wanted if (t.name, p) not in self.replicas]
+        for t, p, _ in opening:
+            if (t.name, p) not in self.unopened:
+                self.unopened.opening((t.name, p))
         if opening and self._probe_for_a_past:
             # Topics created before this process registered may have had a replica here
             # on a disk since lost; ones created later are new to every broker.
             self._probe_for_a_past = False
             older = {(t.name, p) for t, p, _ in opening if t.topic_id < self.epoch}
             if older:
-                await self._mark_replaced_replicas(older, view)
+                try:
+                    await self._mark_replaced_replicas(older, view)
+                except Exception:  # the replicas open as new ones: no worse than no probe
+                    log.exception("broker %d: asking its peers for a past failed", self.id)
         self.spec = view  # before opening: Metadata answers for what opens
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
+        opened = await self._open_replicas(opening, state.version)
+        self._after_opening(opened, state)
+
+    def _after_opening(self, opened: list[PartitionReplica], state: MetadataState) -> None:
+        """What follows the opening of replicas for metadata ``state``: settings, the
+        preferred leaders' campaigns, and the replica sets the moves driver follows."""
+        self.settings.apply(self.replicas, state)  # altered configs, decommissions
+        if opened:
+            log.info("broker %d: opened %d replicas", self.id, len(opened))
+            self._track(
+                asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
+            )
+        try:
+            self.moves.update(state)
+        except Exception:  # its loop looks again at the next version
+            log.exception(
+                "broker %d: following metadata version %d's moves failed", self.id, state.version
+            )
+
+    async def _open_replicas(
+        self, opening: list[tuple[Topic, int, Partition]], version: int
+    ) -> list[PartitionReplica]:
+        """Open each of ``opening`` that may be tried now; returns those that opened. One
+        that fails is recorded in :attr:`unopened` and the others still open."""
         opened = []
         slice_end = time.monotonic() + OPEN_SLICE_SECONDS
         for topic, p, part in opening:
             if self.stopping:
-                return
-            directory = self.data_dir / f"{topic.name}-{p}"
+                break
+            if not self.unopened.may_open((topic.name, p)):
+                continue
+            replica = await self._open_replica(topic, p, part, version)
+            if replica is not None:
+                opened.append(replica)
+            if time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + OPEN_SLICE_SECONDS
+        return opened
+
+    async def _open_replica(
+        self, topic: Topic, p: int, part: Partition, version: int
+    ) -> PartitionReplica | None:
+        """Open this broker's replica of ``topic``/``p``; None when it cannot open (it is
+        then recorded as failed, or as repairing, with why)."""
+        key = (topic.name, p)
+        directory = self.data_dir / f"{topic.name}-{p}"
+        try:
             directory.parent.mkdir(parents=True, exist_ok=True)
             self.topic_ids.write(directory, topic.topic_id)
             listed_at = read_atomic(_listed_path(directory))
-            if not listed_at or int(listed_at) < state.version:
-                write_atomic(_listed_path(directory), str(state.version).encode())
-            self.replicas[topic.name, p] = PartitionReplica(
+            if not listed_at or int(listed_at) < version:
+                write_atomic(_listed_path(directory), str(version).encode())
+            replica = PartitionReplica(
                 self.host,
                 topic.name,
                 p,
@@ -487,17 +567,121 @@ class Broker:
                 # Set as each log opens: no fsync of this run may go unreported.
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
-            opened.append(self.replicas[topic.name, p])
-            if time.monotonic() >= slice_end:
-                await asyncio.sleep(0)
-                slice_end = time.monotonic() + OPEN_SLICE_SECONDS
-        self.settings.apply(self.replicas, state)  # altered configs, decommissions
-        if opened:
-            log.info("broker %d: opened %d replicas", self.id, len(opened))
-            self._track(
-                asyncio.get_running_loop().create_task(self._campaign_where_preferred(opened))
+        except Exception as exc:
+            await self._open_failed(key, part, exc)
+            return None
+        self.replicas[key] = replica
+        if key in self.unopened:
+            log.info("broker %d: its replica of %s/%d opened", self.id, *key)
+        self.unopened.opened(key)
+        return replica
+
+    async def _open_failed(self, key: tuple[str, int], part: Partition, exc: Exception) -> None:
+        """Record a replica that could not open; its group, if it got as far as opening
+        one, is closed again so that the next try starts clean."""
+        name = group_name(*key)
+        if name in self.host.groups or name in self.host.quarantined:
+            with contextlib.suppress(Exception):
+                await self.host.close_group(name)
+        reason = f"cannot open: {type(exc).__name__}: {exc}"
+        known = self.unopened.get(key)
+        first = known is None or known.failures == 0
+        delay_s = self.unopened.failed(key, reason)
+        log.error(
+            "broker %d: its replica of %s/%d %s; its other replicas go on, and it is tried "
+            "again in %.0f s",
+            self.id,
+            *key,
+            reason,
+            delay_s,
+            exc_info=exc if first else None,  # the traceback once, not on every retry
+        )
+
+    async def _reopen_failed_replicas(self) -> None:
+        """Try again, as their backoff passes, the replicas that failed to open."""
+        while not self.stopping:
+            await asyncio.sleep(OPEN_RETRY_CHECK_S)
+            if not self.unopened.due():
+                continue
+            try:
+                async with self._reconcile_lock:
+                    state = self.spec.state
+                    due = [
+                        (topic, p, topic.partitions[p])
+                        for name, p in self.unopened.due()
+                        if (topic := state.topics.get(name)) is not None
+                        and p < len(topic.partitions)
+                        and (name, p) not in self.replicas
+                    ]
+                    opened = await self._open_replicas(due, state.version)
+                    if opened:
+                        self._after_opening(opened, state)
+            except Exception:  # the next pass tries again
+                log.exception("broker %d: reopening its failed replicas failed", self.id)
+
+    async def rebuild_replica(self, topic: str, partition: int, *, force: bool) -> int:
+        """An operator's repair of this broker's replica of ``topic``/``partition`` that no
+        peer could repair in place: close it, delete its data, and open it empty as a
+        replica whose disk was replaced (its promise record kept: it gives no vote until
+        the leader has copied it the whole log). Returns the bytes deleted.
+
+        Refused (:class:`RebuildRefused`) when the metadata does not assign it here, and,
+        unless ``force``, while it leads or no other replica is known to lead: its data may
+        then be the only copy of acknowledged records."""
+        state = self.spec.state
+        found = state.topics.get(topic)
+        part = found.partitions[partition] if found and partition < len(found.partitions) else None
+        if found is None or part is None or self.id not in part.replicas + part.learners:
+            raise RebuildRefused(
+                "not-hosted",
+                f"broker {self.id} hosts no replica of {topic}/{partition}"
+                + (f"; its replicas are on brokers {list(part.replicas)}" if part else ""),
             )
-        self.moves.update(state)
+        key = (topic, partition)
+        replica = self.replicas.get(key)
+        leader = replica.leader_id if replica is not None else 0
+        leader = leader or reported_leader(state, topic, partition)[0]
+        if not force and (leader in (0, self.id) or len(part.replicas) < 2):
+            why = (
+                "it leads the partition"
+                if leader == self.id
+                else "no other replica holds the partition"
+                if len(part.replicas) < 2
+                else "no other replica is known to lead the partition"
+            )
+            raise RebuildRefused(
+                "unsafe",
+                f"broker {self.id} will not rebuild its replica of {topic}/{partition}: {why}, "
+                "so its data may be the only copy of acknowledged records; wait until "
+                "another replica leads, or rebuild with --force to accept losing them",
+            )
+        directory = self.data_dir / f"{topic}-{partition}"
+        async with self._reconcile_lock:
+            name = group_name(topic, partition)
+            self.replicas.pop(key, None)
+            if name in self.host.groups or name in self.host.quarantined:
+                await self.host.close_group(name)
+            deleted = await asyncio.to_thread(_delete_tree, directory)
+            if len(part.replicas) > 1:
+                # A replica that loses its log must not pass for a new one (docs/raft.md,
+                # "Rejoining after disk loss"); a single replica has nobody to wait for.
+                record_promised(directory)
+            else:
+                promised_path(directory).unlink(missing_ok=True)
+            self.unopened.opened(key)
+            self.unopened.opening(key, "rebuilding: opening empty")
+            log.warning(
+                "broker %d: rebuilding its replica of %s/%d on an operator's request%s: "
+                "%d bytes deleted; it copies the leader's log again",
+                self.id,
+                topic,
+                partition,
+                " (forced)" if force else "",
+                deleted,
+            )
+            opened = await self._open_replicas([(found, partition, part)], state.version)
+            self._after_opening(opened, state)
+        return deleted
 
     def _track(self, task: asyncio.Task[None]) -> None:
         """Keep a short-lived task until it ends (stop cancels what still runs)."""
@@ -518,9 +702,22 @@ class Broker:
         """Delete each local replica whose topic id the metadata no longer holds (when:
         :meth:`TopicIdMarkers.gone`), and each of a live topic that moved away from here."""
         for name, partition, directory in self.topic_ids.gone(state):
-            await self._delete_replica(name, partition, directory)
+            try:
+                await self._delete_replica(name, partition, directory)
+            except Exception:  # tried again with the next version; the others go on
+                log.exception(
+                    "broker %d: deleting its replica of %s/%d failed", self.id, name, partition
+                )
         for name, partition, directory in self.topic_ids.kept(state):
-            await self._delete_if_moved_away(state, state.topics[name], partition, directory)
+            try:
+                await self._delete_if_moved_away(state, state.topics[name], partition, directory)
+            except Exception:
+                log.exception(
+                    "broker %d: deleting its moved replica of %s/%d failed",
+                    self.id,
+                    name,
+                    partition,
+                )
 
     async def _delete_expired_replicas(self) -> None:
         """Delete the data of each decommissioned partition whose deadline passed (the
@@ -530,7 +727,12 @@ class Broker:
         for name, p in expired_replicas(self.spec.state, self.id, now_ms):
             directory = self.data_dir / f"{name}-{p}"
             if (name, p) in self.replicas or directory.exists():
-                await self._delete_replica(name, p, directory, "decommissioned, retention passed")
+                try:
+                    await self._delete_replica(
+                        name, p, directory, "decommissioned, retention passed"
+                    )
+                except Exception:  # the next retention pass tries again; the others go on
+                    log.exception("broker %d: deleting %s/%d failed", self.id, name, p)
 
     async def _delete_if_moved_away(
         self, state: MetadataState, topic: Topic, p: int, directory: Path
@@ -576,6 +778,7 @@ class Broker:
         self, topic: str, partition: int, directory: Path, why: str = "topic gone"
     ) -> None:
         replica = self.replicas.pop((topic, partition), None)
+        self.unopened.opened((topic, partition))
         if replica is not None:
             await self.host.close_group(group_name(topic, partition))
         # Off the loop, which it yields: deleting a topic of 1,000 partitions in line held
@@ -595,10 +798,23 @@ class Broker:
         instead of passing for new ones (:mod:`raftmq.broker.history_probe`)."""
         seen, answered = await partitions_with_history((self.bootstrap, view), self.id, hosted)
         if not answered:
-            log.info(
-                "broker %d: no data directory and no peer answering: starting as a new broker",
+            # Nobody could say, so assume the past: a replica that passed for new would vote
+            # at once and could help a peer that missed committed entries win an election.
+            # Rejoining costs only the wait for a leader that has the log (a replica with
+            # no peer has nothing to wait for: it starts empty).
+            seen = {
+                (t, p)
+                for t, p in hosted
+                if t in view.state.topics and len(view.state.topics[t].partitions[p].replicas) > 1
+            }
+            log.warning(
+                "broker %d: no data directory, no --new, and no peer answering whether its "
+                "replicas had a past: %d of them rejoin (no vote until a leader has copied "
+                "them its log); if this is a new broker, restart it with --new",
                 self.id,
+                len(seen),
             )
+            _record_promised_all(self.data_dir, seen)
             return
         if not seen:
             return
@@ -611,16 +827,27 @@ class Broker:
             len(seen),
             len(hosted),
         )
-        for topic, p in sorted(seen):
-            directory = self.data_dir / f"{topic}-{p}"
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            record_promised(directory)
+        _record_promised_all(self.data_dir, seen)
 
     async def _mark_wiped_voter(self) -> None:
         """No data folder on a controller voter: if the quorum has a past, this voter's
         metadata group rejoins (no vote until it holds the leader's log), as a replaced
         partition replica does (:func:`metadata_with_history`)."""
         past, answered = await metadata_with_history(self.voter_addresses, self.id)
+        if not answered:
+            # Nobody could say, so assume the past (as for partitions): a voter that passed
+            # for new would vote at once, and with one voter that missed committed metadata
+            # it could elect that one and vote acknowledged metadata (offset commits, topics)
+            # away. A new cluster's voters start with --new (raftmq dev does), so they never
+            # wait here for each other.
+            log.warning(
+                "broker %d: no data folder, no --new, and no other voter answering whether the "
+                "metadata has a past: its metadata group rejoins (no vote until it holds the "
+                "leader's log); if this is a new cluster, restart every voter with --new",
+                self.id,
+            )
+            record_promised(self.data_dir / GROUP)
+            return
         if not past:
             log.info(
                 "broker %d: no data folder, and no other voter (answered: %s) holds metadata: "
@@ -650,6 +877,7 @@ class Broker:
             self._watch_task,
             self._follow_task,
             self._moves_task,
+            self._reopen_task,
             self._heartbeat_task,
             *self._prefer_tasks,
         )
@@ -679,11 +907,7 @@ class Broker:
                 await self._delete_expired_replicas()
             except Exception:
                 log.exception("deleting expired decommissioned replicas failed")
-            for r in list(self.replicas.values()):
-                try:
-                    self.host.compact(group_name(r.topic, r.partition))
-                except Exception:
-                    log.exception("retention of %s/%d failed", r.topic, r.partition)
+            compact_each(self.host, self.replicas.values())
 
     async def _campaign_where_preferred(
         self, opened: list[PartitionReplica], within: float = PREFER_WINDOW_SECONDS
@@ -747,21 +971,20 @@ class Broker:
         policy = HandBack()
         while not self.stopping:
             await asyncio.sleep(self.leader_rebalance_seconds)
-            led = []
-            for r in self.replicas.values():
-                preferred = self.spec.preferred_leader(r.topic, r.partition)
-                if preferred == self.id or not r.is_leader or self.stopping:
-                    continue
-                name = group_name(r.topic, r.partition)
-                alive = self.transport.peer_alive(preferred)
-                led.append(LedGroup(name, preferred, self.host.status(name), alive))
-            for group in policy.due(led):
-                name, preferred = group.name, group.preferred
-                log.info("handing %s back to its preferred leader, broker %d", name, preferred)
-                try:
-                    self.host.transfer_leadership(name, preferred)
-                except RaftError as exc:  # lost leadership meanwhile, or a transfer under way
-                    log.info("no hand-back of %s: %s", name, exc)
+            try:
+                due = hand_back_due(
+                    self.id,
+                    self.replicas.values(),
+                    self.spec.preferred_leader,
+                    self.host,
+                    self.transport.peer_alive,
+                    policy,
+                )
+            except Exception:  # the policy itself: the next pass looks again
+                log.exception("broker %d: choosing hand-backs failed", self.id)
+                continue
+            if not self.stopping:
+                hand_back(self.host, due)
 
     async def _hand_over_leadership(self, wait: float) -> None:
         """Move each partition this broker leads, and the controller's metadata group if it
@@ -805,6 +1028,26 @@ def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:
     return lambda: replica.is_leader
+
+
+def _record_promised_all(data_dir: Path, replicas: set[tuple[str, int]]) -> None:
+    for topic, p in sorted(replicas):
+        directory = data_dir / f"{topic}-{p}"
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        record_promised(directory)
+
+
+def _delete_tree(directory: Path) -> int:
+    """Delete ``directory`` (or whatever stands at its path); returns the bytes it held."""
+    if directory.is_symlink() or directory.is_file():
+        size = directory.lstat().st_size
+        directory.unlink()
+        return size
+    if not directory.exists():
+        return 0
+    size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    shutil.rmtree(directory)
+    return size
 
 
 def _listed_path(directory: Path) -> Path:

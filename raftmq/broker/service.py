@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,8 +26,10 @@ from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.errors import Refusal, abort, name_list, shorten
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.topic_settings import expired, reported_leader
+from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker as RegisteredBroker
+from raftmq.controller.model import Partition
 from raftmq.log.config import LogConfig
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
@@ -234,6 +236,19 @@ def _replica_status(replica: PartitionReplica) -> list[pb.ReplicaStatus]:
     ]
 
 
+def _unopened_status(broker_id: int, entry: Unopened | None) -> list[pb.ReplicaStatus]:
+    """The status of a replica the metadata assigns here that is not open: failed (why),
+    or opening / being repaired. Never left out, so that a replica that cannot open is
+    seen (``raftmq status`` exits 1 for it)."""
+    if entry is None:  # assigned by a version whose replicas are being opened right now
+        return [pb.ReplicaStatus(broker_id=broker_id, state=pb.REPLICA_OPENING, reason="opening")]
+    state = pb.REPLICA_FAILED if entry.state is OpenState.FAILED else pb.REPLICA_OPENING
+    reason = (
+        entry.reason if entry.state is not OpenState.REPAIRING else f"repairing: {entry.reason}"
+    )
+    return [pb.ReplicaStatus(broker_id=broker_id, state=state, reason=reason)]
+
+
 class BrokerService(pb_grpc.BrokerServicer):
     """The RPCs. Each returns its answer or raises Refusal; :func:`add_to_server` turns that
     into the call's status (or, in ProduceStream, into the request's answer)."""
@@ -285,6 +300,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                     pb.ERROR_CODE_PARTITION_DECOMMISSIONED,
                     f"{topic}/{partition} was decommissioned and its retention has passed: "
                     "its data is deleted; read the topic's active partitions",
+                )
+            if self.broker.id in part.replicas or self.broker.id in part.learners:
+                entry = self.broker.unopened.get((topic, partition))
+                how = entry.reason if entry is not None else "opening"
+                raise Refusal(
+                    pb.ERROR_CODE_REPLICA_FAILED,
+                    f"broker {self.broker.id}'s replica of {topic}/{partition} is not open "
+                    f"({how}); use another replica, or retry later",
                 )
             owners = ", ".join(map(str, spec.replicas[partition]))
             raise Refusal(
@@ -555,6 +578,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         topics = []
         for name in names:
             parts = []
+            assigned = spec.state.topics[name].partitions
             for p, replicas in enumerate(spec.topics[name].replicas):
                 replica = self.broker.replicas.get((name, p))
                 # No replica here: the leader as reported to the controller. A replica
@@ -571,7 +595,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                         replicas=list(replicas),
                         leader_term=term,
                         high_watermark=replica.high_watermark if replica else -1,
-                        replica_status=_replica_status(replica) if replica else [],
+                        replica_status=_replica_status(replica)
+                        if replica
+                        else self._unassigned_or_unopened(name, p, assigned),
                         log_start_offset=replica.log_start_offset if replica else -1,
                         in_sync_replicas=replica.in_sync_voters() if replica else [],
                     )
@@ -589,6 +615,43 @@ class BrokerService(pb_grpc.BrokerServicer):
             broker_id=self.broker.id,
             metadata_version=self.broker.metadata_version,
         )
+
+    def _unassigned_or_unopened(
+        self, topic: str, p: int, parts: Sequence[Partition]
+    ) -> list[pb.ReplicaStatus]:
+        me = self.broker.id
+        part = parts[p] if p < len(parts) else None
+        if part is None or (me not in part.replicas and me not in part.learners):
+            return []
+        if expired(part, time.time_ns() // 1_000_000):
+            return []
+        return _unopened_status(me, self.broker.unopened.get((topic, p)))
+
+    async def RebuildReplica(
+        self, request: pb.RebuildReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RebuildReplicaResponse:
+        self._check_has_metadata()
+        try:
+            deleted = await self.broker.rebuild_replica(
+                request.topic, request.partition, force=request.force
+            )
+        except RebuildRefused as exc:
+            code = (
+                pb.ERROR_CODE_NOT_HOSTED
+                if exc.kind == "not-hosted"
+                else pb.ERROR_CODE_UNSAFE_REBUILD
+            )
+            raise Refusal(code, str(exc)) from None
+        key = (request.topic, request.partition)
+        replica = self.broker.replicas.get(key)
+        if replica is not None:
+            state, reason = replica.state
+            status = pb.ReplicaStatus(
+                broker_id=self.broker.id, state=_REPLICA_STATE[state], reason=reason
+            )
+        else:
+            status = _unopened_status(self.broker.id, self.broker.unopened.get(key))[0]
+        return pb.RebuildReplicaResponse(status=status, deleted_bytes=deleted)
 
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext

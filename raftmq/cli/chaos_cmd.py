@@ -30,10 +30,17 @@ def run(
     faults: Annotated[
         str,
         typer.Option(
-            help="Comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
+            help="all (every kind below; decommission only with --nodes 4 or more), or "
+            "comma-separated kinds: partition, kill, pause, latency, bandwidth, reset, "
             "hung, snapshot (a follower cut off until it must catch up from a snapshot), unsynced "
             "(power loss: SIGKILL and cut every file to its last fsynced size), corrupt (a bit "
-            "flipped in a sealed segment of one replica), disk-loss (a node back with a wiped or "
+            "flipped in a sealed segment of one replica), corrupt-config, corrupt-hardstate, "
+            "corrupt-producer-state, corrupt-log-start, corrupt-index, corrupt-metadata-cache, "
+            "corrupt-controller-log (a bit flipped, while its broker is down, in a CONFIG entry "
+            "or the snapshot meta holding a group's first configuration, "
+            "the Raft hard state, the producer-state or log-start checkpoint, an offset index, "
+            "the broker's metadata cache, or the controller's metadata log on one voter), "
+            "disk-loss (a node back with a wiped or "
             "cut-back data directory), fd-pressure (a node restarted with an open-file limit "
             "of 128), controller (the active controller SIGKILLed, or cut off from its peers, "
             "or from its peers and clients), decommission (first fault: a broker that is not a "

@@ -33,8 +33,18 @@ _STATE_NAMES = {
     pb.REPLICA_OK: "ok",
     pb.REPLICA_CATCHING_UP: "catching_up",
     pb.REPLICA_FAILED: "failed",
+    pb.REPLICA_OPENING: "opening",
 }
-_STATE_STYLE = {"ok": "green", "catching_up": "yellow", "failed": "red", "unknown": "dim"}
+_STATE_STYLE = {
+    "ok": "green",
+    "catching_up": "yellow",
+    "opening": "red",
+    "failed": "red",
+    "unknown": "dim",
+}
+_OWN_WORD = frozenset({pb.REPLICA_FAILED, pb.REPLICA_OPENING})
+"""States only a replica's own broker can know, so its own report wins over the leader's
+view (a leader sees a follower that cannot open only as one that does not answer)."""
 
 
 @dataclass
@@ -50,7 +60,8 @@ class BrokerHealth:
 class ReplicaHealth:
     broker_id: int
     state: str
-    """ok, catching_up, failed, or unknown (its broker did not answer)."""
+    """ok, catching_up, opening (assigned, not open yet: opening or being repaired),
+    failed, or unknown (its broker did not answer)."""
     reason: str = ""
 
 
@@ -70,7 +81,8 @@ class ClusterHealth:
     brokers: list[BrokerHealth]
     partitions: list[PartitionHealth]
     problems: list[str]
-    """What makes the status fail (exit 1): failed replicas, partitions without a leader."""
+    """What makes the status fail (exit 1): failed or unopened replicas, partitions without
+    a leader."""
     warnings: list[str]
     """What an operator should know but does not fail it: brokers not serving."""
 
@@ -130,8 +142,8 @@ def _merge(
     replicas = []
     for broker_id in info.replicas:
         mine, leaders = own.get(broker_id), by_leader.get(broker_id)
-        failed_here = mine is not None and mine.state == pb.REPLICA_FAILED
-        chosen = mine if failed_here or leaders is None else leaders
+        own_word = mine is not None and mine.state in _OWN_WORD
+        chosen = mine if own_word or leaders is None else leaders
         if chosen is None:
             replicas.append(ReplicaHealth(broker_id, "unknown", "its broker did not answer"))
         else:
@@ -150,6 +162,12 @@ def _problems(partitions: list[PartitionHealth]) -> list[str]:
         for p in partitions
         for r in p.replicas
         if r.state == "failed"
+    ]
+    problems += [
+        f"The replica of {p.topic}/{p.partition} on broker {r.broker_id} is not open: {r.reason}"
+        for p in partitions
+        for r in p.replicas
+        if r.state == "opening"
     ]
     return problems
 
@@ -182,7 +200,8 @@ def render(health: ClusterHealth) -> None:
     if health.ok:
         count = sum(len(p.replicas) for p in health.partitions)
         console.print(
-            f"[green]Every partition has a leader and none of its {count} replicas failed.[/]"
+            f"[green]Every partition has a leader and all of its {count} replicas are open; "
+            "none failed.[/]"
         )
     for warning in health.warnings:
         console.print(f"[yellow]{warning}[/]", highlight=False)
@@ -198,8 +217,8 @@ def status(
     ] = False,
 ) -> None:
     """Show each broker's health and each partition's leader, term, high watermark and
-    replicas (ok, catching up, or failed and why). Exits 1 if a replica failed or a
-    partition has no leader."""
+    replicas (ok, catching up, opening, or failed and why). Exits 1 if a replica failed or
+    is not open, or a partition has no leader."""
     addresses = cluster_addresses(data, bootstrap)
     with LowLevelClient(addresses) as client:
         try:

@@ -272,6 +272,8 @@ class _Face:
         self._session: GroupSession | None = None
         self._callbacks = _Callbacks()
         self._link: GroupLink | None = None  # assign mode's commits
+        self._commit_turn: asyncio.Lock | None = None
+        """Assign mode's commits go one at a time, as a member's do (GroupSession.commit)."""
         self._auto_commit_at = time.monotonic()
         self._in_callback = False
         """Inside on_assign / on_revoke / on_lost (run by ``poll``)."""
@@ -365,6 +367,11 @@ class _Face:
             raise err
         return session.events.popleft() if session.events else None
 
+    def _stamp(self, offsets: Commits) -> dict[TopicPartition, int] | None:
+        """In the caller's thread, with the offsets a commit names: the partitions'
+        tenures now, so the commit is refused if one is lost before it is sent."""
+        return self._session.stamp(offsets) if self._session is not None else None
+
     def _auto_commit_due(self) -> dict[TopicPartition, int] | None:
         """With auto-commit, every auto_commit_interval_ms: the positions to commit (of
         what earlier polls returned; read before this poll takes more)."""
@@ -382,18 +389,24 @@ class _Face:
             return self._session.positions()
         return positions(self._fetcher)
 
-    async def _commit(self, offsets: Commits) -> None:
-        """On the loop: as the member, or (assign mode) outside the membership."""
+    async def _commit(
+        self, offsets: Commits, stamp: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """On the loop: as the member (refused if a partition was lost since ``stamp``),
+        or (assign mode) outside the membership."""
         if self._session is not None:
-            await self._session.commit(offsets)
+            await self._session.commit(offsets, stamp)
             return
         if not offsets:
             return
         if self._link is None:
             self._link = GroupLink(self._fetcher.links)
+        if self._commit_turn is None:
+            self._commit_turn = asyncio.Lock()
         group_id = self._group_id("commit")
         try:
-            await self._link.commit(group_id, "", 0, offsets)
+            async with self._commit_turn:
+                await self._link.commit(group_id, "", 0, offsets)
         except ClientError as err:
             if err.code != pb.ERROR_CODE_GROUP_NOT_EMPTY:
                 raise
@@ -406,9 +419,11 @@ class _Face:
                 err.code_name,
             ) from None
 
-    async def _auto_commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def _auto_commit(
+        self, offsets: dict[TopicPartition, int], stamp: dict[TopicPartition, int] | None = None
+    ) -> None:
         try:
-            await self._commit(offsets)
+            await self._commit(offsets, stamp)
         except ClientError as err:  # the next one, or the heartbeat, mends it
             log.warning("auto-commit of group %s failed: %s", self.config.group_id, err)
 
@@ -475,7 +490,7 @@ async def _seek_to(
     partitions = partitions or tuple(fetcher.states)
     specs = {tp: pb.ListOffsetsRequest(position=where) for tp in partitions}
     for tp, offset in (await _offsets(fetcher, specs)).items():
-        fetcher.seek(tp, offset)
+        fetcher.seek(tp, offset, reached=True)  # a broker's answer: the log has it
 
 
 async def _partitions_for(fetcher: Fetcher, topic: str) -> list[int]:
@@ -610,7 +625,7 @@ class Consumer(_Face):
                 self._wait(session.finish(event, commit=commit))
         due = self._auto_commit_due()
         if due:
-            asyncio.run_coroutine_threadsafe(self._auto_commit(due), self._loop)
+            asyncio.run_coroutine_threadsafe(self._auto_commit(due, self._stamp(due)), self._loop)
 
     def _call(self, callback: Callback | None, partitions: Partitions) -> None:
         if callback is None:
@@ -633,7 +648,9 @@ class Consumer(_Face):
         it refused (the member was fenced: another may consume those partitions now),
         unless ``asynchronous``: then returns a future."""
         chosen = self._commits(offsets)
-        future = asyncio.run_coroutine_threadsafe(self._commit(chosen), self._loop)
+        future = asyncio.run_coroutine_threadsafe(
+            self._commit(chosen, self._stamp(chosen)), self._loop
+        )
         if asynchronous:
             return future
         future.result()
@@ -802,7 +819,7 @@ class AsyncConsumer(_Face):
                 await session.finish(event, commit=commit)
         due = self._auto_commit_due()
         if due:
-            task = asyncio.get_running_loop().create_task(self._auto_commit(due))
+            task = asyncio.get_running_loop().create_task(self._auto_commit(due, self._stamp(due)))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -826,12 +843,13 @@ class AsyncConsumer(_Face):
     ) -> asyncio.Task[None] | None:
         """As Consumer.commit; ``asynchronous`` returns the commit's task at once."""
         chosen = self._commits(offsets)
+        stamp = self._stamp(chosen)
         if asynchronous:
-            task = asyncio.get_running_loop().create_task(self._commit(chosen))
+            task = asyncio.get_running_loop().create_task(self._commit(chosen, stamp))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return task
-        await self._commit(chosen)
+        await self._commit(chosen, stamp)
         return None
 
     @overload

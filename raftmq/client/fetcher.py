@@ -15,6 +15,15 @@ leader for FOLLOWER_RETRY_S, after which the choice is made again on fresh metad
 Positions have generations: a ``seek`` (or a reset after the log start moved past the
 position) bumps the partition's generation and drops its buffer, and an answer to a fetch
 started under an older generation is thrown away when it lands.
+
+A partition's ``floor`` is an offset the consumer knows its log once reached: the group's
+committed offset it started from, a high watermark or a list-offsets answer (a reset,
+seek_to_beginning, seek_to_end) a broker gave; a plain ``seek`` does not raise it, so a
+seek past the end still resets. A broker whose
+committed log ends below the floor is behind (a leader just elected and still learning
+its commit, a replica restarted or rebuilt from a snapshot), not the consumer: its "out
+of range" above its end is asked again after a backoff, never answered with the reset
+policy, which would move the position (and so a group's committed progress) back.
 """
 
 from __future__ import annotations
@@ -70,6 +79,10 @@ class PartitionState:
     position: int | None = None
     """The next offset ``poll`` returns."""
     generation: int = 0
+    floor: int = 0
+    """An offset this partition's log is known to have reached (the group's committed
+    offset, a high watermark or list-offsets answer a broker gave): a fetch at or below
+    it that a broker calls past its end is retried, not reset (the module says why)."""
     paused: bool = False
     buffered: deque[Chunk] = field(default_factory=deque)
     buffered_bytes: int = 0
@@ -162,10 +175,14 @@ class Fetcher:
             self.total_bytes -= state.buffered_bytes
         self._room.set()
 
-    def seek(self, tp: TopicPartition, offset: int | None) -> None:
-        """Start ``tp`` over at ``offset`` (None: where the reset policy says)."""
+    def seek(self, tp: TopicPartition, offset: int | None, *, reached: bool = False) -> None:
+        """Start ``tp`` over at ``offset`` (None: where the reset policy says).
+        ``reached``: the log is known to have reached ``offset`` (the group committed it),
+        so a broker that says it ends below it is behind and is asked again."""
         state = self.states[tp]
         with self.lock:
+            if reached and offset is not None:
+                state.floor = max(state.floor, offset)
             state.generation += 1
             self.total_bytes -= state.buffered_bytes
             state.buffered.clear()
@@ -205,6 +222,7 @@ class Fetcher:
                     with self.lock:
                         if state.generation == generation:
                             state.fetch_offset = state.position = offset
+                            state.floor = max(state.floor, offset)  # a broker's own answer
                     continue
                 answer = await self._fetch(tp, state, state.fetch_offset)
                 if answer is None:
@@ -212,7 +230,10 @@ class Fetcher:
                 attempt = 0
             except ClientError as err:
                 if err.code == pb.ERROR_CODE_OFFSET_OUT_OF_RANGE:
-                    self._out_of_range(tp, state, generation, err)
+                    if self._out_of_range(tp, state, generation, err):
+                        self.links.learn(*tp, err)
+                        await backoff(attempt)
+                        attempt += 1
                     continue
                 if not (err.retriable or err.unreachable or err.timed_out):
                     self._fail(state, generation, err)
@@ -296,6 +317,7 @@ class Fetcher:
             if state.generation != generation:
                 return  # a seek came in meanwhile
             state.high_watermark = answer.high_watermark
+            state.floor = max(state.floor, answer.high_watermark)
             state.served_by = answer.broker_id
             if not answer.entries:
                 return
@@ -325,9 +347,25 @@ class Fetcher:
 
     def _out_of_range(
         self, tp: TopicPartition, state: PartitionState, generation: int, err: ClientError
-    ) -> None:
+    ) -> bool:
         """The position fell below the log start (retention) or past the end: start over
-        where the reset policy says, or, with 'error', tell the caller."""
+        where the reset policy says, or, with 'error', tell the caller. Returns True (ask
+        again later, nothing changed) when the broker's log ends below an offset the
+        partition is known to have reached: that broker is behind, and a reset would move
+        the position back below records already consumed (and committed)."""
+        with self.lock:
+            offset = state.fetch_offset
+            floor = state.floor
+        end = _int_meta(err, "raftmq-high-watermark")
+        if offset is not None and end is not None and end < offset <= floor:
+            log.info(
+                "%s/%d: a broker says its log ends at %d, below offset %d this consumer "
+                "knows was reached; asking again rather than resetting",
+                *tp,
+                end,
+                offset,
+            )
+            return True
         if self.auto_offset_reset == "error":
             sentence = (
                 f"{err}; auto_offset_reset is 'error', so {tp[0]}/{tp[1]} waits for a seek "
@@ -338,10 +376,11 @@ class Fetcher:
                 generation,
                 NoOffsetError(sentence, err.code, err.status, err.meta, err.code_name),
             )
-            return
+            return False
         with self.lock:
             if state.generation == generation:
                 state.fetch_offset = None  # the next loop resets it
+        return False
 
     def _fail(self, state: PartitionState, generation: int, err: ClientError) -> None:
         with self.lock:
@@ -359,3 +398,9 @@ class Fetcher:
         await self.links.close()
 
 
+def _int_meta(err: ClientError, key: str) -> int | None:
+    """An integer the broker put in the error's trailing metadata, or None."""
+    try:
+        return int(err.meta[key])
+    except (KeyError, ValueError):
+        return None

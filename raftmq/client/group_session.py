@@ -85,7 +85,13 @@ class GroupSession:
         self.lost: set[TopicPartition] = set()
         """Lost and not yet dropped by ``poll``: their positions are not this member's to
         commit any more, even if the group hands them back before ``poll`` runs."""
+        self.tenures: dict[TopicPartition, int] = {}
+        """Per partition, how many times this member stopped holding it (lost it, or gave
+        it up): a commit stamped with an older count names a position from an earlier
+        tenure, which the group may have moved past since, so it is refused."""
         self._topics: tuple[str, ...] | re.Pattern[str] = ()
+        self._commit_turn = asyncio.Lock()
+        """Held by the commit being sent (:meth:`commit` says why one at a time)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._metadata_at = 0.0
@@ -202,6 +208,8 @@ class GroupSession:
     async def _apply(self, step: Step) -> None:
         """Stop returning what is lost or given up at once; queue the caller's part."""
         self.lost |= step.lost
+        for tp in step.lost:
+            self.tenures[tp] = self.tenures.get(tp, 0) + 1
         for event in (GroupEvent("lost", step.lost), GroupEvent("revoke", step.revoke)):
             if not event.partitions:
                 continue
@@ -222,15 +230,19 @@ class GroupSession:
         revoke) and drop, the partitions."""
         tps = event.partitions
         if event.kind == "assign":
-            held = tps & self.membership.held  # not revoked or lost meanwhile
             try:
-                committed = await self._committed_for(sorted(held))
+                committed = await self._committed_for(sorted(tps & self.membership.held))
             except ClientError:
                 self.events.appendleft(event)  # the next poll tries again
                 raise
+            # Not revoked or lost meanwhile (the fetch of offsets may take a while); a
+            # partition lost and assigned again is started by its own later event.
+            held = (tps & self.membership.held) - self.lost
             self.fetcher.assign([*self.fetcher.states, *sorted(held - set(self.fetcher.states))])
             for tp in sorted(held):
-                self.fetcher.seek(tp, committed.get(tp))
+                # A fresh start whatever the fetcher held: its buffer and any fetch in
+                # flight are dropped (a new generation), and the position is the group's.
+                self.fetcher.seek(tp, committed.get(tp), reached=True)
             return
         # Lost since it was told to give them up: nothing left to commit or give up (and
         # a partition the rejoin got back is the new assignment's, not this event's).
@@ -243,6 +255,8 @@ class GroupSession:
         if event.kind == "lost":
             self.lost -= tps
         if still:
+            for tp in still:
+                self.tenures[tp] = self.tenures.get(tp, 0) + 1
             self.membership.given_up(still)
             self._wake.set()
 
@@ -264,17 +278,53 @@ class GroupSession:
         wanted = set(tps)
         return {tp: o for tp, o in positions(self.fetcher).items() if tp in wanted}
 
+    def stamp(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The tenure of each partition now, for a commit of positions read now (from the
+        caller's thread): :meth:`commit` refuses it if one was lost or given up since."""
+        tenures = self.tenures
+        return {tp: tenures.get(tp, 0) for tp in tps}
+
     def positions(self) -> dict[TopicPartition, int]:
         """What a commit without offsets commits: the position of every partition the
         member holds and has not lost. Safe from the caller's thread."""
         held, lost = self.membership.held, self.lost
         return {tp: o for tp, o in positions(self.fetcher).items() if tp in held and tp not in lost}
 
-    async def commit(self, offsets: Commits) -> None:
+    async def commit(
+        self, offsets: Commits, stamp: dict[TopicPartition, int] | None = None
+    ) -> None:
         """Commit ``offsets`` as this member (at its current epoch); raises
-        CommitFailedError when the group refuses them."""
+        CommitFailedError when the group refuses them, or before asking it when one of
+        the partitions was lost, or lost or given up since ``stamp`` (:meth:`stamp`, taken
+        when the offsets were read): those offsets are a position from before, and the
+        group may have moved past it since (another member consumed on), so committing
+        them could move its progress back.
+
+        One commit at a time, in the order they were made: a commit the link retries
+        (a controller failover, an outcome unknown) must not land after a later one
+        the group already acknowledged, as an auto-commit overlapping the next would."""
         if not offsets:
             return
+        async with self._commit_turn:
+            await self._commit_now(offsets, stamp)
+
+    async def _commit_now(self, offsets: Commits, stamp: dict[TopicPartition, int] | None) -> None:
+        stale = sorted(
+            tp
+            for tp in offsets
+            if tp in self.lost or (stamp is not None and stamp.get(tp) != self.tenures.get(tp, 0))
+        )
+        if stale:
+            self._wake.set()
+            raise CommitFailedError(
+                f"group {self.group_id} did not get the commit: this consumer lost "
+                f"{', '.join(f'{t}/{p}' for t, p in stale)} after reading those offsets, so "
+                "they may be behind what the group has consumed since; poll, and commit "
+                "what the next polls return",
+                pb.ERROR_CODE_FENCED_MEMBER_EPOCH,
+                None,
+                {},
+            )
         m = self.membership
         if not m.joined:
             raise CommitFailedError(

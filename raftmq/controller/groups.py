@@ -91,8 +91,13 @@ def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
             }
             group = dataclasses.replace(group, target=dict(sorted(target.items())))
         else:
-            old = members.get(member.member_id)
-            changed = old is None or old.subscriptions != member.subscriptions
+            # A new member, or one still known here that joins again (epoch 0): that
+            # one lost everything it held (its session ran out on its side first, or it
+            # was fenced), so it counts as a member that came: the group's epoch grows and
+            # its new member epoch is one it never had. Otherwise it could get its old
+            # epoch back with the same partitions, and a commit stamped before the loss
+            # (in flight, or retried) would pass the zombie check and move offsets back.
+            changed = True
         if member.member_id not in members and len(members) >= MAX_MEMBERS:
             raise CommandRefused(
                 Code.INVALID_GROUP,

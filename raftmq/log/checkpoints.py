@@ -13,6 +13,11 @@ from pathlib import Path
 
 from raftmq.log.atomic_file import read_atomic, write_atomic
 
+# What opening a log does when one of them is unusable (recovery.py): the log start is
+# rebuilt from the first segment on disk (``recovery._rebuild_start`` says why that is the
+# safe side) and the terms from the closed segments' headers; each says so in one WARNING
+# (the sentences below name the file and what is wrong) and the file is written again.
+
 START_CHECKPOINT = "log-start.checkpoint"
 TERMS_CHECKPOINT = "terms.checkpoint"
 _START = struct.Struct(">qqq")  # start index, start offset, term of the entry before start
@@ -22,7 +27,7 @@ _TERM = struct.Struct(">qq")  # first index of a term, term
 def read_start(directory: Path) -> tuple[int, int, int] | None:
     """(start index, start offset, term before the start), or None when the file is missing
     or damaged."""
-    raw = read_atomic(directory / START_CHECKPOINT)
+    raw = _read(directory / START_CHECKPOINT)
     if raw is None or len(raw) != _START.size:
         return None
     start_index, start_offset, prev_term = _START.unpack(raw)
@@ -35,7 +40,7 @@ def write_start(directory: Path, start_index: int, start_offset: int, prev_term:
 
 def read_terms(directory: Path) -> list[tuple[int, int]] | None:
     """(first index of a term, term) pairs, ascending, or None when missing or damaged."""
-    raw = read_atomic(directory / TERMS_CHECKPOINT)
+    raw = _read(directory / TERMS_CHECKPOINT)
     if raw is None or len(raw) % _TERM.size != 0:
         return None
     return [(i, t) for i, t in _TERM.iter_unpack(raw)]
@@ -43,3 +48,35 @@ def read_terms(directory: Path) -> list[tuple[int, int]] | None:
 
 def write_terms(directory: Path, terms: list[tuple[int, int]]) -> None:
     write_atomic(directory / TERMS_CHECKPOINT, b"".join(_TERM.pack(i, t) for i, t in terms))
+
+
+def _read(path: Path) -> bytes | None:
+    """The payload, or None when it cannot be had: an unreadable file (EIO, a directory in
+    its place) is as unusable as a damaged one, and both are rebuilt, not a reason to fail
+    opening the log again and again."""
+    try:
+        return read_atomic(path)
+    except OSError:
+        return None
+
+
+def start_problem(directory: Path) -> str:
+    """Why :func:`read_start` found no start, as a sentence for the WARNING."""
+    return _problem(directory / START_CHECKPOINT)
+
+
+def terms_problem(directory: Path) -> str:
+    """Why :func:`read_terms` found no terms, as a sentence for the WARNING."""
+    return _problem(directory / TERMS_CHECKPOINT)
+
+
+def _problem(path: Path) -> str:
+    try:
+        raw = read_atomic(path)
+    except OSError as exc:
+        return f"{path.name} cannot be read ({exc.strerror})"
+    if not path.exists():
+        return f"{path.name} is missing"
+    if raw is None:
+        return f"{path.name} is damaged (it fails its CRC)"
+    return f"{path.name} has a payload of {len(raw)} bytes, not a whole record (damaged)"

@@ -9,7 +9,9 @@ byte swap and three slices in C, not a loop over tens of thousands of slots.
 
 The active segment's indexes live only in memory (it is rescanned on open anyway); a
 segment's index files are written once, atomically and with a CRC, when it is closed. A
-missing or damaged file is therefore never trusted: it is rebuilt from the segment.
+missing or damaged file is therefore never trusted: it is rebuilt from the segment, on
+first use, with one WARNING naming the file and what was wrong with it
+(``recovery.rebuild_index``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class SegmentIndex:
 
     __slots__ = (
         "base_offset",
+        "checked_slots",
         "first_index",
+        "from_file",
         "indexes",
         "last_slot_position",
         "max_timestamp_ms",
@@ -56,6 +60,12 @@ class SegmentIndex:
         self.time_offsets = array("I")
         self.last_slot_position = -1
         self.max_timestamp_ms = -1
+        # Loaded from files (not built by this process from the segment): a lookup checks
+        # that the entry at the slot it starts from is the one the slot names, once per
+        # slot (reads.check_slot), so a file that passed its CRC yet is wrong for this
+        # segment cannot make a read skip or misplace records.
+        self.from_file = False
+        self.checked_slots = bytearray()  # one flag per slot, sized at load (1 byte each)
 
     def observe(
         self,
@@ -103,6 +113,11 @@ class SegmentIndex:
         slot = bisect_left(self.offsets, self.time_offsets[t]) - 1
         return self.positions[slot] if slot >= 0 else 0
 
+    def slot_at(self, position: int) -> int | None:
+        """Number of the slot at ``position``, None when no slot is there."""
+        k = bisect_left(self.positions, position)
+        return k if k < len(self.positions) and self.positions[k] == position else None
+
     def entry_at(self, position: int) -> tuple[int, int] | None:
         """(Raft index, base offset) of the entry at ``position`` when a slot marks one there."""
         k = bisect_left(self.positions, position)
@@ -141,34 +156,73 @@ class SegmentIndex:
     ) -> SegmentIndex | None:
         """The index from its files, or None when either is missing, damaged or inconsistent
         with a segment of ``size_bytes`` (the caller then rebuilds it)."""
+        found = cls.load_checked(offset_path, time_path, base_offset, first_index, size_bytes)
+        return found if isinstance(found, SegmentIndex) else None
+
+    @classmethod
+    def load_checked(
+        cls, offset_path: Path, time_path: Path, base_offset: int, first_index: int, size_bytes: int
+    ) -> SegmentIndex | str:
+        """The index from its files, or why they cannot be trusted (a sentence naming the
+        file, for the warning the rebuild logs).
+
+        Two layers, both paid once per load and never per lookup: the CRC each file carries
+        catches any flipped bit (CRC32C detects every 1- to 3-bit error in files this
+        small), and the slot checks below catch a file that passes its CRC but does not
+        describe this segment (written for another one, or by a bug): slots must start at
+        the segment's first byte and entry, ascend, and stay inside the segment. A slot
+        pointing past its entry would make a read skip records, which is why nothing less
+        than all of this is trusted."""
+        if not offset_path.exists():
+            return f"{offset_path.name} is missing"
+        if not time_path.exists():
+            return f"{time_path.name} is missing"
         raw = read_atomic(offset_path)
+        if raw is None:
+            return f"{offset_path.name} fails its CRC (damaged on disk)"
         traw = read_atomic(time_path)
-        if raw is None or traw is None:
-            return None
-        if len(raw) % _OFFSET_SLOT.size or len(traw) % _TIME_SLOT.size:
-            return None
+        if traw is None:
+            return f"{time_path.name} fails its CRC (damaged on disk)"
+        if len(raw) % _OFFSET_SLOT.size:
+            return f"{offset_path.name} holds a partial slot ({len(raw)} bytes)"
+        if len(traw) % _TIME_SLOT.size:
+            return f"{time_path.name} holds a partial slot ({len(traw)} bytes)"
         offsets, indexes, positions = _split_words(raw)
         if positions and (
             positions[-1] >= size_bytes
+            or (offsets[0], indexes[0], positions[0]) != (0, 0, 0)
             or not _ascending(offsets)
             or not _ascending(indexes, strictly=True)
             or not _ascending(positions, strictly=True)
         ):
-            return None
+            return (
+                f"{offset_path.name} has slots that do not fit its segment of {size_bytes} "
+                "bytes (not starting at its first entry, not ascending, or past its end)"
+            )
+        if size_bytes and not positions:
+            return f"{offset_path.name} is empty but its segment holds {size_bytes} bytes"
         high, low, time_offsets = _split_words(traw)
         words = array("I", bytes(4 * 2 * len(low)))
         words[0::2], words[1::2] = (low, high) if _SWAP else (high, low)
         stamps = array("q")
         stamps.frombytes(words.tobytes())
-        if not _ascending(stamps, strictly=True):
-            return None
-        if size_bytes and not positions:
-            return None
+        if (
+            not _ascending(stamps, strictly=True)
+            or not _ascending(time_offsets)
+            or (time_offsets and time_offsets[0] != 0)
+            or bool(stamps) != bool(positions)
+        ):
+            return (
+                f"{time_path.name} has slots that do not fit its segment (timestamps or "
+                "offsets not ascending, or no slot for a segment that has entries)"
+            )
         idx = cls(base_offset, first_index)
         idx.offsets, idx.indexes, idx.positions = offsets, indexes, positions
         idx.timestamps_ms, idx.time_offsets = stamps, time_offsets
         idx.last_slot_position = positions[-1] if positions else -1
         idx.max_timestamp_ms = stamps[-1] if stamps else -1
+        idx.from_file = True
+        idx.checked_slots = bytearray(len(positions))
         return idx
 
 

@@ -151,10 +151,17 @@ class Log:
         """The segment's index, loaded (or rebuilt) for a closed one that dropped it."""
         if seg is not self._segments[-1]:
             self._cache_touch(seg)
-            if seg.index is None and not seg.load_index():
-                recovery.rebuild_index(self, seg)
+            if seg.index is None:
+                reason = seg.load_index()
+                if reason is not None:
+                    recovery.rebuild_index(self, seg, reason)
         assert seg.index is not None
         return seg.index
+
+    def _rebuild_index(self, seg: Segment, reason: str) -> None:
+        """Replace a closed segment's index that a lookup found wrong (reads.check_slot)."""
+        assert seg is not self._segments[-1], "the active segment's index is never loaded"
+        recovery.rebuild_index(self, seg, reason)
 
     def _cache_touch(self, seg: Segment) -> None:
         if seg in self._unsealed:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from raftmq.format import entry
 from raftmq.format.entry import EntryHeader, EntryType
@@ -29,6 +30,57 @@ READ_SLACK_BYTES = 64 * 1024  # extra bytes read past max_bytes to find the next
 _NO_BOUND = 1 << 62  # a stop bound no index or offset reaches
 FIRST_INDEX = attrgetter("first_index")  # bisect keys over the segment list
 BASE_OFFSET = attrgetter("base_offset")
+_T = TypeVar("_T")
+
+
+class StaleIndexError(Exception):
+    """A closed segment's index, loaded from its files, names an entry at a slot that is
+    not the one there: the files passed their CRC but are not this segment's (a bug, or
+    a file put back from elsewhere). The caller rebuilds the index and looks up again."""
+
+    def __init__(self, seg: Segment, reason: str) -> None:
+        super().__init__(reason)
+        self.seg = seg
+        self.reason = reason
+
+
+def check_slot(seg: Segment, position: int) -> None:
+    """Before a lookup starts at ``position`` (a slot of ``seg``'s index), make sure the
+    entry there is the one the slot names, when the index came from files and this slot
+    was not checked yet: one header read per slot per load, so the hot path (the active
+    segment, slots already checked) pays a bisection. Raises StaleIndexError."""
+    idx = seg.index
+    if idx is None or not idx.from_file or position == 0:
+        return
+    slot = idx.slot_at(position)
+    if slot is not None and idx.checked_slots[slot]:
+        return
+    claimed = idx.entry_at(position)
+    found: tuple[int, int] | None = None
+    if position + entry.HEADER_SIZE <= seg.size:
+        try:
+            _, _, index, base, _ = entry.frame_at(seg.pread(entry.HEADER_SIZE, position), 0)
+            found = (index, base)
+        except InvalidEntryError:
+            pass
+    if claimed is None or found != claimed:
+        raise StaleIndexError(
+            seg,
+            f"its slot at byte {position} names (index, offset) {claimed} but the entry "
+            f"there is {found if found is not None else 'not an entry start'}",
+        )
+    assert slot is not None
+    idx.checked_slots[slot] = 1
+
+
+def with_checked_index(log: Log, lookup: Callable[[], _T]) -> _T:
+    """Run ``lookup``; if it finds a stale index, rebuild that index and run it again (the
+    rebuilt index is this process's own, so the second run cannot find one stale)."""
+    try:
+        return lookup()
+    except StaleIndexError as exc:
+        log._rebuild_index(exc.seg, exc.reason)
+    return lookup()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +109,17 @@ def read_from_offset(log: Log, offset: int, max_bytes: int, upper_offset: int | 
         return ReadResult(b"", 0, log.next_index, log.next_index, offset)
     pos = log._segment_at(offset, BASE_OFFSET)
     start_index = log.start_index
-    return _collect(
+    return with_checked_index(
         log,
-        pos,
-        lambda seg: log._index_of(seg).position_for_offset(offset),
-        lambda i, base, n: base + n <= offset or i < start_index,
-        max_bytes,
-        stop_index=_NO_BOUND,
-        stop_offset=upper,
+        lambda: _collect(
+            log,
+            pos,
+            lambda seg: log._index_of(seg).position_for_offset(offset),
+            lambda i, base, n: base + n <= offset or i < start_index,
+            max_bytes,
+            stop_index=_NO_BOUND,
+            stop_offset=upper,
+        ),
     )
 
 
@@ -82,14 +137,17 @@ def read_from_index(log: Log, lo: int, max_bytes: int, hi: int | None) -> ReadRe
     if lo >= upper:
         return ReadResult(b"", 0, lo, lo, log.next_offset)
     pos = log._segment_at(lo, FIRST_INDEX)
-    return _collect(
+    return with_checked_index(
         log,
-        pos,
-        lambda seg: log._index_of(seg).position_for_index(lo),
-        lambda i, base, n: i < lo,
-        max_bytes,
-        stop_index=upper,
-        stop_offset=_NO_BOUND,
+        lambda: _collect(
+            log,
+            pos,
+            lambda seg: log._index_of(seg).position_for_index(lo),
+            lambda i, base, n: i < lo,
+            max_bytes,
+            stop_index=upper,
+            stop_offset=_NO_BOUND,
+        ),
     )
 
 
@@ -121,6 +179,7 @@ def _collect(
         if seg is not segments[-1]:
             log._cache_touch(seg)  # bound open descriptors on reads across segments
         position = start_position(seg) if first_segment else 0
+        check_slot(seg, position)
         if not entries:
             # The index knows the entry at its slot: when that one is wanted (as for a
             # consumer reading on from the last read's end), no seek read is needed.
@@ -263,7 +322,14 @@ def _entry_after(log: Log, pos: int, seg: Segment, end: int) -> tuple[int, int] 
             following = log._segments[pos + 1]
             return following.first_index, following.base_offset
         return log.next_index, log.next_offset
-    return None if seg.index is None else seg.index.entry_at(end)
+    if seg.index is None:
+        return None
+    found = seg.index.entry_at(end)
+    if found is not None:
+        # Trusted to say where whole entries end and what follows: a slot from a file is
+        # checked against the disk first (once), or a read could end mid-entry.
+        check_slot(seg, end)
+    return found
 
 
 def _read_size(log: Log, seg: Segment, position: int, budget_bytes: int, *, have: int) -> int:
@@ -321,10 +387,16 @@ def offset_for_timestamp(log: Log, timestamp_ms: int) -> int | None:
             return "found"
         return None
 
+    def position_in(seg: Segment) -> int | None:
+        position = log._index_of(seg).position_for_timestamp(timestamp_ms)
+        if position is not None:
+            check_slot(seg, position)
+        return position
+
     for seg in log._segments:
         if seg.size == 0:
             continue
-        position = log._index_of(seg).position_for_timestamp(timestamp_ms)
+        position = with_checked_index(log, partial(position_in, seg))
         if position is None:
             continue
         seg.scan(verify=False, on_entry=match, start=position)

@@ -10,6 +10,7 @@ log's code is split into modules of functions rather than classes); callers hold
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from raftmq.log.segment import (
 
 if TYPE_CHECKING:
     from raftmq.log.log import Log
+
+logger = logging.getLogger(__name__)
 
 _MAX_COUNTED_FRAMES = 1_000_000  # a dropped tail's entries are counted up to this many
 
@@ -82,11 +85,12 @@ def recover(log: Log) -> None:
             )
 
     start = checkpoints.read_start(log.directory)
+    start_problem = None
     if start is not None:
         log.start_index, log.start_offset, log._prev_term = start
     elif found:
+        start_problem = checkpoints.start_problem(log.directory)
         log.start_offset, log.start_index = found[0]
-        report.notes.append("log-start checkpoint missing: starting at the first segment")
     else:
         log._write_start()
 
@@ -100,6 +104,8 @@ def recover(log: Log) -> None:
     report.segments = len(log._segments)
 
     _load_terms(log)
+    if start_problem is not None:
+        _rebuild_start(log, start_problem)
     if not log._segments:
         log._restart_empty()
     else:
@@ -129,14 +135,63 @@ def _remove_orphan(log: Log, pair: tuple[int, int]) -> None:
     log.recovery.removed_files.append(seg.name + LOG_SUFFIX)
 
 
+def _rebuild_start(log: Log, problem: str) -> None:
+    """The log-start checkpoint is missing or damaged: start at the first segment on disk,
+    say so, and write the checkpoint again.
+
+    Why the first segment's first entry, the lowest start the disk allows: the true start
+    lies in that segment or at its end (a cut first writes the checkpoint, then deletes
+    the segments wholly below it), so starting there hides nothing that was retained: no
+    consumer finds an offset it committed to gone. What it may bring back is what was
+    below the true start in that segment, or a whole segment a crash kept between the
+    checkpoint and the unlink: entries retention or a state machine's snapshot had let go
+    of. Those are committed entries, unchanged (a cut never rewrites a byte), and no
+    request promised they were gone (raftmq has no DeleteRecords): retention deletes
+    whole segments anyway, so for a partition the first segment's start is exact but for
+    that crash, and a group with snapshots cuts its log after the snapshot again on open
+    (``cut_to_snapshot``). A start higher than the disk's, guessed, could instead hide
+    records that were never deleted; that is the one mistake this must not make.
+
+    The term before the start comes from the terms checkpoint when it knows it (a term
+    began at or below the entry before the start); otherwise it is 0, the lowest, never a
+    guess upward: with an empty log that term is the log's last term, and claiming a
+    higher one could win this replica a vote its log does not deserve. A term too low
+    costs only liveness (the leader's first append there does not match and it sends its
+    start point, which sets the term: ``truncation.truncate_prefix``)."""
+    below = [term for first, term in log._terms if first < log.start_index]
+    prev_term = below[-1] if below else 0
+    known = bool(below) or log.start_index == 1  # nothing precedes index 1: its term is 0
+    log._prev_term = prev_term
+    log._write_start()
+    log.recovery.notes.append(f"{problem}: rebuilt from the first segment")
+    logger.warning(
+        "log %s: %s; rebuilt it from the segments on disk: the log now starts at the first "
+        "segment's first entry (index %d, offset %d, term before it %s). %s",
+        log.directory,
+        problem,
+        log.start_index,
+        log.start_offset,
+        prev_term if known else "unknown: 0 until the leader's start point says",
+        "Nothing was ever cut from this log: the start is exact"
+        if log.start_index == 1
+        else "Entries a cut had dropped from that segment may be readable again; none "
+        "that were kept are hidden",
+    )
+
+
 def _check_closed_indexes(log: Log, upto: int) -> None:
     for seg in log._segments[:upto]:
         if not seg.has_index_files():
-            rebuild_index(log, seg)
+            rebuild_index(log, seg, "its index files are missing")
 
 
-def rebuild_index(log: Log, seg: Segment) -> None:
-    """Rebuild a closed segment's index from its entries (headers only; reads verify CRCs)."""
+def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
+    """Rebuild a closed segment's index from its entries (headers only; reads verify CRCs),
+    write its files again and log one WARNING naming them and ``reason`` (what was wrong).
+
+    Called at open for a sealed segment whose files are gone, and on first use for one
+    whose files fail to load (``SegmentIndex.load_checked`` says why): loading is lazy so
+    that opening a log of thousands of segments reads none of their indexes."""
     idx = SegmentIndex(seg.base_offset, seg.first_index)
     interval_bytes = log.config.index_interval_bytes
 
@@ -155,6 +210,16 @@ def rebuild_index(log: Log, seg: Segment) -> None:
     idx.write(seg.index_path, seg.time_index_path)
     seg.index = idx
     log.recovery.rebuilt_indexes.append(seg.name)
+    logger.warning(
+        "log %s: index of segment %s not used: %s; rebuilt %s and %s from the segment "
+        "(%d entries scanned)",
+        log.directory,
+        seg.name,
+        reason,
+        seg.index_path.name,
+        seg.time_index_path.name,
+        result.entries,
+    )
 
 
 def recover_tail(log: Log, first: int) -> None:
@@ -260,8 +325,16 @@ def _load_terms(log: Log) -> None:
         log._terms = terms
         return
     log._terms = []
-    if len(log._segments) > 1:
-        log.recovery.notes.append("terms checkpoint missing: rebuilt from closed segments")
+    # Missing is normal for a new log (one segment, nothing closed yet); damaged never is.
+    if len(log._segments) > 1 or (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
+        problem = checkpoints.terms_problem(log.directory)
+        log.recovery.notes.append(f"{problem}: rebuilt from the segments")
+        logger.warning(
+            "log %s: %s; rebuilt it from the segments' entry headers (it is written again "
+            "when this open completes)",
+            log.directory,
+            problem,
+        )
         for seg in log._segments[:-1]:
 
             def observe(_: int, h: EntryHeader) -> str | None:

@@ -360,15 +360,15 @@ class Segment:
             position += p
         return ScanResult(position, count, last, None)
 
-    def load_index(self) -> bool:
-        """Load the index files; False when they must be rebuilt."""
-        idx = SegmentIndex.load(
+    def load_index(self) -> str | None:
+        """Load the index files; None when loaded, else why they must be rebuilt."""
+        found = SegmentIndex.load_checked(
             self.index_path, self.time_index_path, self.base_offset, self.first_index, self.size
         )
-        if idx is None:
-            return False
-        self.index = idx
-        return True
+        if isinstance(found, str):
+            return found
+        self.index = found
+        return None
 
     def release(self) -> None:
         """Drop what a closed segment holds in memory; it reloads lazily."""

@@ -64,7 +64,13 @@ def truncate_suffix(log: Log, index: int) -> None:
 def _position_of_index(log: Log, seg: Segment, index: int) -> int:
     if index <= seg.first_index:
         return 0
-    start = log._index_of(seg).position_for_index(index)
+
+    def slot() -> int:
+        position = log._index_of(seg).position_for_index(index)
+        reads.check_slot(seg, position)
+        return position
+
+    start = reads.with_checked_index(log, slot)
     found: list[int] = []
 
     def at(position: int, h: EntryHeader) -> str | None:
@@ -82,6 +88,13 @@ def truncate_prefix(log: Log, index: int, offset: int | None, prev_term: int | N
     log empty there when ``index`` lies past its end (a snapshot install)."""
     log._check_open()
     writes.wait_no_flush(log)
+    if index == log.start_index and prev_term is not None and prev_term != log._prev_term:
+        # A snapshot (committed state) that ends right before our start and knows the term
+        # there better than we do: our log-start checkpoint was rebuilt without it
+        # (``recovery._rebuild_start`` takes 0 rather than guess). Take the snapshot's, or
+        # the leader's appends after it never match and it resends the same snapshot.
+        log._set_start(index, log.start_offset, prev_term)
+        return
     if index <= log.start_index:
         return
     if index <= log.next_index:

@@ -15,7 +15,10 @@ cover, CRC-framed, written atomically with fsync every CHECKPOINT_EVERY_ENTRIES 
 off the event loop) plus the headers of the entries after it. A checkpoint that is
 missing or unreadable is rebuilt from at most MAX_REPLAY_ENTRIES entries before the
 commit (older producers are then unknown: their next batch with a sequence above 0 is
-UNKNOWN_PRODUCER_ID, and the producer starts a new epoch).
+UNKNOWN_PRODUCER_ID, and the producer starts a new epoch). The checkpoint is derived
+state: one that exists but fails its CRC, cannot be read or does not decode never stops
+the replica from opening; it is set aside with one WARNING naming the file and the
+problem, the state is rebuilt that way, and a fresh checkpoint replaces it.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class ProducerTracking:
         self.applied_term = 0
         """The term of that entry (a leader is ready once it applied one of its own)."""
         self._checkpointed_index = 0
+        self._damaged: str | None = None
+        """Why an existing checkpoint was set aside at load (reported once by open_at)."""
         self._writing = False
         self._pending: dict[int, list[PendingBatch]] = {}
         self._pending_term = 0
@@ -86,15 +91,23 @@ class ProducerTracking:
     # --- state on every replica -----------------------------------------------------------
 
     def _load(self) -> None:
-        payload = read_atomic(self.path)
+        """The checkpoint, when there is a usable one; else nothing is loaded and
+        ``_damaged`` says why an existing file was not used (a missing one is normal)."""
+        try:
+            payload = read_atomic(self.path)
+        except OSError as exc:
+            self._damaged = f"cannot be read ({exc.strerror or exc})"
+            return
         if payload is None:
+            if self.path.exists():
+                self._damaged = "fails its CRC (damaged on disk)"
             return
         try:
             saved = json.loads(payload)
             states = ProducerStates.from_json(saved["producers"])
             index, term = int(saved["index"]), int(saved["term"])
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("%s: producer state checkpoint unreadable (%s); rebuilding", self.name, exc)
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
             return
         self.states, self.applied_index, self.applied_term = states, index, term
         self._checkpointed_index = index
@@ -107,7 +120,23 @@ class ProducerTracking:
             # up with: they are committed, so the state stands; later applies skip them.
             return
         self.applied_index = max(self.applied_index, commit_index - MAX_REPLAY_ENTRIES)
+        replay_from = max(self.applied_index + 1, log_.start_index)
         self.catch_up(log_, commit_index)
+        damaged, self._damaged = self._damaged, None
+        if damaged is not None:
+            log.warning(
+                "%s: the producer state checkpoint %s %s; ignored it and rebuilt the state of "
+                "%d producer(s) from the batch headers of entries %d to %d (a producer whose "
+                "last batch is older is unknown here until it starts a new epoch); writing "
+                "a fresh checkpoint",
+                self.name,
+                self.path,
+                damaged,
+                len(self.states),
+                replay_from,
+                commit_index,
+            )
+            self.checkpoint()
 
     def catch_up(self, log_: LogHeaders, applied_to: int) -> None:
         """Apply the producer header of every entry up to ``applied_to`` (committed)."""

@@ -200,9 +200,13 @@ def test_lost_write_is_reported() -> None:
     assert example["partition"] == 0 and example["offset"] == N
     assert example["value"] == val(0, N) and example["process"] == producer(0)
     assert example["status"] == "ok"
-    assert example["finals_at_offset"] == {str(r): {"value": None, "hw": N} for r in REPLICAS}
+    assert example["finals_at_offset"] == {
+        str(r): {"value": None, "hw": N, "state": "ok"} for r in REPLICAS
+    }
     assert "no final read holds it anywhere" in example["explanation"]
-    assert_only(result, "lost", "replicas")
+    assert "replica 3 ok" in example["explanation"]
+    # Held by no replica, it is lost, and not counted again as under-replicated.
+    assert_only(result, "lost")
 
 
 def test_ack_found_only_at_another_offset_is_lost() -> None:
@@ -231,8 +235,7 @@ def test_examples_are_capped_but_counts_are_not() -> None:
     lost = result.get("lost")
     assert lost.counts["lost"] == 50
     assert len(lost.examples) == MAX_EXAMPLES
-    assert result.get("replicas").counts["missing-on-replica"] == 150
-    assert len(result.get("replicas").examples) == MAX_EXAMPLES
+    assert result.get("replicas").counts["under-replicated"] == 0
 
 
 def test_ack_without_offset_is_malformed_not_silently_skipped() -> None:
@@ -248,10 +251,12 @@ def test_ack_without_offset_is_malformed_not_silently_skipped() -> None:
 def test_replica_missing_a_record() -> None:
     ops = without(clean(), final(0, 2, val(0, 2), N, 3))
     result = check(ops)
-    assert count(result, "replicas", "missing-on-replica") == 1
+    # Its final hw (5) is past offset 2: it claims a record it does not hold.
+    assert count(result, "replicas", "missing-below-hw") == 1
+    assert count(result, "replicas", "under-replicated") == 0
     example = result.get("replicas").examples[0]
     assert (example["partition"], example["offset"], example["replica"]) == (0, 2, 3)
-    assert example["value"] == val(0, 2)
+    assert example["value"] == val(0, 2) and example["state"] == "ok"
     assert "nothing at that offset" in example["explanation"]
     assert_only(result, "replicas")  # replicas 1 and 2 still hold it: not lost
 
@@ -260,18 +265,22 @@ def test_replica_whose_hw_is_below_an_acked_offset() -> None:
     # Replica 3 of partition 0 is stuck at hw 3: acked offsets 3 and 4 are missing there.
     ops = without(clean(), final(0, 3, val(0, 3), N, 3), final(0, 4, val(0, 4), N, 3))
     result = check(_with_replica_hw(ops, partition=0, replica=3, hw=3))
-    assert count(result, "replicas", "missing-on-replica") == 2
-    examples = result.get("replicas").examples
-    assert sorted(e["offset"] for e in examples) == [3, 4]
-    assert all(e["replica"] == 3 and e["replica_hw"] == 3 for e in examples)
-    assert "final hw 3" in examples[0]["explanation"]
+    # Two records, one replica short: one example names the replica, its state, the range.
+    assert count(result, "replicas", "under-replicated") == 2
+    assert count(result, "replicas", "under-replicated-replicas") == 1
+    (example,) = result.get("replicas").examples
+    assert (example["first_offset"], example["last_offset"]) == (3, 4)
+    assert example["replica"] == 3 and example["replica_hw"] == 3
+    assert example["held_by"] == [1, 2] and example["state"] == "ok"
+    assert "final high watermark is 3" in example["explanation"]
+    assert "not lost" in example["explanation"]
     assert_only(result, "replicas")
 
 
 def test_record_at_or_above_a_replicas_hw_counts_as_missing() -> None:
     # Replica 3 reports hw 4 while its log shows offset 4: offset 4 is not committed there.
     result = check(_with_replica_hw(clean(), partition=0, replica=3, hw=4))
-    assert count(result, "replicas", "missing-on-replica") == 1
+    assert count(result, "replicas", "under-replicated") == 1
     assert result.get("replicas").examples[0]["offset"] == 4
     assert count(result, "phantoms", "at-or-above-hw") == 1  # the final read itself
 
@@ -287,7 +296,7 @@ def _with_replica_hw(ops: list[Op], *, partition: int, replica: int, hw: int) ->
 
 def test_replica_known_only_by_its_digest_holds_nothing() -> None:
     result = check([*clean(), digest(0, N, 4)])
-    assert count(result, "replicas", "missing-on-replica") == N
+    assert count(result, "replicas", "under-replicated") == N
     assert "only a digest" in result.get("replicas").examples[0]["explanation"]
     assert_only(result, "replicas")
 
@@ -300,7 +309,8 @@ def test_digest_mismatch() -> None:
     example = result.get("replicas").examples[0]
     assert example["partition"] == 1 and example["offset"] == N
     assert example["values"] == {f"sha-1-{N}": [1, 3], "sha-other": [2]}
-    assert count(result, "replicas", "missing-on-replica") == 0
+    assert count(result, "replicas", "under-replicated") == 0
+    assert count(result, "replicas", "missing-below-hw") == 0
     assert_only(result, "replicas")
 
 
@@ -435,7 +445,7 @@ def test_dirty_read_of_a_record_later_lost() -> None:
     assert count(result, "phantoms", "dirty-read") == 1
     example = result.get("phantoms").examples[0]
     assert example["value"] == val(0, N) and example["process"] == "reader0"
-    assert example["finals_at_offset"]["1"] == {"value": None, "hw": N}
+    assert example["finals_at_offset"]["1"] == {"value": None, "hw": N, "state": "ok"}
     assert_only(result, "phantoms")
 
 
@@ -624,17 +634,16 @@ def test_a_record_below_one_replicas_start_must_be_on_another() -> None:
     assert count(result, "lost", "lost") == 1
     assert result.get("lost").examples[0]["offset"] == 1
     assert count(result, "lost", "deleted-by-retention") == 0
-    assert count(result, "replicas", "missing-on-replica") == 1
-    assert result.get("replicas").examples[0]["replica"] == 3
+    assert count(result, "replicas", "under-replicated") == 0  # lost, not counted twice
     # The live reader saw offset 1 and no replica holds it any more: a dirty read too.
     assert count(result, "phantoms", "dirty-read") == 1
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_a_replica_missing_a_record_at_or_above_its_own_start() -> None:
     ops = ranged(clean(), {(0, 1): 2, (0, 2): 2, (0, 3): 2})
     result = check(without(ops, final(0, 3, val(0, 3), N, 2)))
-    assert count(result, "replicas", "missing-on-replica") == 1
+    assert count(result, "replicas", "missing-below-hw") == 1
     example = result.get("replicas").examples[0]
     assert (example["offset"], example["replica"]) == (3, 2)
     assert_only(result, "replicas")  # replicas 1 and 3 still hold it: not lost
@@ -646,8 +655,7 @@ def test_a_record_missing_everywhere_at_the_common_start_is_lost() -> None:
     result = check(without(ops, *[final(1, 2, val(1, 2), N, r) for r in REPLICAS]))
     assert count(result, "lost", "lost") == 1
     assert count(result, "lost", "deleted-by-retention") == 2
-    assert count(result, "replicas", "missing-on-replica") == 3
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_a_replica_without_a_range_op_starts_at_zero() -> None:
@@ -657,8 +665,7 @@ def test_a_replica_without_a_range_op_starts_at_zero() -> None:
     result = check(ops)
     assert count(result, "lost", "deleted-by-retention") == 0
     assert count(result, "lost", "lost") == 2
-    assert count(result, "replicas", "missing-on-replica") == 2
-    assert_only(result, "lost", "replicas", "phantoms")
+    assert_only(result, "lost", "phantoms")
 
 
 def test_live_read_below_every_start_is_not_a_dirty_read() -> None:
@@ -847,3 +854,179 @@ def test_a_partition_healed_past_the_limit_is_reported() -> None:
     result = check([*clean(), replication(0, 75.0)], heal_limit_s=60)
     assert_only(result, "replication")
     assert count(result, "replication", "slow") == 1
+
+
+# ------------------------------------------------- lost vs under-replicated (issue 20)
+
+
+def range_op(p: int, r: int, start: int, hw: int, t: float = 200.0, answered: bool = True) -> Op:
+    return Op(
+        "range",
+        f"final-r{r}",
+        p,
+        None,
+        start,
+        "ok" if answered else "fail",
+        t,
+        t,
+        hw=hw,
+        replica=r,
+        error=None if answered else "no answer to ListOffsets",
+    )
+
+
+def short_on_replica_3(read_at: float) -> list[Op]:
+    """Partition 0's replica 3 stopped at hw 2: offsets 2-4 only replicas 1 and 2 hold.
+    Its final read ended at ``read_at`` (healing ended at 150)."""
+    ops = without(clean(), *[final(0, i, val(0, i), N, 3) for i in range(2, N)])
+    ops = _with_replica_hw(ops, partition=0, replica=3, hw=2)
+    ops += [range_op(0, r, 0, N) for r in (1, 2)] + [range_op(0, 3, 0, 2, t=read_at)]
+    catching_up = status(3, 0, "REPLICA_CATCHING_UP", "behind the leader's commit by 3 entries")
+    return [*without(ops, status(3, 0, "REPLICA_OK")), catching_up]
+
+
+def test_records_other_replicas_hold_are_under_replicated_not_lost() -> None:
+    # Read 50 s after healing, past the 30 s bound: the partition did not heal in time.
+    result = check(short_on_replica_3(read_at=200.0), recovery_limit_s=30)
+    assert count(result, "lost", "lost") == 0
+    assert count(result, "replicas", "under-replicated") == 3
+    assert count(result, "replicas", "under-replicated-replicas") == 1
+    (example,) = result.get("replicas").examples
+    assert example["replica"] == 3 and example["held_by"] == [1, 2]
+    assert example["state"] == "catching_up: behind the leader's commit by 3 entries"
+    assert example["waited_s"] == 50.0
+    assert "past the recovery limit of 30 s" in example["explanation"]
+    assert "under-replicated, not lost" in example["explanation"]
+    assert_only(result, "replicas")
+
+
+def test_under_replication_within_the_recovery_bound_is_not_a_violation() -> None:
+    # Read 10 s after healing: still inside the bound, so it may yet catch up.
+    result = check(short_on_replica_3(read_at=160.0), recovery_limit_s=30)
+    assert count(result, "replicas", "under-replicated") == 0
+    assert count(result, "replicas", "under-replicated-healing") == 3
+    assert "it may still catch up" in result.get("replicas").examples[0]["explanation"]
+    assert_only(result)
+
+
+def test_a_replica_that_cannot_open_does_not_turn_retention_into_loss() -> None:
+    # Issue 20: retention moved replicas 1 and 2 of partition 0 to start 3; replica 3
+    # could not open (no answer, reported failed). Its "start" must not pull the retention
+    # floor to 0 (which made offsets 0-2 "lost"); offsets 3-4 are under-replicated on it.
+    ops = [op for op in clean() if not (op.kind == "final" and op.partition == 0)]
+    ops = [op for op in ops if not (op.kind == "digest" and op.partition == 0)]
+    ops += [final(0, i, val(0, i), N, r) for r in (1, 2) for i in range(3, N)]
+    ops += [range_op(0, 1, 3, N), range_op(0, 2, 3, N), range_op(0, 3, 0, 0, answered=False)]
+    ops = without(ops, status(3, 0, "REPLICA_OK"))
+    ops.append(status(3, 0, "REPLICA_FAILED", "segment 0: CRC mismatch at byte 4096"))
+    result = check(ops)
+    assert count(result, "lost", "lost") == 0
+    assert count(result, "lost", "deleted-by-retention") == 3
+    assert count(result, "replicas", "under-replicated") == 2
+    example = result.get("replicas").examples[0]
+    assert example["state"] == "failed: segment 0: CRC mismatch at byte 4096"
+    assert "did not answer its final read" in example["explanation"]
+    assert count(result, "health", "replica-failed") == 1
+    # The live reader saw offsets 0-2, since deleted everywhere healthy: not dirty reads.
+    assert_only(result, "replicas", "health")
+
+
+def test_a_lost_example_names_each_replicas_state() -> None:
+    ops = without(clean(), status(2, 0, "REPLICA_OK"))
+    ops += [status(2, 0, "REPLICA_OPENING", "repairing segment 3 from broker 1")]
+    result = check([*ops, send(0, N, N, t=60.0)])
+    example = result.get("lost").examples[0]
+    assert example["finals_at_offset"]["2"]["state"] == (
+        "opening: repairing segment 3 from broker 1"
+    )
+    assert "replica 2 opening: repairing segment 3 from broker 1" in example["explanation"]
+
+
+# --------------------------------------------------------- health: assignment (issue 20)
+
+
+def assignment(broker: int, p: int, replicas: str = "1,2,3", leader_id: int = 1) -> Op:
+    return Op(
+        "assignment",
+        f"status-{broker}",
+        p,
+        replicas,
+        leader_id,
+        start=210,
+        end=210,
+        replica=broker,
+    )
+
+
+def assigned_clean() -> list[Op]:
+    return clean() + [assignment(b, p) for b in REPLICAS for p in PARTITIONS]
+
+
+def test_every_assigned_replica_reported_passes() -> None:
+    result = check(assigned_clean())
+    assert_only(result)
+    assert count(result, "health", "assigned") == len(REPLICAS) * len(PARTITIONS)
+
+
+def test_an_assigned_replica_its_broker_does_not_report_is_a_violation() -> None:
+    # Broker 3 serves, but lists no replica of partition 1: absent, not reported failed.
+    result = check(without(assigned_clean(), status(3, 1, "REPLICA_OK")))
+    assert count(result, "health", "replica-unreported") == 1
+    assert count(result, "health", "replica-failed") == 0
+    example = result.get("health").examples[0]
+    assert (example["partition"], example["replica"]) == (1, 3)
+    assert example["assigned"] == [1, 2, 3]
+    assert "broker 3 does not report its replica" in example["explanation"]
+    assert "per broker 1's metadata" in example["explanation"]  # the leader's answer
+    assert_only(result, "health")
+
+
+def test_the_leaders_assignment_wins_over_a_stale_one() -> None:
+    # Broker 2 still lists broker 4 (moved away); the leader (1) lists 1,2,3: no finding.
+    ops = [op for op in assigned_clean() if not (op.kind == "assignment" and op.replica == 2)]
+    ops += [assignment(2, p, "1,2,4") for p in PARTITIONS]
+    assert_only(check(ops))
+
+
+def test_a_replica_still_opening_after_healing_is_a_violation() -> None:
+    ops = without(assigned_clean(), status(2, 0, "REPLICA_OK"))
+    ops.append(status(2, 0, "REPLICA_OPENING", "repairing segment 7 from broker 1"))
+    result = check(ops)
+    assert count(result, "health", "replica-opening") == 1
+    example = result.get("health").examples[0]
+    assert example["state"] == "opening"
+    assert example["reason"] == "repairing segment 7 from broker 1"
+    assert "still opening after healing: repairing segment 7" in example["explanation"]
+    assert_only(result, "health")
+
+
+def test_a_serving_broker_that_does_not_answer_metadata_leaves_its_replicas_unreported() -> None:
+    ops = [op for op in assigned_clean() if not (op.kind == "status" and op.replica == 3)]
+    ops.append(
+        Op(
+            "status",
+            "status-3",
+            -1,
+            "SERVING",
+            start=210,
+            end=210,
+            replica=3,
+            error="its Metadata call got no answer",
+        )
+    )
+    result = check(ops)
+    assert count(result, "health", "replica-unreported") == len(PARTITIONS)
+    assert count(result, "health", "not-serving") == 0
+    assert (
+        "broker 3 serves, but its Metadata call got no answer"
+        in (result.get("health").examples[0]["explanation"])
+    )
+    assert_only(result, "health")
+
+
+def test_a_replica_on_a_broker_the_sweep_did_not_ask_is_not_unreported() -> None:
+    # Broker 3 was killed for good (no status op at all): the replication check's case.
+    ops = [op for op in assigned_clean() if not (op.kind == "status" and op.replica == 3)]
+    result = check(ops)
+    assert count(result, "health", "replica-unreported") == 0
+    assert count(result, "health", "assigned-to-unasked-brokers") == len(PARTITIONS)

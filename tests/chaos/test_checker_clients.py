@@ -57,7 +57,11 @@ def test_a_commit_that_goes_back_after_a_newer_one_is_caught() -> None:
     ops = [*group_history(), commit(0, 2, 150.0, "consumer-0")]  # a zombie, old progress
     result = check(ops)
     assert_only(result, "consumer-groups")
-    assert count(result, "consumer-groups", "commit-backwards") == 1
+    assert count(result, "consumer-groups", "commit-went-back-client") == 1
+    assert count(result, "consumer-groups", "commit-went-back-coordinator") == 0
+    example = result.get("consumer-groups").examples[0]
+    assert example["side"] == "client" and example["later"]["process"] == "consumer-0"
+    assert example["explanation"].startswith("client side: member consumer-0 committed")
 
 
 def test_overlapping_commits_are_not_ordered() -> None:
@@ -71,7 +75,12 @@ def test_a_lost_commit_and_one_past_the_log_end_are_caught() -> None:
     ops += [committed(0, 3), committed(1, N)]
     result = check(ops)
     assert_only(result, "consumer-groups")
-    assert count(result, "consumer-groups", "commit-lost") == 1
+    assert count(result, "consumer-groups", "commit-went-back-coordinator") == 1
+    assert count(result, "consumer-groups", "commit-went-back-client") == 0
+    example = result.get("consumer-groups").examples[0]
+    assert example["side"] == "coordinator" and example["answered"] == 3
+    assert example["acknowledged"] == 5
+    assert example["explanation"].startswith("coordinator side: consumer-1's commit of offset 5")
 
     ops = [*group_history(), commit(1, N + 4, 150.0, "consumer-1")]
     result = check(ops)
@@ -125,3 +134,33 @@ def test_redelivery_at_the_same_offset_is_no_duplicate_but_two_offsets_are() -> 
     twice = Op("final", "final-r1", 0, val(0, 1), N, "ok", 200.0, 200.1, N + 1, 1)
     result = check([*clean(), twice], idempotent=True)
     assert count(result, "duplicates", "duplicate") == 1
+
+
+def test_records_retention_deleted_before_a_consumer_got_there_are_not_unconsumed() -> None:
+    # The healthy replicas start at 2 (retention); a failed one still "starts" at 0. The
+    # group never consumed offsets 0-1 of partition 0 (deleted before it got there).
+    ops = [op for op in group_history() if not (op.kind == "consume" and op.partition == 0)]
+    ops += [consume(0, i, "consumer-1", 125.0 + i) for i in range(2, N)]
+    ops += [
+        Op("range", f"final-r{r}", 0, None, 2 if r != 3 else 0, "ok", 200, 200, hw=N, replica=r)
+        for r in (1, 2, 3)
+    ]
+    ops = [op for op in ops if not (op.kind == "status" and op.partition == 0 and op.replica == 3)]
+    ops.append(Op("status", "status-3", 0, "REPLICA_FAILED", 210, 210, replica=3, error="CRC"))
+    result = check(ops)
+    assert count(result, "consumer-groups", "unconsumed-below-commit") == 0
+    # Without retention the same gap is a violation: the group committed past them.
+    ops = [op for op in ops if op.kind != "range"]
+    result = check(ops)
+    assert count(result, "consumer-groups", "unconsumed-below-commit") == 2
+
+
+def test_a_coordinator_that_forgets_a_partition_goes_back_on_the_coordinator_side() -> None:
+    # After the run the coordinator answers no committed offset (-1) for partition 1.
+    ops = [op for op in group_history() if not (op.kind == "committed" and op.partition == 1)]
+    result = check(ops)
+    assert count(result, "consumer-groups", "commit-went-back-coordinator") == 1
+    example = result.get("consumer-groups").examples[0]
+    assert example["side"] == "coordinator" and example["partition"] == 1
+    assert "answered no committed offset" in example["explanation"]
+    assert_only(result, "consumer-groups")

@@ -115,6 +115,30 @@ def test_commits_are_fenced_to_what_a_member_holds(d: Driver) -> None:
     assert outcome.code == "PARTITION_NOT_ASSIGNED"
 
 
+def test_a_member_that_joins_again_never_gets_its_old_epoch_back(d: Driver) -> None:
+    """A member whose session ran out on its side (no controller answered) joins again
+    with the same id while the coordinator still knows it: it gets the same partitions,
+    but at an epoch it never had, so a commit stamped before the loss (in flight, or
+    retried) is refused instead of moving the group's offset back."""
+    a = beat(d, "a", 0)
+    held = a.assigned[0]
+    before = OffsetCommit(G, "a", a.member_epoch, (OffsetEntry("t", held.partition, 50, ""),))
+    assert d(CommitOffsets((before,), 1_000)) == CommitsApplied((CommitOutcome("", ""),))
+    back = beat(d, "a", 0)  # lost everything, joined again
+    assert set(back.assigned) == set(a.assigned)
+    assert back.member_epoch > a.member_epoch
+    stale = OffsetCommit(G, "a", a.member_epoch, (OffsetEntry("t", held.partition, 20, ""),))
+    (outcome,) = d(CommitOffsets((stale,), 2_000)).outcomes  # type: ignore[union-attr]
+    assert outcome.code == "FENCED_MEMBER_EPOCH"
+    committed = d.machine.state.consumer_groups[G].committed_offsets["t"][held.partition]
+    assert committed.offset == 50
+    refused(
+        d,
+        GroupHeartbeat(G, "a", None, a.member_epoch, ("t",), a.assigned, "sticky", 3),
+        Code.FENCED_MEMBER_EPOCH,
+    )
+
+
 def test_a_static_member_comes_back_to_its_partitions_without_a_rebalance(d: Driver) -> None:
     a = beat(d, "a1", 0, instance="host-a")
     b = beat(d, "b", 0, instance="host-b")

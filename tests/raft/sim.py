@@ -7,6 +7,16 @@ duplicates, delays, reorders and partitions, crashes and restarts nodes, and pau
 them, and wipes or truncates a node's disk (log and hard state) before it restarts. After
 every event it checks Raft's safety properties; at the end it heals everything and checks
 liveness. Replay a failure with ``python -m tests.raft.sim --seed N``.
+
+With ``Params.metadata`` the replicated application is the controller's own metadata state
+machine (raftmq.controller): proposals are metadata commands (consumer-group offset
+commits, topic creations), each node applies them to a :class:`MetadataStateMachine`
+and snapshots it as the controller does, and the state's canonical encoding is the
+node's application state. A command is acknowledged when the leader that proposed it
+applies it in the term it proposed it (when the controller answers its caller). Checked:
+a group's committed offset never goes back on any node (commits are proposed with ever
+larger offsets, and committed entries keep the order they were proposed in), and after
+healing every member holds every acknowledged commit and topic.
 """
 
 from __future__ import annotations
@@ -20,7 +30,20 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from raftmq.controller.commands import (
+    CommitOffsets,
+    CommitsApplied,
+    CreateTopic,
+    OffsetCommit,
+    OffsetEntry,
+    TopicCreated,
+    decode_result,
+    encode,
+)
+from raftmq.controller.model import MetadataState
+from raftmq.controller.state_machine import MetadataStateMachine, encode_snapshot
 from raftmq.format import entry
+from raftmq.format.entry import EntryType
 from raftmq.raft import (
     Config,
     HardState,
@@ -45,9 +68,12 @@ class SafetyViolation(AssertionError):
     pass
 
 
+DIGEST_BYTES = 16
+
+
 def chain(prev: bytes, data: bytes) -> bytes:
     """Digest of an applied history: the simulated application's whole state."""
-    return hashlib.blake2b(prev + data, digest_size=16).digest()
+    return hashlib.blake2b(prev + data, digest_size=DIGEST_BYTES).digest()
 
 
 @dataclass
@@ -80,6 +106,10 @@ class Node:
     promised: bool = False
     """A hard state with a term was durable here once (the driver's record of it lives
     outside the data directory, so a disk loss keeps it)."""
+    machine: MetadataStateMachine | None = None
+    """Params.metadata: the controller's state machine, in step with app_state."""
+    boot: int = 0
+    """Starts so far: a proposal is answered only by the process that made it."""
 
     @property
     def up(self) -> bool:
@@ -111,6 +141,9 @@ class Params:
     state gone (a replaced or restored disk). At most one node is rejoining at a time:
     Raft survives up to a minority of failed members, and a node that lost its disk
     counts as failed until it has caught up (docs/raft.md). Static groups only."""
+    metadata: bool = False
+    """The application is the controller's metadata state machine (the module says how
+    it is driven and checked)."""
 
     @staticmethod
     def random(rng: random.Random) -> Params:
@@ -146,6 +179,8 @@ class Sim:
         ids = list(range(1, self.p.nodes + 1))
         self.spare_ids = [self.p.nodes + 1, self.p.nodes + 2]
         self.base = Membership(frozenset(ids))
+        self.base_machine = encode_snapshot(base_metadata()) if self.p.metadata else b""
+        """Params.metadata: the encoded metadata state before index 1."""
         self.nodes: dict[int, Node] = {}
         for i in ids:
             self._create(i, self.base)
@@ -169,6 +204,12 @@ class Sim:
         self.lost: set[int] = set()
         """Nodes that lost their disk and have not finished rejoining."""
         self.disk_losses = 0
+        # Params.metadata: the proposals awaiting their answer, and what was answered.
+        self.asked: dict[tuple[int, int, int], tuple[int, CommitOffsets | CreateTopic]] = {}
+        """(node, its boot, index): the term proposed in and the command."""
+        self.acked_offsets: dict[tuple[str, str, int], int] = {}
+        self.acked_topics: set[str] = set()
+        self.acks = 0
 
     # ------------------------------------------------------------------ plumbing
     def _create(self, i: int, base: Membership) -> None:
@@ -199,11 +240,12 @@ class Sim:
                 write_to_storage(st, Ready(snapshot=meta))
                 st.sync()
             base = meta.membership
-            node.app_state = node.snap.state
+            self._restore(node, node.snap.state)
             hs = dataclasses.replace(hs, commit=max(hs.commit, meta.index))
         else:
             assert st.start_index == 1
-            node.app_state = b""
+            self._restore(node, self._snapshot_data(b"", self.base_machine))
+        node.boot += 1
         node.app_index = st.start_index - 1
         node.verified_to = node.complete_to = 0
         # As the driver: a saved history, clamped to the log, skips reading it for CONFIG
@@ -282,7 +324,7 @@ class Sim:
             # The application saves the snapshot durably before the log is cut.
             meta = rd.snapshot
             want = self.chain_at.get(meta.index)
-            if want is not None and want != rd.snapshot_data:
+            if want is not None and want != rd.snapshot_data[:DIGEST_BYTES]:
                 self.fail(f"node {node.id} installs a snapshot at {meta.index} that differs")
             node.snap = DurableSnap(meta, rd.snapshot_data)
         write_to_storage(node.storage, rd)
@@ -303,7 +345,8 @@ class Sim:
             node.promised = node.promised or rd.hard_state.term > 0
         if rd.snapshot is not None:
             meta = rd.snapshot
-            node.app_index, node.app_state = meta.index, rd.snapshot_data
+            node.app_index = meta.index
+            self._restore(node, rd.snapshot_data)
             self.log(f"node {node.id} installed snapshot at {meta.index}")
         for m in rd.messages:
             self.send(node, m, after_persist=True)
@@ -328,9 +371,80 @@ class Sim:
             self.fail(f"state machine safety: node {node.id} applied different entry at {index}")
         node.app_index = index
         node.app_state = chain(node.app_state, data)
+        if node.machine is not None:
+            self._apply_metadata(node, index, data)
         want = self.chain_at.setdefault(index, node.app_state)
         if want != node.app_state:
             self.fail(f"node {node.id} state diverged at {index}")
+
+    def _snapshot_data(self, digest: bytes, machine: bytes) -> bytes:
+        """A snapshot's bytes: the applied history's digest, and with Params.metadata
+        the metadata state machine's own snapshot after it."""
+        return digest.ljust(DIGEST_BYTES, b"\0") + machine if self.p.metadata else digest
+
+    def _restore(self, node: Node, data: bytes) -> None:
+        """The application from a snapshot's bytes (:meth:`_snapshot_data`)."""
+        if not self.p.metadata:
+            node.app_state = data
+            return
+        digest = data[:DIGEST_BYTES]
+        node.app_state = b"" if digest == bytes(DIGEST_BYTES) else digest
+        node.machine = MetadataStateMachine("sim")
+        node.machine.restore(data[DIGEST_BYTES:])
+
+    def _apply_metadata(self, node: Node, index: int, data: bytes) -> None:
+        """One entry into the node's metadata state machine (Raft's own NOOP and CONFIG
+        entries skipped, as the controller does); checks offsets never go back and
+        notes what the proposer's answer acknowledged."""
+        machine = node.machine
+        assert machine is not None
+        header = entry.parse_header(data)
+        if header.type != EntryType.METADATA:
+            return
+        before = group_offsets(machine.state)
+        result = decode_result(machine.apply(index, bytes(entry.payload_of(data, header))))
+        after = group_offsets(machine.state)
+        for key, offset in before.items():
+            if after.get(key, -1) < offset:
+                self.fail(
+                    f"node {node.id} applying {index}: the committed offset of {key} went "
+                    f"back from {offset} to {after.get(key)}"
+                )
+        asked = self.asked.pop((node.id, node.boot, index), None)
+        if asked is None or asked[0] != header.term:
+            return  # not proposed by this process, or replaced after a leader change
+        command = asked[1]
+        if isinstance(command, CommitOffsets) and isinstance(result, CommitsApplied):
+            for commit, outcome in zip(command.commits, result.outcomes, strict=True):
+                if outcome.code:
+                    continue
+                for o in commit.offsets:
+                    key = (commit.group_id, o.topic, o.partition)
+                    self.acked_offsets[key] = max(self.acked_offsets.get(key, -1), o.offset)
+                    self.acks += 1
+        elif isinstance(command, CreateTopic) and isinstance(result, TopicCreated):
+            self.acked_topics.add(command.name)
+            self.acks += 1
+
+    def _check_acknowledged(self) -> None:
+        """After healing: every member holds every acknowledged commit and topic."""
+        for n in self.members():
+            assert n.machine is not None
+            offsets = group_offsets(n.machine.state)
+            for key, offset in sorted(self.acked_offsets.items()):
+                if offsets.get(key, -1) < offset:
+                    self.fail(
+                        f"node {n.id} lost an acknowledged commit: {key} is at "
+                        f"{offsets.get(key)}, acknowledged {offset}"
+                    )
+            missing = self.acked_topics - set(n.machine.state.topics)
+            if missing:
+                self.fail(f"node {n.id} lost acknowledged topics {sorted(missing)}")
+        states: dict[int, bytes] = {}
+        for n in self.members():
+            assert n.machine is not None
+            if states.setdefault(n.app_index, n.machine.snapshot()) != n.machine.snapshot():
+                self.fail(f"node {n.id}'s metadata differs from another's at {n.app_index}")
 
     def _enqueue(self, at: int, m: Message) -> None:
         self.seq += 1
@@ -429,6 +543,12 @@ class Sim:
         if ld is None or ld.core is None:
             return
         self.proposed += 1
+        if self.p.metadata:
+            command = self._metadata_command()
+            with contextlib.suppress(NotLeaderError, ProposalDroppedError):
+                index = ld.core.propose(entry.encode(encode(command), type=EntryType.METADATA))
+                self.asked[(ld.id, ld.boot, index)] = (ld.core.term, command)
+            return
         batch = b"".join(
             entry.encode(
                 f"seed{self.seed}-p{self.proposed}-{k}".encode() * self.rng.randint(1, 6),
@@ -439,12 +559,30 @@ class Sim:
         with contextlib.suppress(NotLeaderError, ProposalDroppedError):
             ld.core.propose(batch)
 
+    def _metadata_command(self) -> CommitOffsets | CreateTopic:
+        """Mostly offset commits of two groups, each at a larger offset than any before
+        (the proposal count), sometimes a topic."""
+        if self.rng.random() < 0.1:
+            return CreateTopic(f"s{self.proposed}", 1, 1)
+        commits = tuple(
+            OffsetCommit(
+                group,
+                "",
+                0,
+                (OffsetEntry(BASE_TOPIC, self.rng.randrange(BASE_PARTITIONS), self.proposed, ""),),
+            )
+            for group in sorted(self.rng.sample(SIM_GROUPS, self.rng.randint(1, 2)))
+        )
+        return CommitOffsets(commits, now_ms=self.time)
+
     def compact(self, node: Node) -> None:
         core = node.core
         if core is None or node.pending is not None or node.app_index < node.storage.start_index:
             return
         st = node.storage
         index = self.rng.randint(max(st.start_index, node.app_index - 8), node.app_index)
+        if self.p.metadata:
+            index = node.app_index  # the controller snapshots what it applied
         if index > st.last_index:
             return
         meta = SnapshotMeta(
@@ -452,7 +590,8 @@ class Sim:
         )
         st.truncate_prefix(index + 1)
         st.sync()
-        node.snap = DurableSnap(meta, self.chain_at[index])
+        machine = node.machine.snapshot() if node.machine is not None else b""
+        node.snap = DurableSnap(meta, self._snapshot_data(self.chain_at[index], machine))
         self.log(f"node {node.id} compacted to {index}")
 
     def change_membership(self) -> None:
@@ -718,6 +857,8 @@ class Sim:
                 self.cold_restart()
         self.heal()
         self._liveness()
+        if self.p.metadata:
+            self._check_acknowledged()
         return self
 
     def _liveness(self) -> None:
@@ -751,6 +892,33 @@ class Sim:
 
     def applied_term(self, index: int) -> int:
         return _term(self.applied[index])
+
+
+BASE_TOPIC = "t"
+BASE_PARTITIONS = 4
+SIM_GROUPS = ["g1", "g2"]
+
+
+def base_metadata() -> MetadataState:
+    """The state every node starts from in Params.metadata: three brokers and a topic,
+    as though applied before index 1 (version 0)."""
+    from tests.controller.machine import Driver  # the controller tests' typed driver
+
+    driver = Driver(MetadataStateMachine("sim"))
+    for b in (1, 2, 3):
+        driver.register(b)
+    assert driver(CreateTopic(BASE_TOPIC, BASE_PARTITIONS, 3)).ok
+    return dataclasses.replace(driver.machine.state, version=0)
+
+
+def group_offsets(state: MetadataState) -> dict[tuple[str, str, int], int]:
+    """Every group's committed offsets: (group, topic, partition) -> offset."""
+    return {
+        (g.group_id, topic, partition): c.offset
+        for g in state.consumer_groups.values()
+        for topic, parts in g.committed_offsets.items()
+        for partition, c in parts.items()
+    }
 
 
 def _term(data: bytes) -> int:

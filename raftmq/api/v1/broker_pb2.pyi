@@ -57,6 +57,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
     ERROR_CODE_PRODUCER_FENCED: _ClassVar[ErrorCode]
     ERROR_CODE_UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
+    ERROR_CODE_UNSAFE_REBUILD: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -124,6 +125,7 @@ ERROR_CODE_PARTITION_NOT_ASSIGNED: ErrorCode
 ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
 ERROR_CODE_PRODUCER_FENCED: ErrorCode
 ERROR_CODE_UNKNOWN_PRODUCER_ID: ErrorCode
+ERROR_CODE_UNSAFE_REBUILD: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
@@ -320,6 +322,24 @@ class MetadataResponse(_message.Message):
 class InitProducerIdRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RebuildReplicaRequest(_message.Message):
+    __slots__ = ("topic", "partition", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RebuildReplicaResponse(_message.Message):
+    __slots__ = ("status", "deleted_bytes")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    status: ReplicaStatus
+    deleted_bytes: int
+    def __init__(self, status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., deleted_bytes: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
     __slots__ = ("producer_id", "producer_epoch")

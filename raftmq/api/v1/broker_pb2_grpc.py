@@ -64,6 +64,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.RebuildReplica = channel.unary_unary(
+                '/raftmq.v1.Broker/RebuildReplica',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -129,6 +134,17 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RebuildReplica(self, request, context):
+        """An operator's repair of this broker's replica of one partition when no peer could
+        repair it in place (`raftmq broker rebuild-replica`): its data is deleted and it opens
+        empty, as a replica whose disk was replaced, so it gives no vote until the leader has
+        copied it the whole log again. Errors: NOT_HOSTED, UNSAFE_REBUILD (it leads, or no
+        other replica leads: its data may be the only copy; `force` overrides).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +177,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'RebuildReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.RebuildReplica,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -325,6 +346,33 @@ class Broker:
             '/raftmq.v1.Broker/InitProducerId',
             raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebuildReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/RebuildReplica',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,
