@@ -63,7 +63,7 @@ from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
 from raftmq.partition.replica import PartitionReplica, group_name
-from raftmq.raft.errors import RaftError
+from raftmq.raft.errors import GroupDamagedError, RaftError
 from raftmq.raft.host.group_storage import promised_path, record_promised
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
@@ -567,6 +567,13 @@ class Broker:
                 # Set as each log opens: no fsync of this run may go unreported.
                 on_durable=durability_marker_writer() if self.durability_markers else None,
             )
+        except GroupDamagedError as exc:
+            if exc.damages and len(part.replicas + part.learners) > 1:
+                await self._close_half_open(key)
+                self._start_repair(key, directory, list(part.replicas + part.learners), exc)
+            else:
+                await self._open_failed(key, part, exc)
+            return None
         except Exception as exc:
             await self._open_failed(key, part, exc)
             return None
@@ -576,13 +583,72 @@ class Broker:
         self.unopened.opened(key)
         return replica
 
-    async def _open_failed(self, key: tuple[str, int], part: Partition, exc: Exception) -> None:
-        """Record a replica that could not open; its group, if it got as far as opening
-        one, is closed again so that the next try starts clean."""
+    async def _close_half_open(self, key: tuple[str, int]) -> None:
+        """A replica whose open failed after its group opened: close that group again, so
+        that the next try starts clean."""
         name = group_name(*key)
         if name in self.host.groups or name in self.host.quarantined:
             with contextlib.suppress(Exception):
                 await self.host.close_group(name)
+
+    def _start_repair(
+        self, key: tuple[str, int], directory: Path, members: list[int], exc: GroupDamagedError
+    ) -> None:
+        """What the replica reads at open is damaged in a range its peers hold: fetch it
+        from them in the background (the replica is reported as opening, repairing), then
+        open it. The broker's other replicas and metadata versions go on meanwhile."""
+        self.unopened.repairing(key, exc.reason)
+        log.warning(
+            "broker %d: its replica of %s/%d cannot open (%s); repairing it from its peers",
+            self.id,
+            *key,
+            exc.reason,
+        )
+        peers = [b for b in members if b != self.id]
+        self._track(
+            asyncio.get_running_loop().create_task(self._repair_then_open(key, directory, peers))
+        )
+
+    async def _repair_then_open(
+        self, key: tuple[str, int], directory: Path, peers: list[int]
+    ) -> None:
+        name = group_name(*key)
+        topic = self.spec.state.topics.get(key[0])
+        config = self._log_config(topic) if topic is not None else self.log_config
+        try:
+            done = await self.host.repair_closed_group(name, directory, peers, config)
+        except Exception as exc:  # GroupRepairError, or the repair itself broke
+            delay_s = self.unopened.failed(
+                key, f"cannot open, and no peer repaired it: {type(exc).__name__}: {exc}"
+            )
+            log.error(
+                "broker %d: its replica of %s/%d was not repaired (%s); it is reported "
+                "failed and tried again in %.0f s ('raftmq broker rebuild-replica' "
+                "rebuilds it from the leader)",
+                self.id,
+                *key,
+                exc,
+                delay_s,
+            )
+            return
+        log.warning("broker %d: repaired its replica of %s/%d: %s", self.id, *key, done)
+        self.unopened.opening(key, "repaired; opening")
+        async with self._reconcile_lock:
+            state = self.spec.state
+            topic = state.topics.get(key[0])
+            if topic is None or key[1] >= len(topic.partitions) or key in self.replicas:
+                return
+            if key not in self.unopened:  # no longer assigned here meanwhile
+                return
+            opened = await self._open_replicas(
+                [(topic, key[1], topic.partitions[key[1]])], state.version
+            )
+            self._after_opening(opened, state)
+
+    async def _open_failed(self, key: tuple[str, int], part: Partition, exc: Exception) -> None:
+        """Record a replica that could not open; its group, if it got as far as opening
+        one, is closed again so that the next try starts clean."""
+        await self._close_half_open(key)
         reason = f"cannot open: {type(exc).__name__}: {exc}"
         known = self.unopened.get(key)
         first = known is None or known.failures == 0

@@ -155,3 +155,35 @@ def test_a_read_of_the_leader_s_corrupt_range_is_retried_until_it_is_repaired(
         # The interim leader's audit of its followers (every 10 s) found it first: the
         # read then met a healthy copy and proved nothing about retrying.
         pytest.skip("the damage was repaired before the read reached it")
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_whose_open_reads_a_corrupt_entry_is_repaired_before_it_opens(
+    cluster: LocalCluster,
+) -> None:
+    """Issue 20: the damaged entry is one the Raft core reads as the group opens (with no
+    commit hint, it replays the whole log for configurations), so the replica cannot open.
+    Its broker reports it as opening (repairing), fetches the damaged range from a peer,
+    then opens it; it serves the leader's bytes, and its other work never stopped."""
+    with cluster.client() as client:
+        leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
+        victim_address = address_of(cluster, victim)
+        folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
+        segments = close_segments(cluster, client, victim, sent)
+        cluster.stop(victim)
+        flip_bit(segments[0], 700)
+        (folder / "raft-commit").unlink(missing_ok=True)  # the open reads the whole log
+        cluster.start(victim)
+
+        def repaired_and_ok() -> bool:
+            return _hw_or_none(client, victim_address, TOPIC) == len(sent)
+
+        wait_until(repaired_and_ok, 30, "the replica to be repaired, open and caught up")
+        records, raw = read_all(client, TOPIC, 0, address=victim_address)
+        _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
+        assert [r.value for r in records] == sent
+        assert raw == leader_raw
+    log_text = cluster.log_path(victim).read_text()
+    assert "repairing it from its peers" in log_text, log_text[-3000:]
+    assert f"repaired its replica of {TOPIC}/0" in log_text, log_text[-3000:]
+    assert "applying metadata version" not in log_text, log_text[-3000:]
