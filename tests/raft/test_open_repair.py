@@ -418,3 +418,48 @@ async def test_a_quarantined_group_whose_reopen_finds_damage_repairs_from_its_me
         assert any("repaired entries" in m and seg.stem in m for m in said), said
     finally:
         await c.close()
+
+
+async def test_a_damaged_range_every_peer_let_go_is_cut_and_the_replica_rejoins(tmp_path, quick):
+    """The damaged entries lie below every peer's log start (retention let them go while
+    the victim was down): nobody can supply them, but they are committed, so the victim
+    lets them go too: it cuts its log from there, rejoins, and its leader brings it back
+    from the group's start (a snapshot of the start point, then entries)."""
+    c = Cluster(tmp_path, replay=False)
+    await c.start()
+    try:
+        await c.fill()
+        victim = c.follower()
+        await c.stop(victim)
+        folder = c.folder(victim)
+        segs = sealed(folder)
+        h = first_entry_of_type(segs[1], EntryType.DATA)
+        after = next(iter(entry.iter_headers(segs[2].read_bytes()))).index
+        for peer in (n for n in (1, 2, 3) if n != victim):
+            c.hosts[peer].compact("g", through=after - 1)
+            assert c.hosts[peer].groups["g"].log_reader.start_index == after
+        flip(segs[1], h.end - 1)
+        (folder / group_storage.COMMIT_HINT_FILE).unlink()  # the open reads the whole log
+        await c.boot(victim)
+        host = c.hosts[victim]
+        with pytest.raises(GroupDamagedError):
+            c.open(victim)
+        peers = sorted(n for n in (1, 2, 3) if n != victim)
+        what = await host.repair_closed_group("g", folder, peers, CONFIG)
+        assert "let them go" in what and f"its log starts at {after}" in what, what
+        c.open(victim)
+        assert host.status("g").rejoining
+        await propose_to_leader(c.running(), PAYLOAD, 2)
+        leader = c.leader()
+        assert leader is not None
+        await wait_for(
+            lambda: (
+                not host.status("g").rejoining
+                and host.groups["g"].commit_index >= leader.groups["g"].last_index
+            ),
+            timeout=20,
+            what="the cut replica to rejoin from the group's start",
+        )
+        assert host.groups["g"].log_reader.start_index >= after
+    finally:
+        await c.close()

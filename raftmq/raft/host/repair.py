@@ -58,6 +58,17 @@ PEER_WAIT_S = 10.0
 next one (a broker that just started has none yet)."""
 
 
+class RangeReleasedError(LogError):
+    """A peer no longer holds the entries asked for: its log starts at ``start``, after
+    them (retention or a snapshot let them go), so they are committed, and this replica
+    may let its damaged copy go too instead of waiting for bytes nobody keeps."""
+
+    def __init__(self, peer: int, start: int, message: str) -> None:
+        super().__init__(f"node {peer}: {message}")
+        self.peer = peer
+        self.start = start
+
+
 class SelfRepair:
     """Repair, scrub and audit duties of a :class:`RaftHost` (see the module's doc)."""
 
@@ -173,6 +184,21 @@ class SelfRepair:
                     )
                     log.warning("group %s on node %d: %s", name, self.node_id, line)
                     return f"group {name}: " + "; ".join([*done_lines, line])
+                except RangeReleasedError as exc:
+                    # Committed and let go by a peer: this replica lets its damaged copy go
+                    # as well (everything from it on), rejoins, and its leader sends it a
+                    # snapshot of where the group starts now, then the rest.
+                    await loop.run_in_executor(
+                        self._pool, cut_back_to_rejoin, log_, damage.first_index
+                    )
+                    line = (
+                        f"cut the log from entry {damage.first_index} on ({what} of segment "
+                        f"{damage.segment} are damaged, and node {exc.peer} let them go: its "
+                        f"log starts at {exc.start}); this replica rejoins and catches up from "
+                        "its leader"
+                    )
+                    log.warning("group %s on node %d: %s", name, self.node_id, line)
+                    return f"group {name}: " + "; ".join([*done_lines, line])
                 except (TimeoutError, LogError, FormatError) as exc:
                     failures.append(f"node {peer}: {exc or type(exc).__name__}")
                     continue
@@ -192,6 +218,38 @@ class SelfRepair:
                     "directory (keep its .raft-promised record) to resynchronise it",
                 )
         return f"group {name}: repaired " + "; ".join(done_lines)
+
+    def _release_damaged_prefix(
+        self, group: RaftGroup, damage: Damage, released: RangeReleasedError
+    ) -> bool:
+        """A damaged range of a running group that a peer let go (it starts after it):
+        the entries are committed and released elsewhere, so retention may take them here
+        too; the log then starts after the damaged segment. False when it cannot (the
+        range is not applied here yet: left to the next repair)."""
+        through = damage.end_index - 1
+        if not through < released.start or through > group.core.log.applied:
+            return False
+        try:
+            self.compact(group.name, through=through)
+        except ValueError:
+            return False
+        log.warning(
+            "group %s on node %d: entries %d..%d of segment %s are damaged (%s) and node %d "
+            "let them go (its log starts at %d): this replica's log now starts at %d too",
+            group.name,
+            self.node_id,
+            damage.first_index,
+            through,
+            damage.segment,
+            damage.reason,
+            released.peer,
+            released.start,
+            through + 1,
+        )
+        return True
+
+    def compact(self, name: str, *, through: int | None = None) -> int:
+        raise NotImplementedError  # the host's
 
     async def _wait_peer(self, peer: int) -> bool:
         """Whether ``peer``'s connection is up, waiting up to PEER_WAIT_S for it (the
@@ -275,6 +333,10 @@ class SelfRepair:
                         "group %s on node %d: repair refused: %s", group.name, self.node_id, exc
                     )
                     break
+                except RangeReleasedError as exc:
+                    if self._release_damaged_prefix(group, damage, exc):
+                        break
+                    continue
                 except (TimeoutError, LogError, FormatError) as exc:
                     log.warning(
                         "group %s on node %d: node %d cannot supply entries %d..%d: %s",
@@ -363,6 +425,8 @@ class SelfRepair:
             finally:
                 self._repair_replies.pop(key, None)
             if reply.error:
+                if reply.hi > reply.lo:
+                    raise RangeReleasedError(peer, reply.hi, reply.error)
                 raise LogError(reply.error)
             if not reply.entries or not lo < reply.hi <= hi:
                 raise LogError(
@@ -464,7 +528,11 @@ class SelfRepair:
             got = group.log.read_by_index(m.lo, REPAIR_CHUNK_BYTES, m.hi)
             reply = RepairReply(self.node_id, m.src, m.lo, got.next_index, got.data)
         except (LogError, FormatError) as exc:
-            reply = RepairReply(self.node_id, m.src, m.lo, m.lo, error=str(exc))
+            # Below our start (retention or a snapshot let the entries go): say where we
+            # start in ``hi``, so the asker knows they are committed and released here.
+            start = group.log.start_index
+            released_to = start if m.lo < start else m.lo
+            reply = RepairReply(self.node_id, m.src, m.lo, released_to, error=str(exc))
             if isinstance(exc, CorruptEntryError):
                 self.request_repair(group.name, "a peer's repair request")
         self.transport.send(m.src, group.name, reply, urgent=False)
