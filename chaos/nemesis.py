@@ -723,7 +723,7 @@ def flip_bit(broker_dir: Path, rng: random.Random, corrupted: set[tuple[str, int
     candidates = [seg for d in sorted(broker_dir.glob(f"{TOPIC}-*")) for seg in sealed_segments(d)]
     rng.shuffle(candidates)
     for seg in candidates:
-        data = seg.read_bytes()
+        data = _read_live(seg)
         headers = [
             h
             for h in entry.iter_headers(data, verify=False)
@@ -801,9 +801,7 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
     return [
         path
         for path in found
-        if path.is_file()
-        and path.stat().st_size > 0
-        and (path.name, path.parent.name) not in corrupted
+        if _size_live(path) > 0 and (path.name, path.parent.name) not in corrupted
     ]
 
 
@@ -837,6 +835,23 @@ def _flip(path: Path, position: int, bit: int) -> None:
         os.fsync(f.fileno())
 
 
+def _read_live(path: Path) -> bytes:
+    """A file of a broker that may be running: retention or a compaction may delete it
+    between the listing and the read; gone reads as empty (nothing to flip there)."""
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        return b""
+
+
+def _size_live(path: Path) -> int:
+    """As :func:`_read_live`, the size of a regular file (0 when gone or not one)."""
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except FileNotFoundError:
+        return 0
+
+
 def config_entries(
     broker_dir: Path, corrupted: set[tuple[str, int]]
 ) -> list[tuple[Path, entry.EntryHeader]]:
@@ -848,7 +863,7 @@ def config_entries(
         (seg, h)
         for d in sorted(broker_dir.glob(f"{TOPIC}-*"))
         for seg in sealed_segments(d)
-        for h in entry.iter_headers(seg.read_bytes(), verify=False)
+        for h in entry.iter_headers(_read_live(seg), verify=False)
         if h.type == entry.EntryType.CONFIG
         and h.payload_length > 0
         and (d.name, h.index) not in corrupted
@@ -868,7 +883,7 @@ def controller_entries(
     sealed = set(sealed_segments(directory))
     found: list[tuple[Path, entry.EntryHeader]] = []
     for seg in sorted(directory.glob(f"*{LOG_SUFFIX}")):
-        headers = list(entry.iter_headers(seg.read_bytes(), verify=False))
+        headers = list(entry.iter_headers(_read_live(seg), verify=False))
         if seg not in sealed:
             headers = headers[:-1]
         found += [
