@@ -17,6 +17,9 @@ from raftmq.api.v1 import broker_pb2 as pb
 __all__ = ["ClientError", "ErrorCode", "error_of"]
 
 
+_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
 class ClientError(Exception):
     """A broker refused a request, or no broker answered it.
 
@@ -52,9 +55,12 @@ class ClientError(Exception):
 
     @property
     def unreachable(self) -> bool:
-        """No broker answered: gRPC's own UNAVAILABLE, without a ``raftmq-error``. A call
-        may still have reached the broker before the connection broke."""
-        return not self.code_name and self.status == grpc.StatusCode.UNAVAILABLE
+        """No broker answered: gRPC's own UNAVAILABLE or CANCELLED, without a
+        ``raftmq-error``. CANCELLED is what a call gets when its broker stops under it (a
+        restart cancels the calls in flight, a long-poll fetch above all) or its channel
+        closes: the next broker, or the same one back, may answer. A call may still have
+        reached the broker before the connection broke."""
+        return not self.code_name and self.status in _NO_ANSWER
 
     @property
     def timed_out(self) -> bool:

@@ -66,6 +66,13 @@ def test_a_failure_without_a_code_comes_from_grpc_itself() -> None:
     assert err.unreachable and not err.retriable
     deadline = error_of(Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
     assert not deadline.unreachable and deadline.label == "DEADLINE_EXCEEDED"
+    # A broker stopping under a call (a restart cancels its long polls) is one that did
+    # not answer, not a refusal: a consumer's poll retried it instead of raising (chaos,
+    # --faults all, seed 1001).
+    cancelled = error_of(Failed(grpc.StatusCode.CANCELLED, "CANCELLED"))
+    assert cancelled.unreachable and not cancelled.retriable
+    coded = error_of(Failed(grpc.StatusCode.CANCELLED, "x", (("raftmq-error", "INTERNAL"),)))
+    assert not coded.unreachable
 
 
 def test_the_client_s_own_errors_name_their_code() -> None:
