@@ -24,6 +24,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
+from raftmq.cli.status_cmd import STATE_NAMES
 from raftmq.cli.topic_cmd import _call
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.lowlevel import LowLevelClient
@@ -82,12 +83,6 @@ def drain(
 
 REBUILD_TIMEOUT_S = 30.0
 """How long the broker may take to delete and reopen the replica."""
-STATE_NAMES = {
-    pb.REPLICA_OK: "ok",
-    pb.REPLICA_CATCHING_UP: "catching_up",
-    pb.REPLICA_FAILED: "failed",
-    pb.REPLICA_OPENING: "opening",
-}
 
 
 @app.command("rebuild-replica")

@@ -29,7 +29,8 @@ from raftmq.client.errors import ClientError, error_of
 from raftmq.client.lowlevel import LowLevelClient
 
 RPC_TIMEOUT_S = 3.0
-_STATE_NAMES = {
+STATE_NAMES = {
+    # ReplicaState (broker.proto) as status and the other read commands print it
     pb.REPLICA_OK: "ok",
     pb.REPLICA_CATCHING_UP: "catching_up",
     pb.REPLICA_FAILED: "failed",
@@ -147,7 +148,7 @@ def _merge(
         if chosen is None:
             replicas.append(ReplicaHealth(broker_id, "unknown", "its broker did not answer"))
         else:
-            state = _STATE_NAMES.get(chosen.state, "unknown")
+            state = STATE_NAMES.get(chosen.state, "unknown")
             replicas.append(ReplicaHealth(broker_id, state, chosen.reason))
     term = best.leader_term if best is not None else 0
     return PartitionHealth(topic, info.partition, leader, term, hw, replicas)
@@ -243,4 +244,4 @@ def status(
         raise typer.Exit(1)
 
 
-__all__ = ["ClusterHealth", "collect", "status"]
+__all__ = ["STATE_NAMES", "ClusterHealth", "collect", "status"]

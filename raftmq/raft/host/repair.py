@@ -169,33 +169,23 @@ class SelfRepair:
                 try:
                     data = await self._fetch_range(name, peer, damage.first_index, damage.end_index)
                     done = await loop.run_in_executor(self._pool, patch, log_, damage, data)
-                except RepairRefusedError as exc:
-                    # The peer holds the range (its copy passed every check) but not in
-                    # the shape of ours: cut ours back from there and rejoin; the leader
-                    # sends the rest, and later damaged ranges go with the cut.
+                except (RepairRefusedError, RangeReleasedError) as exc:
+                    # The peer holds the range (its copy passed every check) but not in the
+                    # shape of ours, or let it go (committed): cut ours from there on and
+                    # rejoin; the leader sends the rest (from its start point, a snapshot
+                    # first), and later damaged ranges go with the cut.
                     await loop.run_in_executor(
                         self._pool, cut_back_to_rejoin, log_, damage.first_index
                     )
-                    line = (
-                        f"cut the log from entry {damage.first_index} on (segment "
-                        f"{damage.segment} cannot be patched in place: {exc}); node {peer} "
-                        "holds those entries, and this replica rejoins: no votes until its "
-                        "leader has brought it up to date"
-                    )
-                    log.warning("group %s on node %d: %s", name, self.node_id, line)
-                    return f"group {name}: " + "; ".join([*done_lines, line])
-                except RangeReleasedError as exc:
-                    # Committed and let go by a peer: this replica lets its damaged copy go
-                    # as well (everything from it on), rejoins, and its leader sends it a
-                    # snapshot of where the group starts now, then the rest.
-                    await loop.run_in_executor(
-                        self._pool, cut_back_to_rejoin, log_, damage.first_index
+                    why = (
+                        f"node {exc.peer} let them go: its log starts at {exc.start}"
+                        if isinstance(exc, RangeReleasedError)
+                        else f"they cannot be patched in place: {exc}; node {peer} holds them"
                     )
                     line = (
                         f"cut the log from entry {damage.first_index} on ({what} of segment "
-                        f"{damage.segment} are damaged, and node {exc.peer} let them go: its "
-                        f"log starts at {exc.start}); this replica rejoins and catches up from "
-                        "its leader"
+                        f"{damage.segment} are damaged, and {why}); this replica rejoins: no "
+                        "votes until its leader has brought it up to date"
                     )
                     log.warning("group %s on node %d: %s", name, self.node_id, line)
                     return f"group {name}: " + "; ".join([*done_lines, line])
