@@ -571,6 +571,9 @@ class Broker:
             if exc.damages and len(part.replicas + part.learners) > 1:
                 await self._close_half_open(key)
                 self._start_repair(key, directory, list(part.replicas + part.learners), exc)
+            elif not exc.damages and self._led_elsewhere(topic.name, p):
+                await self._close_half_open(key)
+                self._start_resync(key, exc)
             else:
                 await self._open_failed(key, part, exc)
             return None
@@ -608,6 +611,44 @@ class Broker:
         self._track(
             asyncio.get_running_loop().create_task(self._repair_then_open(key, directory, peers))
         )
+
+    def _led_elsewhere(self, topic: str, partition: int) -> bool:
+        """Whether another broker leads the partition, as the metadata reports it, and is
+        reachable: its log holds every committed entry, so a replica here may start over
+        from it without losing any."""
+        leader, _ = reported_leader(self.spec.state, topic, partition)
+        return leader not in (0, self.id) and self.transport.peer_alive(leader)
+
+    def _start_resync(self, key: tuple[str, int], exc: GroupDamagedError) -> None:
+        """What the replica reads at open is damaged in a way no peer's bytes can mend (its
+        snapshot meta, say) while another replica leads: start it over from that leader,
+        as ``raftmq broker rebuild-replica`` does, keeping its promise record so it votes
+        only once it holds the log again. The leader is checked again under the lock."""
+        self.unopened.repairing(key, f"{exc.reason}; resynchronising from the leader")
+        log.warning(
+            "broker %d: its replica of %s/%d cannot open (%s); another replica leads, so it "
+            "starts over from that leader's log",
+            self.id,
+            *key,
+            exc.reason,
+        )
+        self._track(asyncio.get_running_loop().create_task(self._resync(key, exc)))
+
+    async def _resync(self, key: tuple[str, int], exc: GroupDamagedError) -> None:
+        try:
+            await self.rebuild_replica(*key, force=False)
+        except Exception as refused:  # RebuildRefused (no leader now), or the rebuild broke
+            delay_s = self.unopened.failed(
+                key, f"cannot open: {exc.reason}; not resynchronised: {refused}"
+            )
+            log.error(
+                "broker %d: its replica of %s/%d was not resynchronised (%s); tried again in "
+                "%.0f s",
+                self.id,
+                *key,
+                refused,
+                delay_s,
+            )
 
     async def _repair_then_open(
         self, key: tuple[str, int], directory: Path, peers: list[int]

@@ -467,6 +467,18 @@ class RaftHost(SelfRepair):
         group.hinted_commit = hs.commit if not replay else -1
         self.groups[group.name] = group
         self._mark(group)
+        if self._tasks:
+            self._announce_open(group)
+
+    def _announce_open(self, group: RaftGroup) -> None:
+        """A group opened while the host runs (reopened, repaired, rebuilt, moved here):
+        tell its members, so that a quiesced leader wakes and finds out what this member
+        holds now. Its peers' connections are up, so no reconnection wakes them, and a
+        member that lost its state (rejoining) never campaigns: it would wait for a
+        heartbeat that an idle leader never sends. A quiesce notice of term 0 is this
+        announcement (:meth:`_on_quiesce`); an older peer ignores it."""
+        for peer in sorted(group.core.membership.members - {self.node_id}):
+            self.transport.send(peer, group.name, (self.node_id, peer, 0, 0, 0), urgent=True)
 
     def reconfigure_log(self, name: str, config: LogConfig) -> None:
         """Run group ``name`` with new log settings from now on (a topic's config was
@@ -744,6 +756,10 @@ class RaftHost(SelfRepair):
     def _on_quiesce(self, group: RaftGroup, notice: tuple[int, int, int, int, int]) -> None:
         src, _, term, commit, last = notice
         core = group.core
+        if term == 0:  # a member announcing that it (re)opened: see _announce_open
+            self._unquiesce(group)
+            self._mark(group)
+            return
         if (
             core.term == term
             and core.lead == src
