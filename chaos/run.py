@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -145,6 +146,12 @@ restores the range from a peer within a round trip or two once a read has found 
 def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
+    if (out / "data").exists():
+        # A run starts from empty brokers: a previous run's logs would hand its records
+        # (the same values, for the same seed) to this run's readers, which the checker
+        # then counts as duplicates and phantoms of this run.
+        say(f"removing the previous run's data in {out / 'data'}")
+        shutil.rmtree(out / "data")
     say(f"starting {options.nodes} brokers behind toxiproxy (seed {options.seed})")
     chaos = ChaosCluster(
         out / "data",
