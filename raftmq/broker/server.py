@@ -636,7 +636,9 @@ class Broker:
 
     async def _resync(self, key: tuple[str, int], exc: GroupDamagedError) -> None:
         try:
-            await self.rebuild_replica(*key, force=False)
+            await self.rebuild_replica(
+                *key, force=False, why="because it cannot open and no peer can mend it"
+            )
         except Exception as refused:  # RebuildRefused (no leader now), or the rebuild broke
             delay_s = self.unopened.failed(
                 key, f"cannot open: {exc.reason}; not resynchronised: {refused}"
@@ -726,7 +728,9 @@ class Broker:
             except Exception:  # the next pass tries again
                 log.exception("broker %d: reopening its failed replicas failed", self.id)
 
-    async def rebuild_replica(self, topic: str, partition: int, *, force: bool) -> int:
+    async def rebuild_replica(
+        self, topic: str, partition: int, *, force: bool, why: str = "on an operator's request"
+    ) -> int:
         """An operator's repair of this broker's replica of ``topic``/``partition`` that no
         peer could repair in place: close it, delete its data, and open it empty as a
         replica whose disk was replaced (its promise record kept: it gives no vote until
@@ -778,11 +782,12 @@ class Broker:
             self.unopened.opened(key)
             self.unopened.opening(key, "rebuilding: opening empty")
             log.warning(
-                "broker %d: rebuilding its replica of %s/%d on an operator's request%s: "
-                "%d bytes deleted; it copies the leader's log again",
+                "broker %d: rebuilding its replica of %s/%d %s%s: %d bytes deleted; it "
+                "copies the leader's log again",
                 self.id,
                 topic,
                 partition,
+                why,
                 " (forced)" if force else "",
                 deleted,
             )
