@@ -492,16 +492,39 @@ class Nemesis:
         not taken) is passed over for another; with none anywhere the fault does nothing
         and says so."""
         what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
-        nodes = self.rng.sample(self.live_nodes, len(self.live_nodes))
-        for victim in nodes:
+        found = self._flip_while_down(
+            kind,
+            what,
+            self.live_nodes,
+            lambda broker_dir: bool(find_files(broker_dir, kind, self.corrupted_files)),
+            lambda broker_dir: flip_file_bit(
+                find_files(broker_dir, kind, self.corrupted_files), self.rng, self.corrupted_files
+            ),
+        )
+        return found or Fault(
+            kind,
+            f"bit rot in {what} skipped: no node holds one that may be flipped yet",
+            lambda: None,
+        )
+
+    def _flip_while_down(
+        self,
+        kind: str,
+        what: str,
+        nodes: list[int],
+        holds: Callable[[Path], bool],
+        flip: Callable[[Path], str],
+    ) -> Fault | None:
+        """SIGKILL the first of ``nodes`` (in a seeded order) whose data folder ``holds``
+        something to flip, ``flip`` one bit there (looked for again: the broker may have
+        deleted it before it stopped), and restart it at heal; None when no node holds any."""
+        for victim in self.rng.sample(nodes, len(nodes)):
             broker_dir = self.chaos.data / f"broker-{victim}"
-            if not find_files(broker_dir, kind, self.corrupted_files):
+            if not holds(broker_dir):
                 continue
             self.chaos.cluster.kill(victim)
             self.killed.add(victim)
-            flipped = flip_file_bit(
-                find_files(broker_dir, kind, self.corrupted_files), self.rng, self.corrupted_files
-            )
+            flipped = flip(broker_dir)
 
             def heal(victim: int = victim) -> None:
                 self.chaos.cluster.start(victim)
@@ -511,11 +534,7 @@ class Nemesis:
             return Fault(
                 kind, f"bit rot in {what} on node {victim}: {said}", heal, targets=[victim]
             )
-        return Fault(
-            kind,
-            f"bit rot in {what} skipped: no node holds one that may be flipped yet",
-            lambda: None,
-        )
+        return None
 
     def _start_corrupt_config(self) -> Fault:
         """Bit rot in a Raft configuration one replica reads at open, while its broker is
@@ -560,23 +579,16 @@ class Nemesis:
     ) -> Fault:
         """SIGKILL the first of ``nodes`` (in a seeded order) on which ``find`` finds an
         entry, flip one bit in that entry's payload, restart it at heal."""
-        for victim in self.rng.sample(nodes, len(nodes)):
-            broker_dir = self.chaos.data / f"broker-{victim}"
-            if not find(broker_dir):
-                continue
-            self.chaos.cluster.kill(victim)
-            self.killed.add(victim)
-            flipped = flip_entry_bit(find(broker_dir), self.rng, self.corrupted)
-
-            def heal(victim: int = victim) -> None:
-                self.chaos.cluster.start(victim)
-                self.killed.discard(victim)
-
-            said = flipped or "none left once it stopped: nothing flipped"
-            return Fault(
-                kind, f"bit rot in {what} on node {victim}: {said}", heal, targets=[victim]
-            )
-        return Fault(kind, f"bit rot in {what} skipped: no node holds one yet", lambda: None)
+        found = self._flip_while_down(
+            kind,
+            what,
+            nodes,
+            lambda broker_dir: bool(find(broker_dir)),
+            lambda broker_dir: flip_entry_bit(find(broker_dir), self.rng, self.corrupted),
+        )
+        return found or Fault(
+            kind, f"bit rot in {what} skipped: no node holds one yet", lambda: None
+        )
 
     def _start_disk_loss(self) -> Fault:
         """A follower comes back with a wiped or truncated data directory (a replaced or
