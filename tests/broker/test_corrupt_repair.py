@@ -15,7 +15,7 @@ from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.inspect import verify_folder
-from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, log_tails
+from tests.broker.conftest import REBALANCE_ARGS, ClusterFactory, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
     address_of,
@@ -202,60 +202,57 @@ def _log_start(client: LowLevelClient, address: str) -> int:
 
 @pytest.mark.timeout(150)
 def test_a_replica_whose_snapshot_meta_no_peer_can_mend_starts_over_from_its_leader(
-    tmp_path: Path, request: pytest.FixtureRequest
+    make_cluster: ClusterFactory,
 ) -> None:
     """Chaos, --faults all, seeds 3003 and 4004: the snapshot meta of a replica whose log
     starts above 1 (retention ran) is damaged, and no commit hint names the configuration
     there, so it cannot open, and no peer's entries can mend a file of its own. Another
     replica leads and holds every committed entry: the broker starts this one over from
     it (as rebuild-replica would), and it serves the leader's bytes again."""
-    args = ["--tick-ms", "20", "--election-ticks", "10", "--segment-bytes", str(SEGMENT_BYTES)]
-    args += ["--retention-bytes", str(3 * SEGMENT_BYTES), "--retention-check-ms", "200"]
-    cluster = LocalCluster(
-        tmp_path / "cluster", cluster_spec({TOPIC: 1}), broker_args=args + REBALANCE_ARGS
+    cluster = make_cluster(
+        {TOPIC: 1},
+        extra_args=[
+            "--segment-bytes",
+            str(SEGMENT_BYTES),
+            "--retention-bytes",
+            str(3 * SEGMENT_BYTES),
+            "--retention-check-ms",
+            "200",
+        ],
     )
-    cluster.start()
-    try:
-        cluster.wait_for_leaders(timeout=30, preferred=True)
-        with cluster.client() as client:
-            leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
-            victim_address = address_of(cluster, victim)
-            folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
-            for i in range(60):
-                values = [f"more-{i}-".encode() * 60]
-                client.produce(TOPIC, 0, batch(values))
-                sent += values
-            wait_until(
-                lambda: _log_start(client, victim_address) > 0,
-                30,
-                "retention to move the victim's log start",
-            )
-            cluster.stop(victim)
-            flip_bit(folder / "raft-snapshot", 2)
-            (folder / "raft-commit").unlink(missing_ok=True)
-            cluster.start(victim)
-            wait_until(
-                lambda: _hw_or_none(client, victim_address, TOPIC) == len(sent),
-                40,
-                "the replica to start over from its leader and catch up",
-            )
-            mine, theirs = (
-                {
-                    r.offset: r.value
-                    for r in read_all(
-                        client, TOPIC, 0, address=address, start=_log_start(client, address)
-                    )[0]
-                }
-                for address in (victim_address, address_of(cluster, leader))
-            )
-            shared = set(mine) & set(theirs)
-            assert shared and all(mine[o] == theirs[o] for o in shared)
-            assert max(mine) == len(sent) - 1
-        log_text = cluster.log_path(victim).read_text()
-        assert "starts over from that leader's log" in log_text, log_text[-3000:]
-    finally:
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            print(log_tails(cluster))
-        for bid in list(cluster.procs):
-            cluster.kill(bid)
-        cluster.close()
+    with cluster.client() as client:
+        leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
+        victim_address = address_of(cluster, victim)
+        folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
+        for i in range(60):
+            values = [f"more-{i}-".encode() * 60]
+            client.produce(TOPIC, 0, batch(values))
+            sent += values
+        wait_until(
+            lambda: _log_start(client, victim_address) > 0,
+            30,
+            "retention to move the victim's log start",
+        )
+        cluster.stop(victim)
+        flip_bit(folder / "raft-snapshot", 2)
+        (folder / "raft-commit").unlink(missing_ok=True)
+        cluster.start(victim)
+        wait_until(
+            lambda: _hw_or_none(client, victim_address, TOPIC) == len(sent),
+            40,
+            "the replica to start over from its leader and catch up",
+        )
+        mine, theirs = (
+            {
+                r.offset: r.value
+                for r in read_all(
+                    client, TOPIC, 0, address=address, start=_log_start(client, address)
+                )[0]
+            }
+            for address in (victim_address, address_of(cluster, leader))
+        )
+        shared = set(mine) & set(theirs)
+        assert shared and all(mine[o] == theirs[o] for o in shared)
+        assert max(mine) == len(sent) - 1
+    log_text = cluster.log_path(victim).read_text()
+    assert "starts over from that leader's log" in log_text, log_text[-3000:]
