@@ -1,0 +1,47 @@
+"""raftmq's Python clients: what an application imports.
+
+    from raftmq.client import Producer, Consumer
+
+``Producer``/``AsyncProducer`` batch, compress and retry idempotently; ``Consumer``/
+``AsyncConsumer`` fetch, join groups and commit; ``AdminClient`` creates and describes
+topics and groups; ``LowLevelClient`` is the request-at-a-time client underneath them.
+This package talks to brokers only through ``raftmq.api`` and reads records only through
+``raftmq.format``: importing it loads no server code (``tests/test_layers.py`` checks).
+"""
+
+from raftmq.client.admin import AdminClient
+from raftmq.client.consumer import (
+    AsyncConsumer,
+    CommitFailedError,
+    Consumer,
+    ConsumerRecord,
+    NoOffsetError,
+    OffsetAndMetadata,
+    TopicPartition,
+)
+from raftmq.client.errors import ClientError, ErrorCode
+from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client.producer import (
+    AsyncProducer,
+    Producer,
+    ProducerClosedError,
+    RecordMetadata,
+)
+
+__all__ = [
+    "AdminClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "ClientError",
+    "CommitFailedError",
+    "Consumer",
+    "ConsumerRecord",
+    "ErrorCode",
+    "LowLevelClient",
+    "NoOffsetError",
+    "OffsetAndMetadata",
+    "Producer",
+    "ProducerClosedError",
+    "RecordMetadata",
+    "TopicPartition",
+]
