@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-KEPT_BATCHES = 5
+from raftmq.api.limits import KEPT_BATCHES
+
 MAX_PRODUCERS = 10_000
 """Per partition; past it the producer idle longest is forgotten (bounded memory). A
 forgotten producer's next batch is UNKNOWN_PRODUCER: it starts a new epoch at 0."""
