@@ -50,10 +50,9 @@ from benchmarks.harness import (  # noqa: E402
     print_json_last,
 )
 from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
+from raftmq.client import AsyncProducer, Consumer, Producer  # noqa: E402
 from raftmq.client.connections import Connections  # noqa: E402
-from raftmq.client.consumer import Consumer  # noqa: E402
 from raftmq.client.produce_stream import ProduceStream  # noqa: E402
-from raftmq.client.producer import AsyncProducer, Producer  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
 

@@ -77,9 +77,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 from raftmq.api.v1 import admin_pb2 as apb  # noqa: E402
 from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
-from raftmq.client.admin import AdminClient  # noqa: E402
-from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
-from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.client import AdminClient, LowLevelClient, Producer  # noqa: E402
 from raftmq.controller.healing import MOVES_PER_BROKER, MOVES_TOTAL  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 

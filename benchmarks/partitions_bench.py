@@ -49,7 +49,7 @@ from benchmarks.harness import (  # noqa: E402
     remove_cleanup,
     say,
 )
-from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
+from raftmq.client import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch  # noqa: E402
 from raftmq.log.handles import cap_for_limit  # noqa: E402

@@ -229,7 +229,7 @@ async def raftmq_produce_worker(
 
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-    from raftmq.client.errors import ClientError
+    from raftmq.client import ClientError
     from raftmq.client.lowlevel import GRPC_OPTIONS
     from raftmq.client.produce_stream import ProduceStream
     from raftmq.format.records import Record, build_batch

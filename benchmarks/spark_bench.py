@@ -38,7 +38,7 @@ from benchmarks.harness import (  # noqa: E402
     kill_on_exit,
     print_json_last,
 )
-from raftmq.client.lowlevel import LowLevelClient  # noqa: E402
+from raftmq.client import LowLevelClient  # noqa: E402
 from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
 from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
 from raftmq.spark.session import local_session  # noqa: E402

@@ -1,9 +1,9 @@
 """The workload of the real clients: what a service built on raftmq does, under faults.
 
-Producers are :class:`raftmq.client.producer.Producer` objects (acks=all, with their own
+Producers are :class:`raftmq.client.Producer` objects (acks=all, with their own
 retries; idempotent when asked), each sending numbered records, several in flight, to the
 partitions in turn; every settled record becomes a ``send`` op. Consumers are
-:class:`raftmq.client.consumer.Consumer` objects, each record they poll a ``consume``
+:class:`raftmq.client.Consumer` objects, each record they poll a ``consume``
 op. Two modes, one switch each (:class:`ClientWorkloadOptions`):
 
 - ``group``: the consumers are members of one consumer group (``subscribe``), commit
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from chaos.history import Op, send_value
 from chaos.workload import Recorder
-from raftmq.client.consumer import Consumer, ConsumerRecord
-from raftmq.client.producer import Producer, RecordFuture
+from raftmq.client import Consumer, ConsumerRecord, Producer
+from raftmq.client.producer import RecordFuture
 
 GROUP = "chaos-group"
 IN_FLIGHT = 32

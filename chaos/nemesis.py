@@ -22,9 +22,7 @@ from pathlib import Path
 from chaos.cluster import TOPIC, ChaosCluster
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.metadata_cache import CACHE_FILE
-from raftmq.client.admin import AdminClient
-from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import AdminClient, ClientError, LowLevelClient
 from raftmq.controller.quorum import GROUP as CONTROLLER_GROUP
 from raftmq.format import entry
 from raftmq.log.checkpoints import START_CHECKPOINT

@@ -16,8 +16,7 @@ from chaos.cluster import TOPIC, ChaosCluster
 from chaos.history import Op
 from chaos.workload import Recorder
 from raftmq.api.v1 import admin_pb2 as apb
-from raftmq.client.admin import AdminClient
-from raftmq.client.errors import ClientError
+from raftmq.client import AdminClient, ClientError
 
 POLL_S = 0.5
 IN_SYNC = "in_sync"

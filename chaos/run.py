@@ -20,8 +20,7 @@ from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.errors import ClientError, ErrorCode
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, ErrorCode, LowLevelClient
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 

@@ -17,8 +17,7 @@ from collections.abc import Callable
 
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.errors import ClientError, ErrorCode
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, ErrorCode, LowLevelClient
 from raftmq.format.records import Record, build_batch, iter_records
 
 DEFINITE_REFUSALS = {

@@ -11,10 +11,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.admin import AdminClient
-from raftmq.client.consumer import Consumer, ConsumerRecord
-from raftmq.client.errors import ClientError
-from raftmq.client.producer import Producer
+from raftmq.client import AdminClient, ClientError, Consumer, ConsumerRecord, Producer
 
 DEV_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 """The brokers of `raftmq dev` (`make dev`)."""

@@ -21,7 +21,7 @@ import sys
 
 from _shared import batches, ensure_topic, group_consumer, output, parse_args, process, produce
 
-from raftmq.client.producer import Producer
+from raftmq.client import Producer
 
 
 def main() -> None:

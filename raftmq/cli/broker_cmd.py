@@ -26,8 +26,8 @@ from raftmq.cli.cluster_cmd import (
 )
 from raftmq.cli.status_cmd import STATE_NAMES
 from raftmq.cli.topic_cmd import _call
-from raftmq.client.errors import ClientError, error_of
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, LowLevelClient
+from raftmq.client.errors import error_of
 
 RUN = "run"
 

@@ -18,8 +18,7 @@ from rich.table import Table
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
-from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.partitioner import partition_for_key
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec

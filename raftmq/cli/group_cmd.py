@@ -29,9 +29,7 @@ from raftmq.cli.cluster_cmd import (
     console,
 )
 from raftmq.cli.topic_cmd import JsonFlag, _call, _json
-from raftmq.client.admin import AdminClient
-from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import AdminClient, ClientError, LowLevelClient
 
 app = typer.Typer(
     help="Consumer groups: list, describe (members, assignments, committed offsets and lag), "

@@ -30,10 +30,9 @@ from raftmq.cli.cluster_cmd import (
     RunningClusterData,
     cluster_addresses,
 )
-from raftmq.client.consumer import CommitFailedError, Consumer, ConsumerRecord
-from raftmq.client.errors import ClientError
+from raftmq.client import ClientError, CommitFailedError, Consumer, ConsumerRecord, Producer
 from raftmq.client.fetcher import OffsetReset
-from raftmq.client.producer import Acks, Producer, RecordFuture
+from raftmq.client.producer import Acks, RecordFuture
 
 PROGRESS_EVERY_S = 0.5
 MAX_PENDING = 10_000

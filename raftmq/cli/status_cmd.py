@@ -25,8 +25,8 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
-from raftmq.client.errors import ClientError, error_of
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, LowLevelClient
+from raftmq.client.errors import error_of
 
 RPC_TIMEOUT_S = 3.0
 STATE_NAMES = {

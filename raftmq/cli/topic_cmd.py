@@ -29,9 +29,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
-from raftmq.client.admin import AdminClient
-from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import AdminClient, ClientError, LowLevelClient
 
 app = typer.Typer(
     help="Topics: create, list, describe, alter, add partitions, move replicas, delete."

@@ -41,6 +41,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
+from raftmq.api.limits import MAX_OFFSET_METADATA_CHARS, RACK
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
 from raftmq.client.errors import ClientError
@@ -54,8 +55,6 @@ from raftmq.client.fetcher import (
 )
 from raftmq.client.group_link import Commits, GroupLink, OffsetAndMetadata
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
-from raftmq.controller.groups import MAX_OFFSET_METADATA_CHARS
-from raftmq.controller.transitions import RACK
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 

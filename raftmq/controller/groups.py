@@ -22,6 +22,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
+from raftmq.api.limits import MAX_OFFSET_METADATA_CHARS
 from raftmq.controller.assignors import ASSIGNORS, next_assignment
 from raftmq.controller.commands import (
     CommitOffsets,
@@ -53,7 +54,6 @@ MEMBER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,255}\Z")
 MAX_GROUPS = 10_000
 MAX_MEMBERS = 1_000
 MAX_SUBSCRIPTIONS = 100
-MAX_OFFSET_METADATA_CHARS = 4096
 
 Outcome = tuple[MetadataState, Result]
 

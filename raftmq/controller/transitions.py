@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from raftmq.api.limits import RACK
 from raftmq.controller import codec, groups
 from raftmq.controller.commands import (
     AddPartitions,
@@ -59,7 +60,6 @@ MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_REPLICATION_FACTOR = 16
 MAX_PRODUCER_ID_BLOCK = 1 << 20
 HOST = re.compile(r"\A[A-Za-z0-9._:\[\]-]{1,253}\Z")  # a DNS name, IPv4 or [IPv6]
-RACK = re.compile(r"\A[A-Za-z0-9._-]{1,64}\Z")
 
 Outcome = tuple[MetadataState, Result]
 

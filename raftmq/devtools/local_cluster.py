@@ -23,9 +23,7 @@ from pathlib import Path
 
 from raftmq.broker import ready_file
 from raftmq.broker.ready_file import BoundAddresses
-from raftmq.client.admin import AdminClient
-from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import AdminClient, ClientError, LowLevelClient
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.metadata import BrokerSpec, TopicSpec

@@ -3,9 +3,10 @@ once and in order (docs/format.md, "Producers"; the producer side: raftmq.client
 
 A producer id comes with an epoch and numbers its records per partition from 0 (the
 entry header's ``base_sequence`` is its first record's). For each producer the partition
-keeps the epoch and its last :data:`KEPT_BATCHES` batches: a batch sent again (its
-answer was lost) is recognised by its sequence range and answered with the offsets it
-got the first time; a batch that does not follow the last one is refused as out of
+keeps the epoch and its last :data:`~raftmq.api.limits.KEPT_BATCHES` batches (a bound the
+producer keeps too, so it is defined at the api floor): a batch sent again (its answer
+was lost) is recognised by its sequence range and answered with the offsets it got the
+first time; a batch that does not follow the last one is refused as out of
 order; a batch of an older epoch is refused as fenced (a newer session of the same
 producer took over). Kafka keeps five batches because its producer keeps at most five in
 flight per partition; so do we.
@@ -23,7 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-KEPT_BATCHES = 5
+from raftmq.api.limits import KEPT_BATCHES
+
 MAX_PRODUCERS = 10_000
 """Per partition; past it the producer idle longest is forgotten (bounded memory). A
 forgotten producer's next batch is UNKNOWN_PRODUCER: it starts a new epoch at 0."""

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from raftmq.client.errors import ClientError, ErrorCode
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, ErrorCode, LowLevelClient
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.format.records import Record, decode_records

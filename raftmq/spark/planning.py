@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.errors import ClientError, ErrorCode, error_of
-from raftmq.client.lowlevel import LowLevelClient
+from raftmq.client import ClientError, ErrorCode, LowLevelClient
+from raftmq.client.errors import error_of
 from raftmq.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, SourceError
 
 TopicPartition = tuple[str, int]
