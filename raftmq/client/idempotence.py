@@ -13,9 +13,9 @@ The same happens before a partition's sequence would pass 2^31 - 1.
 from __future__ import annotations
 
 from raftmq.client.accumulator import Batch
+from raftmq.format import entry
 
-I32_MAX = (1 << 31) - 1
-RENEW_BEFORE_SEQUENCE = I32_MAX - (1 << 22)
+RENEW_BEFORE_SEQUENCE = entry.MAX_SEQUENCE - (1 << 22)
 """Past it a partition's next batch waits for a new session: a batch holds far fewer
 than 2^22 records (batch_size / record overhead), so no sequence passes 2^31 - 1."""
 

@@ -40,6 +40,9 @@ _LENGTH_BIAS = HEADER_SIZE - 4  # length counts the bytes after the length field
 
 NO_PRODUCER_ID = -1
 NO_SEQUENCE = -1
+MAX_SEQUENCE = (1 << 31) - 1
+"""The last record of a batch may carry at most this sequence: base_sequence is a signed
+32-bit header field, and producers and brokers must agree where it ends."""
 
 
 class EntryType(IntEnum):

@@ -25,7 +25,6 @@ from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, Inval
 
 MAX_ENTRIES_PER_PRODUCE = 10_000
 _DATA = int(EntryType.DATA)
-_I32_MAX = (1 << 31) - 1
 _I16_MAX = (1 << 15) - 1
 
 
@@ -117,10 +116,10 @@ def _check_entry(
                 f"{base_sequence}: send all three -1 (no producer), or producer_id >= 0, "
                 f"producer_epoch 0 to {_I16_MAX} and base_sequence >= 0"
             )
-        if base_sequence + record_count - 1 > _I32_MAX:
+        if base_sequence + record_count - 1 > entry.MAX_SEQUENCE:
             raise refuse(
                 f"base_sequence {base_sequence} + record_count {record_count} - 1 exceeds "
-                f"{_I32_MAX}; the sequence of the last record must fit 32 bits"
+                f"{entry.MAX_SEQUENCE}; the sequence of the last record must fit 32 bits"
             )
     # record_count and timestamps against the records themselves: only the length
     # prefixes are read, keys and values are skipped (check_records); a compressed payload
