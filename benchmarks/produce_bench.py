@@ -227,14 +227,14 @@ async def raftmq_produce_worker(
     ``stream`` the requests go over one ProduceStream per leader instead of unary calls."""
     import grpc
 
+    from raftmq import net
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
     from raftmq.client import ClientError
-    from raftmq.client.lowlevel import GRPC_OPTIONS
     from raftmq.client.produce_stream import ProduceStream
     from raftmq.format.records import Record, build_batch
 
-    channels = {addr: grpc.aio.insecure_channel(addr, options=GRPC_OPTIONS) for addr, _ in targets}
+    channels = {addr: net.aio_channel(addr) for addr, _ in targets}
     stubs = {addr: pb_grpc.BrokerStub(ch) for addr, ch in channels.items()}
     now_ms = int(time.time() * 1000)
     value = os.urandom(value_size)
@@ -309,15 +309,14 @@ async def raftmq_consume_worker(
 ) -> Json:
     """Read partitions (address, partition, end offset) from offset 0 with large Fetches;
     records are counted from entry headers (CRC checked), as a consumer would before use."""
-    import grpc
 
+    from raftmq import net
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-    from raftmq.client.lowlevel import GRPC_OPTIONS
     from raftmq.format import entry
 
     addrs = {a for a, _, _ in jobs}
-    channels = {a: grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in addrs}
+    channels = {a: net.aio_channel(a) for a in addrs}
     stubs = {a: pb_grpc.BrokerStub(ch) for a, ch in channels.items()}
     records = 0
     nbytes = 0
@@ -599,8 +598,8 @@ def raftmq_sequential(
     figure with a target) or acks=leader, or a ListOffsets ("rpc": the gRPC round trip with
     no log work). The three together split the latency into RPC, local write and
     replication, for whoever optimizes it."""
-    import grpc
 
+    from raftmq import net
     from raftmq.api.v1 import broker_pb2 as pb
     from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
     from raftmq.format.records import Record, build_batch
@@ -608,7 +607,7 @@ def raftmq_sequential(
     value = os.urandom(value_size)
     acks = pb.ACKS_LEADER if mode == "leader" else pb.ACKS_ALL
     lats: list[float] = []
-    with grpc.insecure_channel(address) as ch:
+    with net.channel(address) as ch:
         stub = pb_grpc.BrokerStub(ch)
         deadline = time.monotonic() + max_seconds
         for i in range(count + 20):

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chaos.history import Op
 from chaos.workload import Recorder
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 
@@ -31,7 +32,7 @@ are seconds long, so a quarter second resolves them well at a few calls per seco
 CALL_TIMEOUT_S = 0.5
 STATUS_WAIT_S = 10.0
 """How long the final status sweep waits for a broker that was just restarted to answer."""
-CHANNEL_OPTIONS = [
+RECONNECT_OPTIONS = [
     # Brokers are killed and restarted all run long: gRPC's default reconnect backoff
     # (growing to two minutes) would leave a channel failing fast long after its broker
     # is back, and the monitor would take a live broker for a dead one.
@@ -49,7 +50,7 @@ class Monitor:
         self.topic = topic
         self.recorder = recorder
         self._channels = {
-            i: grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for i, a in addresses.items()
+            i: net.channel(a, options=RECONNECT_OPTIONS) for i, a in addresses.items()
         }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-monitor", daemon=True)

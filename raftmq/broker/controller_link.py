@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from raftmq import net
 from raftmq.api.error_codes import code_of
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
@@ -76,7 +77,7 @@ class ControllerLink:
         """The Controller service's stub at ``address``, or with ``admin`` the Admin's."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = net.aio_channel(address)
         return apb_grpc.AdminStub(channel) if admin else cpb_grpc.ControllerStub(channel)
 
     def _next_voter(self) -> str:

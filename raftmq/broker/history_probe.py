@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.api.v1 import controller_pb2 as cpb
@@ -43,7 +44,7 @@ PROBE_TIMEOUT_S = 2.0
 async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]] | None:
     """The partitions of ``topics`` for which the broker at ``address`` knows a leader term
     or holds data; None when it does not answer."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with net.aio_channel(address) as channel:
         try:
             answer = await pb_grpc.BrokerStub(channel).Metadata(
                 pb.MetadataRequest(topics=topics), timeout=PROBE_TIMEOUT_S
@@ -83,7 +84,7 @@ async def _voter_has_past(address: str) -> bool | None:
     its log, or only a term above 0 (it saw an election, so a leader may have committed
     entries it has not received yet: it was cut off, or stopped, right after); None when
     it does not answer."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with net.aio_channel(address) as channel:
         try:
             answer = await cpb_grpc.ControllerStub(channel).DescribeVoter(
                 cpb.DescribeVoterRequest(), timeout=PROBE_TIMEOUT_S

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
@@ -44,7 +45,7 @@ class LiveState:
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = net.aio_channel(address)
         return pb_grpc.BrokerStub(channel)
 
     async def close(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from raftmq import net
 from raftmq.broker import ready_file
 from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
@@ -335,7 +336,7 @@ class Broker:
             add_admin_redirect(redirect, self._server)
             add_groups_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        client_port = self._server.add_insecure_port(f"{self.listen[0]}:{self.listen[1]}")
+        client_port = net.add_port(self._server, f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
         # What was bound, not what was asked for: the launcher waits on this (ready_file).
         me = self.bootstrap.brokers[self.id]

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
@@ -70,7 +71,7 @@ class AdminClient:
     def _stub(self, address: str, service: type) -> Any:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = net.channel(address)
         return service(channel)
 
     def _call(self, rpc: str, request: Any, service: type = apb_grpc.AdminStub) -> Any:

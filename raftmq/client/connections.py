@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
 from raftmq.client.errors import ClientError
-from raftmq.client.lowlevel import GRPC_OPTIONS
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -49,7 +49,7 @@ class Connections:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = net.aio_channel(address)
             self._channels[address] = channel
         return channel
 

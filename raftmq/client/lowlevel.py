@@ -13,16 +13,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.backoff import backoff_s
 from raftmq.client.cluster_view import Leader, merge_metadata
 from raftmq.client.errors import ClientError, error_of
 
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 72 << 20),
-    ("grpc.max_send_message_length", 72 << 20),
-]
 BROKER_SERVICE = "raftmq.v1.Broker"
 
 
@@ -56,7 +53,7 @@ class LowLevelClient:
     def _channel(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = net.channel(address)
             self._channels[address] = channel
         return channel
 

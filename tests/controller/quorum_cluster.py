@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from raftmq import net
 from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_service
@@ -51,7 +52,7 @@ class QuorumCluster:
                 add_admin_service(AdminService(quorum, self.addresses), server)
                 self.groups[node] = GroupsService(quorum, self.addresses)
                 add_groups_service(self.groups[node], server)
-                port = server.add_insecure_port("127.0.0.1:0")
+                port = net.add_port(server, "127.0.0.1:0")
                 await server.start()
                 self.servers[node] = server
                 self.addresses[node] = f"127.0.0.1:{port}"

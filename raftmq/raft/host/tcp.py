@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from raftmq import net
 from raftmq.raft.host import wire
 from raftmq.raft.host.transport import Handler, Outgoing
 from raftmq.tasks import stop_task
@@ -172,7 +173,7 @@ class TcpTransport:
     async def start(self) -> None:
         # reuse_port: a local cluster's launcher holds this port reserved for the broker's
         # lifetime (raftmq.devtools.ports); port 0 binds any, see :attr:`port`.
-        self._server = await asyncio.start_server(
+        self._server = await net.serve_tcp(
             self._accept, self.listen[0], self.listen[1], reuse_port=True
         )
         for p in self._peers.values():
@@ -216,7 +217,7 @@ class TcpTransport:
                 continue
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(p.address[0], p.address[1]), timeout=CONNECT_TIMEOUT_S
+                    net.connect_tcp(p.address[0], p.address[1]), timeout=CONNECT_TIMEOUT_S
                 )
             except (OSError, TimeoutError):
                 await asyncio.sleep(backoff_s * (0.5 + random.random()))

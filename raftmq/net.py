@@ -1,0 +1,91 @@
+"""Every network endpoint raftmq opens, made in one place: gRPC client channels (sync and
+asyncio), gRPC server ports, and the Raft transport's TCP listener and connections.
+
+Why one module: how a connection is protected is decided per endpoint kind, not per
+caller. Everything is plaintext today. TLS will add certificates to :class:`Security`,
+and these functions will then pick gRPC's secure channel and port and an ``ssl`` context
+for the Raft sockets from it; no caller opens a socket or channel another way
+(tests/test_net.py checks that no other module of raftmq does). The channel options every
+client uses live here too (:data:`CHANNEL_OPTIONS`), so that a limit is set once.
+
+It sits at the top of the package, beside ``raftmq.tasks``, so that every layer, from the
+Raft host to the client, may import it; so it imports only the standard library and grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+MAX_MESSAGE_BYTES = 72 << 20
+"""A client's gRPC message limit, both ways: above a broker's largest answer (a Fetch of up
+to 64 MiB of records, plus its framing), which gRPC's default of 4 MiB would refuse."""
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+"""The options every channel gets; a caller's own (``options=``) are added, and win."""
+
+ChannelOptions = Sequence[tuple[str, Any]]
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Security:
+    """How an endpoint is protected. Only plaintext exists yet, so it has no fields; TLS
+    adds its certificates here, and every function below already takes one."""
+
+
+PLAINTEXT = Security()
+
+
+def _options(extra: ChannelOptions) -> list[tuple[str, Any]]:
+    """:data:`CHANNEL_OPTIONS` with ``extra`` on top (a key in both takes ``extra``'s)."""
+    return list({**dict(CHANNEL_OPTIONS), **dict(extra)}.items())
+
+
+def channel(
+    address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
+) -> grpc.Channel:
+    """A synchronous gRPC channel to ``address`` (host:port)."""
+    return grpc.insecure_channel(address, options=_options(options))
+
+
+def aio_channel(
+    address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
+) -> grpc.aio.Channel:
+    """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
+    return grpc.aio.insecure_channel(address, options=_options(options))
+
+
+def add_port(
+    server: grpc.Server | grpc.aio.Server, host_port: str, *, security: Security = PLAINTEXT
+) -> int:
+    """Make ``server`` listen on ``host_port`` (port 0: one the kernel picks); returns the
+    port it bound."""
+    return int(server.add_insecure_port(host_port))
+
+
+async def serve_tcp(
+    handler: StreamHandler,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    security: Security = PLAINTEXT,
+) -> asyncio.Server:
+    """A listening TCP server on ``host``:``port`` that runs ``handler`` per connection
+    (the Raft transport's listener). ``reuse_port`` sets ``SO_REUSEPORT``, which a port
+    reserved by raftmq.devtools.ports needs."""
+    return await asyncio.start_server(handler, host, port, reuse_port=reuse_port)
+
+
+async def connect_tcp(
+    host: str, port: int, *, security: Security = PLAINTEXT
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection to ``host``:``port`` (the Raft transport's dial)."""
+    return await asyncio.open_connection(host, port)
