@@ -32,7 +32,7 @@ chaos: $(STAMP)
 	$(BIN)/pytest -q -m chaos
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/log_bench.py
+	$(BIN)/python -m benchmarks.log_bench --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -23,7 +23,7 @@ Phases, on a 3-broker local cluster (one topic, 3 partitions, 3 replicas, acks=a
 
 Both sides run in this one process, one after the other, on the same data sizes.
 
-Usage: ``python benchmarks/client_bench.py [--quick] [--json]``.
+Usage: ``python -m benchmarks.client_bench [--quick] [--json]``.
 """
 
 from __future__ import annotations
@@ -33,14 +33,9 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: python benchmarks/client_bench.py
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.harness import (  # noqa: E402
+from benchmarks.harness import (
     add_cleanup,
     add_run_options,
     disk_tempdir,
@@ -49,12 +44,12 @@ from benchmarks.harness import (  # noqa: E402
     latency_summary,
     print_json_last,
 )
-from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
-from raftmq.client import AsyncProducer, Consumer, Producer  # noqa: E402
-from raftmq.client.connections import Connections  # noqa: E402
-from raftmq.client.produce_stream import ProduceStream  # noqa: E402
-from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
-from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client import AsyncProducer, Consumer, Producer
+from raftmq.client.connections import Connections
+from raftmq.client.produce_stream import ProduceStream
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.format.records import Record, build_batch, iter_records
 
 TOPIC = "bench"
 PARTITIONS = 3

@@ -40,7 +40,7 @@ The heal reference is the same phase on the small topic with the same ``--heal-m
 the bytes to copy are the same, the moves ten times fewer, so the ratio says how much of
 healing is per-move cost (10: all of it) rather than copying (1).
 
-Usage: ``python benchmarks/controller_bench.py [--quick] [--json] [--partitions N]``;
+Usage: ``python -m benchmarks.controller_bench [--quick] [--json] [--partitions N]``;
 ``--quick`` (60 partitions, short windows, 8 MiB to heal) takes about a minute, most of
 it the heal phase (two fence timeouts, two heal delays, ~50 moves);
 ``--json`` prints every figure as one JSON object on the last line.
@@ -52,7 +52,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -61,11 +60,7 @@ from typing import Any
 
 import grpc
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.harness import (  # noqa: E402
+from benchmarks.harness import (
     add_cleanup,
     add_run_options,
     disk_tempdir,
@@ -75,11 +70,11 @@ from benchmarks.harness import (  # noqa: E402
     remove_cleanup,
     say,
 )
-from raftmq.api.v1 import admin_pb2 as apb  # noqa: E402
-from raftmq.api.v1 import broker_pb2 as pb  # noqa: E402
-from raftmq.client import AdminClient, LowLevelClient, Producer  # noqa: E402
-from raftmq.controller.healing import MOVES_PER_BROKER, MOVES_TOTAL  # noqa: E402
-from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
+from raftmq.api.v1 import admin_pb2 as apb
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client import AdminClient, LowLevelClient, Producer
+from raftmq.controller.healing import MOVES_PER_BROKER, MOVES_TOTAL
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
 PROBE = "probe"
 REPLICATION = 3

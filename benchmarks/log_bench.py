@@ -27,7 +27,7 @@ Phases:
 
 Targets: append and read >= 0.8x the reference; 1000 waiters served by a handful of fsyncs.
 
-Usage: ``python benchmarks/log_bench.py [--quick] [--json] [--dir DIR]``. ``--quick`` keeps
+Usage: ``python -m benchmarks.log_bench [--quick] [--json] [--dir DIR]``. ``--quick`` keeps
 the run under a minute; ``--json`` prints every figure and ratio as one JSON object on the
 last line; ``--dir`` picks where the files go (default: a temporary folder on a real disk,
 chosen by ``benchmarks.harness.disk_tempdir``: /tmp is often tmpfs, where fsync costs nothing
@@ -49,22 +49,18 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: python benchmarks/log_bench.py
-    sys.path.insert(0, str(REPO))
-
-import raftmq.log.log as log_module  # noqa: E402
-from benchmarks.harness import (  # noqa: E402
+import raftmq.log.log as log_module
+from benchmarks.harness import (
     add_run_options,
     disk_tempdir,
     filesystem_of,
     print_json_last,
 )
-from raftmq.broker.runtime import tune_malloc  # noqa: E402
-from raftmq.format import entry  # noqa: E402
-from raftmq.log.config import FlushPolicy, LogConfig  # noqa: E402
-from raftmq.log.errors import NotContiguousError  # noqa: E402
-from raftmq.log.log import Log  # noqa: E402
+from raftmq.broker.runtime import tune_malloc
+from raftmq.format import entry
+from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.errors import NotContiguousError
+from raftmq.log.log import Log
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -16,7 +16,7 @@ those, per broker, against the targets of issue 10:
 The brokers start with the open-file limit ``--nofile`` (default 1,024, a common default:
 soft and hard, so they cannot raise it) to show the cap at work; 0 keeps this shell's.
 
-Usage: ``python benchmarks/partitions_bench.py [--quick] [--json] [--partitions N]``;
+Usage: ``python -m benchmarks.partitions_bench [--quick] [--json] [--partitions N]``;
 ``--quick`` (300 partitions, short windows) finishes in under a minute; ``--json`` prints
 every figure as one JSON object on the last line.
 """
@@ -28,18 +28,13 @@ import os
 import re
 import resource
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.harness import (  # noqa: E402
+from benchmarks.harness import (
     add_cleanup,
     add_run_options,
     disk_tempdir,
@@ -49,12 +44,12 @@ from benchmarks.harness import (  # noqa: E402
     remove_cleanup,
     say,
 )
-from raftmq.client import LowLevelClient  # noqa: E402
-from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
-from raftmq.format.records import Record, build_batch  # noqa: E402
-from raftmq.log.handles import cap_for_limit  # noqa: E402
-from raftmq.log.preallocate import DEFAULT_BUDGET_BYTES  # noqa: E402
-from raftmq.log.segment import LOG_SUFFIX, parse_segment_name  # noqa: E402
+from raftmq.client import LowLevelClient
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.format.records import Record, build_batch
+from raftmq.log.handles import cap_for_limit
+from raftmq.log.preallocate import DEFAULT_BUDGET_BYTES
+from raftmq.log.segment import LOG_SUFFIX, parse_segment_name
 
 TOPIC = "many"
 KILLED = 3

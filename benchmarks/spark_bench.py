@@ -13,7 +13,7 @@ let Spark skip columns; this source does not, but the figure should not depend o
 The plain client runs in one process on one core; Spark has two task slots, so a ratio
 over 1 means Spark's two workers outpaced one client, not that Spark is free.
 
-Usage: ``python benchmarks/spark_bench.py [--quick] [--json] [--records N]``; needs the
+Usage: ``python -m benchmarks.spark_bench [--quick] [--json] [--records N]``; needs the
 ``spark`` extra (pyspark, pyarrow) and Java 17+.
 """
 
@@ -24,24 +24,19 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: python benchmarks/spark_bench.py
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.harness import (  # noqa: E402
+from benchmarks.harness import (
     add_cleanup,
     add_run_options,
     disk_tempdir,
     kill_on_exit,
     print_json_last,
 )
-from raftmq.client import LowLevelClient  # noqa: E402
-from raftmq.devtools.local_cluster import LocalCluster, local_spec  # noqa: E402
-from raftmq.format.records import Record, build_batch, iter_records  # noqa: E402
-from raftmq.spark.session import local_session  # noqa: E402
+from raftmq.client import LowLevelClient
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.format.records import Record, build_batch, iter_records
+from raftmq.spark.session import local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

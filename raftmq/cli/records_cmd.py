@@ -11,6 +11,9 @@ one, or Ctrl-C. With ``--group`` it consumes as a member of that consumer group:
 group assigns the partitions, reading starts at the group's committed offsets, and what
 was printed is committed after each batch is written (at-least-once: a crash between
 printing and committing prints those records again next time).
+
+Where reading starts is said on stderr as soon as it is known (a new group reading from
+the log end would otherwise wait in silence for records that may never come).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from raftmq.cli.cluster_cmd import (
     RunningClusterData,
     cluster_addresses,
 )
-from raftmq.client import ClientError, CommitFailedError, Consumer, ConsumerRecord, Producer
+from raftmq.client import (
+    ClientError,
+    CommitFailedError,
+    Consumer,
+    ConsumerRecord,
+    Producer,
+    TopicPartition,
+)
 from raftmq.client.fetcher import OffsetReset
 from raftmq.client.producer import Acks, RecordFuture
 
@@ -157,6 +167,34 @@ def _json_line(r: ConsumerRecord) -> str:
     )
 
 
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{t}/{p}" for t, p in sorted(partitions))
+
+
+def start_notes(
+    group: str, committed: dict[TopicPartition, int | None], reset: OffsetReset
+) -> list[str]:
+    """What ``consume --group`` says on stderr once the group assigned ``committed``'s
+    partitions: where each starts, and why."""
+    fresh = [tp for tp, offset in committed.items() if offset is None]
+    resumed = sorted((tp, offset) for tp, offset in committed.items() if offset is not None)
+    notes = []
+    if resumed:
+        at = ", ".join(f"{t}/{p} at offset {offset}" for (t, p), offset in resumed)
+        notes.append(f"group {group} resumes {at} (its committed offsets)")
+    if fresh and reset == "latest":
+        notes.append(
+            f"no committed offset for {_names(fresh)}: starting at the log end "
+            "(auto_offset_reset=latest); use --from-beginning to read from the start"
+        )
+    elif fresh:
+        notes.append(
+            f"no committed offset for {_names(fresh)}: starting at the log start "
+            "(auto_offset_reset=earliest)"
+        )
+    return notes
+
+
 def consume(
     topic: Annotated[str, typer.Argument(help="The topic to read.")],
     from_beginning: Annotated[
@@ -225,12 +263,29 @@ def consume(
             _err(f"error: topic {topic} has partitions 0-{len(partitions) - 1}, not {partition}")
             raise typer.Exit(1)
         if group is not None:
-            consumer.subscribe([topic])
+
+            def say_where(assigned: set[TopicPartition]) -> None:
+                """on_assign: the group's committed offsets say where reading starts."""
+                try:
+                    committed = consumer.committed(assigned)
+                except ClientError as exc:  # only the note is lost: reading goes on
+                    _err(f"warning: could not read group {group}'s committed offsets: {exc}")
+                    return
+                for note in start_notes(group, committed, reset):
+                    _err(note)
+
+            consumer.subscribe([topic], on_assign=say_where)
         else:
             chosen = [(topic, p) for p in partitions if partition is None or p == partition]
             consumer.assign(chosen)
             if offset is not None:
                 consumer.seek(chosen[0], offset)
+            elif not from_beginning:
+                where = topic if partition is None else _names(chosen)
+                _err(
+                    f"reading {where} from the log end: new records only; "
+                    "use --from-beginning to read from the start"
+                )
         last_record = time.monotonic()
         joined = group is None
         try:
@@ -267,4 +322,4 @@ def consume(
     _err(f"{count:,} records read from {topic}")
 
 
-__all__ = ["consume", "produce"]
+__all__ = ["consume", "produce", "start_notes"]

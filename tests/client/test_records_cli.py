@@ -4,6 +4,7 @@ in, lines (or JSON) out, keys by separator, and errors as sentences."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,7 @@ def test_consume_with_a_group_resumes_where_the_last_run_stopped(cluster: LocalC
         cluster, "consume", "clig", "--group", "readers", "--from-beginning", "--max-messages", "6"
     )
     assert first.returncode == 0, first.stderr
+    assert b"starting at the log start (auto_offset_reset=earliest)" in first.stderr
     rest = raftmq(
         cluster,
         "consume",
@@ -93,7 +95,26 @@ def test_consume_with_a_group_resumes_where_the_last_run_stopped(cluster: LocalC
         "8000",
     )
     assert rest.returncode == 0, rest.stderr
+    assert b"group readers resumes clig/" in rest.stderr, rest.stderr
     printed = first.stdout.decode().splitlines() + rest.stdout.decode().splitlines()
     assert sorted(printed) == sorted(lines)  # what was printed was committed: none twice
     mixed = raftmq(cluster, "consume", "clig", "--group", "readers", "--partition", "0")
     assert mixed.returncode == 2 and b"leave out --partition" in mixed.stderr
+
+
+def test_consume_says_where_it_starts_when_nothing_is_committed(cluster: LocalCluster) -> None:
+    """A new group starts at the log end: without a word it would seem to hang."""
+    new = raftmq(cluster, "consume", "clig", "--group", "newcomers", "--idle-timeout-ms", "1000")
+    assert new.returncode == 0 and new.stdout == b"", new.stderr
+    said = new.stderr.decode()
+    for p in (0, 1):
+        assert re.search(
+            rf"no committed offset for [^:]*clig/{p}\b[^:]*: starting at the log end "
+            r"\(auto_offset_reset=latest\); use --from-beginning to read from the start",
+            said,
+        ), said
+    plain = raftmq(cluster, "consume", "clig", "--idle-timeout-ms", "500")
+    assert plain.returncode == 0, plain.stderr
+    assert b"reading clig from the log end: new records only; use --from-beginning" in (
+        plain.stderr
+    )

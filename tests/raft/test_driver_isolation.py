@@ -269,8 +269,15 @@ async def test_a_follower_never_acknowledges_entries_its_fsync_did_not_make_dura
         await wait_for(lambda: leader_of(hosts, "a") is not None, what="a leader")
         leader = leader_of(hosts, "a")
         assert leader is not None
-        await leader.propose("a", batch(0)).done
+        first = await leader.propose("a", batch(0)).done
         liar = next(h for h in hosts.values() if h is not leader)
+        # Batch 0 committed on the other follower's ack; the liar may still be fsyncing it
+        # in its pool. That fsync is real and lets it acknowledge batch 0 honestly after
+        # the swap below, so read what it holds only once nothing is in flight.
+        await wait_for(
+            lambda: liar.groups["a"].log.durable_index >= first,
+            what="the follower's fsync of the first entry",
+        )
         held = liar.groups["a"].log.durable_index
         liar.groups["a"].log.flush = lambda: None  # type: ignore[method-assign]
         index = await asyncio.wait_for(leader.propose("a", batch(1)).done, 5.0)
