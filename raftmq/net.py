@@ -1,12 +1,13 @@
-"""Every network endpoint raftmq opens, made in one place: gRPC client channels (sync and
-asyncio), gRPC server ports, and the Raft transport's TCP listener and connections.
+"""Every network endpoint raftmq opens, made in one place: gRPC servers, their ports and
+client channels (sync and asyncio), and the Raft transport's TCP listener and connections.
 
 Why one module: how a connection is protected is decided per endpoint kind, not per
-caller. Everything is plaintext today. TLS will add certificates to :class:`Security`,
-and these functions will then pick gRPC's secure channel and port and an ``ssl`` context
-for the Raft sockets from it; no caller opens a socket or channel another way
-(tests/test_net.py checks that no other module of raftmq does). The channel options every
-client uses live here too (:data:`CHANNEL_OPTIONS`), so that a limit is set once.
+caller, and what every request passes through is decided per server, not per service.
+Everything is plaintext today. TLS will add certificates to :class:`Security`, and these
+functions will then pick gRPC's secure channel and port and an ``ssl`` context for the
+Raft sockets from it; no caller opens a socket or channel another way (tests/test_net.py
+checks that no other module of raftmq does). The channel options every client uses live
+here too (:data:`CHANNEL_OPTIONS`), so that a limit is set once.
 
 It sits at the top of the package, beside ``raftmq.tasks``, so that every layer, from the
 Raft host to the client, may import it; so it imports only the standard library and grpc.
@@ -60,6 +61,18 @@ def aio_channel(
 ) -> grpc.aio.Channel:
     """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
     return grpc.aio.insecure_channel(address, options=_options(options))
+
+
+def aio_server(*, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Server:
+    """An asyncio gRPC server whose messages may be up to ``max_message_bytes`` both ways.
+    Every server raftmq runs is made here, so what every request must pass through (the
+    interceptor that will authenticate, authorize, throttle and count) is added once."""
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
 
 
 def add_port(

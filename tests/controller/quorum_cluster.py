@@ -47,7 +47,7 @@ class QuorumCluster:
             quorum.start()
             self.transports[node], self.hosts[node], self.quorums[node] = transport, host, quorum
             if self.grpc_servers:
-                server = grpc.aio.server()
+                server = net.aio_server()
                 add_controller_service(ControllerService(quorum, self.addresses), server)
                 add_admin_service(AdminService(quorum, self.addresses), server)
                 self.groups[node] = GroupsService(quorum, self.addresses)
