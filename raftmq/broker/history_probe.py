@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import grpc
 
@@ -32,7 +32,6 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
-from raftmq.controller.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +58,14 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    specs: Iterable[ClusterMetadata], me: int, hosted: set[tuple[str, int]]
+    addresses: Mapping[int, str], me: int, hosted: set[tuple[str, int]]
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
-    the ids of the peers that answered. The peers are the nodes ``specs`` name: the
-    bootstrap file and the metadata (a broker's file may name only the controller voters,
-    which host no partition in the dedicated layout)."""
+    the ids of the peers that answered. The peers are the nodes of ``addresses`` (client
+    addresses by id): those of the bootstrap file and of the metadata (a broker's file may
+    name only the controller voters, which host no partition in the dedicated layout)."""
     topics = sorted({topic for topic, _ in hosted})
-    addresses = {b.id: b.address for spec in specs for b in spec.brokers.values() if b.id != me}
-    peers = sorted(addresses.items())
+    peers = sorted((b, a) for b, a in addresses.items() if b != me)
     answers = await asyncio.gather(*(_peer_history(a, topics) for _, a in peers))
     seen: set[tuple[str, int]] = set()
     answered = []

@@ -27,8 +27,7 @@ from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller import cluster_file
-from raftmq.controller.cluster_file import ClusterSpec
-from raftmq.controller.metadata import BrokerSpec, TopicSpec
+from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
 from raftmq.devtools.ports import PortReservations
 
