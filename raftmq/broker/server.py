@@ -1,5 +1,10 @@
 """A broker process: the Raft driver for every partition replica it hosts, the TCP listener
-for Raft traffic, and the gRPC server for clients.
+for Raft traffic, and the gRPC server for clients. This module wires the parts and runs
+their lifecycle; each part lives in its own module: the request layer (routing.py) behind
+the gRPC services (service.py and the others, over rpc.py), metadata reconciliation
+(reconciler.py), retention (retention.py), leadership (leadership.py), registration and
+heartbeats (registration.py), the leader reports and replica-set moves (leader_reports.py,
+membership_driver.py).
 
 Shutdown is graceful on SIGTERM/SIGINT: leadership moves to another live replica first,
 then clients are refused, then the logs are flushed and closed. A SIGKILL needs nothing:
@@ -18,7 +23,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 
 import grpc
@@ -28,10 +32,10 @@ from raftmq.broker import ready_file
 from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
-from raftmq.broker.controller_link import ControllerLink, LinkRefusal
+from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
-from raftmq.broker.history_probe import metadata_with_history
+from raftmq.broker.history_probe import mark_wiped_voter
 from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.leadership import Leadership
 from raftmq.broker.membership_driver import MembershipDriver
@@ -39,6 +43,7 @@ from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.open_files import open_files_note
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.reconciler import Reconciler
+from raftmq.broker.registration import Registration, next_incarnation
 from raftmq.broker.retention import Retention
 from raftmq.broker.routing import MAX_FETCH_BYTES, Router
 from raftmq.broker.runtime import tune_gc, tune_malloc
@@ -47,12 +52,10 @@ from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.model import MetadataState
 from raftmq.controller.mover import Mover
-from raftmq.controller.quorum import GROUP, ControllerQuorum
-from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.controller.quorum import ControllerQuorum
 from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.partition.replica import PartitionReplica
-from raftmq.raft.host.group_storage import record_promised
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.tasks import stop_task
@@ -66,12 +69,9 @@ HEALTH_SERVICES = ("", "raftmq.v1.Broker")
 
 GRPC_MESSAGE_LIMIT = MAX_FETCH_BYTES + (1 << 20)
 
-HEARTBEAT_SECONDS = 1.0
-"""How often a broker heartbeats to the controller (fenced after its session timeout)."""
 BROKER = "broker"
 CONTROLLER = "controller"
 ROLES = frozenset({BROKER, CONTROLLER})
-INCARNATION_FILE = "incarnation"
 
 
 class Broker:
@@ -112,7 +112,8 @@ class Broker:
         ``listen`` binds the client service elsewhere than the address the bootstrap file
         advertises (clients of a chaos test reach it through a proxy).
         ``log_config`` holds the broker-wide defaults; a topic's config overrides them.
-        ``leader_rebalance_seconds`` paces :meth:`_restore_preferred_leaders` (0: never).
+        ``leader_rebalance_seconds`` paces :meth:`Leadership.restore_preferred_leaders`
+        (0: never).
         ``durability_markers`` is for tests only: see :func:`durability_marker_writer`.
         ``inject_host_fault_after_s`` is for tests only: the Raft host fails that long after
         start, as if its own loop broke (see :meth:`RaftHost.inject_host_fault`).
@@ -143,7 +144,6 @@ class Broker:
             )
         self.id = broker_id
         self.roles = roles
-        self.rack = rack
         self.bootstrap = bootstrap
         self.metadata_version = 0
         self.data_dir = data_dir / f"broker-{broker_id}"
@@ -154,10 +154,9 @@ class Broker:
             probe_for_a_past = False
             log.info("broker %d: new (--new): its peers are not asked for a past", broker_id)
         self._probe_metadata_past = probe_for_a_past and is_voter and len(voters) > 1
-        """Likewise for the metadata group, before it opens (:meth:`_mark_wiped_voter`)."""
+        """Likewise for the metadata group, before it opens (:func:`mark_wiped_voter`)."""
         self.metadata_cache = MetadataCache(self.data_dir, bootstrap.name)
         me = bootstrap.brokers[broker_id]
-        self.advertised = (me.host, me.port)
         self.raft_peers = dict(raft_peers or {})
         peers = {
             b.id: self.raft_peers.get(b.id, (b.host, b.raft_port))
@@ -223,7 +222,7 @@ class Broker:
             probe_for_a_past=probe_for_a_past,
             durability_markers=durability_markers,
             stopping=lambda: self.stopping,
-            epoch=lambda: self.epoch,
+            epoch=lambda: self.registration.epoch,
             campaign=self.leadership.campaign_where_preferred,
             track=self._track,
         )
@@ -242,9 +241,14 @@ class Broker:
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.health = health.aio.HealthServicer()
-        self.incarnation = 0
-        self.epoch = 0
-        self.fenced = False
+        self.registration = Registration(
+            broker_id,
+            self.link,
+            (me.host, me.port),
+            rack,
+            lambda: self.stopping,
+            lambda: self.metadata_version,
+        )
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -278,10 +282,10 @@ class Broker:
         self.reconciler.open_files_note, self.reconciler.said_too_few_files = note, too_low
         log.log(logging.WARNING if too_low else logging.INFO, "broker %d: %s", self.id, note)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.incarnation = self._next_incarnation()
+        self.registration.incarnation = next_incarnation(self.data_dir)
         if CONTROLLER in self.roles:
             if self._probe_metadata_past:
-                await self._mark_wiped_voter()
+                await mark_wiped_voter(self.voter_addresses, self.id, self.data_dir)
             self.quorum = await ControllerQuorum.open(
                 self.host,
                 self.data_dir,
@@ -355,17 +359,6 @@ class Broker:
             self.bound.raft,
         )
 
-    def _next_incarnation(self) -> int:
-        """A boot counter kept in the data folder: higher with every start of this process
-        (the controller tells a restarted broker from a late message of its former self)."""
-        path = self.data_dir / INCARNATION_FILE
-        raw = read_atomic(path)
-        # Start time in ms unless the counter is ahead: a wiped data folder (its counter
-        # lost) must still register above the incarnation the controller holds.
-        incarnation = max((int(raw) if raw else 0) + 1, time.time_ns() // 1_000_000)
-        write_atomic(path, str(incarnation).encode())
-        return incarnation
-
     async def _not_serving_once_the_host_fails(self) -> None:
         await self.host.wait_failed()
         await self.health.enter_graceful_shutdown()  # NOT_SERVING, and it stays so
@@ -389,14 +382,15 @@ class Broker:
             except Exception:  # the controller's copy will do: wait for it
                 log.exception("broker %d: applying its cached metadata failed", self.id)
         self.metadata_cache.start()
-        await self._register()
+        registration = self.registration
+        await registration.register((self.bootstrap.brokers[self.id].host, self.transport.port))
         log.info(
             "broker %d registered with the controller (incarnation %d, epoch %d)",
             self.id,
-            self.incarnation,
-            self.epoch,
+            registration.incarnation,
+            registration.epoch,
         )
-        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        self._heartbeat_task = asyncio.get_running_loop().create_task(registration.heartbeat_loop())
         if self.quorum is not None:
             updates = self.quorum.watch(self.metadata_version)
         else:
@@ -419,72 +413,10 @@ class Broker:
             self.reconciler.metadata = state
             self.metadata_version = version
 
-    async def _register(self) -> None:
-        """Register this incarnation, retried until the controller takes it."""
-        raft_address = (self.bootstrap.brokers[self.id].host, self.transport.port)
-        while not self.stopping:
-            try:
-                self.epoch = await self.link.register(
-                    self.id, self.advertised, raft_address, self.rack, self.incarnation
-                )
-                return
-            except LinkRefusal as exc:
-                log.error("broker %d: the controller refused its registration: %s", self.id, exc)
-                await asyncio.sleep(5 * HEARTBEAT_SECONDS)
-
-    async def _heartbeat_loop(self) -> None:
-        while not self.stopping:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            try:
-                fenced = await self.link.heartbeat(self.id, self.incarnation, self.metadata_version)
-            except LinkRefusal as exc:
-                log.warning("broker %d: heartbeat refused (%s); registering again", self.id, exc)
-                await self._register()
-                continue
-            if fenced != self.fenced:
-                log.info("broker %d is %s", self.id, "fenced" if fenced else "unfenced")
-                self.fenced = fenced
-
     def _track(self, task: asyncio.Task[None]) -> None:
         """Keep a short-lived task until it ends (stop cancels what still runs)."""
         self._prefer_tasks.add(task)
         task.add_done_callback(self._prefer_tasks.discard)
-
-    async def _mark_wiped_voter(self) -> None:
-        """No data folder on a controller voter: if the quorum has a past, this voter's
-        metadata group rejoins (no vote until it holds the leader's log), as a replaced
-        partition replica does (:func:`metadata_with_history`)."""
-        past, answered = await metadata_with_history(self.voter_addresses, self.id)
-        if not answered:
-            # Nobody could say, so assume the past (as for partitions): a voter that passed
-            # for new would vote at once, and with one voter that missed committed metadata
-            # it could elect that one and vote acknowledged metadata (offset commits, topics)
-            # away. A new cluster's voters start with --new (raftmq dev does), so they never
-            # wait here for each other.
-            log.warning(
-                "broker %d: no data folder, no --new, and no other voter answering whether the "
-                "metadata has a past: its metadata group rejoins (no vote until it holds the "
-                "leader's log); if this is a new cluster, restart every voter with --new",
-                self.id,
-            )
-            record_promised(self.data_dir / GROUP)
-            return
-        if not past:
-            log.info(
-                "broker %d: no data folder, and no other voter (answered: %s) holds metadata: "
-                "a new controller voter",
-                self.id,
-                ", ".join(map(str, answered)) or "none",
-            )
-            return
-        log.warning(
-            "broker %d: no data folder, but voters %s hold metadata (a replaced or wiped "
-            "disk): its metadata group rejoins, and votes again only once it holds the "
-            "leader's log",
-            self.id,
-            ", ".join(map(str, answered)),
-        )
-        record_promised(self.data_dir / GROUP)
 
     async def stop(self, *, graceful: bool = True, transfer_wait: float = 3.0) -> None:
         await self.health.enter_graceful_shutdown()
