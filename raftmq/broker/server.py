@@ -274,7 +274,7 @@ class Broker:
     async def start(self) -> None:
         """Open the controller's metadata group (a voter), serve clients, then, in the
         background, register with the controller and follow its metadata: the partition
-        replicas open as the metadata names them (:meth:`_reconcile`)."""
+        replicas open as the metadata names them (:meth:`Reconciler.reconcile`)."""
         # Before any log opens: the cap decides how many segment files stay open.
         # Replicas open later, as the metadata names them (checked again then).
         known = self.reconciler.topic_ids.count_on_disk()

@@ -1,11 +1,13 @@
-"""The client-facing gRPC service (raftmq.v1.Broker): validates every field, maps partition
-errors to gRPC statuses with a sentence and machine-readable trailing metadata (the table
-is in raftmq.broker.refusals), registered through :func:`raftmq.broker.rpc.add_service`."""
+"""The client-facing gRPC service (raftmq.v1.Broker): each RPC turns its request message into
+a call of the protocol-neutral request layer (raftmq.broker.routing, which validates every
+field and finds the replica) and its result back into a message. A Refusal becomes a gRPC
+status with a sentence and machine-readable trailing metadata (the table is in
+raftmq.broker.refusals; the plumbing, raftmq.broker.rpc). Only ProduceStream's flow control
+is this module's own: it belongs to the gRPC stream."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -16,8 +18,6 @@ from raftmq.broker.refusals import Refusal
 from raftmq.broker.routing import OPENING, ReplicaInfo, Router
 from raftmq.broker.rpc import add_service, internal_error
 
-log = logging.getLogger(__name__)
-
 MAX_STREAM_INFLIGHT = 1024
 """Requests of one ProduceStream worked on at once; past it the stream is not read."""
 MAX_STREAM_ANSWERS = 256
@@ -27,9 +27,6 @@ MAX_STREAM_ANSWERS = 256
 def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     """Register ``service`` as raftmq.v1.Broker on ``server``."""
     add_service(service, server, pb, "Broker")
-
-
-SERVICE = "raftmq.v1.Broker"
 
 
 _REPLICA_STATE = {
