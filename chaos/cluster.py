@@ -23,8 +23,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from chaos.toxiproxy.launcher import RunningToxiproxy, start_toxiproxy
-from raftmq.controller.cluster_file import ClusterSpec
-from raftmq.controller.metadata import BrokerSpec, TopicSpec
+from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.devtools.ports import PortReservations

@@ -55,9 +55,18 @@ def openers_in(source: str, where: str) -> list[str]:
             if isinstance(func, ast.Name)
             else None
         )
-        if name in OPENERS:
+        if name in OPENERS or (name == "server" and _is_grpc(func)):
             found.append(f"{where}:{node.lineno} {name}")
     return found
+
+
+def _is_grpc(func: ast.expr) -> bool:
+    """``grpc.server`` or ``grpc.aio.server`` (a gRPC server is made only by the factory,
+    so its interceptors are the same everywhere)."""
+    owner = func.value if isinstance(func, ast.Attribute) else None
+    while isinstance(owner, ast.Attribute):
+        owner = owner.value
+    return isinstance(owner, ast.Name) and owner.id == "grpc"
 
 
 def openers_outside_the_factory() -> list[str]:
@@ -82,6 +91,7 @@ def test_the_scan_catches_an_injected_opener():
         "server.add_insecure_port('127.0.0.1:0')",
         "asyncio.open_connection('127.0.0.1', 1)",
         "from asyncio import start_server\nstart_server(handler, '127.0.0.1', 0)",
+        "grpc.aio.server(options=[])",
     ]
     for call in injected:
         found = openers_in(f"{source}\n{call}\n", "lowlevel.py")
@@ -95,12 +105,7 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 
 
 def _echo_and_health_server(message_limit_bytes: int) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", message_limit_bytes),
-            ("grpc.max_send_message_length", message_limit_bytes),
-        ]
-    )
+    server = net.aio_server(max_message_bytes=message_limit_bytes)
     echo = grpc.unary_unary_rpc_method_handler(_echo)  # no (de)serializer: raw bytes
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("test.Echo", {"Echo": echo}),)

@@ -14,8 +14,8 @@ import grpc
 
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.errors import Refusal
-from raftmq.broker.service import add_service
+from raftmq.broker.refusals import Refusal
+from raftmq.broker.rpc import add_service
 
 
 class AdminRedirect:

@@ -20,9 +20,9 @@ import grpc
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_service import ControllerFace
-from raftmq.broker.errors import Refusal, name_list, shorten
 from raftmq.broker.live_state import LiveState
-from raftmq.broker.service import add_service
+from raftmq.broker.refusals import Refusal, name_list, shorten
+from raftmq.broker.rpc import add_service
 from raftmq.controller import healing
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_link import LinkRefusal
-from raftmq.broker.errors import Refusal, shorten
+from raftmq.broker.refusals import Refusal, shorten
 from raftmq.controller.model import BrokerState, MetadataState
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import controller_pb2 as cpb
-from raftmq.broker.errors import Refusal, controller_refusal, shorten
-from raftmq.broker.service import add_service
+from raftmq.broker.refusals import Refusal, controller_refusal, shorten
+from raftmq.broker.rpc import add_service
 from raftmq.controller.quorum import ControllerError, ControllerQuorum
 from raftmq.controller.state_machine import encode_snapshot
 

@@ -19,8 +19,8 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.broker.admin_redirect import AdminRedirect
 from raftmq.broker.controller_service import ControllerFace
-from raftmq.broker.errors import Refusal, shorten
-from raftmq.broker.service import add_service
+from raftmq.broker.refusals import Refusal, shorten
+from raftmq.broker.rpc import add_service
 from raftmq.controller import commands as c
 from raftmq.controller.assignors import DEFAULT_ASSIGNOR
 from raftmq.controller.coordinator import (

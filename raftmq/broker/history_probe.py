@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 
 import grpc
 
@@ -33,7 +34,8 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
-from raftmq.controller.metadata import ClusterMetadata
+from raftmq.controller.quorum import GROUP
+from raftmq.raft.host.group_storage import record_promised
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +62,14 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    specs: Iterable[ClusterMetadata], me: int, hosted: set[tuple[str, int]]
+    addresses: Mapping[int, str], me: int, hosted: set[tuple[str, int]]
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
-    the ids of the peers that answered. The peers are the nodes ``specs`` name: the
-    bootstrap file and the metadata (a broker's file may name only the controller voters,
-    which host no partition in the dedicated layout)."""
+    the ids of the peers that answered. The peers are the nodes of ``addresses`` (client
+    addresses by id): those of the bootstrap file and of the metadata (a broker's file may
+    name only the controller voters, which host no partition in the dedicated layout)."""
     topics = sorted({topic for topic, _ in hosted})
-    addresses = {b.id: b.address for spec in specs for b in spec.brokers.values() if b.id != me}
-    peers = sorted(addresses.items())
+    peers = sorted((b, a) for b, a in addresses.items() if b != me)
     answers = await asyncio.gather(*(_peer_history(a, topics) for _, a in peers))
     seen: set[tuple[str, int]] = set()
     answered = []
@@ -108,3 +109,40 @@ async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[boo
     pasts = await asyncio.gather(*(_voter_has_past(a) for _, a in peers))
     answered = [v for (v, _), past in zip(peers, pasts, strict=True) if past is not None]
     return any(pasts), answered
+
+
+async def mark_wiped_voter(voters: Mapping[int, str], me: int, data_dir: Path) -> None:
+    """No data folder on controller voter ``me``: if the quorum has a past, this voter's
+    metadata group rejoins (no vote until it holds the leader's log), as a replaced
+    partition replica does (:func:`metadata_with_history`)."""
+    past, answered = await metadata_with_history(voters, me)
+    if not answered:
+        # Nobody could say, so assume the past (as for partitions): a voter that passed
+        # for new would vote at once, and with one voter that missed committed metadata
+        # it could elect that one and vote acknowledged metadata (offset commits, topics)
+        # away. A new cluster's voters start with --new (raftmq dev does), so they never
+        # wait here for each other.
+        log.warning(
+            "broker %d: no data folder, no --new, and no other voter answering whether the "
+            "metadata has a past: its metadata group rejoins (no vote until it holds the "
+            "leader's log); if this is a new cluster, restart every voter with --new",
+            me,
+        )
+        record_promised(data_dir / GROUP)
+        return
+    if not past:
+        log.info(
+            "broker %d: no data folder, and no other voter (answered: %s) holds metadata: "
+            "a new controller voter",
+            me,
+            ", ".join(map(str, answered)) or "none",
+        )
+        return
+    log.warning(
+        "broker %d: no data folder, but voters %s hold metadata (a replaced or wiped "
+        "disk): its metadata group rejoins, and votes again only once it holds the "
+        "leader's log",
+        me,
+        ", ".join(map(str, answered)),
+    )
+    record_promised(data_dir / GROUP)

@@ -214,7 +214,8 @@ def broker(
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
     from raftmq.broker.auto_create import AutoCreate
-    from raftmq.broker.server import Broker, run
+    from raftmq.broker.process import run
+    from raftmq.broker.server import Broker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

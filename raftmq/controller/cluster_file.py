@@ -21,12 +21,40 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftmq.controller.metadata import TOPIC_NAME, BrokerSpec, TopicSpec
+from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.placement import round_robin
 
 
 class ClusterFileError(ValueError):
     """The file is unreadable or inconsistent; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSpec:
+    """A ``[[brokers]]`` entry: a node and where it listens. Only for finding the controller
+    and for launchers: a running broker reads its peers from the metadata (model.Broker)."""
+
+    id: int
+    host: str
+    port: int
+    raft_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A topic a launcher creates through the admin API once its cluster is up (in memory
+    only: a file listing topics is refused)."""
+
+    name: str
+    replicas: tuple[tuple[int, ...], ...]  # per partition
+
+    @property
+    def partitions(self) -> int:
+        return len(self.replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +68,6 @@ class ClusterSpec:
     @property
     def voters(self) -> tuple[int, ...]:
         return self.controller_voters or tuple(sorted(self.brokers))
-
-    def replicas(self, topic: str, partition: int) -> tuple[int, ...]:
-        return self.topics[topic].replicas[partition]
-
-    def preferred_leader(self, topic: str, partition: int) -> int:
-        return self.topics[topic].replicas[partition][0]
 
 
 def load(path: str | Path) -> ClusterSpec:

@@ -3,7 +3,7 @@ immutable :class:`MetadataState` that the state machine replaces on every applie
 
 Why immutable, copied on write: a command is checked against one state and produces the
 next one whole, so a refusal leaves nothing half-applied, and a reader (a watch stream,
-the ``ClusterMetadata`` view) can hold on to a state as a consistent picture of one
+a broker's copy) can hold on to a state as a consistent picture of one
 version while later entries apply. The maps are plain dicts by type only; nothing
 mutates one after the state holding it is built.
 """

@@ -19,7 +19,6 @@ from raftmq.controller.commands import (
     encode,
 )
 from raftmq.controller.metadata import TOPIC_NAME
-from raftmq.controller.metadata_view import ControllerMetadata
 from raftmq.controller.model import MetadataState
 from raftmq.controller.transitions import apply_command
 
@@ -44,10 +43,6 @@ class MetadataStateMachine:
     @property
     def version(self) -> int:
         return self._state.version
-
-    def metadata(self) -> ControllerMetadata:
-        """The current state behind the brokers' read interface, ``ClusterMetadata``."""
-        return ControllerMetadata(self._state)
 
     def apply(self, index: int, command: bytes) -> bytes:
         """Applies the entry at ``index``; returns the encoded result for the proposer.

@@ -25,8 +25,7 @@ from raftmq.broker import ready_file
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.client import AdminClient, ClientError, LowLevelClient
 from raftmq.controller import cluster_file
-from raftmq.controller.cluster_file import ClusterSpec
-from raftmq.controller.metadata import BrokerSpec, TopicSpec
+from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
 from raftmq.devtools.ports import PortReservations
 

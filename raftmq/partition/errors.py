@@ -3,7 +3,7 @@
 Each carries a sentence for a person. ``code`` is the name of an ``ErrorCode`` of
 broker.proto without its ``ERROR_CODE_`` prefix, as a string: this floor is below the API
 and cannot import the generated enum, so the broker turns the name into the code
-(``raftmq.broker.errors.Refusal.of``), and tests/broker/test_error_contract.py fails on a
+(``raftmq.broker.refusals.Refusal.of``), and tests/broker/test_error_contract.py fails on a
 name that is not an ErrorCode."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from raftmq.api.error_codes import PREFIX, RULES, ErrorCode, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
-from raftmq.broker.errors import Refusal
+from raftmq.broker.refusals import Refusal
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
@@ -184,14 +184,14 @@ async def test_a_bug_is_internal_with_one_logged_traceback(
 ) -> None:
     """No client input reaches this (so no broker-level test can): a handler that raises
     something unexpected answers INTERNAL with the INTERNAL code, and logs it once."""
-    from raftmq.broker.service import _unary
+    from raftmq.broker.rpc import unary
 
     async def buggy(request: object, context: object) -> pb.MetadataResponse:
         raise KeyError("oops")
 
     context = _Context()
     with caplog.at_level(logging.INFO), pytest.raises(grpc.aio.AbortError):
-        await _unary("Metadata", buggy)(pb.MetadataRequest(), context)  # type: ignore[arg-type]
+        await unary("Metadata", buggy)(pb.MetadataRequest(), context)  # type: ignore[arg-type]
     assert context.aborted is not None
     status, details, trailers = context.aborted
     assert status == grpc.StatusCode.INTERNAL
@@ -520,6 +520,7 @@ def test_a_corrupt_stored_entry_is_data_loss_and_the_broker_serves_on(tmp_path: 
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
+
             # The refusal names the leader when the victim knows it: wait until it does (the
             # cluster's leaders can be known before the victim heard from its own).
             def victim_knows_leader() -> bool:

@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from raftmq.broker.leader_reports import LeaderReports
+from raftmq.broker.leadership import hand_back, hand_back_due
 from raftmq.broker.membership_driver import MembershipDriver
-from raftmq.broker.replica_passes import compact_each, hand_back, hand_back_due
+from raftmq.broker.retention import compact_each
 from raftmq.broker.unopened import OPEN_RETRY_FIRST_S, OPEN_RETRY_MAX_S, OpenState, UnopenedReplicas
 from raftmq.controller.leadership import HandBack
 from raftmq.controller.model import MetadataState, Partition, Topic

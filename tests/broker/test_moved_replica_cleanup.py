@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raftmq.broker.server import LISTED_SUFFIX, Broker
+from raftmq.broker.reconciler import LISTED_SUFFIX
+from raftmq.broker.server import Broker
 from raftmq.broker.topic_ids import TOPIC_ID_SUFFIX
 from raftmq.controller.model import MetadataState, Partition, Topic
 from raftmq.devtools.local_cluster import local_spec
@@ -29,9 +30,9 @@ async def test_only_a_copy_newer_than_the_listing_one_deletes_a_moved_replica(
     write_atomic(broker.data_dir / f"t-0{LISTED_SUFFIX}", b"20")
     write_atomic(broker.data_dir / f"t-0{TOPIC_ID_SUFFIX}", str(TOPIC_ID).encode())
     # version 15: from before broker 4 was added (at 20); it must not delete the replica
-    await broker._delete_gone_replicas(state(15, (1, 2, 3)))
+    await broker.reconciler.delete_gone_replicas(state(15, (1, 2, 3)))
     assert replica.exists()
     # version 30: broker 4 was moved away since
-    await broker._delete_gone_replicas(state(30, (1, 2, 3)))
+    await broker.reconciler.delete_gone_replicas(state(30, (1, 2, 3)))
     assert not replica.exists()
     assert not (broker.data_dir / f"t-0{LISTED_SUFFIX}").exists()

@@ -34,6 +34,7 @@ from raftmq.controller.commands import (
     encode,
 )
 from raftmq.controller.errors import RefusalCode as Code
+from raftmq.controller.metadata import broker_addresses, preferred_leader
 from raftmq.controller.model import BrokerState, PartitionState
 from raftmq.log.config import DAY_MS
 from tests.controller.machine import Driver
@@ -161,12 +162,11 @@ def test_create_topic_places_and_records_it(three: Driver) -> None:
     assert topic.config == {"retention.ms": "3600000"}
     assert topic.settings.log_config.retention_ms == 3_600_000
     assert topic.settings.log_config.segment_bytes == 128 * 1024 * 1024  # a default
-    view = three.machine.metadata()
-    assert view.topics["orders"].partitions == 3
-    assert view.replicas("orders", 1) == topic.partitions[1].replicas
-    assert view.preferred_leader("orders", 1) == topic.partitions[1].replicas[0]
-    assert view.brokers[2].address == "127.0.0.1:9002"
-    assert view.version == three.index
+    state = three.machine.state
+    assert len(state.topics["orders"].partitions) == 3
+    assert preferred_leader(state, "orders", 1) == topic.partitions[1].replicas[0]
+    assert broker_addresses(state)[2] == "127.0.0.1:9002"
+    assert state.version == three.index
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,7 @@ def test_decommission_sets_the_delete_time_from_retention(three: Driver) -> None
         PartitionState.DECOMMISSIONED,
     ]
     assert parts[1].delete_after_ms == 51_000
-    assert three.machine.metadata().topics["t"].partitions == 4  # still readable
+    assert len(three.machine.state.topics["t"].partitions) == 4  # still readable
     refused(three, DecommissionPartitions("t", (1,), 0), Code.PARTITION_DECOMMISSIONED)
     refused(three, DecommissionPartitions("t", (4,), 0), Code.UNKNOWN_PARTITION)
     refused(three, DecommissionPartitions("t", (), 0), Code.INVALID_PARTITIONS)
@@ -331,7 +331,7 @@ def test_a_move_adds_a_learner_promotes_it_then_removes_the_old_replica(three: D
     refused(three, PromoteReplica("t", 0, 4), Code.NOT_A_REPLICA)
     assert three(AddReplica("t", 0, 4)) == Done()
     assert three.machine.state.topics["t"].partitions[0].learners == (4,)
-    assert three.machine.metadata().replicas("t", 0) == old  # learners do not vote
+    assert three.machine.state.topics["t"].partitions[0].replicas == old  # learners do not vote
     refused(three, AddReplica("t", 0, 4), Code.INVALID_REPLICA_CHANGE)
     refused(three, RemoveReplica("t", 0, old[2]), Code.INVALID_REPLICA_CHANGE)
     assert three(PromoteReplica("t", 0, 4)) == Done()
@@ -397,7 +397,7 @@ def test_reorder_changes_only_the_preferred_leader(three: Driver) -> None:
     old = three.machine.state.topics["t"].partitions[0].replicas
     new = (old[2], old[0], old[1])
     assert three(ReorderReplicas("t", 0, new)) == Done()
-    assert three.machine.metadata().preferred_leader("t", 0) == old[2]
+    assert preferred_leader(three.machine.state, "t", 0) == old[2]
     refused(three, ReorderReplicas("t", 0, (1, 2)), Code.INVALID_REPLICA_CHANGE)
     refused(three, ReorderReplicas("t", 0, (1, 1, 2)), Code.INVALID_REPLICA_CHANGE)
 
@@ -446,11 +446,3 @@ def test_commands_encode_canonically() -> None:
     b = CreateTopic("t", 1, 1, {"retention.ms": "2", "segment.ms": "1"})
     assert encode(a) == encode(b)
     assert encode(a).startswith(b'{"args":{"config":{"retention.ms":"2","segment.ms":"1"}')
-
-
-def test_the_view_is_a_cluster_metadata(three: Driver) -> None:
-    from raftmq.controller.metadata import ClusterMetadata
-
-    view: ClusterMetadata = three.machine.metadata()  # mypy checks the protocol here
-    assert view.name == "test"
-    assert sorted(view.brokers) == [1, 2, 3]

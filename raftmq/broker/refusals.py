@@ -1,6 +1,8 @@
 """The broker's side of the error contract in one place: the Refusal a handler raises, how a
-partition's error becomes one, and how it reaches the client (a status with trailing
-metadata on unary calls, a ProduceError inside a ProduceStream answer).
+partition's or the controller's error becomes one (from plain values: the error and the
+brokers' addresses), and what reaches the client (a status with trailing metadata on unary
+calls, sent by :func:`raftmq.broker.rpc.abort`; a ProduceError inside a ProduceStream
+answer).
 
 The codes themselves are broker.proto's ``ErrorCode``; their gRPC statuses are in
 :data:`raftmq.api.error_codes.RULES`, the table the client's retry policy reads too. A code
@@ -13,7 +15,7 @@ is kept for the broker's own bugs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -29,7 +31,6 @@ from raftmq.controller.quorum import (
 from raftmq.partition.errors import CorruptDataError, NotLeaderError, OffsetOutOfRangeError
 
 if TYPE_CHECKING:
-    from raftmq.broker.server import Broker
     from raftmq.partition.errors import PartitionError
 
 ECHO_CHARS = 64
@@ -78,15 +79,16 @@ class Refusal(Exception):
         return name_of(self.code)
 
     @classmethod
-    def of(cls, exc: PartitionError, broker: Broker) -> Refusal:
-        """The refusal for a partition's error, with the leader's address where it helps the
-        client go straight to another replica."""
+    def of(cls, exc: PartitionError, addresses: Mapping[int, str], me: int) -> Refusal:
+        """The refusal for a partition's error on broker ``me``, with the leader's address
+        (from ``addresses``, each broker's client address) where it helps the client go
+        straight to another replica."""
         code = code_of(exc.code)  # the partition floor names codes; it cannot import api
         if isinstance(exc, NotLeaderError):
-            leader = broker.spec.brokers.get(exc.leader)
-            if exc.leader == 0 or leader is None:
+            address = addresses.get(exc.leader)
+            if exc.leader == 0 or address is None:
                 return cls(pb.ERROR_CODE_LEADER_NOT_AVAILABLE, str(exc))
-            return cls(code, str(exc), leader_id=exc.leader, leader_address=leader.address)
+            return cls(code, str(exc), leader_id=exc.leader, leader_address=address)
         if isinstance(exc, OffsetOutOfRangeError):
             return cls(
                 code,
@@ -95,9 +97,9 @@ class Refusal(Exception):
                 high_watermark=exc.high_watermark,
             )
         if isinstance(exc, CorruptDataError):
-            leader = broker.spec.brokers.get(exc.leader)
-            if leader is not None and exc.leader != broker.id:
-                return cls(code, str(exc), leader_id=exc.leader, leader_address=leader.address)
+            address = addresses.get(exc.leader)
+            if address is not None and exc.leader != me:
+                return cls(code, str(exc), leader_id=exc.leader, leader_address=address)
         return cls(code, str(exc))
 
     def trailers(self) -> tuple[tuple[str, str], ...]:
@@ -111,12 +113,6 @@ class Refusal(Exception):
             leader_id=int(self.meta.get("leader_id", 0)),  # type: ignore[call-overload]
             leader_address=str(self.meta.get("leader_address", "")),
         )
-
-
-async def abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
-    """End the call with the refusal's status, message and trailers."""
-    await context.abort(refusal.status, refusal.message, trailing_metadata=refusal.trailers())
-    raise AssertionError("unreachable: abort raises")
 
 
 def controller_refusal(exc: ControllerError, addresses: Mapping[int, str]) -> Refusal:

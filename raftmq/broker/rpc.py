@@ -1,0 +1,170 @@
+"""The gRPC plumbing every raftmq service shares (Broker, Admin, Groups, Controller and the
+admin redirect): how a service is registered, how request bytes are parsed, and how an
+answer that is not a message becomes a status.
+
+Every RPC is registered through :func:`add_service`, not the generated registration: its
+request deserializers let a method refuse bytes that are not a valid message
+(MALFORMED_REQUEST) instead of gRPC answering INTERNAL, and its wrappers turn a Refusal
+into a status with trailers and anything unexpected into one INTERNAL answer and one log
+line with the traceback (a bug of ours, never the client's mistake)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.refusals import Refusal
+
+log = logging.getLogger(__name__)
+
+
+class Malformed:
+    """What the deserializer hands a method for request bytes that are not a valid message:
+    the method refuses it (MALFORMED_REQUEST) as it refuses any other bad field."""
+
+    def __init__(self, message_type: type[Message], exc: Exception) -> None:
+        self.refusal = Refusal(
+            pb.ERROR_CODE_MALFORMED_REQUEST,
+            f"the request bytes are not a valid protobuf encoding of "
+            f"{message_type.DESCRIPTOR.full_name} ({exc}); build it from "
+            f"{message_type.DESCRIPTOR.file.name}",
+        )
+
+
+def deserializer(message_type: type[Message]) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Malformed(message_type, exc)
+
+    return parse
+
+
+def _well_formed(request: object) -> None:
+    if isinstance(request, Malformed):
+        raise request.refusal
+
+
+def internal_error(rpc: str, exc: BaseException) -> Refusal:
+    log.error("%s failed on a bug of the broker", rpc, exc_info=exc)
+    return Refusal(
+        pb.ERROR_CODE_INTERNAL,
+        f"internal error in {rpc} ({type(exc).__name__}); this is a bug in the broker, "
+        "not in the request: its log has the details",
+    )
+
+
+def unary(
+    rpc: str, method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
+    async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            _well_formed(request)
+            return await method(request, context)
+        except Refusal as refusal:
+            failure = refusal
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            failure = internal_error(rpc, exc)
+        await abort(context, failure)
+
+    return handle
+
+
+def streaming(
+    rpc: str,
+    method: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]],
+) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]]:
+    async def checked(requests: AsyncIterator[object]) -> AsyncIterator[object]:
+        async for request in requests:
+            _well_formed(request)
+            yield request
+
+    async def handle(
+        requests: AsyncIterator[object], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
+        try:
+            async for answer in method(checked(requests), context):
+                yield answer
+            return
+        except Refusal as refusal:
+            failure = refusal
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            if context.cancelled() or context.done():
+                # The client went away (cancelled, or its deadline passed): nothing to
+                # answer and nothing wrong with the broker.
+                log.debug("%s ended by the client: %r", rpc, exc)
+                return
+            failure = internal_error(rpc, exc)
+        await abort(context, failure)
+
+    return handle
+
+
+def server_streaming(
+    rpc: str,
+    method: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]],
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]]:
+    """One request, a stream of answers: the bidi wrapper over a stream of one request,
+    so both kinds of stream end with the same error handling."""
+
+    async def each(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
+        async for request in requests:  # exactly one, checked well-formed by _streaming
+            async for answer in method(request, context):
+                yield answer
+
+    bidi = streaming(rpc, each)
+
+    async def handle(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        async def one() -> AsyncIterator[object]:
+            yield request
+
+        async for answer in bidi(one(), context):
+            yield answer
+
+    return handle
+
+
+def add_service(service: object, server: grpc.aio.Server, module: Any, name: str) -> None:
+    """Register ``service`` as raftmq.v1.``name`` (declared in the generated ``module``)
+    on ``server``: one handler per method of the proto's service, with the generated
+    message classes (stubs stay unchanged); only the deserializers and the error handling
+    are ours, so every service answers with the same error contract."""
+    handlers = {}
+    for method in module.DESCRIPTOR.services_by_name[name].methods:
+        behaviour = getattr(service, method.name)
+        make: Callable[..., grpc.RpcMethodHandler]
+        handle: Callable[..., Any]  # a coroutine (unary) or an async generator (stream)
+        if method.client_streaming:
+            assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
+            make, handle = grpc.stream_stream_rpc_method_handler, streaming(method.name, behaviour)
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+            handle = server_streaming(method.name, behaviour)
+        else:
+            make, handle = grpc.unary_unary_rpc_method_handler, unary(method.name, behaviour)
+        handlers[method.name] = make(
+            handle,
+            request_deserializer=deserializer(getattr(module, method.input_type.name)),
+            response_serializer=getattr(module, method.output_type.name).SerializeToString,
+        )
+    full_name = f"{module.DESCRIPTOR.package}.{name}"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
+    server.add_registered_method_handlers(full_name, handlers)
+
+
+async def abort(context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
+    """End the call with the refusal's status, message and trailers."""
+    await context.abort(refusal.status, refusal.message, trailing_metadata=refusal.trailers())
+    raise AssertionError("unreachable: abort raises")
