@@ -28,9 +28,8 @@ def _shares_a_fixture_of_ours(item: pytest.Item) -> bool:
     return False
 
 
-# First: pytest-xdist reads the groups in its own hook of this name.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and _shares_a_fixture_of_ours(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marked as each test is collected: pytest-xdist reads the groups in its
+    pytest_collection_modifyitems, which may run before a conftest's."""
+    if item.get_closest_marker("xdist_group") is None and _shares_a_fixture_of_ours(item):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
