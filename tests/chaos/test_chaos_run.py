@@ -13,9 +13,6 @@ from chaos.nemesis import DURABLE_SUFFIX, lose_unsynced
 from chaos.run import ChaosOptions, _in_common_range, run
 from raftmq.format import entry
 
-# Its verdicts depend on prompt scheduling: run one after another with the other "timing" tests.
-pytestmark = pytest.mark.xdist_group("timing")
-
 
 def _assert_clean(result, out, min_acked: int) -> None:
     data = result.to_dict()

@@ -12,9 +12,6 @@ import pytest
 
 from chaos.run import ChaosOptions, run
 
-# Its verdicts depend on prompt scheduling: run one after another with the other "timing" tests.
-pytestmark = pytest.mark.xdist_group("timing")
-
 
 def _assert_clean(result, out, min_acked: int, min_consumed: int) -> None:
     violated = [c.to_dict() for c in result.checks if not c.ok]

@@ -104,7 +104,6 @@ async def test_steady_heartbeats_write_nothing(tmp_path):
         assert leader.local_state()[0] == version, "a refused heartbeat was written"
 
 
-@pytest.mark.xdist_group("timing")  # batching depends on prompt scheduling
 async def test_concurrent_commits_share_entries(tmp_path):
     commits = 400
     async with coordinator(tmp_path, partitions=8) as (cluster, leader, stub):

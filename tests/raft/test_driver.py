@@ -6,8 +6,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import pytest
-
 from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
@@ -285,7 +283,6 @@ async def test_a_follower_behind_the_log_start_catches_up_by_snapshot(tmp_path):
             await h.stop()
 
 
-@pytest.mark.xdist_group("timing")  # 60 groups elect within a deadline
 async def test_many_groups_started_together_elect_and_spread_their_leaders(tmp_path):
     """Each group draws its own election timeouts: with one seed per node every group
     campaigned on the same tick and split votes forever (found with 1000 groups)."""
