@@ -56,6 +56,7 @@ from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.partition.replica import PartitionReplica
 from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.tasks import stop_task
 
@@ -92,6 +93,7 @@ class Broker:
         new_broker: bool = False,
         auto_create: AutoCreate | None = None,
         move_bytes_per_s: int = 0,
+        scrub_bytes_per_s: int = SCRUB_BYTES_PER_S,
         move_limits: Limits = DEFAULT_LIMITS,
         rebalance_every_s: float | None = None,
     ) -> None:
@@ -106,6 +108,8 @@ class Broker:
         until a leader catches them up. Ignored when the data folder exists.
         ``move_bytes_per_s`` caps what the partitions this broker leads send to learners,
         the replicas a move adds, all together (0: no cap).
+        ``scrub_bytes_per_s`` paces the background re-reading of sealed segments that
+        finds bit rot before a reader does (0: no scrubbing; reads still find and repair).
         ``listen`` binds the client service elsewhere than the address the bootstrap file
         advertises (clients of a chaos test reach it through a proxy).
         ``log_config`` holds the broker-wide defaults; a topic's config overrides them.
@@ -170,6 +174,7 @@ class Broker:
             election_tick=election_tick,
             seed=broker_id,
             learner_bytes_per_s=move_bytes_per_s,
+            scrub_bytes_per_s=scrub_bytes_per_s,
         )
         self.voter_addresses = {v: bootstrap.brokers[v].address for v in sorted(voters)}
         self.quorum: ControllerQuorum | None = None

@@ -27,6 +27,7 @@ from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
+from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")
@@ -129,6 +130,14 @@ def broker(
             "the replicas moves add (learners), all together (0: no cap).",
         ),
     ] = 0,
+    scrub_bytes_per_s: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Pace of the background re-reading of sealed segments that finds bit rot "
+            "before a reader does (0: off; a read that meets damage still repairs it).",
+        ),
+    ] = SCRUB_BYTES_PER_S,
     durability_markers: Annotated[
         bool,
         typer.Option(
@@ -246,6 +255,7 @@ def broker(
             if auto_create_topics
             else None,
             move_bytes_per_s=move_bytes_per_s,
+            scrub_bytes_per_s=scrub_bytes_per_s,
             move_limits=Limits(
                 heal_delay_ms=heal_delay_ms,
                 moves_per_broker=max_moves_per_broker,
