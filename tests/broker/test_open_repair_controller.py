@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.controller.quorum import GROUP, METADATA_SEGMENT_BYTES_ENV, ControllerQuorum
@@ -93,6 +94,16 @@ def test_a_voter_whose_metadata_log_is_damaged_repairs_it_and_serves(
         cluster.start(victim)
         victim_address = address_of(cluster, victim)
         wait_until(lambda: seg.read_bytes() == original, 60, "the metadata log's repair")
+        # Three replicas need three alive brokers: a slow restart may have let the
+        # victim's session lapse, and it is placed on again once it has registered anew.
+        wait_until(
+            lambda: any(
+                b.id == victim and b.state == apb.BROKER_STATE_ALIVE
+                for b in admin.describe_cluster().brokers
+            ),
+            60,
+            f"broker {victim} alive again",
+        )
         admin.create_topic("after-repair", 1, 3)
     wait_until(
         lambda: "after-repair" in topics_on(victim_address),
