@@ -143,13 +143,6 @@ def first_entry_of_type(seg: Path, etype: EntryType) -> entry.EntryHeader:
     return next(h for h in entry.iter_headers(seg.read_bytes()) if h.type == etype)
 
 
-def assert_same_sealed_bytes(a: Path, b: Path) -> None:
-    mine, theirs = sealed(a), sealed(b)
-    assert [p.name for p in mine] == [p.name for p in theirs]
-    for x, y in zip(mine, theirs, strict=True):
-        assert x.read_bytes() == y.read_bytes(), f"{x.name} differs"
-
-
 def whole_log(folder: Path) -> bytes:
     """Every stored entry, in order (no preallocation in CONFIG: segments hold only
     entries), to compare replicas whose segment boundaries may differ."""
@@ -192,9 +185,12 @@ async def _damaged_open_is_repaired(
         assert f"entries {damage.first_index}.." in what and seg.stem in what, what
         assert seg.read_bytes() == original
         c.open(victim)
+        # The repaired log holds the peers' bytes. Compared as entry streams, and only as
+        # a prefix: replicas may seal segments at different entries, and the peers may
+        # have taken more entries while the victim was down (a new leader's first one).
+        mine = whole_log(folder)
         for peer in peers:
-            assert_same_sealed_bytes(folder, c.folder(peer))
-            assert whole_log(folder) == whole_log(c.folder(peer))
+            assert whole_log(c.folder(peer)).startswith(mine)
         await propose_to_leader(c.running(), PAYLOAD, 2)
         last = max(h.groups["g"].last_index for h in c.running().values())
         await wait_for(lambda: host.groups["g"].commit_index >= last, what="the repaired member")
