@@ -612,11 +612,13 @@ class Nemesis:
         self.killed.add(victim)
         broker_dir = self.chaos.data / f"broker-{victim}"
         if shape == "wipe-broker":
+            self._lost_state(_group_dirs(broker_dir))
             shutil.rmtree(broker_dir, ignore_errors=True)
             what = f"data directory {broker_dir.name} wiped"
         else:
             partition = self.rng.randrange(self.chaos.partitions)
             directory = broker_dir / f"{TOPIC}-{partition}"
+            self._lost_state([directory])
             if shape == "wipe-partition":
                 shutil.rmtree(directory, ignore_errors=True)
                 what = f"partition {partition}'s directory wiped"
@@ -629,6 +631,17 @@ class Nemesis:
             self.killed.discard(victim)
 
         return Fault(shape, f"disk loss on node {victim}: {what}", heal, targets=[victim])
+
+    def _lost_state(self, group_dirs: list[Path]) -> None:
+        """A disk loss takes these groups' replicated state from one replica, which then
+        rejoins without a vote: count it as that replica's flip of each such file, so no
+        bit-rot fault takes another replica's vote or start point too. Two of three
+        replicas unable to vote is a lost majority, which no system survives (seed 7002
+        wiped a voter and then flipped another's metadata hard state: the controller
+        could never elect again)."""
+        for directory in group_dirs:
+            for name in _REPLICATED_STATE:
+                self.corrupted_files.add((name, directory.name))
 
     def _in_sync_victim(self) -> int | None:
         """A node to take a disk from, chosen only when every replica of every partition
