@@ -58,6 +58,9 @@ _MAY_DUPLICATE = {pb.ERROR_CODE_OUTCOME_UNKNOWN, pb.ERROR_CODE_TIMEOUT}
 """Refusals after which the batch may or may not be stored: retried (at-least-once, or
 exactly once with idempotence, since the leader recognises the resent batch)."""
 _SESSION_ENDED = {pb.ERROR_CODE_PRODUCER_FENCED, pb.ERROR_CODE_UNKNOWN_PRODUCER_ID}
+_OVERTAKEN = {pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE, pb.ERROR_CODE_UNKNOWN_PRODUCER_ID}
+"""Answers that only mean an earlier batch of the session has not landed yet, while one
+has no outcome (:meth:`_Engine._overtook`)."""
 SESSION_RETRY_S = 0.5
 """The wait before asking again for a producer id after no broker gave one."""
 
@@ -534,10 +537,13 @@ class _Engine:
 
     def _overtook(self, batch: Batch, error: BaseException) -> bool:
         """OUT_OF_ORDER_SEQUENCE while a batch sent before it is still on its way: the
-        leader saw this one first; it goes again after that one."""
+        leader saw this one first; it goes again after that one. UNKNOWN_PRODUCER_ID the
+        same: a new leader that holds no batch of this producer yet was reached by this
+        batch before the session's first one (sent to the old leader, lost with it, and
+        being retried), so it is that batch, not the session, that is missing."""
         return (
             isinstance(error, ClientError)
-            and error.code == pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE
+            and error.code in _OVERTAKEN
             and self.sequencer.earlier_unsettled(batch)
         )
 
