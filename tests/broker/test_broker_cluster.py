@@ -18,7 +18,9 @@ import grpc
 import pytest
 
 from raftmq.api.error_codes import PREFIX, ErrorCode
+from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
@@ -46,6 +48,19 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str) -> object:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def wait_for_broker_state(
+    admin: AdminClient, broker_id: int, state: apb.BrokerState.ValueType, timeout: float
+) -> None:
+    """Until the controller reports broker ``broker_id`` in ``state`` (ALIVE, FENCED...)."""
+    wait_until(
+        lambda: any(
+            b.id == broker_id and b.state == state for b in admin.describe_cluster().brokers
+        ),
+        timeout,
+        f"broker {broker_id} {apb.BrokerState.Name(state)}",
+    )
 
 
 @pytest.fixture

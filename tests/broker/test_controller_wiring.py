@@ -22,7 +22,7 @@ from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import ClusterFactory
-from tests.broker.test_broker_cluster import batch, read_all, wait_until
+from tests.broker.test_broker_cluster import batch, read_all, wait_for_broker_state, wait_until
 
 RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
 CONTROLLER_FAILOVER_S = 10.0
@@ -125,14 +125,7 @@ def test_killing_the_controller_leader_elects_another_and_topics_are_created_aga
         assert {t.name for t in admin.list_topics().topics} == {"before", "after"}
         # Until its session times out the dead broker may still get replicas (as in
         # Kafka); once fenced, new topics go to the live brokers only.
-        wait_until(
-            lambda: any(
-                b.id == leader and b.state == apb.BROKER_STATE_FENCED
-                for b in admin.describe_cluster().brokers
-            ),
-            30,
-            f"broker {leader} fenced",
-        )
+        wait_for_broker_state(admin, leader, apb.BROKER_STATE_FENCED, 30)
         placed = admin.create_topic("placed", 2, 2)
         assert all(leader not in p.replicas for p in placed.topic.partitions)
     with LowLevelClient(survivors) as client:

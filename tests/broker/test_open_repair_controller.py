@@ -21,7 +21,7 @@ from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.raft.host.state_machine import SNAPSHOT_FILE
 from tests.broker.conftest import cluster_spec, log_tails
-from tests.broker.test_broker_cluster import address_of, wait_until
+from tests.broker.test_broker_cluster import address_of, wait_for_broker_state, wait_until
 from tests.controller.quorum_cluster import VOTERS, QuorumCluster, retry
 from tests.raft.test_driver import tcp_transports, wait_for
 from tests.raft.test_state_machine import new_host
@@ -96,14 +96,7 @@ def test_a_voter_whose_metadata_log_is_damaged_repairs_it_and_serves(
         wait_until(lambda: seg.read_bytes() == original, 60, "the metadata log's repair")
         # Three replicas need three alive brokers: a slow restart may have let the
         # victim's session lapse, and it is placed on again once it has registered anew.
-        wait_until(
-            lambda: any(
-                b.id == victim and b.state == apb.BROKER_STATE_ALIVE
-                for b in admin.describe_cluster().brokers
-            ),
-            60,
-            f"broker {victim} alive again",
-        )
+        wait_for_broker_state(admin, victim, apb.BROKER_STATE_ALIVE, 60)
         admin.create_topic("after-repair", 1, 3)
     wait_until(
         lambda: "after-repair" in topics_on(victim_address),

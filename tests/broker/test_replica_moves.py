@@ -318,6 +318,7 @@ def test_bad_moves_are_refused_with_a_sentence_and_a_code(cluster: LocalCluster)
         assert (tuple(part.replicas), tuple(part.learners)) == ((1, 2, 3), ()), "nothing changed"
 
 
+@pytest.mark.serial  # the CLI must finish within the dead broker's 6 s session
 def test_a_move_to_a_dead_broker_stays_under_way_and_says_how_far_it_is(
     cluster: LocalCluster,
 ) -> None:

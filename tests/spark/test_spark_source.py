@@ -25,6 +25,7 @@ from raftmq.spark.source import HEADERS_COLUMN, KAFKA_SCHEMA, RaftmqStreamReader
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import wait_until
 
+pytestmark = pytest.mark.serial  # Spark gives a Python worker 10 s to connect back
 T0_MS = int(time.time() * 1000) - 3_600_000
 """Recent: older records would be deleted by the brokers' time retention (14 days)."""
 
