@@ -23,7 +23,8 @@ proto: $(STAMP)
 # The suite runs on xdist workers (pyproject's addopts), except the tests marked serial,
 # which run after it on their own: their verdict rests on a fixed deadline that a machine
 # busy with other workers' brokers can miss (Spark gives a Python worker 10 s to connect
-# back; a move's CLI must finish within a dead broker's 6 s session).
+# back; a move's CLI must finish within a dead broker's 6 s session; the toxiproxy tests
+# bound latencies in milliseconds).
 FAST := not long and not chaos
 test: $(STAMP)
 	$(BIN)/ruff check .

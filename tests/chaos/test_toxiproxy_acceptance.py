@@ -34,7 +34,7 @@ from tests.chaos.helpers import (
     wait_closed,
 )
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.serial]  # latency bounds in ms
 
 
 def _port(listen: str) -> int:

@@ -10,7 +10,7 @@ import requests
 
 from tests.chaos.helpers import Upstream, connect, refused, rtt_ms
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.serial]  # latency bounds in ms
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import requests
 from chaos.toxiproxy.server import ToxiproxyServer
 from tests.chaos.helpers import Upstream, connect, pattern, recv_exactly, rtt_ms, wait_closed
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.serial]  # latency bounds in ms
 
 T = TypeVar("T")
 
