@@ -41,7 +41,6 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
-from raftmq.api.limits import MAX_OFFSET_METADATA_CHARS, RACK
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
 from raftmq.client.errors import ClientError
@@ -57,6 +56,7 @@ from raftmq.client.group_link import Commits, GroupLink, OffsetAndMetadata
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
 from raftmq.format import entry
 from raftmq.format.records import decode_records
+from raftmq.limits import MAX_OFFSET_METADATA_CHARS, RACK
 
 __all__ = [
     "AsyncConsumer",

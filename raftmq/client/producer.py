@@ -38,7 +38,6 @@ from typing import Any, Literal, TypedDict, Unpack
 
 import grpc
 
-from raftmq.api.limits import KEPT_BATCHES
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.backoff import backoff
@@ -50,6 +49,7 @@ from raftmq.client.produce_stream import ProduceStream
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
 from raftmq.format.records import Record, build_batch
+from raftmq.limits import KEPT_BATCHES
 
 Acks = Literal["all", 1, 0]
 _ACKS = {"all": pb.ACKS_ALL, 1: pb.ACKS_LEADER, 0: pb.ACKS_NONE}

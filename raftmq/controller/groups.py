@@ -22,7 +22,6 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
-from raftmq.api.limits import MAX_OFFSET_METADATA_CHARS
 from raftmq.controller.assignors import ASSIGNORS, next_assignment
 from raftmq.controller.commands import (
     CommitOffsets,
@@ -48,6 +47,7 @@ from raftmq.controller.model import (
     MetadataState,
     TopicPartition,
 )
+from raftmq.limits import MAX_OFFSET_METADATA_CHARS
 
 GROUP_ID = re.compile(r"\A[A-Za-z0-9._-]{1,255}\Z")
 MEMBER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,255}\Z")

@@ -15,7 +15,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.api.limits import RACK
 from raftmq.controller import codec, groups
 from raftmq.controller.commands import (
     AddPartitions,
@@ -55,6 +54,7 @@ from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, MetadataState, Partition, PartitionState, Topic
 from raftmq.controller.placement import Candidate, plan
 from raftmq.controller.topic_config import KEYS, ConfigError, canonical
+from raftmq.limits import RACK
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
 MAX_REPLICATION_FACTOR = 16

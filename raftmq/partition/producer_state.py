@@ -3,7 +3,7 @@ once and in order (docs/format.md, "Producers"; the producer side: raftmq.client
 
 A producer id comes with an epoch and numbers its records per partition from 0 (the
 entry header's ``base_sequence`` is its first record's). For each producer the partition
-keeps the epoch and its last :data:`~raftmq.api.limits.KEPT_BATCHES` batches (a bound the
+keeps the epoch and its last :data:`~raftmq.limits.KEPT_BATCHES` batches (a bound the
 producer keeps too, so it is defined at the api floor): a batch sent again (its answer
 was lost) is recognised by its sequence range and answered with the offsets it got the
 first time; a batch that does not follow the last one is refused as out of
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from raftmq.api.limits import KEPT_BATCHES
+from raftmq.limits import KEPT_BATCHES
 
 MAX_PRODUCERS = 10_000
 """Per partition; past it the producer idle longest is forgotten (bounded memory). A

@@ -2,9 +2,10 @@
 mistake fails at once, with the client's own words), the server when it receives (so no
 other client gets past them).
 
-Why here, at the api floor: the client may import only api and format (tests/test_layers.py),
-and a bound written twice drifts. The server's packages import these too, so there is one
-definition of each. Plain values only: importing this loads no gRPC and no server code.
+Why a top-level helper: the client may import only api, format and these helpers, and the
+partition and controller floors sit below api (tests/test_layers.py), while a bound written
+twice drifts. Beside raftmq.tasks and raftmq.net every floor may import it, so there is one
+definition of each. Plain values only: it imports no raftmq package and no gRPC.
 """
 
 from __future__ import annotations
