@@ -4,6 +4,7 @@ what it replaced, and the Fetch then succeeds with the same bytes as the leader'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format import entry
 from raftmq.log.inspect import verify_folder
+from raftmq.raft.host import group_storage
 from tests.broker.conftest import REBALANCE_ARGS, ClusterFactory, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
@@ -193,6 +196,47 @@ def test_a_replica_whose_open_reads_a_corrupt_entry_is_repaired_before_it_opens(
     assert "repairing it from its peers" in log_text, log_text[-3000:]
     assert f"repaired its replica of {TOPIC}/0" in log_text, log_text[-3000:]
     assert "applying metadata version" not in log_text, log_text[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_whose_commit_entry_rotted_in_a_sealed_segment_is_repaired_at_open(
+    cluster: LocalCluster,
+) -> None:
+    """Found by chaos seed 7102: the partition reads the entry at its commit index as it
+    opens (for its high watermark). When that entry lies in a sealed segment (the commit
+    hint is written lazily, so it can point there) and rotted while the broker was down,
+    the open names it as damage and the broker repairs it from a peer, instead of failing
+    the same read every second for good."""
+    with cluster.client() as client:
+        leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
+        victim_address = address_of(cluster, victim)
+        folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
+        segments = close_segments(cluster, client, victim, sent)
+        cluster.stop(victim)
+        last_sealed = segments[-2]
+        *_, rotted = entry.iter_headers(last_sealed.read_bytes())
+        flip_bit(last_sealed, rotted.end - 1)
+        hint = group_storage.read_commit_hint(folder / group_storage.COMMIT_HINT_FILE)
+        assert hint is not None and hint.through >= rotted.index
+        lagging = dataclasses.replace(
+            hint,
+            through=rotted.index,
+            changes=tuple(c for c in hint.changes if c[0] <= rotted.index),
+        )
+        group_storage.save_commit_hint(folder / group_storage.COMMIT_HINT_FILE, lagging)
+        cluster.start(victim)
+
+        def repaired_and_ok() -> bool:
+            return _hw_or_none(client, victim_address, TOPIC) == len(sent)
+
+        wait_until(repaired_and_ok, 30, "the replica to be repaired, open and caught up")
+        records, raw = read_all(client, TOPIC, 0, address=victim_address)
+        _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
+        assert [r.value for r in records] == sent
+        assert raw == leader_raw
+    log_text = cluster.log_path(victim).read_text()
+    assert "repairing it from its peers" in log_text, log_text[-3000:]
+    assert f"repaired its replica of {TOPIC}/0" in log_text, log_text[-3000:]
 
 
 def _log_start(client: LowLevelClient, address: str) -> int:

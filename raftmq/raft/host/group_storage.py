@@ -198,15 +198,17 @@ def load_group(
                 name, path, log_, membership, replay, node_id=node_id, core_cfg=core_cfg
             )
         except (FormatError, LogError) as exc:
-            raise _damaged(name, log_, exc) from exc
+            raise damage_at_open(name, log_, exc) from exc
     except BaseException:
         log_.abandon()  # nothing was written: give its descriptors back at once
         raise
     return core, log_, hs
 
 
-def _damaged(name: str, log_: Log, exc: Exception) -> Exception:
-    """What to raise for an entry read at open that failed its checks: GroupDamagedError
+def damage_at_open(name: str, log_: Log, exc: Exception) -> Exception:
+    """What to raise for an entry read at open that failed its checks (the group's own
+    reads here, or its state machine's as it opens on top: a partition reads the entry
+    at the commit index for its high watermark): GroupDamagedError
     naming every damaged sealed range (a peer holds them byte for byte), or ``exc`` itself
     when no sealed segment is damaged (then it is not damage a peer's bytes can mend, and
     the caller sees the real error). Recovery at ``Log.open`` already cut a damaged tail of
