@@ -312,11 +312,17 @@ def stamp(
     """Assign a leader's index, term and base offset to a verified entry; recompute its CRC.
 
     The caller has already checked the incoming CRC (through :func:`iter_headers`).
+
+    Only the header is rebuilt; the payload is copied once, into the result (a leader
+    stamps every produced entry, so a copy into a scratch buffer and another out of it
+    were two passes over every byte produced).
     """
-    out = bytearray(entry)
-    _STAMP.pack_into(out, _STAMP_AT, index, term, base_offset)
-    _LEN_CRC.pack_into(out, 0, len(out) - 4, crc32c(memoryview(out)[_CRC_FROM:]))
-    return bytes(out)
+    payload = memoryview(entry)[HEADER_SIZE:]
+    header = bytearray(memoryview(entry)[:HEADER_SIZE])
+    _STAMP.pack_into(header, _STAMP_AT, index, term, base_offset)
+    crc = crc32c(payload, crc32c(memoryview(header)[_CRC_FROM:]))
+    _LEN_CRC.pack_into(header, 0, len(entry) - 4, crc)
+    return b"".join((header, payload))
 
 
 def payload_of(buf: bytes | bytearray | memoryview, header: EntryHeader) -> memoryview:

@@ -47,17 +47,15 @@ timestamp in ms, next offset)."""
 def _fitting(seg: Segment, headers: list[_Validated], start: int) -> int:
     """The end of the run of ``headers`` from ``start`` whose offsets and indexes fit
     ``seg``'s u32 relative slots (every offset an entry covers, not just its base)."""
-    base_offset, first_index = seg.base_offset, seg.first_index
-
-    def fits(h: _Validated) -> bool:
-        return h[5] - base_offset <= _U32_SPAN and h[1] - first_index < _U32_SPAN
-
-    if fits(headers[-1]):  # offsets and indexes only grow: the usual case in one test
-        return len(headers)
     k = start
-    while k < len(headers) and fits(headers[k]):
+    while k < len(headers) and _fits(seg, headers[k]):
         k += 1
     return k
+
+
+def _fits(seg: Segment, h: _Validated) -> bool:
+    """Whether entry ``h`` (every offset it covers, not just its base) fits ``seg``'s slots."""
+    return h[5] - seg.base_offset <= _U32_SPAN and h[1] - seg.first_index < _U32_SPAN
 
 
 # --- append ---------------------------------------------------------------------------------
@@ -82,24 +80,14 @@ def append(log: Log, data: bytes, crc_checked: bool) -> AppendInfo:
             or now_ms - log._active_born_ms >= config.segment_ms
         ):
             seg = _roll(log)
-        start = 0
-        while start < len(headers):
-            stop = _fitting(seg, headers, start)
-            if stop == start:
-                # Its offsets or indexes would not fit the segment's u32 relative slots:
-                # roll instead of overflowing (a fresh segment always fits one entry).
-                assert seg.size, "an entry does not fit even an empty segment"
-                seg = _roll(log)
-                continue
+        if _fits(seg, headers[-1]):
+            # The usual case, in one test (offsets and indexes only grow): the whole
+            # append goes to one segment.
             if seg.size == 0:
                 log._active_born_ms = now_ms
-            if start == 0 and stop == len(headers):
-                chunk = data  # the usual case: the whole append goes to one segment
-            else:
-                end = headers[stop][0] if stop < len(headers) else len(data)
-                chunk = data[headers[start][0] : end]
-            _write_entries(log, seg, chunk, headers, start, stop)
-            start = stop
+            _write_entries(log, seg, data, headers, 0, len(headers))
+        else:
+            _write_split(log, seg, data, headers, now_ms)
         assert (log.next_index, log.next_offset) == final_next
         info = AppendInfo(
             first_index, log.next_index - 1, first_offset, log.next_offset, len(headers)
@@ -107,6 +95,27 @@ def append(log: Log, data: bytes, crc_checked: bool) -> AppendInfo:
     if config.flush_policy is FlushPolicy.EVERY_BATCH:
         flush(log)
     return info
+
+
+def _write_split(
+    log: Log, seg: Segment, data: bytes, headers: list[_Validated], now_ms: int
+) -> None:
+    """Write an append whose later entries would overflow ``seg``'s u32 relative slots:
+    as many as fit, then a roll, and so on."""
+    start = 0
+    while start < len(headers):
+        stop = _fitting(seg, headers, start)
+        if stop == start:
+            # Its offsets or indexes would not fit the segment's u32 relative slots:
+            # roll instead of overflowing (a fresh segment always fits one entry).
+            assert seg.size, "an entry does not fit even an empty segment"
+            seg = _roll(log)
+            continue
+        if seg.size == 0:
+            log._active_born_ms = now_ms
+        end = headers[stop][0] if stop < len(headers) else len(data)
+        _write_entries(log, seg, data[headers[start][0] : end], headers, start, stop)
+        start = stop
 
 
 def _write_entries(
@@ -123,11 +132,15 @@ def _write_entries(
     interval_bytes = log.config.index_interval_bytes
     terms = log._terms
     shift = base - headers[start][0]  # chunk positions are relative to the append
-    for k in range(start, stop):
-        position, e_index, e_term, e_offset, max_ts_ms, _ = headers[k]
-        index.observe(shift + position, e_index, e_offset, max_ts_ms, interval_bytes)
-        if not terms or e_term != terms[-1][1]:
+    observe = index.observe
+    last_term = terms[-1][1] if terms else None
+    for position, e_index, e_term, e_offset, max_ts_ms, _ in (
+        headers if start == 0 and stop == len(headers) else headers[start:stop]
+    ):
+        observe(shift + position, e_index, e_offset, max_ts_ms, interval_bytes)
+        if e_term != last_term:
             terms.append((e_index, e_term))
+            last_term = e_term
     seg.verified_upto = base + size_bytes
     last = headers[stop - 1]
     # The invariant append keeps by rolling: relative offsets and indexes fit u32.

@@ -50,3 +50,20 @@ def test_a_snapshot_message_carries_its_metadata_and_the_state_machine_bytes():
         ("__meta", Message(MsgType.HEARTBEAT, 1, 3, 7, commit=1200, context=b"read-ctx")),
     ]
     assert round_trip(batch) == batch
+
+
+def test_frames_decode_where_they_arrived_and_a_partial_one_waits():
+    appends = [("g", Message(MsgType.APP, 2, 1, 7, index=4, entries=b"x" * 5000))]
+    one = wire.encode_messages(appends)
+    assert one == wire.frame(one[8:])  # one copy of the parts, the same frame
+    data = one + wire.ping(wire.KIND_PING, 9) + one[:100]
+    bodies, used = wire.frames_in(data)
+    assert used == len(data) - 100  # the partial frame is left for the next read
+    assert [wire.decode_body(b) for b in bodies] == [
+        (wire.KIND_MESSAGES, appends),
+        (wire.KIND_PING, 9),
+    ]
+    assert wire.decode_body(wire.frames_in(wire.hello(3, "c1"))[0][0]) == (
+        wire.KIND_HELLO,
+        (3, "c1"),
+    )

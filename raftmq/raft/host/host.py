@@ -1153,6 +1153,14 @@ class RaftHost(SelfRepair):
                         write_to_storage(group.log, rd)
                     except Exception as exc:
                         self._quarantine(group, "write", exc)
+            applied_early: set[str] = set()
+            for group, rd in round_:
+                if group.failure is None:
+                    try:
+                        if self._apply_durable(group, rd):
+                            applied_early.add(group.name)
+                    except Exception as exc:
+                        self._quarantine(group, "apply", exc)
             need = [(group, rd) for group, rd in round_ if group.failure is None and rd.must_sync()]
             failed: list[tuple[RaftGroup, Exception]] = []
             if len(need) == 1 and idle:
@@ -1179,7 +1187,7 @@ class RaftHost(SelfRepair):
             for group, rd in round_:
                 if group.failure is None:
                     try:
-                        self._finish(group, rd)
+                        self._finish(group, rd, applied=group.name in applied_early)
                     except Exception as exc:
                         self._quarantine(group, "apply", exc)
                 group.in_round = False
@@ -1226,7 +1234,30 @@ class RaftHost(SelfRepair):
                 record_promised(group.directory)
                 group.promised = True
 
-    def _finish(self, group: RaftGroup, rd: Ready) -> None:
+    def _apply_durable(self, group: RaftGroup, rd: Ready) -> bool:
+        """Apply this Ready's committed entries and answer their waiters now, before the
+        round's fsync, when they are already durable here; True if it did.
+
+        Why: under load every round has new entries to fsync, and a commit learned while
+        one round's fsync ran was applied only after the next round's fsync, a whole disk
+        flush after it was known. Committed entries need no more disk: a majority holds
+        them durably, and on this node every round before this one was fsynced (rounds
+        run one at a time), which ``durable_index`` checks. A follower whose commit reaches
+        into this round's own entries, and any Ready that changes role or installs a
+        snapshot, keep the order of :meth:`_finish`."""
+        if (
+            not rd.applied_to
+            or rd.snapshot is not None
+            or rd.soft_state is not None
+            or rd.applied_to > group.log.durable_index
+        ):
+            return False
+        if group.apply is not None:
+            group.apply(rd.committed_entries, rd.applied_to)
+        self._resolve(group, rd.applied_to)
+        return True
+
+    def _finish(self, group: RaftGroup, rd: Ready, *, applied: bool = False) -> None:
         # Persist before send (ready.py step 3): acks and votes in rd.messages promise that
         # this round's entries and term/vote survive a crash, so they must be on disk now.
         assert not (rd.entries and group.sync) or group.log.durable_index >= rd.last_index, (
@@ -1250,11 +1281,11 @@ class RaftHost(SelfRepair):
             group.on_soft_state(rd.soft_state)
         if rd.snapshot is not None:
             self._install_snapshot(group, rd.snapshot, rd.snapshot_data)
-        if rd.snapshot is None and rd.applied_to and group.apply is not None:
+        if rd.snapshot is None and rd.applied_to and group.apply is not None and not applied:
             group.apply(rd.committed_entries, rd.applied_to)
         if rd.entries and group.waiters:
             self._resolve(group, rd.last_index, local_only=True)
-        if rd.applied_to:
+        if rd.applied_to and not applied:
             self._resolve(group, rd.applied_to)
         for rs in rd.read_states:
             read = group.reads.pop(rs.context, None)

@@ -245,8 +245,13 @@ class TcpTransport:
                 chunk = await reader.read(1 << 20)
                 if not chunk:
                     break
-                buf += chunk
-                for body in wire.split_frames(buf):
+                if buf:
+                    buf += chunk
+                    bodies: list[bytes] | list[memoryview] = wire.split_frames(buf)
+                else:  # the usual case: decoded where they arrived, the rest kept
+                    bodies, used = wire.frames_in(chunk)
+                    buf += memoryview(chunk)[used:]
+                for body in bodies:
                     kind, payload = wire.decode_body(body)
                     if peer is None:
                         peer = self._greet(expected, kind, payload, writer)

@@ -67,6 +67,20 @@ def frame(body: bytes) -> bytes:
     return _FRAME.pack(len(body), crc32c(body)) + body
 
 
+def frame_parts(parts: list[bytes]) -> bytes:
+    """:func:`frame` of the concatenation of ``parts``, with one copy of their bytes.
+
+    Why: a MESSAGES frame carries every append's entries; joining them into a body and
+    then prefixing the header copied each entry twice more on the way to the socket. The
+    CRC is chained over the parts instead."""
+    crc = 0
+    size_bytes = 0
+    for part in parts:
+        crc = crc32c(part, crc)
+        size_bytes += len(part)
+    return b"".join([_FRAME.pack(size_bytes, crc), *parts])
+
+
 def hello(node_id: int, cluster: str) -> bytes:
     return frame(_HELLO.pack(KIND_HELLO, node_id) + cluster.encode())
 
@@ -158,10 +172,10 @@ def encode_messages(batch: Iterable[tuple[str, Outgoing]]) -> bytes:
             parts.append(mem)
         if m.data:
             parts.append(m.data)
-    return frame(_COUNT.pack(KIND_MESSAGES, count) + b"".join(parts))
+    return frame_parts([_COUNT.pack(KIND_MESSAGES, count), *parts])
 
 
-def decode_body(body: bytes) -> tuple[int, object]:
+def decode_body(body: bytes | memoryview) -> tuple[int, object]:
     """(kind, payload): HELLO -> (node id, cluster); PING/PONG -> seq; MESSAGES -> list of
     (group, Message | quiesce tuple)."""
     if not body:
@@ -170,7 +184,7 @@ def decode_body(body: bytes) -> tuple[int, object]:
     try:
         if kind == KIND_HELLO:
             _, node = _HELLO.unpack_from(body)
-            return kind, (node, body[_HELLO.size :].decode())
+            return kind, (node, bytes(body[_HELLO.size :]).decode())
         if kind in (KIND_PING, KIND_PONG):
             _, seq = _PING.unpack_from(body)
             return kind, seq
@@ -181,7 +195,7 @@ def decode_body(body: bytes) -> tuple[int, object]:
     raise FrameError(f"unknown frame kind {kind}")
 
 
-def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
+def _decode_messages(body: bytes | memoryview) -> list[tuple[str, Outgoing]]:
     _, count = _COUNT.unpack_from(body)
     pos = _COUNT.size
     out: list[tuple[str, Outgoing]] = []
@@ -271,22 +285,37 @@ def _decode_messages(body: bytes) -> list[tuple[str, Outgoing]]:
 
 def split_frames(buf: bytearray) -> list[bytes]:
     """Remove and return every whole frame body at the front of ``buf`` (CRC-checked)."""
-    bodies = []
-    pos = 0
     # Copy through a memoryview: ``bytes(buf[a:b])`` makes an intermediate bytearray, and
     # two live allocations above glibc's mmap threshold (128 KiB) cost fresh pages each
     # time: 240 us for a 256 KiB frame here instead of 5 us.
     with memoryview(buf) as view:
-        while len(buf) - pos >= _FRAME.size:
-            length, crc = _FRAME.unpack_from(buf, pos)
-            if length > MAX_FRAME_BYTES:
-                raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-            if len(buf) - pos - _FRAME.size < length:
-                break
-            body = bytes(view[pos + _FRAME.size : pos + _FRAME.size + length])
-            if crc32c(body) != crc:
-                raise FrameError("frame CRC mismatch")
-            bodies.append(body)
-            pos += _FRAME.size + length
+        views, pos = frames_in(view)
+        bodies = [bytes(v) for v in views]
+        for v in views:
+            v.release()
     del buf[:pos]
     return bodies
+
+
+def frames_in(data: bytes | memoryview) -> tuple[list[memoryview], int]:
+    """The whole frame bodies at the front of ``data`` as views into it (CRC-checked), and
+    where the first incomplete frame starts.
+
+    Why views: a connection's reader usually receives whole frames, and decoding them
+    where they arrived spares copying every append's entries twice (into a buffer, then
+    out as a body) before the one copy each message keeps."""
+    view = memoryview(data)
+    bodies = []
+    pos = 0
+    while len(view) - pos >= _FRAME.size:
+        length, crc = _FRAME.unpack_from(view, pos)
+        if length > MAX_FRAME_BYTES:
+            raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+        if len(view) - pos - _FRAME.size < length:
+            break
+        body = view[pos + _FRAME.size : pos + _FRAME.size + length]
+        if crc32c(body) != crc:
+            raise FrameError("frame CRC mismatch")
+        bodies.append(body)
+        pos += _FRAME.size + length
+    return bodies, pos
