@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from benchmarks.harness import say
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import LowLevelClient
 
 METADATA_TIMEOUT_S = 5.0
+PROGRESS_S = 10.0
+"""How often a long wait says how far it got (on stderr)."""
 
 
 @dataclass
@@ -40,13 +43,18 @@ class Phase:
     leaders_at_end: dict[int, int] = field(default_factory=dict)
     """Broker id: partitions it leads at the end."""
     terms: dict[int, set[int]] = field(default_factory=dict)
-    """Partition: the terms of every leadership seen during the wait."""
+    """Partition (once seen led): the terms of every leadership seen during the wait."""
     max_term: int = 0
     polls: int = 0
+    unanswered: int = 0
+    """Metadata requests a running broker did not answer within the timeout."""
 
     def changes(self) -> list[int]:
-        """Leaderships seen per partition (the first leader counts as one change)."""
-        return [len(self.terms.get(p, ())) for p in range(self.partitions)]
+        """Leaderships seen per partition (the first leader counts as one change; a
+        partition seen led only with an unknown term, 0, counts one)."""
+        return [
+            max(len(self.terms[p]), 1) if p in self.terms else 0 for p in range(self.partitions)
+        ]
 
     def summary(self) -> dict[str, object]:
         changes = self.changes()
@@ -62,6 +70,7 @@ class Phase:
             "partitions_changed_twice_or_more": sum(1 for c in changes if c >= 2),
             "max_term": self.max_term,
             "polls": self.polls,
+            "unanswered": self.unanswered,
         }
 
 
@@ -91,20 +100,34 @@ class LeaderWatch:
         self.pool.shutdown()
         self.client.close()
 
-    def _metadata(self, address: str) -> pb.MetadataResponse | None:
+    def _metadata(self, address: str) -> pb.MetadataResponse | grpc.StatusCode:
         try:
             return self.client.stub(address).Metadata(
                 pb.MetadataRequest(topics=[self.topic]), timeout=METADATA_TIMEOUT_S
             )
-        except grpc.RpcError:
-            return None  # down, or too busy to answer: its partitions count as unled
+        except grpc.RpcError as exc:
+            return exc.code()
 
-    def poll(self) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    def poll(
+        self, brokers: list[int], last: dict[str, pb.MetadataResponse], phase: Phase
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         """(partition: (term, leader) as its leader reports it, partition: preferred).
-        The brokers are asked at once: a poll lasts as long as the slowest answer."""
+        ``brokers`` are asked at once: a poll lasts as long as the slowest answer. One that
+        is up but does not answer in time (busy) counts with its ``last`` answer of this
+        wait, if any, so that one slow answer does not read as its leaders gone; one that
+        is not listening (down, or not started yet) counts as leading nothing."""
         led: dict[int, tuple[int, int]] = {}
         preferred: dict[int, int] = {}
-        for md in self.pool.map(self._metadata, self.addresses.values()):
+        addresses = [self.addresses[b] for b in brokers]
+        answers = self.pool.map(self._metadata, addresses)
+        for address, answer in zip(addresses, answers, strict=True):
+            if isinstance(answer, pb.MetadataResponse):
+                last[address] = answer
+            elif answer == grpc.StatusCode.DEADLINE_EXCEEDED:
+                phase.unanswered += 1
+            else:
+                last.pop(address, None)
+            md = last.get(address)
             if md is None:
                 continue
             for t in md.topics:
@@ -127,21 +150,27 @@ class LeaderWatch:
         balance: tuple[int, float] | None = None,
         linger_s: float = 0.0,
     ) -> Phase:
-        """Poll until every partition is led (by one of ``among`` if given), and with
+        """Poll until every partition is led (by one of ``among`` if given: only those are
+        asked), and with
         ``balance`` = (brokers, tolerance) until the leaders are balanced too; then go on
         watching for ``linger_s`` more (late leader changes count). Returns at ``deadline_s``
         from now at the latest, whatever was reached."""
         phase = Phase(self.partitions)
+        last: dict[str, pb.MetadataResponse] = {}
+        asked = sorted(self.addresses if among is None else among)
         start = time.monotonic()
+        next_say = start + PROGRESS_S
         stop_at = start + deadline_s
         while True:
             now = time.monotonic()
-            led, preferred = self.poll()
+            led, preferred = self.poll(asked, last, phase)
             phase.polls += 1
             elapsed = time.monotonic() - start
             counted = {p: tl for p, tl in led.items() if among is None or tl[1] in among}
             for p, (term, _) in counted.items():
-                phase.terms.setdefault(p, set()).add(term)
+                terms = phase.terms.setdefault(p, set())
+                if term > 0:  # a leader that does not know its term yet says 0
+                    terms.add(term)
                 phase.max_term = max(phase.max_term, term)
             leaders = Counter(leader for _, leader in counted.values())
             all_led = len(counted) == self.partitions
@@ -154,6 +183,12 @@ class LeaderWatch:
                 and balanced(dict(leaders), *balance)
             ):
                 phase.balanced_s = round(elapsed, 1)
+            if now >= next_say:
+                next_say = now + PROGRESS_S
+                say(
+                    f"{len(counted)} of {self.partitions} led {elapsed:.0f} s in, by "
+                    f"{dict(sorted(leaders.items()))}; {phase.unanswered} unanswered"
+                )
             phase.led_at_end = len(counted)
             phase.leaders_at_end = dict(sorted(leaders.items()))
             phase.preferred_at_end = sum(
