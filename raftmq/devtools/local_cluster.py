@@ -92,7 +92,7 @@ class LocalCluster:
         *,
         broker_args: list[str] | None = None,
         per_broker_args: dict[int, list[str]] | None = None,
-        nofile: int | None = None,
+        nofile: int | tuple[int, int] | None = None,
         ports: PortReservations | None = None,
         dedicated_controllers: bool = False,
     ) -> None:
@@ -101,7 +101,8 @@ class LocalCluster:
         ``per_broker_args`` adds arguments to one broker's command line (chaos passes
         ``--peers`` and ``--listen`` to route traffic through proxies). ``nofile`` starts
         the brokers with that open-file limit, soft and hard (so they cannot raise it), as
-        on a host whose default is low.
+        on a host whose default is low; a pair (soft, hard) sets a soft limit under a higher
+        hard one, as most shells start with (a broker raises it at start).
 
         The ports the brokers bind stay reserved until :meth:`close` (why and how:
         raftmq.devtools.ports), so a restarted broker finds its addresses free. Without
@@ -186,10 +187,16 @@ class LocalCluster:
     def log_path(self, broker_id: int) -> Path:
         return self.data / f"broker-{broker_id}.log"
 
-    def start(self, broker_id: int | None = None, *, open_files_limit: int | None = None) -> None:
+    def start(
+        self,
+        broker_id: int | None = None,
+        *,
+        open_files_limit: int | tuple[int, int] | None = None,
+    ) -> None:
         """Start one broker (or every one not running). ``open_files_limit`` (default: the
-        cluster's ``nofile``) starts it with that RLIMIT_NOFILE, soft and hard, as a host
-        with a low limit would (the chaos harness's ``fd-pressure`` fault)."""
+        cluster's ``nofile``) starts it with that RLIMIT_NOFILE, soft and hard or a pair
+        (soft, hard), as a host with a low limit would (the chaos harness's
+        ``fd-pressure`` fault)."""
         if open_files_limit is None:
             open_files_limit = self.nofile
         for bid in [broker_id] if broker_id else list(self.spec.brokers):
@@ -221,7 +228,12 @@ class LocalCluster:
             if open_files_limit is not None:
                 # prlimit(1) (util-linux) rather than a preexec_fn: forking a process that
                 # runs gRPC threads to call setrlimit in the child is not safe.
-                cmd = ["prlimit", f"--nofile={open_files_limit}:{open_files_limit}", "--", *cmd]
+                soft, hard = (
+                    open_files_limit
+                    if isinstance(open_files_limit, tuple)
+                    else (open_files_limit, open_files_limit)
+                )
+                cmd = ["prlimit", f"--nofile={soft}:{hard}", "--", *cmd]
             # A ready file present after this start is this run's (see wait_ready).
             (self.data / f"broker-{bid}" / ready_file.READY_FILE).unlink(missing_ok=True)
             with open(self.log_path(bid), "ab") as logfile:

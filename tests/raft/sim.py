@@ -68,6 +68,11 @@ class SafetyViolation(AssertionError):
     pass
 
 
+EARLY_TYPES = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP, MsgType.TIMEOUT_NOW})
+"""The messages a Ready may send before its write is durable: they promise nothing about
+the sender's disk (docs/raft.md, "The persistence order")."""
+
+
 DIGEST_BYTES = 16
 
 
@@ -144,6 +149,10 @@ class Params:
     metadata: bool = False
     """The application is the controller's metadata state machine (the module says how
     it is driven and checked)."""
+    crash_after_send: float = 0.0
+    """Chance, per Ready of a leader that sent appends with entries before its own write
+    (``Ready.send_now``), that it crashes right then: its followers may have the entries,
+    it loses the unsynced ones (all, or a torn prefix with ``torn``)."""
 
     @staticmethod
     def random(rng: random.Random) -> Params:
@@ -165,6 +174,7 @@ class Params:
             torn=rng.random() < 0.7,
             cold_restarts=rng.choice([0, 0, 0, 1, 2]),
             disk_loss=rng.choice([0.0, 0.0, 0.005, 0.02]),
+            crash_after_send=rng.choice([0.0, 0.0, 0.0, 0.02]),
         )
 
 
@@ -193,6 +203,8 @@ class Sim:
         # checker state
         self.leaders: dict[int, int] = {}
         self.committed: dict[int, bytes] = {}
+        self.committed_top = 0
+        """The highest index in ``committed``."""
         self.commit_hi = 0
         self.commit_term: dict[int, int] = {}
         self.applied: dict[int, bytes] = {}
@@ -204,6 +216,8 @@ class Sim:
         self.lost: set[int] = set()
         """Nodes that lost their disk and have not finished rejoining."""
         self.disk_losses = 0
+        self.early_crashes = 0
+        """Leaders crashed between sending appends and their own fsync."""
         # Params.metadata: the proposals awaiting their answer, and what was answered.
         self.asked: dict[tuple[int, int, int], tuple[int, CommitOffsets | CreateTopic]] = {}
         """(node, its boot, index): the term proposed in and the command."""
@@ -319,6 +333,7 @@ class Sim:
             return False
         rd = core.ready()
         for m in rd.send_now:
+            self._check_early(node, m)
             self.send(node, m, after_persist=False)
         if rd.snapshot is not None:
             # The application saves the snapshot durably before the log is cut.
@@ -330,9 +345,32 @@ class Sim:
         write_to_storage(node.storage, rd)
         node.pending = rd
         node.durable_at = self.time + self.rng.randint(0, self.p.fsync_delay)
+        crash_now = self.p.crash_after_send and self._sent_entries(rd)
+        if crash_now and self.rng.random() < self.p.crash_after_send:
+            # The appends are on the wire, the leader's own copy is not durable yet.
+            self.early_crashes += 1
+            self.log(f"leader {node.id} crashes after sending {rd.first_index}..")
+            self.crash(node)
+            return True
         if not rd.must_sync():
             self._finish(node)
         return True
+
+    @staticmethod
+    def _sent_entries(rd: Ready) -> bool:
+        """Whether ``rd`` sent entries ahead of its own write of them."""
+        return bool(rd.entries) and any(m.type == MsgType.APP and m.entries for m in rd.send_now)
+
+    def _check_early(self, node: Node, m: Message) -> None:
+        """What may go out before the Ready's write: leader messages only, and only in the
+        term this node holds durably (a term or vote change holds every message back)."""
+        if m.type not in EARLY_TYPES:
+            self.fail(f"node {node.id} sends {m.type} before its write is durable: {m}")
+        if m.term != node.durable_hs.term:
+            self.fail(
+                f"node {node.id} sends {m.type} of term {m.term} before its write, its "
+                f"durable term being {node.durable_hs.term}"
+            )
 
     def _finish(self, node: Node) -> None:
         rd = node.pending
@@ -728,11 +766,13 @@ class Sim:
                 for index in range(max(first, n.verified_to + 1), c.commit + 1):
                     data = datas[index - first]
                     seen = self.committed.setdefault(index, data)
+                    self.committed_top = max(self.committed_top, index)
                     self.commit_term.setdefault(index, c.term)
                     if seen != data:
                         self.fail(f"node {n.id} committed a different entry at {index}")
                 n.verified_to = c.commit
                 self.commit_hi = max(self.commit_hi, c.commit)
+        self._check_durable()
         if not full:
             return
         views = {n.id: self.view(n) for n in ups}
@@ -767,21 +807,26 @@ class Sim:
                 n.complete_to = index
                 if index >= first and (index >= first + len(ents) or ents[index - first] != data):
                     self.fail(f"leader {n.id} of term {c.term} lacks committed entry {index}")
-        # Durability: with a static configuration a quorum holds each committed entry on disk.
-        if not self.p.membership and self.committed:
-            top = max(self.committed)
-            holders = 0
-            for n in self.nodes.values():
-                d = n.storage._durable
-                last = d.start_index + len(d.entries) - 1
-                if d.start_index - 1 >= top or (
-                    d.start_index <= top <= last
-                    and d.entries[top - d.start_index] == self.committed[top]
-                ):
-                    holders += 1
-            # A node that lost its disk may have been one of the holders.
-            if holders + len(self.lost) < self.base.quorum():
-                self.fail(f"committed entry {top} durable on only {holders} nodes")
+
+    def _check_durable(self) -> None:
+        """With a static configuration a quorum holds the newest committed entry on disk,
+        after every event: a leader that counted its own copy before its fsync (its
+        appends go out first) would commit on one durable copy too few."""
+        if self.p.membership or not self.committed:
+            return
+        top = self.committed_top
+        holders = 0
+        for n in self.nodes.values():
+            d = n.storage._durable
+            last = d.start_index + len(d.entries) - 1
+            if d.start_index - 1 >= top or (
+                d.start_index <= top <= last
+                and d.entries[top - d.start_index] == self.committed[top]
+            ):
+                holders += 1
+        # A node that lost its disk may have been one of the holders.
+        if holders + len(self.lost) < self.base.quorum():
+            self.fail(f"committed entry {top} durable on only {holders} nodes")
 
     # ------------------------------------------------------------------ run
     def run_tick(self, chaos: bool) -> None:
@@ -817,6 +862,7 @@ class Sim:
         self.cut = set()
         self.lossy = False
         self.p.max_delay = min(self.p.max_delay, 1)
+        self.p.crash_after_send = 0.0  # a fault like the others: over once healed
         for n in self.nodes.values():
             n.paused_until = 0
             if not n.up:

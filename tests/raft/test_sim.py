@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections.abc import Callable
 
 import pytest
 
 from raftmq.controller.state_machine import MetadataStateMachine, encode_snapshot
-from raftmq.raft import log_view
+from raftmq.raft import RaftCore, Role, log_view
 from tests.raft.sim import Params, SafetyViolation, Sim, run_seed
 
 CI_SEEDS = int(os.environ.get("RAFT_SIM_SEEDS", "200"))
@@ -65,6 +66,14 @@ def test_repeated_cold_restarts_lose_no_committed_entry(seed: int):
     assert sim.commit_hi >= 50
 
 
+def run_seeds(
+    seeds: range, params: Callable[[int], Params], count: Callable[[Sim], int] = lambda _: 0
+) -> int:
+    """Run each seed with ``params(seed)`` (raising with a replay command on any
+    violation); returns the sum of ``count`` over the runs (how often a fault happened)."""
+    return sum(count(run_seed(seed, params(seed))) for seed in seeds)
+
+
 def disk_loss_params(seed: int) -> Params:
     """Frequent disk losses on top of the usual faults, in 3- and 5-node groups."""
     p = Params.random(random.Random(seed))
@@ -82,17 +91,15 @@ def test_disk_loss_loses_no_committed_entry(start: int):
     """A node restarts with its log wiped or cut and its hard state gone, again and again:
     it must neither help elect a leader without a committed entry nor vote twice, and it
     must catch up (the liveness check at the end includes it)."""
-    losses = 0
-    for seed in range(5000 + start, 5000 + min(start + CHUNK, DISK_LOSS_SEEDS)):
-        losses += run_seed(seed, disk_loss_params(seed)).disk_losses
+    seeds = range(5000 + start, 5000 + min(start + CHUNK, DISK_LOSS_SEEDS))
+    losses = run_seeds(seeds, disk_loss_params, lambda sim: sim.disk_losses)
     assert losses >= CHUNK  # the fault did happen
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("start", range(200_000, 200_000 + LONG_SEEDS, 100))
 def test_disk_loss_many_seeds(start: int):
-    for seed in range(start, start + 100):
-        run_seed(seed, disk_loss_params(seed))
+    run_seeds(range(start, start + 100), disk_loss_params)
 
 
 def test_checker_catches_a_core_without_the_election_restriction(monkeypatch):
@@ -126,18 +133,15 @@ CONTROLLER_LONG_SEEDS = int(os.environ.get("RAFT_SIM_CONTROLLER_LONG_SEEDS", "10
 def test_controller_disk_loss_keeps_every_acknowledged_command(start: int):
     """The controller group under disk loss (issue 20): no acknowledged offset commit or
     topic is lost, and no node's committed offset ever goes back."""
-    acks = 0
     seeds = range(7000 + start, 7000 + min(start + CHUNK, CONTROLLER_SEEDS))
-    for seed in seeds:
-        acks += run_seed(seed, controller_disk_loss_params(seed)).acks
+    acks = run_seeds(seeds, controller_disk_loss_params, lambda sim: sim.acks)
     assert acks >= len(seeds)  # commands were acknowledged: the check had work to do
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("start", range(300_000, 300_000 + CONTROLLER_LONG_SEEDS, 50))
 def test_controller_disk_loss_many_seeds(start: int):
-    for seed in range(start, start + 50):
-        run_seed(seed, controller_disk_loss_params(seed))
+    run_seeds(range(start, start + 50), controller_disk_loss_params)
 
 
 def test_checker_catches_a_controller_snapshot_that_forgets_offsets(monkeypatch):
@@ -155,3 +159,57 @@ def test_checker_catches_a_controller_snapshot_that_forgets_offsets(monkeypatch)
             assert f"seed {seed}" in str(e)
             return
     pytest.fail("30 seeds of a controller snapshot without offsets went unnoticed")
+
+
+def early_send_params(seed: int) -> Params:
+    """Leaders crash between sending their appends and their own fsync (the appends go
+    out before the leader's write: ``Ready.send_now``), often, losing every unsynced write
+    or keeping a torn prefix of them, in 3- and 5-node groups, on top of the usual faults."""
+    p = Params.random(random.Random(seed))
+    p.nodes = 3 + 2 * (seed % 2)
+    p.membership = False  # the quorum durability check needs a static group
+    p.propose = max(p.propose, 0.6)
+    p.fsync_delay = max(p.fsync_delay, 1)
+    p.crash_after_send = 0.05
+    return p
+
+
+EARLY_SEND_SEEDS = int(os.environ.get("RAFT_SIM_EARLY_SEND_SEEDS", "40"))
+
+
+@pytest.mark.parametrize("start", range(0, EARLY_SEND_SEEDS, CHUNK))
+def test_leader_crash_between_send_and_fsync_loses_no_committed_entry(start: int):
+    """A leader whose followers got entries it then lost commits nothing on them alone:
+    commit needs a majority of fsyncs, the leader's own counting once it is durable."""
+    seeds = range(9000 + start, 9000 + min(start + CHUNK, EARLY_SEND_SEEDS))
+    crashes = run_seeds(seeds, early_send_params, lambda sim: sim.early_crashes)
+    assert crashes >= CHUNK  # the fault did happen
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("start", range(400_000, 400_000 + LONG_SEEDS, 100))
+def test_early_send_many_seeds(start: int):
+    run_seeds(range(start, start + 100), early_send_params)
+
+
+def test_checker_catches_a_leader_counting_its_own_unsynced_copy(monkeypatch):
+    """The checks have teeth: a leader that counts its own copy toward commit when it
+    hands the entries out for writing, not once they are durable, must be caught."""
+    ready = RaftCore.ready
+
+    def eager(self: RaftCore):  # type: ignore[no-untyped-def]
+        rd = ready(self)
+        if self.role == Role.LEADER and rd.entries:
+            self.progress[self.id].maybe_update(rd.last_index)
+            self._maybe_commit()
+        return rd
+
+    monkeypatch.setattr(RaftCore, "ready", eager)
+    monkeypatch.setattr(RaftCore, "_check_invariants", lambda self: None)
+    for seed in range(9000, 9030):
+        try:
+            run_seed(seed, early_send_params(seed))
+        except SafetyViolation as e:
+            assert f"seed {seed}" in str(e)
+            return
+    pytest.fail("30 seeds of a leader counting its unsynced copy went unnoticed")
