@@ -151,6 +151,8 @@ class StateStore:
         self._size_bytes = 0
         self._compacted_bytes = 0
         self.fsyncs = 0
+        self.dir_fsyncs = 0
+        """New group directories made durable (one each, before its first promise)."""
         self.users = 0  # see acquire/release
         self._fd: int | None = None
         """Kept open while the store is: a sync must not need a descriptor (a process at
@@ -281,7 +283,7 @@ class StateStore:
             )
         for directory in sorted(dirs):
             fsync_dir(directory)
-            self.fsyncs += 1
+            self.dir_fsyncs += 1
         if dirs:
             fsync_dir(self.folder)
             self.fsyncs += 1
