@@ -433,7 +433,7 @@ class Reconciler:
             name = group_name(topic, partition)
             self.replicas.pop(key, None)
             if name in self.host.groups or name in self.host.quarantined:
-                await self.host.close_group(name)
+                await self.host.close_group(name, discard=True)
             deleted = await asyncio.to_thread(_delete_tree, directory)
             # A replica that loses its log must not pass for a new one (docs/raft.md,
             # "Rejoining after disk loss"); a single replica has nobody to wait for.
@@ -531,7 +531,7 @@ class Reconciler:
         replica = self.replicas.pop((topic, partition), None)
         self.unopened.opened((topic, partition))
         if replica is not None:
-            await self.host.close_group(group_name(topic, partition))
+            await self.host.close_group(group_name(topic, partition), discard=True)
         # Off the loop, which it yields: deleting a topic of 1,000 partitions in line held
         # it (ticks, heartbeats, the DeleteTopic answer) for ~12 s (controller_bench.py).
         await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)

@@ -160,7 +160,7 @@ async def test_creating_2000_groups_costs_a_few_fsyncs(tmp_path: Path) -> None:
     elected_s = time.perf_counter() - t0 - opened_s
     store = next(iter(host._stores.values()))
     for i in range(n):
-        await host.close_group(f"g{i}")
+        await host.close_group(f"g{i}", discard=True)
         group_storage.forget_group(tmp_path / f"g{i}")
     await host.stop()
     print(
