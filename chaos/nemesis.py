@@ -29,7 +29,7 @@ from raftmq.log.checkpoints import START_CHECKPOINT
 from raftmq.log.durability_markers import DURABLE_SUFFIX
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 from raftmq.partition.producer_tracking import CHECKPOINT_FILE as PRODUCER_STATE_FILE
-from raftmq.raft.host.group_storage import HARD_STATE_FILE, SNAPSHOT_META_FILE
+from raftmq.raft.host.state_store import STORE_FILE
 
 CATEGORIES = (
     "partition",
@@ -56,7 +56,7 @@ CATEGORIES = (
 )
 
 CORRUPT_FILES = {
-    "corrupt-hardstate": "a Raft hard state",
+    "corrupt-hardstate": "the Raft state store (every group's hard state)",
     "corrupt-producer-state": "a producer-state checkpoint",
     "corrupt-log-start": "a log-start checkpoint",
     "corrupt-index": "an offset index",
@@ -65,7 +65,10 @@ CORRUPT_FILES = {
 """The bit-rot faults that flip a bit in one small CRC-framed file a replica or broker reads
 at open (``find_files`` says where each lives), and what their descriptions call it."""
 
-CONFIG_FILE_WHAT = "the snapshot meta (the configuration a group starts from; no CONFIG entry yet)"
+CONFIG_FILE_WHAT = (
+    "the Raft state store (with each group's snapshot meta: the configuration it starts "
+    "from; no CONFIG entry yet)"
+)
 """What ``corrupt-config`` flips when no sealed segment holds a CONFIG entry."""
 
 SEALED_SEGMENT_FAULTS = frozenset({"corrupt", "corrupt-config", "corrupt-index", "fd-pressure"})
@@ -541,9 +544,9 @@ class Nemesis:
 
         A group's log holds a CONFIG entry only once its membership changed (a move, a
         decommission, a rebalance); until then the configuration it starts from is in its
-        snapshot meta (``raft-snapshot``, with the log's start point). So: a CONFIG entry
-        of a sealed segment when some node holds one, else a group's snapshot meta (a
-        partition's or, on a voter, the controller group's)."""
+        snapshot meta (in the broker's state store, with the log's start point). So: a
+        CONFIG entry of a sealed segment when some node holds one, else the state store
+        (the snapshot metas of the partitions' and, on a voter, the controller group's)."""
         if any(
             config_entries(self.chaos.data / f"broker-{i}", self.corrupted) for i in self.live_nodes
         ):
@@ -780,11 +783,11 @@ def _group_dirs(broker_dir: Path) -> list[Path]:
     return [*dirs, controller] if controller.is_dir() else dirs
 
 
-_REPLICATED_STATE = frozenset(
-    {HARD_STATE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT, SNAPSHOT_META_FILE}
-)
+_REPLICATED_STATE = frozenset({STORE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT})
 """Files whose loss a replica may have to repair from a peer: flipped on one replica of a
-group at most (see ``Nemesis.corrupted_files``)."""
+group at most (see ``Nemesis.corrupted_files``). The state store holds every group of its
+broker: a bit flipped anywhere in it makes each of them rejoin (docs/raft.md), so it
+counts as that broker's flip of every group's state."""
 
 
 def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> list[Path]:
@@ -792,10 +795,10 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
     may flip a bit in, sorted; none that is empty, and none of a group whose same file was
     flipped on another replica (``corrupted``: (file name, group directory name)).
 
-    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry): each
-      group's ``raft-snapshot`` (snapshot meta: the log's start point and the membership
-      there, which a new group starts from);
-    - ``corrupt-hardstate``: each group's ``raft-hardstate`` (term, vote, commit);
+    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry) and
+      ``corrupt-hardstate``: the broker's state store (``raft-state.wal``: every group's
+      snapshot meta, with the membership a new group starts from, and its term, vote and
+      commit), unless one of its groups' state was flipped or lost on another replica;
     - ``corrupt-producer-state``: each partition's ``producer_state.json`` checkpoint;
     - ``corrupt-log-start``: each group's ``log-start.checkpoint`` (the log writes it when
       it is created, and again whenever retention or a snapshot moves its start);
@@ -813,10 +816,12 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
             for d in _group_dirs(broker_dir)
             for seg in sealed_segments(d)
         ]
+    elif kind in ("corrupt-config", "corrupt-hardstate"):
+        store = broker_dir / STORE_FILE
+        hit = any((STORE_FILE, d.name) in corrupted for d in _group_dirs(broker_dir))
+        return [] if hit or _size_live(store) == 0 else [store]
     else:
         name = {
-            "corrupt-config": SNAPSHOT_META_FILE,
-            "corrupt-hardstate": HARD_STATE_FILE,
             "corrupt-producer-state": PRODUCER_STATE_FILE,
             "corrupt-log-start": START_CHECKPOINT,
         }[kind]
@@ -842,7 +847,9 @@ def flip_file_bit(paths: list[Path], rng: random.Random, corrupted: set[tuple[st
     position = rng.randrange(len(data))
     bit = rng.randrange(8)
     _flip(path, position, bit)
-    if path.name in _REPLICATED_STATE:
+    if path.name == STORE_FILE:
+        corrupted.update((STORE_FILE, d.name) for d in _group_dirs(path.parent))
+    elif path.name in _REPLICATED_STATE:
         corrupted.add((path.name, path.parent.name))
     return f"bit {bit} of byte {position} of {len(data)} flipped in {path.parent.name}/{path.name}"
 
