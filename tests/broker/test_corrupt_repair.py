@@ -15,6 +15,7 @@ from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.inspect import verify_folder
+from raftmq.raft.host.state_store import Kind
 from tests.broker.conftest import REBALANCE_ARGS, ClusterFactory, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
@@ -24,6 +25,7 @@ from tests.broker.test_broker_cluster import (
     wait_until,
 )
 from tests.broker.test_disk_loss import fill_and_replicate, stored_entries
+from tests.raft import stored
 
 TOPIC = "c"
 SEGMENT_BYTES = 16 * 1024
@@ -178,7 +180,7 @@ def test_a_replica_whose_open_reads_a_corrupt_entry_is_repaired_before_it_opens(
         segments = close_segments(cluster, client, victim, sent)
         cluster.stop(victim)
         flip_bit(segments[0], 700)
-        (folder / "raft-commit").unlink(missing_ok=True)  # the open reads the whole log
+        stored.forget(folder, Kind.HINT)  # the open reads the whole log
         cluster.start(victim)
 
         def repaired_and_ok() -> bool:
@@ -235,8 +237,8 @@ def test_a_replica_whose_snapshot_meta_no_peer_can_mend_starts_over_from_its_lea
             "retention to move the victim's log start",
         )
         cluster.stop(victim)
-        flip_bit(folder / "raft-snapshot", 2)
-        (folder / "raft-commit").unlink(missing_ok=True)
+        stored.forget(folder, Kind.META)  # as a damaged record of it is
+        stored.forget(folder, Kind.HINT)
         cluster.start(victim)
         wait_until(
             lambda: _hw_or_none(client, victim_address, TOPIC) == len(sent),
