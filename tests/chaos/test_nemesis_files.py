@@ -166,8 +166,9 @@ def test_a_file_fault_finds_its_file_and_flips_one_bit(
 def test_the_state_store_flip_makes_every_group_of_the_broker_suspect(tmp_path: Path) -> None:
     """Whose record a flipped bit hit is not known: a group (the controller group too)
     whose hard state was not written whole after the damage no longer trusts it, and so
-    rejoins (a record lost before a whole later one of the same group is superseded); and the flip counts as this broker's for every group, so no other replica's
-    store is flipped after it."""
+    rejoins (a record lost before a whole later one of the same group is superseded); and
+    the flip counts as this broker's for every group, so no other replica's store is
+    flipped after it."""
     groups = (f"{TOPIC}-0", f"{TOPIC}-1", GROUP)
     for seed in range(6):
         root = broker_dir(tmp_path / str(seed), 1)
