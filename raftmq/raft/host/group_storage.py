@@ -196,25 +196,16 @@ def _migrate(store: StateStore, path: Path) -> _Legacy:
 
     A legacy hard state that cannot be read is not moved; ``hard_state_unreadable`` tells
     the open to take the rejoin path (which writes a new one) as it would have."""
-    files = [
-        p
-        for p in (
-            path / LEGACY_HARD_STATE_FILE,
-            path / LEGACY_SNAPSHOT_META_FILE,
-            path / LEGACY_COMMIT_HINT_FILE,
-            path.parent / (path.name + LEGACY_PROMISED_SUFFIX),
-        )
-        if p.exists()
-    ]
-    legacy = _Legacy(files)
-    if not files or not store.group(path.name).empty:
-        return legacy
     hard, meta, hint, promised = (
         path / LEGACY_HARD_STATE_FILE,
         path / LEGACY_SNAPSHOT_META_FILE,
         path / LEGACY_COMMIT_HINT_FILE,
         path.parent / (path.name + LEGACY_PROMISED_SUFFIX),
     )
+    files = [p for p in (hard, meta, hint, promised) if p.exists()]
+    legacy = _Legacy(files)
+    if not files or not store.group(path.name).empty:
+        return legacy
     if promised in files:
         store.put(path.name, Kind.PROMISED)
     if hard in files:
