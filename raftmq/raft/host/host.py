@@ -525,8 +525,9 @@ class RaftHost(SelfRepair):
         Its pending proposals and reads fail; a leader hands the group away first.
 
         ``discard``: its replica is being deleted (the caller removes the directory and
-        its state records afterwards), so nothing is flushed or written: closing 10,000
-        replicas one fsync and checkpoint each took minutes for files about to go."""
+        its state records afterwards), so nothing is flushed or written: a flush and a
+        terms checkpoint per replica cost a large topic's deletion thousands of fsyncs,
+        for files about to go."""
         group = self.groups.pop(name, None)
         if group is None:
             group = self.quarantined.pop(name, None)
