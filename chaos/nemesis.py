@@ -71,6 +71,10 @@ CONFIG_FILE_WHAT = (
 )
 """What ``corrupt-config`` flips when no sealed segment holds a CONFIG entry."""
 
+STORE_FAULTS = frozenset({"corrupt-config", "corrupt-hardstate"})
+"""The bit-rot faults that flip a bit in a broker's Raft state store (``corrupt-config``
+only when no sealed segment holds a CONFIG entry)."""
+
 SEALED_SEGMENT_FAULTS = frozenset({"corrupt", "corrupt-config", "corrupt-index", "fd-pressure"})
 """Fault kinds that need partitions to seal segments within seconds: runs with one of them
 (and no aggressive retention) use small segments (``ChaosOptions.sealed_segment_bytes``)."""
@@ -493,6 +497,10 @@ class Nemesis:
         not taken) is passed over for another; with none anywhere the fault does nothing
         and says so."""
         what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
+        if kind in STORE_FAULTS and self._wait_in_sync() is None:
+            return Fault(
+                kind, f"bit rot in {what} skipped: some replica is still catching up", lambda: None
+            )
         found = self._flip_while_down(
             kind,
             what,
@@ -599,13 +607,7 @@ class Nemesis:
         The victim is a node whose partitions' other replicas are all in sync (each answers
         the leader's high watermark), so at most one replica of a partition is ever behind
         for this reason: a majority that lost its disks has lost data in any system."""
-        # Replicas catch up within seconds of a heal, slower on a loaded machine: wait a
-        # while for one rather than skip the fault (a schedule that meant it would not test it).
-        deadline = time.monotonic() + DISK_LOSS_WAIT_S
-        victim = self._in_sync_victim()
-        while victim is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            victim = self._in_sync_victim()
+        victim = self._wait_in_sync()
         if victim is None:
             return Fault(
                 "disk-loss", "disk loss skipped: some replica is still catching up", lambda: None
@@ -645,6 +647,17 @@ class Nemesis:
         for directory in group_dirs:
             for name in _REPLICATED_STATE:
                 self.corrupted_files.add((name, directory.name))
+
+    def _wait_in_sync(self) -> int | None:
+        """:meth:`_in_sync_victim`, waited for: replicas catch up within seconds of a heal,
+        slower on a loaded machine, so wait a while for one rather than skip the fault (a
+        schedule that meant it would not test it)."""
+        deadline = time.monotonic() + DISK_LOSS_WAIT_S
+        victim = self._in_sync_victim()
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            victim = self._in_sync_victim()
+        return victim
 
     def _in_sync_victim(self) -> int | None:
         """A node to take a disk from, chosen only when every replica of every partition
@@ -816,9 +829,13 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
             for d in _group_dirs(broker_dir)
             for seg in sealed_segments(d)
         ]
-    elif kind in ("corrupt-config", "corrupt-hardstate"):
+    elif kind in STORE_FAULTS:
+        # Partitions: the fault waits until every replica is in sync (_wait_in_sync), so no
+        # other replica of theirs is still rejoining. The metadata group's catching up is
+        # not watched: once its state was lost or flipped anywhere, no voter's store is.
         store = broker_dir / STORE_FILE
-        hit = any((STORE_FILE, d.name) in corrupted for d in _group_dirs(broker_dir))
+        voter = (broker_dir / CONTROLLER_GROUP).is_dir()
+        hit = voter and (STORE_FILE, CONTROLLER_GROUP) in corrupted
         return [] if hit or _size_live(store) == 0 else [store]
     else:
         name = {
