@@ -29,7 +29,7 @@ from raftmq.log.checkpoints import START_CHECKPOINT
 from raftmq.log.durability_markers import DURABLE_SUFFIX
 from raftmq.log.segment import INDEX_SUFFIX, LOG_SUFFIX
 from raftmq.partition.producer_tracking import CHECKPOINT_FILE as PRODUCER_STATE_FILE
-from raftmq.raft.host.group_storage import HARD_STATE_FILE, SNAPSHOT_META_FILE
+from raftmq.raft.host.state_store import STORE_FILE
 
 CATEGORIES = (
     "partition",
@@ -56,7 +56,7 @@ CATEGORIES = (
 )
 
 CORRUPT_FILES = {
-    "corrupt-hardstate": "a Raft hard state",
+    "corrupt-hardstate": "the Raft state store (every group's hard state)",
     "corrupt-producer-state": "a producer-state checkpoint",
     "corrupt-log-start": "a log-start checkpoint",
     "corrupt-index": "an offset index",
@@ -65,8 +65,15 @@ CORRUPT_FILES = {
 """The bit-rot faults that flip a bit in one small CRC-framed file a replica or broker reads
 at open (``find_files`` says where each lives), and what their descriptions call it."""
 
-CONFIG_FILE_WHAT = "the snapshot meta (the configuration a group starts from; no CONFIG entry yet)"
+CONFIG_FILE_WHAT = (
+    "the Raft state store (with each group's snapshot meta: the configuration it starts "
+    "from; no CONFIG entry yet)"
+)
 """What ``corrupt-config`` flips when no sealed segment holds a CONFIG entry."""
+
+STORE_FAULTS = frozenset({"corrupt-config", "corrupt-hardstate"})
+"""The bit-rot faults that flip a bit in a broker's Raft state store (``corrupt-config``
+only when no sealed segment holds a CONFIG entry)."""
 
 SEALED_SEGMENT_FAULTS = frozenset({"corrupt", "corrupt-config", "corrupt-index", "fd-pressure"})
 """Fault kinds that need partitions to seal segments within seconds: runs with one of them
@@ -490,6 +497,10 @@ class Nemesis:
         not taken) is passed over for another; with none anywhere the fault does nothing
         and says so."""
         what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
+        if kind in STORE_FAULTS and self._wait_in_sync() is None:
+            return Fault(
+                kind, f"bit rot in {what} skipped: some replica is still catching up", lambda: None
+            )
         found = self._flip_while_down(
             kind,
             what,
@@ -541,9 +552,9 @@ class Nemesis:
 
         A group's log holds a CONFIG entry only once its membership changed (a move, a
         decommission, a rebalance); until then the configuration it starts from is in its
-        snapshot meta (``raft-snapshot``, with the log's start point). So: a CONFIG entry
-        of a sealed segment when some node holds one, else a group's snapshot meta (a
-        partition's or, on a voter, the controller group's)."""
+        snapshot meta (in the broker's state store, with the log's start point). So: a
+        CONFIG entry of a sealed segment when some node holds one, else the state store
+        (the snapshot metas of the partitions' and, on a voter, the controller group's)."""
         if any(
             config_entries(self.chaos.data / f"broker-{i}", self.corrupted) for i in self.live_nodes
         ):
@@ -596,13 +607,7 @@ class Nemesis:
         The victim is a node whose partitions' other replicas are all in sync (each answers
         the leader's high watermark), so at most one replica of a partition is ever behind
         for this reason: a majority that lost its disks has lost data in any system."""
-        # Replicas catch up within seconds of a heal, slower on a loaded machine: wait a
-        # while for one rather than skip the fault (a schedule that meant it would not test it).
-        deadline = time.monotonic() + DISK_LOSS_WAIT_S
-        victim = self._in_sync_victim()
-        while victim is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            victim = self._in_sync_victim()
+        victim = self._wait_in_sync()
         if victim is None:
             return Fault(
                 "disk-loss", "disk loss skipped: some replica is still catching up", lambda: None
@@ -642,6 +647,17 @@ class Nemesis:
         for directory in group_dirs:
             for name in _REPLICATED_STATE:
                 self.corrupted_files.add((name, directory.name))
+
+    def _wait_in_sync(self) -> int | None:
+        """:meth:`_in_sync_victim`, waited for: replicas catch up within seconds of a heal,
+        slower on a loaded machine, so wait a while for one rather than skip the fault (a
+        schedule that meant it would not test it)."""
+        deadline = time.monotonic() + DISK_LOSS_WAIT_S
+        victim = self._in_sync_victim()
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            victim = self._in_sync_victim()
+        return victim
 
     def _in_sync_victim(self) -> int | None:
         """A node to take a disk from, chosen only when every replica of every partition
@@ -780,11 +796,11 @@ def _group_dirs(broker_dir: Path) -> list[Path]:
     return [*dirs, controller] if controller.is_dir() else dirs
 
 
-_REPLICATED_STATE = frozenset(
-    {HARD_STATE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT, SNAPSHOT_META_FILE}
-)
+_REPLICATED_STATE = frozenset({STORE_FILE, PRODUCER_STATE_FILE, START_CHECKPOINT})
 """Files whose loss a replica may have to repair from a peer: flipped on one replica of a
-group at most (see ``Nemesis.corrupted_files``)."""
+group at most (see ``Nemesis.corrupted_files``). The state store holds every group of its
+broker: a bit flipped anywhere in it makes each of them rejoin (docs/raft.md), so it
+counts as that broker's flip of every group's state."""
 
 
 def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> list[Path]:
@@ -792,10 +808,10 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
     may flip a bit in, sorted; none that is empty, and none of a group whose same file was
     flipped on another replica (``corrupted``: (file name, group directory name)).
 
-    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry): each
-      group's ``raft-snapshot`` (snapshot meta: the log's start point and the membership
-      there, which a new group starts from);
-    - ``corrupt-hardstate``: each group's ``raft-hardstate`` (term, vote, commit);
+    - ``corrupt-config`` (its fallback when no sealed segment holds a CONFIG entry) and
+      ``corrupt-hardstate``: the broker's state store (``raft-state.wal``: every group's
+      snapshot meta, with the membership a new group starts from, and its term, vote and
+      commit), unless one of its groups' state was flipped or lost on another replica;
     - ``corrupt-producer-state``: each partition's ``producer_state.json`` checkpoint;
     - ``corrupt-log-start``: each group's ``log-start.checkpoint`` (the log writes it when
       it is created, and again whenever retention or a snapshot moves its start);
@@ -813,10 +829,16 @@ def find_files(broker_dir: Path, kind: str, corrupted: set[tuple[str, str]]) -> 
             for d in _group_dirs(broker_dir)
             for seg in sealed_segments(d)
         ]
+    elif kind in STORE_FAULTS:
+        # Partitions: the fault waits until every replica is in sync (_wait_in_sync), so no
+        # other replica of theirs is still rejoining. The metadata group's catching up is
+        # not watched: once its state was lost or flipped anywhere, no voter's store is.
+        store = broker_dir / STORE_FILE
+        voter = (broker_dir / CONTROLLER_GROUP).is_dir()
+        hit = voter and (STORE_FILE, CONTROLLER_GROUP) in corrupted
+        return [] if hit or _size_live(store) == 0 else [store]
     else:
         name = {
-            "corrupt-config": SNAPSHOT_META_FILE,
-            "corrupt-hardstate": HARD_STATE_FILE,
             "corrupt-producer-state": PRODUCER_STATE_FILE,
             "corrupt-log-start": START_CHECKPOINT,
         }[kind]
@@ -842,7 +864,9 @@ def flip_file_bit(paths: list[Path], rng: random.Random, corrupted: set[tuple[st
     position = rng.randrange(len(data))
     bit = rng.randrange(8)
     _flip(path, position, bit)
-    if path.name in _REPLICATED_STATE:
+    if path.name == STORE_FILE:
+        corrupted.update((STORE_FILE, d.name) for d in _group_dirs(path.parent))
+    elif path.name in _REPLICATED_STATE:
         corrupted.add((path.name, path.parent.name))
     return f"bit {bit} of byte {position} of {len(data)} flipped in {path.parent.name}/{path.name}"
 

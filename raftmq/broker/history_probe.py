@@ -1,9 +1,9 @@
 """Does a broker that starts with no data directory join a group with a past?
 
 A replica that lost its data cannot tell, from its own disk, whether it is new or was
-replaced: the record that it once voted and acknowledged (``<group dir>.raft-promised``,
-see docs/raft.md, "Rejoining after disk loss") is gone with the directory. A new replica
-may vote at once; a replaced one must not vote until it holds the leader's log again,
+replaced: the record that it once voted and acknowledged (in the data directory's Raft
+state store, see docs/raft.md, "Rejoining after disk loss") is gone with the directory. A
+new replica may vote at once; a replaced one must not vote until it holds the leader's log again,
 or it could help elect a leader that lacks entries it acknowledged. So when the broker's
 whole data directory is missing, it asks its peers, before opening any group, whether the
 partitions it hosts already have a history (a leader term or data). Those that do are
@@ -100,7 +100,7 @@ async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[boo
     holds an entry of its log, or saw a term: an election happened)? With the ids of the
     voters that answered.
 
-    The metadata group's own ``.raft-promised`` record lives in the data folder too, so a
+    The metadata group's own promise record lives in the data folder too, so a
     controller voter whose folder was wiped asks the other voters, as a broker does for its
     partitions: if the quorum committed anything, the wiped voter must rejoin (no vote
     until it holds the leader's log), or it could help a lagging voter win an election and

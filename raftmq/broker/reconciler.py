@@ -40,7 +40,7 @@ from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.partition.replica import PartitionReplica, group_name
 from raftmq.raft.errors import GroupDamagedError
-from raftmq.raft.host.group_storage import promised_path, record_promised
+from raftmq.raft.host.group_storage import forget_group, record_promised
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
 
@@ -433,14 +433,11 @@ class Reconciler:
             name = group_name(topic, partition)
             self.replicas.pop(key, None)
             if name in self.host.groups or name in self.host.quarantined:
-                await self.host.close_group(name)
+                await self.host.close_group(name, discard=True)
             deleted = await asyncio.to_thread(_delete_tree, directory)
-            if len(part.replicas) > 1:
-                # A replica that loses its log must not pass for a new one (docs/raft.md,
-                # "Rejoining after disk loss"); a single replica has nobody to wait for.
-                record_promised(directory)
-            else:
-                promised_path(directory).unlink(missing_ok=True)
+            # A replica that loses its log must not pass for a new one (docs/raft.md,
+            # "Rejoining after disk loss"); a single replica has nobody to wait for.
+            forget_group(directory, promised=len(part.replicas) > 1)
             self.unopened.opened(key)
             self.unopened.opening(key, "rebuilding: opening empty")
             log.warning(
@@ -534,11 +531,11 @@ class Reconciler:
         replica = self.replicas.pop((topic, partition), None)
         self.unopened.opened((topic, partition))
         if replica is not None:
-            await self.host.close_group(group_name(topic, partition))
+            await self.host.close_group(group_name(topic, partition), discard=True)
         # Off the loop, which it yields: deleting a topic of 1,000 partitions in line held
         # it (ticks, heartbeats, the DeleteTopic answer) for ~12 s (controller_bench.py).
         await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
-        promised_path(directory).unlink(missing_ok=True)
+        forget_group(directory)
         self.topic_ids.remove(directory)
         _listed_path(directory).unlink(missing_ok=True)
         log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
@@ -587,10 +584,7 @@ class Reconciler:
 
 
 def _record_promised_all(data_dir: Path, replicas: set[tuple[str, int]]) -> None:
-    for topic, p in sorted(replicas):
-        directory = data_dir / f"{topic}-{p}"
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        record_promised(directory)
+    record_promised(*(data_dir / f"{topic}-{p}" for topic, p in sorted(replicas)))
 
 
 def _delete_tree(directory: Path) -> int:

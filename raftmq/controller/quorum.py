@@ -192,7 +192,7 @@ class ControllerQuorum:
         Damage no peer's entries can mend (GroupDamagedError without ranges: a corrupt
         state machine snapshot the log extends) is met as the error's own advice says, by
         resynchronising: the group's directory is moved aside (kept, not deleted), its
-        ``.raft-promised`` record written, and the voter opens empty and *rejoins*: no
+        promise recorded in the state store, and the voter opens empty and *rejoins*: no
         vote until the leader has sent it the metadata again. Only with other voters to
         send it, and once; otherwise the error is raised."""
         voters = frozenset(voters)

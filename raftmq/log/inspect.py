@@ -98,12 +98,18 @@ def verify_folder(directory: Path) -> FolderReport:
     """Check every CRC, the continuity of indexes, offsets and terms, every index file, and
     that every DATA entry's records decode."""
     problems: list[str] = []
+    segments = segment_files(directory)
+    # A log that never moved its start has no start checkpoint, and one that never closed
+    # a segment may have no terms checkpoint (recovery.py reads both so).
+    untouched = not segments or (segments[0].base_offset, segments[0].first_index) == (0, 1)
     start = read_start(directory)
+    if start is None and untouched and not (directory / START_CHECKPOINT).exists():
+        start = (1, 0, 0)
     if start is None:
         problems.append(f"{START_CHECKPOINT} is missing or damaged")
-    if read_atomic(directory / TERMS_CHECKPOINT) is None:
+    terms_path = directory / TERMS_CHECKPOINT
+    if read_atomic(terms_path) is None and (terms_path.exists() or len(segments) > 1):
         problems.append(f"{TERMS_CHECKPOINT} is missing or damaged")
-    segments = segment_files(directory)
     reports = []
     expect: tuple[int, int, int] | None = None  # next index, next offset, last term
     # Closed segments at the tail without index files were rolled but not yet sealed (the

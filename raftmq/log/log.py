@@ -81,6 +81,7 @@ class Log:
         self._unsealed: list[Segment] = []
         self._open_cache: OrderedDict[int, Segment] = OrderedDict()  # closed segments in memory
         self._terms: list[tuple[int, int]] = []  # (first index of term, term), ascending
+        self._terms_saved: list[tuple[int, int]] | None = None  # what the checkpoint holds
         self.start_index = 1
         self.start_offset = 0
         self._prev_term = 0
@@ -134,15 +135,21 @@ class Log:
             self._unsealed.remove(seg)
         seg.remove_files()
 
-    def _restart_empty(self) -> None:
+    def _restart_empty(self, *, durable: bool = True) -> None:
         """Drop every segment, newest first, and start one empty segment at the log start
-        (a new log, or a snapshot installed past the end)."""
+        (a new log, or a snapshot installed past the end); ``durable``: see Segment.create."""
         while self._segments:
             self._drop_segment(len(self._segments) - 1)
         self._open_cache.clear()
         self._terms.clear()
         self._push_segment(
-            Segment.create(self.directory, self.start_offset, self.start_index, pacer=self._pacer)
+            Segment.create(
+                self.directory,
+                self.start_offset,
+                self.start_index,
+                pacer=self._pacer,
+                durable=durable,
+            )
         )
         self.next_index, self.next_offset = self.start_index, self.start_offset
         self._active_born_ms = self._clock_ms()
@@ -185,7 +192,12 @@ class Log:
         )
 
     def _write_terms(self) -> None:
+        """Save the terms checkpoint, unless it already holds them: written at every
+        open and close, it cost each of thousands of replicas two fsyncs for nothing."""
+        if self._terms == self._terms_saved:
+            return
         checkpoints.write_terms(self.directory, self._terms)
+        self._terms_saved = list(self._terms)
 
     def _drop_terms_below_start(self) -> None:
         keep = bisect_right(self._terms, (self.start_index, _NO_TERM_BOUND)) - 1

@@ -88,11 +88,11 @@ def recover(log: Log) -> None:
     start_problem = None
     if start is not None:
         log.start_index, log.start_offset, log._prev_term = start
-    elif found:
+    elif found and (found[0] != (0, 1) or (log.directory / checkpoints.START_CHECKPOINT).exists()):
         start_problem = checkpoints.start_problem(log.directory)
         log.start_offset, log.start_index = found[0]
-    else:
-        log._write_start()
+    # Otherwise the log never moved its start: no checkpoint is written until it does
+    # (a new log costs no fsync for it), and the first segment says where it is.
 
     # A crash during prefix truncation can leave segments wholly below the start.
     while len(found) > 1 and found[1][1] <= log.start_index:
@@ -107,7 +107,10 @@ def recover(log: Log) -> None:
     if start_problem is not None:
         _rebuild_start(log, start_problem)
     if not log._segments:
-        log._restart_empty()
+        # A new log. Its first segment is not made durable here (two fsyncs per new
+        # replica): a crash before anything is written loses nothing, and the driver
+        # makes the directory durable before the replica first promises (RaftHost).
+        log._restart_empty(durable=False)
     else:
         first = first_unsealed(log._segments)  # recovery rescans from here, with CRCs
         _check_closed_indexes(log, first)
@@ -122,7 +125,8 @@ def recover(log: Log) -> None:
     # What a crashed process had reserved past its end is given back here.
     active = log._segments[-1]
     active.set_writable(True)
-    active.fsync()
+    if found:
+        active.fsync()
     active.release_reserved()
     log.durable_index = log.next_index - 1
     log._drop_terms_below_start()
@@ -323,8 +327,11 @@ def _load_terms(log: Log) -> None:
     terms = checkpoints.read_terms(log.directory)
     if terms is not None:
         log._terms = terms
+        log._terms_saved = list(terms)
         return
     log._terms = []
+    if not (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
+        log._terms_saved = []
     # Missing is normal for a new log (one segment, nothing closed yet); damaged never is.
     if len(log._segments) > 1 or (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
         problem = checkpoints.terms_problem(log.directory)

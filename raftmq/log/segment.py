@@ -138,13 +138,18 @@ class Segment:
         first_index: int,
         *,
         pacer: preallocate.Pacer | None = None,
+        durable: bool = True,
     ) -> Segment:
+        """A new empty segment file; with ``durable``, its name is made durable at once
+        (fsync of the file and of the directory), so entries a flush later makes durable in
+        it are not lost with the name."""
         seg = cls(directory, base_offset, first_index, 0)
         seg.pacer = pacer
         fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.fsync(fd)
-            fsync_dir(directory)
+            if durable:
+                os.fsync(fd)
+                fsync_dir(directory)
         except BaseException:
             os.close(fd)
             raise

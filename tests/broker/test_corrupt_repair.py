@@ -17,7 +17,7 @@ from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry
 from raftmq.log.inspect import verify_folder
-from raftmq.raft.host import group_storage
+from raftmq.raft.host.state_store import Kind
 from tests.broker.conftest import REBALANCE_ARGS, ClusterFactory, cluster_spec, log_tails
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
@@ -27,6 +27,7 @@ from tests.broker.test_broker_cluster import (
     wait_until,
 )
 from tests.broker.test_disk_loss import fill_and_replicate, stored_entries
+from tests.raft import stored
 
 TOPIC = "c"
 SEGMENT_BYTES = 16 * 1024
@@ -181,7 +182,7 @@ def test_a_replica_whose_open_reads_a_corrupt_entry_is_repaired_before_it_opens(
         segments = close_segments(cluster, client, victim, sent)
         cluster.stop(victim)
         flip_bit(segments[0], 700)
-        (folder / "raft-commit").unlink(missing_ok=True)  # the open reads the whole log
+        stored.forget(folder, Kind.HINT)  # the open reads the whole log
         cluster.start(victim)
 
         def repaired_and_ok() -> bool:
@@ -216,14 +217,14 @@ def test_a_replica_whose_commit_entry_rotted_in_a_sealed_segment_is_repaired_at_
         last_sealed = segments[-2]
         *_, rotted = entry.iter_headers(last_sealed.read_bytes())
         flip_bit(last_sealed, rotted.end - 1)
-        hint = group_storage.read_commit_hint(folder / group_storage.COMMIT_HINT_FILE)
+        hint = stored.commit_hint(folder)
         assert hint is not None and hint.through >= rotted.index
         lagging = dataclasses.replace(
             hint,
             through=rotted.index,
             changes=tuple(c for c in hint.changes if c[0] <= rotted.index),
         )
-        group_storage.save_commit_hint(folder / group_storage.COMMIT_HINT_FILE, lagging)
+        stored.put(folder, Kind.HINT, lagging.encode())
         cluster.start(victim)
 
         def repaired_and_ok() -> bool:
@@ -279,8 +280,8 @@ def test_a_replica_whose_snapshot_meta_no_peer_can_mend_starts_over_from_its_lea
             "retention to move the victim's log start",
         )
         cluster.stop(victim)
-        flip_bit(folder / "raft-snapshot", 2)
-        (folder / "raft-commit").unlink(missing_ok=True)
+        stored.forget(folder, Kind.META)  # as a damaged record of it is
+        stored.forget(folder, Kind.HINT)
         cluster.start(victim)
         wait_until(
             lambda: _hw_or_none(client, victim_address, TOPIC) == len(sent),

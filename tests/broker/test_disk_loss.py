@@ -16,7 +16,7 @@ from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.log.config import LogConfig
 from raftmq.log.log import Log
-from raftmq.raft.host.group_storage import COMMIT_HINT_FILE, HARD_STATE_FILE
+from raftmq.raft.host.state_store import Kind
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import (
     _hw_or_none,
@@ -26,6 +26,7 @@ from tests.broker.test_broker_cluster import (
     read_all,
     wait_until,
 )
+from tests.raft import stored
 
 TOPIC = "w"
 CATCH_UP_S = 30.0
@@ -48,16 +49,18 @@ def lose_disk(directory: Path, how: str) -> None:
         shutil.rmtree(directory)
         return
     if how == "replaced":
-        # The broker's whole data directory: the records beside each partition's folder,
-        # that it once voted and acknowledged, are gone too.
+        # The broker's whole data directory: the state store beside each partition's
+        # folder, which says that it once voted and acknowledged, is gone too.
         shutil.rmtree(directory.parent)
         return
     # Cut back: the newest segment loses its second half (recovery cuts the torn entry)
-    # and the Raft files go: a disk restored from an older copy, without its hard state.
+    # and the group's Raft state goes but for its promise record: a disk restored from an
+    # older copy, without its hard state.
     last = sorted(directory.glob("*.log"))[-1]
     os.truncate(last, last.stat().st_size // 2)
-    for name in (HARD_STATE_FILE, COMMIT_HINT_FILE):
-        (directory / name).unlink(missing_ok=True)
+    stored.forget(directory, Kind.HARD)
+    stored.forget(directory, Kind.HINT)
+    stored.put(directory, Kind.PROMISED, b"")
 
 
 def fill_and_replicate(

@@ -1,5 +1,5 @@
 """The bit-rot faults' file finding and flipping, on broker directories written by the
-real writers (a Log, the hard state, the checkpoints, the metadata cache): each fault must
+real writers (a Log, the state store, the checkpoints, the metadata cache): each fault must
 find its file where a broker keeps it, flip exactly one bit in it (which the file's own
 check then catches), and never touch a second replica's copy of a replicated file."""
 
@@ -31,18 +31,24 @@ from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.log import Log
 from raftmq.partition.producer_tracking import ProducerTracking
 from raftmq.raft.hardstate import HardState
-from raftmq.raft.host.group_storage import (
-    HARD_STATE_FILE,
-    SNAPSHOT_META_FILE,
-    load_hard_state,
-    load_snapshot_meta,
-    save_hard_state,
-    save_snapshot_meta,
-)
+from raftmq.raft.host import state_store
+from raftmq.raft.host.group_storage import save_hard_state_in, save_snapshot_meta
+from raftmq.raft.host.state_store import STORE_FILE, StateStore
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
+from tests.raft import stored
 
 MEMBERS = Membership(frozenset({1, 2, 3}))
+START = SnapshotMeta(0, 0, 0, MEMBERS)
+
+
+def _save_state(directory: Path, put) -> None:
+    """Records of one group, durable in its folder's state store (as a host leaves them)."""
+    store = state_store.acquire(directory.parent)
+    try:
+        put(store)
+    finally:
+        state_store.release(store)
 
 
 def _write_log(directory: Path, entries: int, *, config_at: int | None = None) -> None:
@@ -52,7 +58,7 @@ def _write_log(directory: Path, entries: int, *, config_at: int | None = None) -
     (and indexed)."""
     config = LogConfig(segment_bytes=1024, flush_policy=FlushPolicy.EVERY_BATCH)
     directory.mkdir(parents=True, exist_ok=True)
-    save_snapshot_meta(directory / SNAPSHOT_META_FILE, SnapshotMeta(0, 0, 0, MEMBERS))
+    _save_state(directory, lambda store: save_snapshot_meta(store, directory, START))
     with Log.open(directory, config) as log:
         log.append(entry.encode(b"", type=entry.EntryType.NOOP, index=1, term=1))
         offset = 0
@@ -83,7 +89,8 @@ def broker_dir(tmp_path: Path, broker: int = 1, *, voter: bool = True) -> Path:
     for p in (0, 1):
         part = root / f"{TOPIC}-{p}"
         _write_log(part, 40)
-        save_hard_state(part / HARD_STATE_FILE, HardState(term=3, vote=broker, commit=30))
+        hs = HardState(term=3, vote=broker, commit=30)
+        _save_state(part, lambda store, part=part, hs=hs: save_hard_state_in(store, part, hs))
         write_start(part, 1, 0, 0)
         ProducerTracking(part, f"{TOPIC}-{p}").checkpoint()
     cache = MetadataCache(root, "raftmq-chaos")
@@ -95,7 +102,8 @@ def broker_dir(tmp_path: Path, broker: int = 1, *, voter: bool = True) -> Path:
                 log.append(
                     entry.encode(f"cmd-{i}".encode(), type=entry.EntryType.METADATA, index=i)
                 )
-        save_hard_state(meta / HARD_STATE_FILE, HardState(term=2, vote=1, commit=5))
+        hs = HardState(term=2, vote=1, commit=5)
+        _save_state(meta, lambda store: save_hard_state_in(store, meta, hs))
     return root
 
 
@@ -129,11 +137,11 @@ def test_every_new_kind_is_a_fault_kind() -> None:
 @pytest.mark.parametrize(
     ("kind", "name"),
     [
-        ("corrupt-hardstate", "raft-hardstate"),
+        ("corrupt-hardstate", STORE_FILE),
         ("corrupt-producer-state", "producer_state.json"),
         ("corrupt-log-start", "log-start.checkpoint"),
         ("corrupt-metadata-cache", "metadata.cache"),
-        ("corrupt-config", "raft-snapshot"),
+        ("corrupt-config", STORE_FILE),
     ],
 )
 def test_a_file_fault_finds_its_file_and_flips_one_bit(
@@ -149,22 +157,31 @@ def test_a_file_fault_finds_its_file_and_flips_one_bit(
     (path,) = changed
     assert path in found and f"{path.parent.name}/{path.name}" in said
     # Each of these files is CRC-framed: the reader sees the damage, not a wrong value.
-    assert read_atomic(path) is None
+    if name == STORE_FILE:
+        assert StateStore(path.parent).damaged is not None
+    else:
+        assert read_atomic(path) is None
 
 
-def test_the_hard_state_flip_is_caught_when_it_is_loaded(tmp_path: Path) -> None:
-    root = broker_dir(tmp_path, voter=False)
-    flip_file_bit(find_files(root, "corrupt-hardstate", set()), random.Random(2), set())
-    damaged = [p for p in root.rglob(HARD_STATE_FILE) if read_atomic(p) is None]
-    assert len(damaged) == 1
-    with pytest.raises(Exception):  # noqa: B017 - whichever error: never a guessed vote
-        load_hard_state(damaged[0])
-
-
-def test_hard_state_is_found_in_the_controller_group_too(tmp_path: Path) -> None:
-    root = broker_dir(tmp_path)
-    dirs = {p.parent.name for p in find_files(root, "corrupt-hardstate", set())}
-    assert dirs == {f"{TOPIC}-0", f"{TOPIC}-1", GROUP}
+def test_the_state_store_flip_makes_every_group_of_the_broker_suspect(tmp_path: Path) -> None:
+    """Whose record a flipped bit hit is not known: a group (the controller group too)
+    whose hard state was not written whole after the damage no longer trusts it, and so
+    rejoins (a record lost before a whole later one of the same group is superseded); and
+    the flip counts as this broker's for every group, so no other replica's store is
+    flipped after it."""
+    groups = (f"{TOPIC}-0", f"{TOPIC}-1", GROUP)
+    for seed in range(6):
+        root = broker_dir(tmp_path / str(seed), 1)
+        corrupted: set[tuple[str, str]] = set()
+        flip_file_bit(find_files(root, "corrupt-hardstate", set()), random.Random(seed), corrupted)
+        assert {(STORE_FILE, group) for group in groups} == corrupted
+        with stored.store_of(root / GROUP) as store:
+            assert store.damaged is not None
+            for group in groups:  # suspect, or its hard state is whole and trusted
+                assert store.group(group).suspect or stored.hard_state(root / group)
+    other = broker_dir(tmp_path, 2)
+    assert find_files(other, "corrupt-hardstate", corrupted) == []
+    assert find_files(other, "corrupt-config", corrupted) == []
 
 
 def test_a_replicated_file_is_never_flipped_on_a_second_replica(tmp_path: Path) -> None:
@@ -173,9 +190,10 @@ def test_a_replicated_file_is_never_flipped_on_a_second_replica(tmp_path: Path) 
     flip_file_bit(find_files(first, "corrupt-log-start", corrupted), random.Random(3), corrupted)
     (hit,) = corrupted
     left = find_files(second, "corrupt-log-start", corrupted)
-    # The other partition's and the controller group's checkpoints remain on broker 2.
-    assert {p.parent.name for p in left} == {f"{TOPIC}-0", f"{TOPIC}-1", GROUP} - {hit[1]}
-    assert len(find_files(first, "corrupt-log-start", corrupted)) == 2
+    # The other partition's checkpoint remains on broker 2 (the controller group never
+    # moved its start, so it has none).
+    assert {p.parent.name for p in left} == {f"{TOPIC}-0", f"{TOPIC}-1"} - {hit[1]}
+    assert len(find_files(first, "corrupt-log-start", corrupted)) == 1
     assert read_start(second / hit[1]) is not None  # the other replica's copy is untouched
 
 
@@ -203,15 +221,15 @@ def test_a_broker_without_the_file_offers_nothing(tmp_path: Path) -> None:
 
 
 def test_a_new_groups_configuration_is_in_its_snapshot_meta(tmp_path: Path) -> None:
-    # No membership change yet: no CONFIG entry; corrupt-config falls back to raft-snapshot.
+    # No membership change yet: no CONFIG entry; corrupt-config falls back to the store.
     root = broker_dir(tmp_path, voter=False)
     assert config_entries(root, set()) == []
-    (path,) = [p for p in find_files(root, "corrupt-config", set()) if "-0" in p.parent.name]
-    assert load_snapshot_meta(path) == SnapshotMeta(0, 0, 0, MEMBERS)
+    (path,) = find_files(root, "corrupt-config", set())
+    assert stored.snapshot_meta(root / f"{TOPIC}-0") == START
     corrupted: set[tuple[str, str]] = set()
     flip_file_bit([path], random.Random(8), corrupted)
-    assert load_snapshot_meta(path) is None  # the damage shows as no saved meta at all
-    assert corrupted == {(SNAPSHOT_META_FILE, f"{TOPIC}-0")}
+    assert StateStore(root).damaged is not None
+    assert corrupted == {(STORE_FILE, f"{TOPIC}-0"), (STORE_FILE, f"{TOPIC}-1")}
 
 
 def test_config_entries_of_sealed_segments_are_found_and_flipped_once(tmp_path: Path) -> None:

@@ -9,12 +9,13 @@ from pathlib import Path
 from raftmq.format import entry
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.raft.errors import NotLeaderError, ProposalDroppedError
-from raftmq.raft.host import group_storage
 from raftmq.raft.host import repair as repair_mod
 from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.state_store import Kind
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.raft.membership import ConfigHistory, Membership
+from tests.raft import stored
 
 MEMBERS = Membership(frozenset({1, 2, 3}))
 SMALL = LogConfig(segment_bytes=256 * 1024)  # small segments: these tests roll too
@@ -414,14 +415,12 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     finally:
         for host in hosts.values():
             await host.stop()
-    hint_path = tmp_path / "n2" / "g" / group_storage.COMMIT_HINT_FILE
-    saved = group_storage.read_commit_hint(hint_path)
+    saved = stored.commit_hint(tmp_path / "n2" / "g")
     assert saved is not None and saved.through == last
     assert saved.changes == ((0, MEMBERS), (conf_index, new))
     # Node 3's hint claims more than its log holds, as after losing an unsynced tail.
-    hint3 = tmp_path / "n3" / "g" / group_storage.COMMIT_HINT_FILE
     bigger = ConfigHistory(last + 1000, saved.changes)
-    group_storage.save_commit_hint(hint3, bigger)  # as the host writes hints
+    stored.put(tmp_path / "n3" / "g", Kind.HINT, bigger.encode())  # as the host writes hints
 
     scans: list[int] = []
     original = RaftCore._replay_configs
@@ -443,8 +442,8 @@ async def test_a_restart_reads_only_the_log_after_the_saved_configurations(tmp_p
     finally:
         for host in hosts.values():
             await host.stop()
-    # A hint that is torn or of another format is no hint: the whole log is read.
-    hint_path.write_bytes(hint_path.read_bytes()[:-1])
+    # A hint of another format is no hint: the whole log is read.
+    stored.put(tmp_path / "n2" / "g", Kind.HINT, saved.encode()[:-1])
     scans.clear()
     hosts = open_cluster()
     try:

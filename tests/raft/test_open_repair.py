@@ -22,8 +22,10 @@ from raftmq.raft.host import group_storage
 from raftmq.raft.host import host as driver_mod
 from raftmq.raft.host import repair as repair_mod
 from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.state_store import Kind
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.raft.membership import Membership
+from tests.raft import stored
 from tests.raft.test_driver import FAST, MEMBERS, propose_to_leader, tcp_transports, wait_for
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, retention_ms=-1, preallocate_bytes=0)
@@ -231,7 +233,8 @@ async def test_a_sealed_segment_that_shrank_is_cut_back_and_the_replica_rejoins(
         peers = sorted(n for n in (1, 2, 3) if n != victim)
         what = await host.repair_closed_group("g", folder, peers, CONFIG)
         assert f"cut the log from entry {damage.first_index} on" in what, what
-        assert group_storage.load_hard_state(folder / group_storage.HARD_STATE_FILE).rejoining
+        saved = stored.hard_state(folder)
+        assert saved is not None and saved.rejoining
         c.open(victim)
         assert host.status("g").rejoining
         assert host.groups["g"].last_index == damage.first_index - 1
@@ -277,7 +280,7 @@ async def test_no_peer_to_repair_from_is_a_repair_error_with_a_reason(tmp_path, 
         assert not host.repairing("g")
         reason = caught.value.reason
         assert all(f"node {n} is not reachable" in reason for n in others), reason
-        assert ".raft-promised" in reason, reason
+        assert "state store" in reason, reason
         with pytest.raises(GroupDamagedError):
             c.open(victim)  # nothing was written: still damaged, still closed
     finally:
@@ -291,20 +294,21 @@ async def test_a_corrupt_hard_state_opens_rejoining_and_catches_up(tmp_path, qui
         await c.fill()
         victim = c.follower()
         await c.stop(victim)
-        hard = c.folder(victim) / group_storage.HARD_STATE_FILE
-        term_before = group_storage.load_hard_state(hard).term
-        flip(hard, 6)
-        with pytest.raises(group_storage.HardStateCorruptError):
-            group_storage.load_hard_state(hard)
+        folder = c.folder(victim)
+        before = stored.hard_state(folder)
+        assert before is not None
+        store_file = stored.store_path(folder)
+        flip(store_file, store_file.stat().st_size // 2)  # bit rot: whose record, unknown
+        assert stored.hard_state(folder) is None  # suspect: not trusted
         await c.boot(victim)
         host = c.hosts[victim]
         with caplog.at_level(logging.WARNING, logger="raftmq.raft.host.host"):
             c.open(victim)
         assert any("no vote, and rejoins" in r.getMessage() for r in caplog.records)
         status = host.status("g")
-        assert status.rejoining and status.term <= term_before
-        saved = group_storage.load_hard_state(hard)  # rewritten at open, flag and all
-        assert saved.rejoining and saved.vote == 0
+        assert status.rejoining and status.term <= before.term
+        saved = stored.hard_state(folder)  # written again at open, flag and all
+        assert saved is not None and saved.rejoining and saved.vote == 0
         await propose_to_leader(c.running(), PAYLOAD, 2)
         await wait_for(lambda: not host.status("g").rejoining, what="the rejoin to end")
         last = max(h.groups["g"].last_index for h in c.running().values())
@@ -318,12 +322,11 @@ async def _compacted_follower(c: Cluster) -> tuple[int, group_storage.SnapshotMe
     await c.fill()
     victim = c.follower()
     assert c.hosts[victim].compact("g") > 0
-    meta_path = c.folder(victim) / group_storage.SNAPSHOT_META_FILE
-    meta = group_storage.load_snapshot_meta(meta_path)
+    meta = stored.snapshot_meta(c.folder(victim))
     assert meta is not None and meta.index > 0
     await c.stop(victim)
-    flip(meta_path, 2)
-    assert group_storage.load_snapshot_meta(meta_path) is None
+    stored.forget(c.folder(victim), Kind.META)
+    assert stored.snapshot_meta(c.folder(victim)) is None
     return victim, meta
 
 
@@ -341,8 +344,7 @@ async def test_a_corrupt_snapshot_meta_is_rebuilt_from_the_commit_hint(tmp_path,
         with caplog.at_level(logging.WARNING, logger="raftmq.raft.host.host"):
             c.open(victim)
         assert any("rebuilt from the commit hint" in r.getMessage() for r in caplog.records)
-        meta_path = c.folder(victim) / group_storage.SNAPSHOT_META_FILE
-        assert group_storage.load_snapshot_meta(meta_path) == meta
+        assert stored.snapshot_meta(c.folder(victim)) == meta
         assert c.hosts[victim].status("g").membership == MEMBERS
     finally:
         await c.close()
@@ -353,13 +355,13 @@ async def test_a_corrupt_snapshot_meta_without_a_hint_refuses_to_open(tmp_path, 
     await c.start()
     try:
         victim, _ = await _compacted_follower(c)
-        (c.folder(victim) / group_storage.COMMIT_HINT_FILE).unlink()
+        stored.forget(c.folder(victim), Kind.HINT)
         await c.boot(victim)
         with pytest.raises(GroupDamagedError) as caught:
             c.open(victim)
         assert caught.value.damages == ()
         assert "snapshot meta" in caught.value.reason
-        assert ".raft-promised" in caught.value.reason
+        assert "state store" in caught.value.reason
         others = [n for n in (1, 2, 3) if n != victim]
         with pytest.raises(GroupRepairError, match="not entries a replica can supply"):
             await c.hosts[victim].repair_closed_group("g", c.folder(victim), others, RETAINED)
@@ -367,7 +369,7 @@ async def test_a_corrupt_snapshot_meta_without_a_hint_refuses_to_open(tmp_path, 
         await c.close()
 
 
-async def test_a_corrupt_commit_hint_or_promise_record_never_stops_an_open(tmp_path, quick):
+async def test_a_malformed_commit_hint_never_stops_an_open(tmp_path, quick):
     c = Cluster(tmp_path, replay=False)
     await c.start()
     try:
@@ -375,17 +377,14 @@ async def test_a_corrupt_commit_hint_or_promise_record_never_stops_an_open(tmp_p
         victim = c.follower()
         await c.stop(victim)
         folder = c.folder(victim)
-        hint = folder / group_storage.COMMIT_HINT_FILE
-        assert group_storage.read_commit_hint(hint) is not None
-        flip(hint, 9)
-        assert group_storage.read_commit_hint(hint) is None
-        promised = group_storage.promised_path(folder)
-        promised.write_bytes(b"garbage, not a framed record")
+        assert stored.commit_hint(folder) is not None
+        stored.put(folder, Kind.HINT, b"garbage, not a configuration history")
+        assert stored.commit_hint(folder) is None
         await c.boot(victim)
         c.open(victim)
         status = c.hosts[victim].status("g")
-        # The record counts by existing: a hard state with a term is still there, so
-        # the replica is whole and does not rejoin; its log opened complete.
+        # No hint is a slower open, not a lost state: the replica is whole and does not
+        # rejoin; its log opened complete.
         assert not status.rejoining
         assert status.last_index >= c.running()[c.follower()].groups["g"].commit_index
     finally:
@@ -435,7 +434,7 @@ async def test_a_damaged_range_every_peer_let_go_is_cut_and_the_replica_rejoins(
             c.hosts[peer].compact("g", through=after - 1)
             assert c.hosts[peer].groups["g"].log_reader.start_index == after
         flip(segs[1], h.end - 1)
-        (folder / group_storage.COMMIT_HINT_FILE).unlink()  # the open reads the whole log
+        stored.forget(folder, Kind.HINT)  # the open reads the whole log
         await c.boot(victim)
         host = c.hosts[victim]
         with pytest.raises(GroupDamagedError):

@@ -45,20 +45,17 @@ from raftmq.raft.errors import (
     ReadIndexError,
 )
 from raftmq.raft.hardstate import HardState
+from raftmq.raft.host import state_store
 from raftmq.raft.host.byte_rate import ByteRate
 from raftmq.raft.host.group_storage import (
-    COMMIT_HINT_FILE,
-    HARD_STATE_FILE,
-    SNAPSHOT_META_FILE,
     driven_log_config,
     load_group,
-    promised_path,
-    record_promised,
     save_commit_hint,
-    save_hard_state,
+    save_hard_state_in,
     save_snapshot_meta,
 )
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S, SelfRepair
+from raftmq.raft.host.state_store import StateStore
 from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
@@ -193,6 +190,7 @@ class RaftGroup:
         core: RaftCore,
         log_: Log,
         directory: Path,
+        store: StateStore,
         *,
         sync: bool,
         apply: ApplyFn | None,
@@ -206,6 +204,11 @@ class RaftGroup:
         self.core = core
         self.log = log_
         self.directory = directory
+        self.store = store
+        """The state store of the directory's folder: hard state, snapshot meta, hint."""
+        self.new_directory = False
+        """The directory held no log when the group opened: its entry (and its first
+        segment's) must be made durable before the store first records a promise of it."""
         self.sync = sync
         self.apply = apply
         self.on_soft_state = on_soft_state
@@ -232,7 +235,6 @@ class RaftGroup:
         self.leader_commit = 0
         """The highest commit a leader's append has told this follower: beyond its log end,
         it is catching up."""
-        self.promised = False  # the PROMISED_SUFFIX record exists
         self.parked_config: LogConfig | None = None
         """New settings that arrived during a round (see :meth:`RaftHost.reconfigure_log`)."""
 
@@ -372,6 +374,9 @@ class RaftHost(SelfRepair):
         self._injected_fault: BaseException | None = None
         self._repairs: dict[str, asyncio.Task[None]] = {}
         self._repair_replies: dict[tuple[str, int, int], asyncio.Future[RepairReply]] = {}
+        self._stores: dict[Path, StateStore] = {}
+        """The state store of each folder a group was opened in (shared: state_store.acquire)."""
+        self._store_upkeep: asyncio.Future[None] | None = None
         self._closed_repairs: set[str] = set()
         """Groups not open here whose log :meth:`repair_closed_group` is mending: their
         RepairReplies reach it, nothing else of theirs is processed."""
@@ -429,7 +434,8 @@ class RaftHost(SelfRepair):
             raise ValueError(f"group {name!r} is being repaired on node {self.node_id}")
         path = Path(directory)
         config = log_config or LogConfig()
-        core, log_, hs = load_group(
+        store = self._store_of(path)
+        core, log_, hs, new_directory = load_group(
             name,
             path,
             membership,
@@ -437,6 +443,7 @@ class RaftHost(SelfRepair):
             replay,
             node_id=self.node_id,
             core_cfg=self._core_cfg,
+            store=store,
             snapshot=snapshots.latest() if snapshots is not None else None,
         )
         log_.on_durable = on_durable
@@ -445,6 +452,7 @@ class RaftHost(SelfRepair):
             core,
             log_,
             path,
+            store,
             sync=config.flush_policy is FlushPolicy.EVERY_BATCH,
             apply=apply,
             on_soft_state=on_soft_state,
@@ -452,18 +460,22 @@ class RaftHost(SelfRepair):
             snapshots=snapshots,
         )
         group.opened_with = (membership, config, replay)
+        group.new_directory = new_directory
         self._attach(group, hs)
         return group
+
+    def _store_of(self, directory: Path) -> StateStore:
+        """The state store of the folder ``directory`` is in, held until :meth:`stop`."""
+        folder = directory.parent
+        store = self._stores.get(folder)
+        if store is None:
+            store = self._stores[folder] = state_store.acquire(folder)
+        return store
 
     def _attach(self, group: RaftGroup, hs: HardState) -> None:
         """Let a freshly loaded group run: its saved state is ``hs``."""
         replay = group.opened_with is None or group.opened_with[2]
         group.saved_hard = hs
-        promised = promised_path(group.directory).exists()
-        if hs.term > 0 and not promised:
-            record_promised(group.directory)  # a replica from before the record existed
-            promised = True
-        group.promised = promised
         group.hinted_commit = hs.commit if not replay else -1
         self.groups[group.name] = group
         self._mark(group)
@@ -508,10 +520,14 @@ class RaftHost(SelfRepair):
             group.log.flush()
         group.sync = sync
 
-    async def close_group(self, name: str) -> bool:
-        """Stop running group ``name`` and close its files (its replica is being deleted:
-        the broker removes the directory afterwards); False if it is not open here. Its
-        pending proposals and reads fail; a leader hands the group away first."""
+    async def close_group(self, name: str, *, discard: bool = False) -> bool:
+        """Stop running group ``name`` and close its files; False if it is not open here.
+        Its pending proposals and reads fail; a leader hands the group away first.
+
+        ``discard``: its replica is being deleted (the caller removes the directory and
+        its state records afterwards), so nothing is flushed or written: a flush and a
+        terms checkpoint per replica cost a large topic's deletion thousands of fsyncs,
+        for files about to go."""
         group = self.groups.pop(name, None)
         if group is None:
             group = self.quarantined.pop(name, None)
@@ -526,7 +542,7 @@ class RaftHost(SelfRepair):
         self._fail_group_waiters(group, "the replica was closed")
         while group.in_round:  # its write or fsync may still run in the pool
             await asyncio.sleep(0.01)
-        self._close_group(group, clean=group.failure is None)
+        self._close_group(group, clean=group.failure is None and not discard)
         return True
 
     def _close_group(self, group: RaftGroup, *, clean: bool) -> None:
@@ -655,8 +671,8 @@ class RaftHost(SelfRepair):
                 log_.truncate_prefix(through + 1)
                 deleted = before - len(log_.segments())
             if deleted or through is not None:
-                meta = group.core.snapshot_meta()
-                save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, meta)
+                save_snapshot_meta(group.store, group.directory, group.core.snapshot_meta())
+                group.store.sync()
         except Exception as exc:
             self._quarantine(group, "retention", exc)
             return 0
@@ -837,6 +853,10 @@ class RaftHost(SelfRepair):
             with contextlib.suppress(Exception):
                 self._close_group(group, clean=False)
         self._pool.shutdown(wait=True)
+        stores, self._stores = self._stores, {}
+        for store in stores.values():
+            with contextlib.suppress(state_store.StateStoreError):  # the host failed already
+                state_store.release(store)
 
     async def _tick_loop(self) -> None:
         next_tick_s = time.monotonic()
@@ -869,6 +889,28 @@ class RaftHost(SelfRepair):
                         self._write_commit_hint(group)
                     except Exception as exc:
                         self._quarantine(group, "commit hint write", exc)
+            self._keep_stores()
+
+    def _keep_stores(self) -> None:
+        """Write (and fsync, and rewrite when grown) what the state stores hold unsynced
+        (commit hints, deleted groups' tombstones), in the pool, one job at a time: their
+        records are never waited for, yet must reach the disk within a tick or so."""
+        if self._store_upkeep is not None and not self._store_upkeep.done():
+            return
+        stores = [store for store in self._stores.values() if store.pending]
+        if stores:
+            loop = asyncio.get_running_loop()
+            self._store_upkeep = loop.run_in_executor(self._pool, self._sync_stores, stores)
+            self._store_upkeep.add_done_callback(self._store_upkept)
+
+    @staticmethod
+    def _sync_stores(stores: list[StateStore]) -> None:
+        for store in stores:
+            store.sync()
+
+    def _store_upkept(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            self._fail(done.exception())  # type: ignore[arg-type]
 
     def _maybe_quiesce(self, group: RaftGroup) -> bool:
         """Quiesce an idle leader's group, fully replicated on every follower the transport
@@ -1082,7 +1124,7 @@ class RaftHost(SelfRepair):
     def _reopen(self, group: RaftGroup) -> None:
         assert group.opened_with is not None and group.failure is not None
         membership, config, replay = group.opened_with
-        core, log_, hs = load_group(
+        core, log_, hs, new_directory = load_group(
             group.name,
             group.directory,
             membership,
@@ -1090,8 +1132,10 @@ class RaftHost(SelfRepair):
             replay,
             node_id=self.node_id,
             core_cfg=self._core_cfg,
+            store=group.store,
             snapshot=group.snapshots.latest() if group.snapshots is not None else None,
         )
+        group.new_directory = group.new_directory or new_directory
         log_.on_durable = group.log.on_durable
         group.core, group.log = core, log_
         group.sync = config.flush_policy is FlushPolicy.EVERY_BATCH  # maybe altered since
@@ -1198,22 +1242,38 @@ class RaftHost(SelfRepair):
     def _persist_all(
         self, work: list[tuple[RaftGroup, Ready]]
     ) -> list[tuple[RaftGroup, Exception]]:
-        """Persist each group's Ready; returns the groups that failed, with their errors."""
+        """Persist each group's Ready; returns the groups that failed, with their errors.
+
+        The state records of all of them share one sync of their store (group commit),
+        after their logs' fsyncs. A store that cannot be synced fails the host
+        (StateStoreError is not one group's error: every group's state is in it)."""
         failed = []
+        stores: dict[StateStore, list[RaftGroup]] = {}
         for group, rd in work:
             try:
-                self._persist(group, rd)
+                if self._persist(group, rd):
+                    stores.setdefault(group.store, []).append(group)
             except Exception as exc:
                 failed.append((group, exc))
+        for store, groups in stores.items():
+            new = [g for g in groups if g.new_directory and g.saved_hard.term > 0]
+            store.sync(g.directory for g in new)
+            self.fsyncs += 1
+            for g in new:
+                g.new_directory = False
         return failed
 
-    def _persist(self, group: RaftGroup, rd: Ready) -> None:
-        """Make this Ready's entries and term/vote durable (in the fsync pool, or on the
-        loop when it is the round's only one)."""
+    def _persist(self, group: RaftGroup, rd: Ready) -> bool:
+        """Make this Ready's entries durable and record its snapshot meta and term/vote in
+        the group's state store (in the fsync pool, or on the loop when it is the round's
+        only one). True when the store must be synced before the Ready's messages go out
+        (:meth:`_persist_all` does, once for all groups)."""
+        to_sync = False
         if rd.snapshot is not None:
             # The log already restarted at the snapshot point (write_to_storage); the
             # membership there must survive a restart before we acknowledge.
-            save_snapshot_meta(group.directory / SNAPSHOT_META_FILE, rd.snapshot)
+            save_snapshot_meta(group.store, group.directory, rd.snapshot)
+            to_sync = True
         if rd.entries and group.sync:
             group.log.flush()
             self.fsyncs += 1
@@ -1226,13 +1286,12 @@ class RaftHost(SelfRepair):
         ):
             # Term and vote must be durable before any reply that depends on them. The
             # commit index rides along but is not worth an fsync of its own: after a crash
-            # it is re-learned from the leader.
-            save_hard_state(group.directory / HARD_STATE_FILE, hs)
+            # it is re-learned from the leader. A hard state with a term is the replica's
+            # promise record too (docs/raft.md, "Rejoining after disk loss").
+            save_hard_state_in(group.store, group.directory, hs)
             group.saved_hard = hs
-            self.fsyncs += 1
-            if hs.term > 0 and not group.promised:
-                record_promised(group.directory)
-                group.promised = True
+            to_sync = True
+        return to_sync
 
     def _apply_durable(self, group: RaftGroup, rd: Ready) -> bool:
         """Apply this Ready's committed entries and answer their waiters now, before the
@@ -1312,19 +1371,17 @@ class RaftHost(SelfRepair):
         :meth:`~RaftCore.config_history`), so a restart neither re-applies what was applied
         nor reads the whole log for CONFIG entries.
 
-        Overwritten in place, without fsync: rewriting the file (truncate + write) makes
-        ext4 flush it, which stalled the event loop for tens of ms. A torn write fails its
-        CRC and only costs the next restart the longer way.
-
-        Opened and closed each time (at most once a second per group): a descriptor kept
-        per group was one more open file per partition, and 1,000 of them took a broker
-        to its open-file limit."""
+        A record in the group's state store (at most once a second per group), which the
+        store writes out with its next sync (:meth:`_keep_stores`, in the pool): never
+        waited for, since a stale or lost hint only costs the next restart the longer way.
+        No file (or descriptor) per group: 1,000 of them once took a broker to its
+        open-file limit."""
         if group.hinted_commit < 0:
             return
         history = group.core.config_history()
         if history is None or history.through <= group.hinted_commit:
             return
-        save_commit_hint(group.directory / COMMIT_HINT_FILE, history)
+        save_commit_hint(group.store, group.directory, history)
         group.hinted_commit = history.through
 
     def _resolve(self, group: RaftGroup, upto: int, *, local_only: bool = False) -> None:

@@ -33,6 +33,7 @@ from raftmq.log.repair import (
 )
 from raftmq.raft.errors import GroupRepairError
 from raftmq.raft.host.group_storage import cut_back_to_rejoin, driven_log_config
+from raftmq.raft.host.state_store import StateStore
 from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
@@ -89,6 +90,9 @@ class SelfRepair:
         raise NotImplementedError  # the host's
 
     async def _ensure_transport(self) -> None:
+        raise NotImplementedError  # the host's
+
+    def _store_of(self, directory: Path) -> StateStore:
         raise NotImplementedError  # the host's
 
     # --- repair of a group that cannot open -------------------------------------------
@@ -175,7 +179,11 @@ class SelfRepair:
                     # rejoin; the leader sends the rest (from its start point, a snapshot
                     # first), and later damaged ranges go with the cut.
                     await loop.run_in_executor(
-                        self._pool, cut_back_to_rejoin, log_, damage.first_index
+                        self._pool,
+                        cut_back_to_rejoin,
+                        log_,
+                        damage.first_index,
+                        self._store_of(log_.directory),
                     )
                     why = (
                         f"node {exc.peer} let them go: its log starts at {exc.start}"
@@ -205,7 +213,7 @@ class SelfRepair:
                     f"no replica supplied {what} of segment {damage.segment} "
                     f"({damage.reason}): {'; '.join(failures) or 'no peers given'}; start "
                     "a replica that holds them and try again, or delete the group's "
-                    "directory (keep its .raft-promised record) to resynchronise it",
+                    "directory (keep the state store beside it) to resynchronise it",
                 )
         return f"group {name}: repaired " + "; ".join(done_lines)
 

@@ -281,8 +281,8 @@ class ReplicatedStateMachine(Generic[M]):
             raise ValueError(
                 f"group {name}: its log starts at {start} but its snapshot "
                 f"{self.directory / SNAPSHOT_FILE} is at {self._applied} (or missing): the "
-                "entries between are lost; delete the group's directory (keep its "
-                ".raft-promised record) to resynchronise it from its peers"
+                "entries between are lost; delete the group's directory (keep the "
+                "state store beside it) to resynchronise it from its peers"
             )
 
     # --- state ----------------------------------------------------------------------------
@@ -511,7 +511,7 @@ class ReplicatedStateMachine(Generic[M]):
                 raise GroupDamagedError(
                     self.name,
                     f"snapshot {path} is torn or corrupt (CRC mismatch); delete the group's "
-                    "directory (keep its .raft-promised record) to resynchronise it from "
+                    "directory (keep the state store beside it) to resynchronise it from "
                     "its peers",
                 )
             return None
