@@ -82,6 +82,7 @@ class Reconciler:
         durability_markers: bool,
         stopping: Callable[[], bool],
         epoch: Callable[[], int],
+        prefer: Callable[[PartitionReplica], bool],
         campaign: Callable[[list[PartitionReplica]], Coroutine[Any, Any, None]],
         track: Callable[[asyncio.Task[None]], None],
     ) -> None:
@@ -89,8 +90,10 @@ class Reconciler:
         metadata's is not learnt for them); ``bootstrap_addresses``: the client addresses
         of the bootstrap file's nodes, asked with the metadata's for a past
         (``probe_for_a_past``: the data folder was missing, see
-        :meth:`_mark_replaced_replicas`); ``campaign``: what the preferred leaders do once
-        replicas opened (raftmq.broker.leadership); ``track``: keeps a background task
+        :meth:`_mark_replaced_replicas`); ``prefer``: what the preferred leader's head
+        start needs as each replica opens, before the next (True: campaign later);
+        ``campaign``: what the preferred leaders that could not campaign then do once
+        the replicas opened (both: raftmq.broker.leadership); ``track``: keeps a background task
         until it ends (the broker cancels what still runs when it stops)."""
         self.id = broker_id
         self.data_dir = data_dir
@@ -107,7 +110,11 @@ class Reconciler:
         self.durability_markers = durability_markers
         self._stopping = stopping
         self._epoch = epoch
+        self._prefer = prefer
         self._campaign = campaign
+        self._campaign_later: list[PartitionReplica] = []
+        """Opened preferred replicas that found no peer reachable: :meth:`_after_opening`
+        hands them to ``campaign``."""
         self._track = track
         self.metadata = MetadataState(cluster_name)
         """The newest metadata this broker applied (empty until the first arrives)."""
@@ -177,7 +184,9 @@ class Reconciler:
         self.settings.apply(self.replicas, state)  # altered configs, decommissions
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
-            self._track(asyncio.get_running_loop().create_task(self._campaign(opened)))
+        later, self._campaign_later = self._campaign_later, []
+        if later:
+            self._track(asyncio.get_running_loop().create_task(self._campaign(later)))
         try:
             self.moves.update(state)
         except Exception:  # its loop looks again at the next version
@@ -243,6 +252,11 @@ class Reconciler:
             await self._open_failed(key, part, exc)
             return None
         self.replicas[key] = replica
+        try:
+            if self._prefer(replica):
+                self._campaign_later.append(replica)
+        except Exception:  # its election timers decide instead
+            log.exception("broker %d: preferring a leader for %s/%d failed", self.id, *key)
         if key in self.unopened:
             log.info("broker %d: its replica of %s/%d opened", self.id, *key)
         self.unopened.opened(key)

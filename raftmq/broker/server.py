@@ -225,6 +225,7 @@ class Broker:
             durability_markers=durability_markers,
             stopping=lambda: self.stopping,
             epoch=lambda: self.registration.epoch,
+            prefer=self.leadership.prefer,
             campaign=self.leadership.campaign_where_preferred,
             track=self._track,
         )

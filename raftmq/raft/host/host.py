@@ -709,6 +709,12 @@ class RaftHost(SelfRepair):
         group.core.campaign()
         self._mark(group)
 
+    def delay_election(self, name: str, seconds: float) -> None:
+        """Let group ``name``'s first election here wait ``seconds`` longer, unless a
+        leader or candidate is heard first (:meth:`RaftCore.delay_election`)."""
+        group = self._live(name)
+        group.core.delay_election(math.ceil(seconds / self.tick_s))
+
     def transfer_leadership(self, name: str, to: int) -> None:
         group = self._live(name)
         self._unquiesce(group)
@@ -758,6 +764,7 @@ class RaftHost(SelfRepair):
         core = group.core
         if term == 0:  # a member announcing that it (re)opened: see _announce_open
             self._unquiesce(group)
+            group.core.ask_again(src)  # a vote request it dropped before it opened
             self._mark(group)
             return
         if (
