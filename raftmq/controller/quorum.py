@@ -166,6 +166,9 @@ class ControllerQuorum:
             MetadataStateMachine(cluster_name),
             on_soft_state=self._soft_state,
             on_durable=on_durable,
+            # Ahead of the partitions' rounds: every broker depends on this group, and its
+            # reads timed out behind a large topic's elections (RaftHost.open_group).
+            priority=True,
             **rsm_options,
         )
 
