@@ -82,12 +82,11 @@ class Leadership:
         self.last_open_s = -math.inf
         """When :meth:`prefer` last saw a replica open here (monotonic seconds)."""
 
-    def prefer(self, replica: PartitionReplica) -> bool:
+    def prefer(self, replica: PartitionReplica) -> None:
         """Give the preferred replica (the first listed, as in Kafka) the first election
         of a group that just opened here, before the next replica opens: this broker
-        campaigns at once for a group it is preferred for, if a peer is reachable (True:
-        none is yet, campaign later with :meth:`campaign_where_preferred`); a replica of a
-        group whose preferred broker is reachable holds its own first election back by
+        campaigns at once for a group it is preferred for, and a replica of a group whose
+        preferred broker is not fenced holds its own first election back by
         :data:`PREFER_WINDOW_SECONDS`.
 
         Why: a topic's creation opens its replicas on every broker at once, each broker
@@ -99,43 +98,33 @@ class Leadership:
         replica either finds a peer open (it campaigns here, as it opens) or is asked
         again by the peer as that one opens (its host announces the open, and the
         candidate repeats its vote request: :meth:`RaftCore.ask_again`), while the other
-        replicas' timers wait; so the first election already picks it. Both steps only
-        start or delay an election nobody else started: a leader or candidate heard
-        meanwhile restarts the timers as usual, pre-vote keeps a campaign from disturbing
-        a leader that is already there, and a preferred replica that does not win within
-        the window (its broker went down, its replica cannot open) leaves the group to
-        the others' timers, and, once back, to a hand-back
-        (:meth:`restore_preferred_leaders`)."""
+        replicas' timers wait; so the first election already picks it.
+
+        The campaign does not wait for a peer to be reachable: with pre-vote, one whose
+        requests are lost changes no term and tries again at its election timeout, and
+        under load the transport's liveness flaps (a peer whose pings were late by 1.5 s
+        counts as dead), which left preferred replicas waiting while the others elected
+        one of their own. Nor does the delay trust the transport: only a preferred broker
+        the controller fenced is known to be away. Both steps only start or delay an
+        election nobody else started: a leader or candidate heard meanwhile restarts the
+        timers as usual, pre-vote keeps a campaign from disturbing a leader that is
+        already there, and a preferred replica that does not win within the window (its
+        broker went down, its replica cannot open) leaves the group to the others'
+        timers, and, once back, to a hand-back (:meth:`restore_preferred_leaders`)."""
         self.last_open_s = time.monotonic()
         if len(replica.replicas) < 2:
-            return False
+            return
         name = group_name(replica.topic, replica.partition)
-        preferred = preferred_leader(self._metadata(), replica.topic, replica.partition)
+        state = self._metadata()
+        preferred = preferred_leader(state, replica.topic, replica.partition)
+        broker = state.brokers.get(preferred)
         try:
             if preferred == self.id:
-                if not any(self._peer_alive(p) for p in replica.replicas if p != self.id):
-                    return True
                 self.host.campaign(name)
-            elif preferred in replica.replicas and self._peer_alive(preferred):
+            elif preferred in replica.replicas and broker is not None and not broker.fenced:
                 self.host.delay_election(name, PREFER_WINDOW_SECONDS)
         except RaftError:  # e.g. its replica failed meanwhile: its timers decide
             pass
-        return False
-
-    async def campaign_where_preferred(
-        self, opened: list[PartitionReplica], within: float = PREFER_WINDOW_SECONDS
-    ) -> None:
-        """Campaign for the partitions of ``opened`` whose replica list names this broker
-        first (the preferred leader), as soon as a peer of the group is reachable, while
-        the group has no leader yet: those :meth:`prefer` found with no peer reachable
-        (at a start, before the transport connected)."""
-        pending: dict[str, tuple[Callable[[], int], list[int]]] = {
-            group_name(r.topic, r.partition): (_leader_of(r), r.replicas)
-            for r in opened
-            if preferred_leader(self._metadata(), r.topic, r.partition) == self.id
-            and len(r.replicas) > 1
-        }
-        await self._campaign_while_leaderless(pending, within)
 
     async def _campaign_while_leaderless(
         self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float
@@ -179,15 +168,20 @@ class Leadership:
         moment later (1,000 partitions: 201 of them handed back twice). The policy's
         two checks in a row start over after a settling pass."""
         policy = HandBack()
-        settling_since: float | None = None
+        electing_since: float | None = None
         while not self._stopping():
             await asyncio.sleep(self.rebalance_seconds)
             try:
                 now_s = time.monotonic()
-                if not self.settling():
-                    settling_since = None
-                elif settling_since is None or now_s - settling_since <= MAX_SETTLE_WAIT_SECONDS:
-                    settling_since = settling_since or now_s
+                opening, electing = self.settling()
+                if not electing:
+                    electing_since = None
+                elif electing_since is None:
+                    electing_since = now_s
+                waiting = electing_since is not None and (
+                    now_s - electing_since <= MAX_SETTLE_WAIT_SECONDS
+                )
+                if opening or waiting:
                     policy = HandBack()
                     continue
                 due = hand_back_due(
@@ -204,12 +198,12 @@ class Leadership:
             if not self._stopping():
                 hand_back(self.host, due[:MAX_HAND_BACKS_PER_PASS])
 
-    def settling(self) -> str:
-        """Why elections here may still be under way ("" when they are not): a replica
-        opened within :data:`SETTLE_SECONDS`, or a group here has no leader though a
-        majority of its replicas' brokers is reachable (it is electing one)."""
+    def settling(self) -> tuple[bool, bool]:
+        """Whether elections here may still be under way: (a replica opened here within
+        :data:`SETTLE_SECONDS`, a group here has no leader though a majority of its
+        replicas' brokers is reachable, so it is electing one)."""
         if time.monotonic() - self.last_open_s < SETTLE_SECONDS:
-            return "a replica opened here recently"
+            return True, False
         for r in list(self.replicas.values()):
             try:
                 if r.leader_id:
@@ -217,10 +211,10 @@ class Leadership:
                 voters = r.replicas
                 reachable = sum(1 for b in voters if b == self.id or self._peer_alive(b))
                 if reachable * 2 > len(voters):
-                    return f"{r.topic}/{r.partition} is electing a leader"
+                    return False, True
             except Exception:  # a replica closed meanwhile: the others decide
                 continue
-        return ""
+        return False, False
 
     async def hand_over(self, wait: float, quorum: ControllerQuorum | None) -> None:
         """Move each partition this broker leads, and the controller's metadata group if it
@@ -250,10 +244,6 @@ class Leadership:
         deadline = time.monotonic() + wait
         while any(leads() for _, leads in led) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-
-
-def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
-    return lambda: replica.group.leader
 
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:

@@ -226,7 +226,6 @@ class Broker:
             stopping=lambda: self.stopping,
             epoch=lambda: self.registration.epoch,
             prefer=self.leadership.prefer,
-            campaign=self.leadership.campaign_where_preferred,
             track=self._track,
         )
         self.unopened = self.reconciler.unopened
