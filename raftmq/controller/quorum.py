@@ -107,6 +107,10 @@ class OutcomeUnknown(ControllerError):
     applied here: it may still commit. Read the metadata before retrying."""
 
 
+def _stopping_error() -> ControllerUnavailableError:
+    return ControllerUnavailableError("the controller is stopping; retry with another voter")
+
+
 def _set_aside(node_id: int, group_dir: Path, why: str) -> None:
     """Move a metadata group's directory that cannot open aside (``<dir>.damaged-<ms>``,
     for an operator to inspect or restore) and record that this voter promised, so the
@@ -260,6 +264,10 @@ class ControllerQuorum:
             if task is not None:
                 await stop_task(task)
         self._fence_task = self._reporter = None
+        reports, self._reports = self._reports, []
+        for _, refused in reports:
+            if not refused.done():
+                refused.set_exception(_stopping_error())
 
     def on_tick(self, check: Callable[[], Awaitable[None]]) -> None:
         """Run ``check`` on the fencing timer, after its pause check, so other sessions
@@ -489,10 +497,13 @@ class ControllerQuorum:
             command = c.ReportLeaders(tuple(report for report, _ in batch))
             try:
                 applied = await self._propose(command, c.LeadersReported)
-            except ControllerError as exc:
+            except (ControllerError, asyncio.CancelledError) as exc:
+                error = exc if isinstance(exc, ControllerError) else _stopping_error()
                 for _, refused in batch:
                     if not refused.done():
-                        refused.set_exception(exc)
+                        refused.set_exception(error)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
                 continue
             for (_, refused), refusal in zip(batch, applied.refusals, strict=True):
                 if not refused.done():  # its caller may have gone (a deadline)
