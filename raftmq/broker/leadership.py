@@ -30,9 +30,10 @@ from raftmq.raft.host.host import GroupStatus, RaftHost
 log = logging.getLogger(__name__)
 
 PREFER_WINDOW_SECONDS = 10.0
-"""A preferred replica's head start: how long after it opens it may still start an
-election for its group, and how long the group's other replicas, opened while the
-preferred broker is reachable, hold back their own first election."""
+"""A preferred replica's head start: how long a new group's other replicas hold back their
+first election (unless the controller fenced the preferred broker). Long enough for the
+brokers' opening of a large topic to drift apart by seconds, short enough that a group
+whose preferred replica cannot open is led soon after."""
 SETTLE_SECONDS = PREFER_WINDOW_SECONDS
 """No hand-back starts within this long of the last replica this broker opened: until
 then an election may still be under way, and the preferred replica may still win it."""
