@@ -9,10 +9,9 @@ on one by one), and
 - reports only what the metadata does not already say (leader and term);
 - keeps at most one report in flight per partition; a newer term met while one is in
   flight is reported after it (coalesced: only the newest term goes, older ones never);
-- keeps at most ``MAX_IN_FLIGHT`` reports in flight per broker (pacing, not batching:
-  each report is one controller entry, and the controller's Raft log batches the
-  entries that arrive together, while the metadata watch coalesces the versions they
-  make into the newest state);
+- keeps at most ``MAX_IN_FLIGHT`` reports in flight per broker (the controller puts the
+  reports that arrive together into one entry, :meth:`ControllerQuorum.report_leader`,
+  and the metadata watch coalesces the versions they make into the newest state);
 - retries a failed report with a doubling backoff per partition; a refusal saying the
   report is stale (STALE_LEADER_TERM: the controller knows a newer leader) or moot (the
   topic, the partition or this replica is gone) is dropped.
@@ -36,8 +35,9 @@ log = logging.getLogger(__name__)
 
 SCAN_S = 0.25
 """How often the replicas are scanned for a leadership the metadata does not show."""
-MAX_IN_FLIGHT = 8
-"""Reports in flight per broker at most."""
+MAX_IN_FLIGHT = 64
+"""Reports in flight per broker at most: those in flight together share a controller
+entry, so a broker that just won a few hundred elections reports them in a few."""
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
 _DROPPED = frozenset(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
@@ -29,7 +30,21 @@ from raftmq.raft.host.host import GroupStatus, RaftHost
 log = logging.getLogger(__name__)
 
 PREFER_WINDOW_SECONDS = 10.0
-"""How long after it opens a preferred replica may still start an election for its group."""
+"""A preferred replica's head start: how long a new group's other replicas hold back their
+first election (unless the controller fenced the preferred broker). Long enough for the
+brokers' opening of a large topic to drift apart by seconds, short enough that a group
+whose preferred replica cannot open is led soon after."""
+SETTLE_SECONDS = PREFER_WINDOW_SECONDS
+"""No hand-back starts within this long of the last replica this broker opened: until
+then an election may still be under way, and the preferred replica may still win it."""
+MAX_SETTLE_WAIT_SECONDS = 60.0
+"""Hand-backs wait for leaderless groups at most this long in a row: a group that stays
+leaderless longer has a fault of its own (replicas that cannot open, say), and must not
+keep every other partition's leadership where an election put it."""
+MAX_HAND_BACKS_PER_PASS = 100
+"""Hand-backs a broker starts per pass at most: each is an election (a vote, a term
+fsynced on every replica) and a leader report, and a broker that came back after a long
+absence is owed a third of the cluster's leaderships."""
 
 
 class _Replica(Protocol):
@@ -65,30 +80,52 @@ class Leadership:
         self._peer_alive = peer_alive
         self._stopping = stopping
         self.rebalance_seconds = rebalance_seconds
+        self.last_open_s = -math.inf
+        """When :meth:`prefer` last saw a replica open here (monotonic seconds)."""
 
-    async def campaign_where_preferred(
-        self, opened: list[PartitionReplica], within: float = PREFER_WINDOW_SECONDS
-    ) -> None:
-        """Campaign at once for the partitions whose replica list names this broker first
-        (the preferred leader, as in Kafka), as soon as a peer of the group is reachable,
-        while the group has no leader yet.
+    def prefer(self, replica: PartitionReplica) -> None:
+        """Give the preferred replica (the first listed, as in Kafka) the first election
+        of a group that just opened here, before the next replica opens: this broker
+        campaigns at once for a group it is preferred for, and a replica of a group whose
+        preferred broker is not fenced holds its own first election back by
+        :data:`PREFER_WINDOW_SECONDS`.
 
-        Why: left to random election timeouts, a cluster that starts together often elects
-        one broker for most partitions, and that broker's single event loop then carries
-        most of the produce load while the others idle (seen as 4 of 6 leaders on one
-        broker in the produce benchmark). Replica lists rotate the first broker, so this
-        spreads leaders evenly. It runs for the replicas each metadata version opens. It only
-        starts elections a timeout would start anyway, and pre-vote keeps it from disturbing
-        a leader that is already there. A group whose preferred broker started too late, or
-        came back after a failure, is handed back by its leader: see
-        :meth:`restore_preferred_leaders`."""
-        pending: dict[str, tuple[Callable[[], int], list[int]]] = {
-            group_name(r.topic, r.partition): (_leader_of(r), r.replicas)
-            for r in opened
-            if preferred_leader(self._metadata(), r.topic, r.partition) == self.id
-            and len(r.replicas) > 1
-        }
-        await self._campaign_while_leaderless(pending, within)
+        Why: a topic's creation opens its replicas on every broker at once, each broker
+        at its own pace. Left to random election timeouts the first elections picked
+        whichever replica's timer fired first, often one broker for most partitions, and
+        the hand-backs that followed moved most leaderships a second time, each an
+        election more while thousands were still running (1,000 partitions: 956
+        hand-backs, 931 partitions still leaderless after 120 s). Now the preferred
+        replica either finds a peer open (it campaigns here, as it opens) or is asked
+        again by the peer as that one opens (its host announces the open, and the
+        candidate repeats its vote request: :meth:`RaftCore.ask_again`), while the other
+        replicas' timers wait; so the first election already picks it.
+
+        The campaign does not wait for a peer to be reachable: with pre-vote, one whose
+        requests are lost changes no term and tries again at its election timeout, and
+        under load the transport's liveness flaps (a peer whose pings were late by 1.5 s
+        counts as dead), which left preferred replicas waiting while the others elected
+        one of their own. Nor does the delay trust the transport: only a preferred broker
+        the controller fenced is known to be away. Both steps only start or delay an
+        election nobody else started: a leader or candidate heard meanwhile restarts the
+        timers as usual, pre-vote keeps a campaign from disturbing a leader that is
+        already there, and a preferred replica that does not win within the window (its
+        broker went down, its replica cannot open) leaves the group to the others'
+        timers, and, once back, to a hand-back (:meth:`restore_preferred_leaders`)."""
+        self.last_open_s = time.monotonic()
+        if len(replica.replicas) < 2:
+            return
+        name = group_name(replica.topic, replica.partition)
+        state = self._metadata()
+        preferred = preferred_leader(state, replica.topic, replica.partition)
+        broker = state.brokers.get(preferred)
+        try:
+            if preferred == self.id:
+                self.host.campaign(name)
+            elif preferred in replica.replicas and broker is not None and not broker.fenced:
+                self.host.delay_election(name, PREFER_WINDOW_SECONDS)
+        except RaftError:  # e.g. its replica failed meanwhile: its timers decide
+            pass
 
     async def _campaign_while_leaderless(
         self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float
@@ -119,15 +156,35 @@ class Leadership:
             )
 
     async def restore_preferred_leaders(self) -> None:
-        """Every ``rebalance_seconds``, hand each group this broker leads back to its
+        """Every ``rebalance_seconds``, hand groups this broker leads back to their
         preferred replica (the first in its list) when that replica is reachable and in
-        sync (the policy, and why: raftmq.controller.leadership). The transfer itself waits
-        until the replica holds the whole log, and the group takes no proposals meanwhile
-        (an election timeout at most); producers retry."""
+        sync (the policy, and why: raftmq.controller.leadership), at most
+        :data:`MAX_HAND_BACKS_PER_PASS` per pass. The transfer itself waits until the
+        replica holds the whole log, and the group takes no proposals meanwhile (an
+        election timeout at most); producers retry.
+
+        Never while elections here are settling (:meth:`settling`): a hand-back is an
+        election more, and one started while a creation's elections run moved
+        leaderships that their preferred replica was about to win anyway, or won a
+        moment later (1,000 partitions: 201 of them handed back twice). The policy's
+        two checks in a row start over after a settling pass."""
         policy = HandBack()
+        electing_since: float | None = None
         while not self._stopping():
             await asyncio.sleep(self.rebalance_seconds)
             try:
+                now_s = time.monotonic()
+                opening, electing = self.settling()
+                if not electing:
+                    electing_since = None
+                elif electing_since is None:
+                    electing_since = now_s
+                waiting = electing_since is not None and (
+                    now_s - electing_since <= MAX_SETTLE_WAIT_SECONDS
+                )
+                if opening or waiting:
+                    policy = HandBack()
+                    continue
                 due = hand_back_due(
                     self.id,
                     self.replicas.values(),
@@ -140,7 +197,25 @@ class Leadership:
                 log.exception("broker %d: choosing hand-backs failed", self.id)
                 continue
             if not self._stopping():
-                hand_back(self.host, due)
+                hand_back(self.host, due[:MAX_HAND_BACKS_PER_PASS])
+
+    def settling(self) -> tuple[bool, bool]:
+        """Whether elections here may still be under way: (a replica opened here within
+        :data:`SETTLE_SECONDS`, a group here has no leader though a majority of its
+        replicas' brokers is reachable, so it is electing one)."""
+        if time.monotonic() - self.last_open_s < SETTLE_SECONDS:
+            return True, False
+        for r in list(self.replicas.values()):
+            try:
+                if r.leader_id:
+                    continue
+                voters = r.replicas
+                reachable = sum(1 for b in voters if b == self.id or self._peer_alive(b))
+                if reachable * 2 > len(voters):
+                    return False, True
+            except Exception:  # a replica closed meanwhile: the others decide
+                continue
+        return False, False
 
     async def hand_over(self, wait: float, quorum: ControllerQuorum | None) -> None:
         """Move each partition this broker leads, and the controller's metadata group if it
@@ -170,10 +245,6 @@ class Leadership:
         deadline = time.monotonic() + wait
         while any(leads() for _, leads in led) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-
-
-def _leader_of(replica: PartitionReplica) -> Callable[[], int]:
-    return lambda: replica.group.leader
 
 
 def _is_leader(replica: PartitionReplica) -> Callable[[], bool]:

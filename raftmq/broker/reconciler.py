@@ -18,9 +18,8 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
 
 from raftmq.broker.history_probe import partitions_with_history
 from raftmq.broker.membership_driver import MembershipDriver
@@ -52,6 +51,13 @@ files on it, so a topic of 1,000 partitions held ticks, heartbeats and RPCs back
 (CreateTopic answered that late, and the controller fenced its own live broker;
 benchmarks/controller_bench.py). The price: the groups already open tick in between, so
 every partition had a leader ~20% later in one comparison on a loaded machine."""
+OPEN_PAUSE_SHARE = 0.25
+"""After each slice of opening, the loop is left to everything else for this share of the
+slice's length (a real pause, not one turn of the loop): a slice outlasts its 50 ms when
+one open's fsyncs are slow, and with one turn between slices a busy disk left the rest
+of the broker a few turns a second: heartbeats to the controller missed its session
+timeout (every broker fenced during a 1,000-partition creation), the Raft transport
+called its peers dead, and controller reads timed out."""
 LISTED_SUFFIX = ".listed-at"
 """Beside each replica's directory, the newest metadata version that opened it (one listing
 this broker for it; never lowered, though a restarted broker may first get an older copy):
@@ -82,15 +88,16 @@ class Reconciler:
         durability_markers: bool,
         stopping: Callable[[], bool],
         epoch: Callable[[], int],
-        campaign: Callable[[list[PartitionReplica]], Coroutine[Any, Any, None]],
+        prefer: Callable[[PartitionReplica], None],
         track: Callable[[asyncio.Task[None]], None],
     ) -> None:
         """``static_peers``: the brokers whose Raft address was given at start (the
         metadata's is not learnt for them); ``bootstrap_addresses``: the client addresses
         of the bootstrap file's nodes, asked with the metadata's for a past
         (``probe_for_a_past``: the data folder was missing, see
-        :meth:`_mark_replaced_replicas`); ``campaign``: what the preferred leaders do once
-        replicas opened (raftmq.broker.leadership); ``track``: keeps a background task
+        :meth:`_mark_replaced_replicas`); ``prefer``: what the preferred leader's head
+        start needs as each replica opens, before the next (raftmq.broker.leadership);
+        ``track``: keeps a background task
         until it ends (the broker cancels what still runs when it stops)."""
         self.id = broker_id
         self.data_dir = data_dir
@@ -107,7 +114,7 @@ class Reconciler:
         self.durability_markers = durability_markers
         self._stopping = stopping
         self._epoch = epoch
-        self._campaign = campaign
+        self._prefer = prefer
         self._track = track
         self.metadata = MetadataState(cluster_name)
         """The newest metadata this broker applied (empty until the first arrives)."""
@@ -177,7 +184,6 @@ class Reconciler:
         self.settings.apply(self.replicas, state)  # altered configs, decommissions
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
-            self._track(asyncio.get_running_loop().create_task(self._campaign(opened)))
         try:
             self.moves.update(state)
         except Exception:  # its loop looks again at the next version
@@ -191,7 +197,7 @@ class Reconciler:
         """Open each of ``opening`` that may be tried now; returns those that opened. One
         that fails is recorded in :attr:`unopened` and the others still open."""
         opened = []
-        slice_end = time.monotonic() + OPEN_SLICE_SECONDS
+        slice_start = time.monotonic()
         for topic, p, part in opening:
             if self._stopping():
                 break
@@ -200,9 +206,10 @@ class Reconciler:
             replica = await self._open_replica(topic, p, part, version)
             if replica is not None:
                 opened.append(replica)
-            if time.monotonic() >= slice_end:
-                await asyncio.sleep(0)
-                slice_end = time.monotonic() + OPEN_SLICE_SECONDS
+            took_s = time.monotonic() - slice_start
+            if took_s >= OPEN_SLICE_SECONDS:
+                await asyncio.sleep(took_s * OPEN_PAUSE_SHARE)
+                slice_start = time.monotonic()
         return opened
 
     async def _open_replica(
@@ -243,6 +250,10 @@ class Reconciler:
             await self._open_failed(key, part, exc)
             return None
         self.replicas[key] = replica
+        try:
+            self._prefer(replica)
+        except Exception:  # its election timers decide instead
+            log.exception("broker %d: preferring a leader for %s/%d failed", self.id, *key)
         if key in self.unopened:
             log.info("broker %d: its replica of %s/%d opened", self.id, *key)
         self.unopened.opened(key)

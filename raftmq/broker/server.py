@@ -225,7 +225,7 @@ class Broker:
             durability_markers=durability_markers,
             stopping=lambda: self.stopping,
             epoch=lambda: self.registration.epoch,
-            campaign=self.leadership.campaign_where_preferred,
+            prefer=self.leadership.prefer,
             track=self._track,
         )
         self.unopened = self.reconciler.unopened

@@ -148,6 +148,16 @@ class ReportLeader:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportLeaders:
+    """Many partitions' :class:`ReportLeader` in one entry: the controller batches the
+    reports that arrive while one batch is in its Raft round, so a thousand elections
+    cost a few entries (and metadata versions), not a thousand. Each is applied or
+    refused alone, in order, as if it were an entry of its own."""
+
+    reports: tuple[ReportLeader, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AddReplica:
     """First step of a move: ``broker_id`` joins the partition as a learner (it copies
     the log but does not vote). At most one replica beyond the factor at a time.
@@ -283,6 +293,7 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     DecommissionPartitions,
     DeleteTopic,
     ReportLeader,
+    ReportLeaders,
     AddReplica,
     PromoteReplica,
     RemoveReplica,
@@ -377,6 +388,14 @@ class CommitsApplied:
     ok: ClassVar[bool] = True
 
 
+@dataclass(frozen=True, slots=True)
+class LeadersReported:
+    refusals: tuple[Refused | None, ...]
+    """One per report of the command, in order: None when it applied."""
+
+    ok: ClassVar[bool] = True
+
+
 Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     Refused,
     Done,
@@ -386,6 +405,7 @@ Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     ProducerIdsAllocated,
     GroupAssignment,
     CommitsApplied,
+    LeadersReported,
 ]
 
 _COMMANDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}

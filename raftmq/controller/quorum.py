@@ -62,6 +62,9 @@ SESSION_TIMEOUT_S = 6.0
 PROPOSE_TIMEOUT_S = 10.0
 """How long a command may take to commit before its outcome is reported unknown."""
 READ_TIMEOUT_S = 5.0
+REPORTS_PER_ENTRY = 1000
+"""Leader reports in one entry at most (a few hundred bytes each, far below the
+command size limit)."""
 REPAIR_RETRY_FIRST_S = 1.0
 """A metadata log no voter could mend yet is tried again after this long, doubling..."""
 REPAIR_RETRY_MAX_S = 30.0
@@ -102,6 +105,10 @@ class ControllerUnavailableError(ControllerError):
 class OutcomeUnknown(ControllerError):
     """The command was proposed but leadership moved (or it took too long) before it
     applied here: it may still commit. Read the metadata before retrying."""
+
+
+def _stopping_error() -> ControllerUnavailableError:
+    return ControllerUnavailableError("the controller is stopping; retry with another voter")
 
 
 def _set_aside(node_id: int, group_dir: Path, why: str) -> None:
@@ -158,6 +165,9 @@ class ControllerQuorum:
         self._rejoin_at: dict[int, int] = {}  # fenced broker -> version to catch up to
         self._fence_task: asyncio.Task[None] | None = None
         self._timers: list[Callable[[], Awaitable[None]]] = []
+        self._reports: list[tuple[c.ReportLeader, asyncio.Future[c.Refused | None]]] = []
+        """Leader reports waiting for the next batch (:meth:`report_leader`)."""
+        self._reporter: asyncio.Task[None] | None = None
         self.rsm: ReplicatedStateMachine[MetadataStateMachine] = ReplicatedStateMachine(
             host,
             GROUP,
@@ -166,6 +176,9 @@ class ControllerQuorum:
             MetadataStateMachine(cluster_name),
             on_soft_state=self._soft_state,
             on_durable=on_durable,
+            # Ahead of the partitions' rounds: every broker depends on this group, and its
+            # reads timed out behind a large topic's elections (RaftHost.open_group).
+            priority=True,
             **rsm_options,
         )
 
@@ -247,9 +260,14 @@ class ControllerQuorum:
             )
 
     async def stop(self) -> None:
-        task, self._fence_task = self._fence_task, None
-        if task is not None:
-            await stop_task(task)
+        for task in (self._fence_task, self._reporter):
+            if task is not None:
+                await stop_task(task)
+        self._fence_task = self._reporter = None
+        reports, self._reports = self._reports, []
+        for _, refused in reports:
+            if not refused.done():
+                refused.set_exception(_stopping_error())
 
     def on_tick(self, check: Callable[[], Awaitable[None]]) -> None:
         """Run ``check`` on the fencing timer, after its pause check, so other sessions
@@ -451,7 +469,45 @@ class ControllerQuorum:
         return await self._propose(c.AllocateProducerIds(broker_id, count), c.ProducerIdsAllocated)
 
     async def report_leader(self, name: str, partition: int, leader: int, term: int) -> c.Done:
-        return await self._propose(c.ReportLeader(name, partition, leader, term), c.Done)
+        """Record a partition's leader in the next batch of reports (one
+        :class:`~raftmq.controller.commands.ReportLeaders` entry for the reports that
+        arrive while the one before is in its Raft round). ControllerRefusal with this
+        report's own refusal, or the quorum's error for the whole batch.
+
+        Why batched: each report was an entry of its own, so the elections of a large
+        topic's creation made as many metadata versions, each applied by every voter
+        and followed by every broker, whose cost grows with the cluster's size."""
+        self.require_leader()
+        loop = asyncio.get_running_loop()
+        refused: asyncio.Future[c.Refused | None] = loop.create_future()
+        self._reports.append((c.ReportLeader(name, partition, leader, term), refused))
+        if self._reporter is None or self._reporter.done():
+            self._reporter = loop.create_task(self._report_batches(), name="leader-reports")
+        refusal = await refused
+        if refusal is not None:
+            raise ControllerRefusal(refusal.code, refusal.message)
+        return c.Done()
+
+    async def _report_batches(self) -> None:
+        """Propose one batch of reports at a time while reports wait."""
+        while self._reports:
+            await asyncio.sleep(0)  # the report handlers ready to run join this batch
+            batch = self._reports[:REPORTS_PER_ENTRY]
+            del self._reports[:REPORTS_PER_ENTRY]
+            command = c.ReportLeaders(tuple(report for report, _ in batch))
+            try:
+                applied = await self._propose(command, c.LeadersReported)
+            except (ControllerError, asyncio.CancelledError) as exc:
+                error = exc if isinstance(exc, ControllerError) else _stopping_error()
+                for _, refused in batch:
+                    if not refused.done():
+                        refused.set_exception(error)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, refused), refusal in zip(batch, applied.refusals, strict=True):
+                if not refused.done():  # its caller may have gone (a deadline)
+                    refused.set_result(refusal)
 
     async def add_replica(
         self, name: str, partition: int, broker_id: int, *, replacing: int | None = None

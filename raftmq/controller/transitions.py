@@ -33,6 +33,7 @@ from raftmq.controller.commands import (
     DrainBroker,
     FenceBroker,
     GroupHeartbeat,
+    LeadersReported,
     PartitionsAdded,
     ProducerIdsAllocated,
     PromoteReplica,
@@ -42,6 +43,7 @@ from raftmq.controller.commands import (
     RemoveReplica,
     ReorderReplicas,
     ReportLeader,
+    ReportLeaders,
     RequestRebalance,
     ResetOffsets,
     Result,
@@ -291,7 +293,35 @@ def _delete_topic(state: MetadataState, index: int, c: DeleteTopic) -> Outcome:
 
 def _report_leader(state: MetadataState, index: int, c: ReportLeader) -> Outcome:
     topic = _topic(state, c.name)
-    part = _partition(topic, c.partition)
+    changed = _reported(_partition(topic, c.partition), c)
+    return _with_partition(state, topic, c.partition, changed), Done()
+
+
+def _report_leaders(state: MetadataState, index: int, c: ReportLeaders) -> Outcome:
+    """Each report as :func:`_report_leader` would apply it after the ones before it;
+    each topic's partitions are copied once, so the entry costs what it changes (plus
+    one copy per topic it touches), not a copy of the topic per report."""
+    changed: dict[str, list[Partition]] = {}
+    refusals: list[Refused | None] = []
+    for report in c.reports:
+        try:
+            topic = _topic(state, report.name)
+            _partition(topic, report.partition)  # refuses one the topic does not have
+            if report.name not in changed:
+                changed[report.name] = list(topic.partitions)
+            parts = changed[report.name]
+            parts[report.partition] = _reported(parts[report.partition], report)
+            refusals.append(None)
+        except CommandRefused as refusal:
+            refusals.append(Refused(refusal.code, refusal.message))
+    for name, parts in changed.items():
+        state = _with_topic(state, dataclasses.replace(state.topics[name], partitions=tuple(parts)))
+    return state, LeadersReported(tuple(refusals))
+
+
+def _reported(part: Partition, c: ReportLeader) -> Partition:
+    """``part`` with the leader ``c`` reports; CommandRefused when the report is not of a
+    voting replica or older than the one recorded."""
     if c.leader not in part.replicas:
         raise CommandRefused(
             Code.NOT_A_REPLICA,
@@ -306,8 +336,7 @@ def _report_leader(state: MetadataState, index: int, c: ReportLeader) -> Outcome
             f"{c.name}/{c.partition} has a report from term {part.leader_term} "
             f"(leader {part.leader}); this one from term {c.term} is older",
         )
-    changed = dataclasses.replace(part, leader=c.leader, leader_term=c.term)
-    return _with_partition(state, topic, c.partition, changed), Done()
+    return dataclasses.replace(part, leader=c.leader, leader_term=c.term)
 
 
 def _add_replica(state: MetadataState, index: int, c: AddReplica) -> Outcome:
@@ -556,6 +585,7 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     DecommissionPartitions: _decommission,
     DeleteTopic: _delete_topic,
     ReportLeader: _report_leader,
+    ReportLeaders: _report_leaders,
     AddReplica: _add_replica,
     PromoteReplica: _promote_replica,
     RemoveReplica: _remove_replica,

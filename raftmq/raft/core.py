@@ -360,8 +360,10 @@ class RaftCore:
             return
         self._request_votes(MsgType.VOTE, self.term, CAMPAIGN_TRANSFER if transfer else b"")
 
-    def _request_votes(self, vote_type: MsgType, term: int, ctx: bytes) -> None:
-        for node in sorted(self.membership.voters):
+    def _request_votes(
+        self, vote_type: MsgType, term: int, ctx: bytes, to: frozenset[int] | None = None
+    ) -> None:
+        for node in sorted(self.membership.voters if to is None else to):
             if node != self.id:
                 self._send(
                     Message(
@@ -374,6 +376,31 @@ class RaftCore:
                         context=ctx,
                     )
                 )
+
+    def ask_again(self, node: int) -> None:
+        """Ask voter ``node`` again for the vote this (pre-)candidate asked it for, if it
+        has not answered: it just opened its replica of the group, so its node dropped the
+        first request (a group it did not run yet is loss to it). Without this the
+        candidate waited for its next election timeout, while the other replicas' timers
+        ran too (a topic's creation opens its replicas on every broker at once).
+
+        Safe: a voter answers a repeated request of the same term as it answered the
+        first (one vote per term), and a pre-vote changes nothing."""
+        if node == self.id or node not in self.membership.voters or node in self._votes:
+            return
+        if self.role == Role.PRE_CANDIDATE:
+            self._request_votes(MsgType.PRE_VOTE, self.term + 1, b"", frozenset({node}))
+        elif self.role == Role.CANDIDATE:
+            self._request_votes(MsgType.VOTE, self.term, b"", frozenset({node}))
+
+    def delay_election(self, ticks: int) -> None:
+        """Start this follower's election timer ``ticks`` later, unless it knows a leader
+        or is already in an election. For a replica that must give another one the first
+        chance to lead (the broker's preferred replica: raftmq.broker.leadership): any
+        message from a leader or candidate restarts the timer as usual, so this only
+        delays an election nobody else started."""
+        if self.role == Role.FOLLOWER and self.lead == NONE and ticks > 0:
+            self.election_elapsed = min(self.election_elapsed, 0) - ticks
 
     def _poll(self, node: int, granted: bool) -> VoteResult:
         if node in self.membership.voters:  # learners' answers never count

@@ -21,6 +21,7 @@ from raftmq.controller.commands import (
     Done,
     DrainBroker,
     FenceBroker,
+    LeadersReported,
     PartitionsAdded,
     ProducerIdsAllocated,
     PromoteReplica,
@@ -29,6 +30,7 @@ from raftmq.controller.commands import (
     RemoveReplica,
     ReorderReplicas,
     ReportLeader,
+    ReportLeaders,
     TopicCreated,
     UnfenceBroker,
     encode,
@@ -312,6 +314,38 @@ def test_report_leader_keeps_the_newest_term(three: Driver) -> None:
     assert (part.leader, part.leader_term) == (3, 6)
     refused(three, ReportLeader("t", 1, 2, 7), Code.UNKNOWN_PARTITION)
     refused(three, ReportLeader("u", 0, 2, 7), Code.UNKNOWN_TOPIC)
+
+
+def test_reports_in_one_entry_apply_or_refuse_each_as_alone(three: Driver) -> None:
+    three(CreateTopic("t", 2, 3))
+    three(CreateTopic("u", 1, 3))
+    result = three(
+        ReportLeaders(
+            (
+                ReportLeader("t", 0, leader=2, term=5),
+                ReportLeader("t", 0, leader=3, term=4),  # older than the one before it
+                ReportLeader("t", 1, leader=1, term=2),
+                ReportLeader("t", 7, leader=1, term=2),
+                ReportLeader("u", 0, leader=9, term=2),
+                ReportLeader("gone", 0, leader=1, term=2),
+                ReportLeader("u", 0, leader=3, term=3),
+            )
+        )
+    )
+    assert isinstance(result, LeadersReported)
+    codes = [r.code if isinstance(r, Refused) else None for r in result.refusals]
+    assert codes == [
+        None,
+        Code.STALE_LEADER_TERM,
+        None,
+        Code.UNKNOWN_PARTITION,
+        Code.NOT_A_REPLICA,
+        Code.UNKNOWN_TOPIC,
+        None,
+    ]
+    topics = three.machine.state.topics
+    assert [(p.leader, p.leader_term) for p in topics["t"].partitions] == [(2, 5), (1, 2)]
+    assert (topics["u"].partitions[0].leader, topics["u"].partitions[0].leader_term) == (3, 3)
 
 
 def test_a_leader_must_be_a_voting_replica(three: Driver) -> None:

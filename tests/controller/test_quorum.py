@@ -280,3 +280,26 @@ async def test_watch_delivers_newer_whole_states_in_order_and_resumes(tmp_path):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await cluster.stop()
+
+
+async def test_leader_reports_that_arrive_together_share_an_entry(tmp_path):
+    cluster = await QuorumCluster(tmp_path).start()
+    try:
+        leader = await cluster.leader()
+        for b in (1, 2, 3):
+            await register(leader, b)
+        created = await leader.create_topic("t", 100, 3)
+        before = leader.local_state()[0]
+        calls = [leader.report_leader("t", p, r[0], 2) for p, r in enumerate(created.replicas)]
+        calls.append(leader.report_leader("t", 0, created.replicas[0][1], 1))  # an older one
+        *done, stale = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(d, c.Done) for d in done), done
+        assert isinstance(stale, ControllerRefusal), stale
+        assert stale.code == RefusalCode.STALE_LEADER_TERM
+        version, state = leader.local_state()
+        assert version - before <= 3, "100 reports made more than a few entries"
+        assert [(p.leader, p.leader_term) for p in state.topics["t"].partitions] == [
+            (r[0], 2) for r in created.replicas
+        ]
+    finally:
+        await cluster.stop()

@@ -925,3 +925,59 @@ def test_leader_that_cannot_read_an_entry_reports_it_and_hands_leadership_away()
     net.tick(3)
     assert leader.damage is not None and "CRC mismatch" in leader.damage
     assert leader.role != Role.LEADER and net.peers[2].core.role == Role.LEADER
+
+
+def test_a_delayed_election_lets_the_preferred_replica_win_the_first_one():
+    """A new group's non-preferred replicas hold their first election back
+    (raftmq.broker.leadership): the preferred one's timer fires first and it wins."""
+    net = cluster(3)
+    for node in (2, 3):
+        net.peers[node].core.delay_election(100)
+    net.tick(3 * 10)  # past every undelayed timeout
+    assert net.peers[1].core.role == Role.LEADER
+    assert {p.core.lead for p in net.peers.values()} == {1}
+
+
+def test_a_delayed_election_still_comes_when_nobody_else_campaigns():
+    net = cluster(3)
+    net.drop = lambda m: m.src == 1 or m.dst == 1  # the preferred replica is away
+    for node in (2, 3):
+        net.peers[node].core.delay_election(20)
+    net.tick(2 * 10 - 1, only={2, 3})
+    assert all(net.peers[n].core.role == Role.FOLLOWER for n in (2, 3))
+    net.tick(20 + 2 * 10, only={2, 3})
+    assert {net.peers[n].core.role for n in (2, 3)} == {Role.LEADER, Role.FOLLOWER}
+
+
+def test_an_election_is_not_delayed_once_a_leader_is_known():
+    net = cluster(3)
+    net.elect(1)
+    f = net.peers[2].core
+    elapsed = f.election_elapsed
+    f.delay_election(100)
+    assert f.election_elapsed == elapsed
+
+
+def test_a_candidate_asks_a_voter_that_opened_late_again():
+    """The first request went to a node that did not run the group yet (loss); when
+    that node announces its open, the candidate asks it again and wins at once."""
+    net = cluster(3)
+    net.drop = lambda m: m.dst in (2, 3)
+    net.peers[1].core.campaign()
+    net.pump()
+    assert net.peers[1].core.role == Role.PRE_CANDIDATE
+    net.drop = lambda m: False
+    net.peers[1].core.ask_again(2)
+    net.pump()
+    assert net.peers[1].core.role == Role.LEADER
+
+
+def test_asking_again_is_for_unanswered_voters_only():
+    net = cluster(3)
+    net.drop = lambda m: m.dst == 3
+    net.peers[1].core.campaign()
+    net.pump()
+    leader = net.peers[1].core
+    assert leader.role == Role.LEADER
+    leader.ask_again(3)  # a leader asks nobody
+    assert not [m for m in flush(net.peers[1]) if m.type in (MsgType.VOTE, MsgType.PRE_VOTE)]

@@ -4,6 +4,7 @@ real TCP sockets on loopback: election, commit everywhere, leader loss, quiescen
 import asyncio
 import dataclasses
 import itertools
+import threading
 from pathlib import Path
 
 from raftmq.format import entry
@@ -663,3 +664,40 @@ async def test_log_settings_change_live_under_load_without_failing_a_round(tmp_p
     finally:
         for h in hosts.values():
             await h.stop()
+
+
+async def test_a_priority_group_commits_while_a_bulk_round_waits_on_its_fsync(tmp_path):
+    """A group opened with ``priority`` has its own ready loop and fsync thread: a bulk
+    round stuck in slow fsyncs (a thousand groups saving their terms, as in a large
+    topic's creation) does not hold its proposals back."""
+    net = MemoryNetwork()
+    host = RaftHost(1, net.transport(1), seed=1, **FAST)
+    solo = Membership(frozenset({1}))
+    bulk = [
+        host.open_group(f"bulk{i}", tmp_path / f"bulk{i}", solo, log_config=SMALL) for i in range(2)
+    ]
+    host.open_group("meta", tmp_path / "meta", solo, log_config=SMALL, priority=True)
+    await host.start()
+    release = threading.Event()
+    try:
+        await wait_for(lambda: all(g.is_leader for g in host.groups.values()))
+        for group in bulk:
+            group.log.flush = _held(group.log.flush, release)  # type: ignore[method-assign]
+        # Two groups in one round: their fsyncs go to the pool, where they wait.
+        stuck = [host.propose(group.name, batch(0)) for group in bulk]
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(host.propose("meta", batch(1)).done, 2.0)
+        assert not any(p.done.done() for p in stuck)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*(p.done for p in stuck)), 5.0)
+    finally:
+        release.set()
+        await host.stop()
+
+
+def _held(flush, release: threading.Event):
+    def held() -> None:
+        release.wait(10)
+        flush()
+
+    return held

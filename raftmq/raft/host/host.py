@@ -237,6 +237,8 @@ class RaftGroup:
         it is catching up."""
         self.parked_config: LogConfig | None = None
         """New settings that arrived during a round (see :meth:`RaftHost.reconfigure_log`)."""
+        self.priority = False
+        """Its rounds run in the host's priority lane (see :meth:`RaftHost.open_group`)."""
 
     @property
     def is_leader(self) -> bool:
@@ -318,6 +320,17 @@ class GroupStatus:
     term's first entry has not committed), so a new one would be refused."""
 
 
+@dataclasses.dataclass(eq=False)
+class _Lane:
+    """Groups whose Readies are handled in rounds together, by one ready loop with its
+    own fsync threads (see :meth:`RaftHost.open_group`'s ``priority``)."""
+
+    pool: ThreadPoolExecutor
+    pool_size: int
+    dirty: set[RaftGroup] = dataclasses.field(default_factory=set)
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
 def _reason(what: str, exc: BaseException) -> str:
     text = f"{what} failed: {type(exc).__name__}: {exc}"
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
@@ -361,10 +374,12 @@ class RaftHost(SelfRepair):
         reopened, so ticks, messages and peer events pass it by."""
         self.quarantined: dict[str, RaftGroup] = {}
         self._recoveries: dict[str, asyncio.Task[None]] = {}
-        self._dirty: set[RaftGroup] = set()
-        self._wake = asyncio.Event()
         self._pool = ThreadPoolExecutor(max_workers=fsync_threads, thread_name_prefix="fsync")
-        self._pool_size = fsync_threads
+        self._lanes = (
+            _Lane(self._pool, fsync_threads),
+            _Lane(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync-priority"), 1),
+        )
+        """The bulk lane, then the priority lane (groups opened with ``priority``)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.rounds = 0
@@ -400,6 +415,7 @@ class RaftHost(SelfRepair):
         on_snapshot: SnapshotFn | None = None,
         snapshots: SnapshotStore | None = None,
         on_durable: DurableFn | None = None,
+        priority: bool = False,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
 
@@ -420,6 +436,14 @@ class RaftHost(SelfRepair):
         is told of a received snapshot after the log restarted at it.
 
         ``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
+
+        ``priority`` runs the group's Readies in a lane of their own, with its own ready
+        loop and fsync thread, for a group the node's other groups depend on (the
+        controller's metadata group). Why: a round waits for every fsync of its groups
+        before any of them sends its acks, so while a topic's creation made a thousand
+        partition groups vote and save their terms, each round took seconds, and every
+        hop of the metadata group's read index (a heartbeat, its answer, the read's
+        answer) waited a whole round on its node: controller reads timed out after 5 s.
 
         Raises GroupDamagedError when an entry it reads at open (a CONFIG entry it
         replays, the entries around the commit hint or a snapshot's cut) is damaged in a
@@ -461,6 +485,7 @@ class RaftHost(SelfRepair):
         )
         group.opened_with = (membership, config, replay)
         group.new_directory = new_directory
+        group.priority = priority
         self._attach(group, hs)
         return group
 
@@ -536,7 +561,7 @@ class RaftHost(SelfRepair):
                 recovery.cancel()
             if group is None:
                 return False
-        self._dirty.discard(group)
+        self._lane(group).dirty.discard(group)
         with contextlib.suppress(Exception):
             self._hand_away(group)
         self._fail_group_waiters(group, "the replica was closed")
@@ -554,9 +579,17 @@ class RaftHost(SelfRepair):
         else:
             group.log.abandon()
 
+    def _lane(self, group: RaftGroup) -> _Lane:
+        return self._lanes[group.priority]
+
     def _mark(self, group: RaftGroup) -> None:
-        self._dirty.add(group)
-        self._wake.set()
+        lane = self._lanes[group.priority]
+        lane.dirty.add(group)
+        lane.wake.set()
+
+    def _wake_all(self) -> None:
+        for lane in self._lanes:
+            lane.wake.set()
 
     def _unquiesce(self, group: RaftGroup) -> None:
         if group.quiesced:
@@ -725,6 +758,12 @@ class RaftHost(SelfRepair):
         group.core.campaign()
         self._mark(group)
 
+    def delay_election(self, name: str, seconds: float) -> None:
+        """Let group ``name``'s first election here wait ``seconds`` longer, unless a
+        leader or candidate is heard first (:meth:`RaftCore.delay_election`)."""
+        group = self._live(name)
+        group.core.delay_election(math.ceil(seconds / self.tick_s))
+
     def transfer_leadership(self, name: str, to: int) -> None:
         group = self._live(name)
         self._unquiesce(group)
@@ -774,6 +813,7 @@ class RaftHost(SelfRepair):
         core = group.core
         if term == 0:  # a member announcing that it (re)opened: see _announce_open
             self._unquiesce(group)
+            group.core.ask_again(src)  # a vote request it dropped before it opened
             self._mark(group)
             return
         if (
@@ -808,7 +848,10 @@ class RaftHost(SelfRepair):
     async def start(self) -> None:
         await self._ensure_transport()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._ready_loop())]
+        self._tasks = [
+            loop.create_task(self._tick_loop()),
+            *(loop.create_task(self._ready_loop(lane)) for lane in self._lanes),
+        ]
         if self.scrub_bytes_per_s > 0:
             self._tasks.append(loop.create_task(self._guarded(self._scrub_loop(), "scrubber")))
         for task in self._tasks:
@@ -830,11 +873,11 @@ class RaftHost(SelfRepair):
         """Test only (``raftmq broker --inject-host-fault-after-ms``): make the ready loop
         fail with ``exc`` at its next round, as a host-level fault would."""
         self._injected_fault = exc
-        self._wake.set()
+        self._wake_all()
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake_all()
         for task in self._repairs.values():
             task.cancel()
         for task in self._tasks:
@@ -852,7 +895,8 @@ class RaftHost(SelfRepair):
         for group in self.quarantined.values():
             with contextlib.suppress(Exception):
                 self._close_group(group, clean=False)
-        self._pool.shutdown(wait=True)
+        for lane in self._lanes:
+            lane.pool.shutdown(wait=True)
         stores, self._stores = self._stores, {}
         for store in stores.values():
             with contextlib.suppress(state_store.StateStoreError):  # the host failed already
@@ -982,7 +1026,7 @@ class RaftHost(SelfRepair):
         )
         self.failed = exc
         self._stopping = True
-        self._wake.set()
+        self._wake_all()
         self._fail_waiters(f"node stopped: {exc!r}")
         self._failed_event.set()
 
@@ -1036,7 +1080,7 @@ class RaftHost(SelfRepair):
         )
         del self.groups[group.name]
         self.quarantined[group.name] = group
-        self._dirty.discard(group)
+        self._lane(group).dirty.discard(group)
         try:
             self._hand_away(group)
         except Exception as hand_exc:  # the core may be what broke: its followers will elect
@@ -1158,19 +1202,19 @@ class RaftHost(SelfRepair):
 
     # --- the ready loop -----------------------------------------------------------------
 
-    async def _ready_loop(self) -> None:
-        """Rounds of every dirty group's Ready. An error in one group's part of a round
+    async def _ready_loop(self, lane: _Lane) -> None:
+        """Rounds of every dirty group's Ready in ``lane``. An error in one group's part of a round
         quarantines that group (see :meth:`_quarantine`); an error anywhere else (the
         transport, the pool) ends the loop, and the host fails (:meth:`_loop_ended`)."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
             waiting_since_s = time.perf_counter()
-            await self._wake.wait()
+            await lane.wake.wait()
             if self._injected_fault is not None:
                 raise self._injected_fault
             idle = time.perf_counter() - waiting_since_s >= INLINE_FSYNC_AFTER_IDLE_S
-            self._wake.clear()
-            dirty, self._dirty = self._dirty, set()
+            lane.wake.clear()
+            dirty, lane.dirty = lane.dirty, set()
             round_: list[tuple[RaftGroup, Ready]] = []
             for group in dirty:
                 if group.failure is not None:
@@ -1217,10 +1261,10 @@ class RaftHost(SelfRepair):
                 # Under load or for several groups: in the pool, in parallel (the file
                 # system shares journal commits between concurrent fsyncs), at most one
                 # job per pool thread.
-                jobs = self._pool_size
+                jobs = lane.pool_size
                 for part in await asyncio.gather(
                     *(
-                        loop.run_in_executor(self._pool, self._persist_all, need[k::jobs])
+                        loop.run_in_executor(lane.pool, self._persist_all, need[k::jobs])
                         for k in range(min(jobs, len(need)))
                     )
                 ):

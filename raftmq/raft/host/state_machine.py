@@ -222,8 +222,11 @@ class ReplicatedStateMachine(Generic[M]):
         on_soft_state: Callable[[SoftState], None] | None = None,
         on_durable: DurableFn | None = None,
         segment_bytes: int = SEGMENT_BYTES,
+        priority: bool = False,
     ) -> None:
         """``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
+        ``priority``: the group's rounds run apart from the host's other groups
+        (:meth:`RaftHost.open_group`).
 
         Opening the group may raise GroupDamagedError (:meth:`RaftHost.open_group`): mend
         it with :meth:`RaftHost.repair_closed_group`, the log settings
@@ -275,6 +278,7 @@ class ReplicatedStateMachine(Generic[M]):
             replay=True,
             on_durable=on_durable,
             snapshots=self,
+            priority=priority,
         )
         start = self._group.log_reader.start_index
         if start - 1 != self._applied:
