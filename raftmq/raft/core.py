@@ -667,9 +667,10 @@ class RaftCore:
             pr.become_replicate()
         elif pr.state == ProgressState.REPLICATE:
             pr.inflights.free_le(m.index)
-        if self._maybe_commit():
-            self._bcast_due = True  # the new commit rides on the next round's appends
-        elif was_paused or pr.next <= self.log.last_index:
+        # A new commit is not broadcast: it rides on the next append or heartbeat (see
+        # docs/raft.md, "How followers learn the commit"), not on messages of its own.
+        self._maybe_commit()
+        if was_paused or pr.next <= self.log.last_index:
             self._send_append(m.src, send_if_empty=False)
         if m.src == self.lead_transferee and pr.match == self.log.last_index:
             self._send(Message(MsgType.TIMEOUT_NOW, self.id, m.src, self.term))
@@ -1056,8 +1057,7 @@ class RaftCore:
             # The local "append acknowledged": our own copy now counts toward commit.
             me = self.progress[self.id]
             me.maybe_update(self.log.unstable_offset - 1)
-            if self._maybe_commit():
-                self._bcast_due = True
+            self._maybe_commit()  # followers learn it later: see _handle_append_resp
         self._check_invariants()
 
 

@@ -80,6 +80,26 @@ def test_conflicting_append_truncates_from_the_conflict_only():
     assert f.storage.last_index == 4 and f.storage.term_at(4) == 3
 
 
+def test_a_commit_rides_on_the_next_append_or_heartbeat_not_messages_of_its_own():
+    """One request in flight: a commit broadcast of its own would cost every follower a
+    round and an ack per commit, competing with the next request's append."""
+    net = cluster(3)
+    net.elect(1)
+    ld = net.peers[1].core
+    ld.propose(data_entry(b"a"))
+    net.delivered.clear()
+    net.pump()
+    assert ld.commit == ld.log.last_index
+    appends = [m for m in net.delivered if m.type == MsgType.APP]
+    assert len(appends) == 2 and all(m.entries for m in appends), "no commit-only append"
+    assert net.peers[2].core.commit < ld.commit
+    ld.propose(data_entry(b"b"))  # the next append carries the commit of the one before
+    net.pump()
+    assert net.peers[2].core.commit == ld.commit - 1
+    net.tick(1)  # and with nothing more to send, the heartbeat does
+    assert all(p.core.commit == ld.commit for p in net.peers.values())
+
+
 def test_follower_commit_limited_to_entries_this_message_proved():
     st = MemoryStorage()
     preload(st, [1, 1, 1, 1])  # stale tail beyond what the leader sends
@@ -500,6 +520,7 @@ def test_add_learner_catch_up_promote_then_remove():
     assert len(leaders) == 1
     net.peers[leaders[0]].core.propose(data_entry(b"after"))
     net.pump()
+    net.tick(1, only={2, 3, 4})  # the heartbeat tells the followers the commit
     assert all(net.peers[i].applied[-1].endswith(b"after") for i in (2, 3, 4))
 
 
@@ -515,6 +536,7 @@ def test_restart_replays_committed_config_and_keeps_log():
     for _ in range(4):
         net.peers[1].core.propose(data_entry())
     net.pump()
+    net.tick(1)  # the heartbeat tells the followers the commit
     before = terms_of(net.peers[2])
     p = restart(net.peers[2], 2, {1, 2, 3})
     assert terms_of(p) == before and p.core.commit == net.peers[1].core.commit
@@ -690,6 +712,7 @@ def test_restart_from_a_configuration_history_reads_only_what_follows_it():
     for _ in range(5):
         ld.propose(data_entry())
     net.pump()
+    net.tick(1)  # the heartbeat tells the followers the commit
     p = net.peers[2]
     history = p.core.config_history()
     assert history is not None and history.through == p.core.commit
@@ -783,6 +806,7 @@ def test_without_apply_entries_a_ready_reports_the_commit_but_reads_no_entries()
     for _ in range(3):
         net.peers[1].core.propose(data_entry())
     net.pump()
+    net.tick(1)  # the heartbeat tells the followers the commit
     for p in net.peers.values():
         last = p.core.log.last_index
         assert p.core.log.applied == p.core.commit == last == 4  # no-op + three

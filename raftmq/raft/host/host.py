@@ -90,7 +90,8 @@ _URGENT = frozenset(
 )
 _LATE_RESPONSES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.APP_RESP})
 INLINE_FSYNC_AFTER_IDLE_S = 0.0005
-"""Seconds the ready loop must have waited for work before it fsyncs a lone group itself."""
+"""Seconds the ready loop must have waited for work before it fsyncs a lone group itself
+(it also does when the round before made nothing durable: see ``_ready_loop``)."""
 QUIESCE_AFTER_TICKS = 3
 """Idle ticks a leader waits (after followers have the commit) before quiescing."""
 RETRY_FIRST_S = 1.0
@@ -1207,12 +1208,19 @@ class RaftHost(SelfRepair):
         quarantines that group (see :meth:`_quarantine`); an error anywhere else (the
         transport, the pool) ends the loop, and the host fails (:meth:`_loop_ended`)."""
         loop = asyncio.get_running_loop()
+        synced_last_round = False
         while not self._stopping:
             waiting_since_s = time.perf_counter()
             await lane.wake.wait()
             if self._injected_fault is not None:
                 raise self._injected_fault
-            idle = time.perf_counter() - waiting_since_s >= INLINE_FSYNC_AFTER_IDLE_S
+            # Low load: the loop waited for this work, or the round before had nothing to
+            # make durable (one request in flight: its commit round, then the next
+            # request's append). Back-to-back fsync rounds are load: they use the pool.
+            idle = (
+                not synced_last_round
+                or time.perf_counter() - waiting_since_s >= INLINE_FSYNC_AFTER_IDLE_S
+            )
             lane.wake.clear()
             dirty, lane.dirty = lane.dirty, set()
             round_: list[tuple[RaftGroup, Ready]] = []
@@ -1250,12 +1258,13 @@ class RaftHost(SelfRepair):
                     except Exception as exc:
                         self._quarantine(group, "apply", exc)
             need = [(group, rd) for group, rd in round_ if group.failure is None and rd.must_sync()]
+            synced_last_round = bool(need)
             failed: list[tuple[RaftGroup, Exception]] = []
             if len(need) == 1 and idle:
-                # Low load (the loop was idle, one group to make durable): fsync here.
-                # Handing it to a thread and back costs two wake-ups, measured at ~0.4
-                # ms per round on a busy 2-core machine, more than the fsync. Under load
-                # the thread wins: the loop prepares the next round meanwhile.
+                # Low load (one group to make durable): fsync here. Handing it to a
+                # thread and back costs two wake-ups, measured at ~0.4 ms per round on a
+                # busy 2-core machine, more than the fsync. Under load the thread wins:
+                # the loop prepares the next round meanwhile.
                 failed = self._persist_all(need)
             elif need:
                 # Under load or for several groups: in the pool, in parallel (the file
