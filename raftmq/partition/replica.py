@@ -42,7 +42,6 @@ from raftmq.partition.errors import (
 from raftmq.partition.producer_state import Verdict
 from raftmq.partition.producer_tracking import PendingBatch, ProducerTracking
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.host.group_storage import damage_at_open
 from raftmq.raft.host.host import DurableFn, LogReads, RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
@@ -138,7 +137,7 @@ class PartitionReplica:
             # The committed entry it reads may lie in a sealed segment that rotted while
             # the broker was down: named as damage, the broker repairs it from a peer
             # (as for the group's own reads at open) instead of retrying the same read.
-            raise damage_at_open(self.group.name, self.group.log, exc) from exc
+            raise self.group.damage_of(exc) from exc
         self.producers.open_at(self._log, self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------

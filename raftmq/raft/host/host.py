@@ -48,6 +48,7 @@ from raftmq.raft.hardstate import HardState
 from raftmq.raft.host import state_store
 from raftmq.raft.host.byte_rate import ByteRate
 from raftmq.raft.host.group_storage import (
+    damage_at_open,
     driven_log_config,
     load_group,
     save_commit_hint,
@@ -280,6 +281,12 @@ class RaftGroup:
         """This member's log, for reading only (the object changes when a quarantined
         group is reopened: ask again rather than keep it)."""
         return self.log
+
+    def damage_of(self, exc: Exception) -> Exception:
+        """What its state machine raises for an entry it read at open that failed its
+        checks: GroupDamagedError naming the damaged sealed ranges (the broker repairs them
+        from a peer, as for the group's own reads at open), or ``exc`` itself."""
+        return damage_at_open(self.name, self.log, exc)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
