@@ -444,6 +444,40 @@ def test_lagging_follower_receives_a_snapshot():
     assert f.core.applied == ld.core.applied
 
 
+def test_a_rejection_hint_below_the_leaders_log_start_gets_a_snapshot():
+    """A follower's hint can point below what the leader still holds: the term search
+    stops at the compacted index (no term lookup there) and the follower is sent the
+    snapshot, instead of failing the leader's step."""
+    net = cluster(3)
+    net.elect(1)
+    net.drop = lambda m: m.dst == 3 or m.src == 3
+    for _ in range(10):
+        net.peers[1].core.propose(data_entry())
+    net.pump()
+    ld = net.peers[1]
+    ld.storage.truncate_prefix(8)  # the application snapshotted through index 7
+    ld.storage.sync()
+    assert ld.core.log.find_conflict_by_term(3, ld.core.term) == (3, 0)
+    pr = ld.core.progress[3]
+    pr.become_probe()
+    rejected = pr.next - 1
+    ld.core.step(
+        Message(
+            MsgType.APP_RESP,
+            3,
+            1,
+            ld.core.term,
+            index=rejected,
+            reject=True,
+            reject_hint=3,
+            log_term=ld.core.term,
+        )
+    )
+    sent = [m for m in flush(ld) if m.dst == 3]
+    assert [m.type for m in sent] == [MsgType.SNAP]
+    assert sent[0].snapshot is not None and sent[0].snapshot.index == 7
+
+
 def test_snapshot_matching_our_log_only_fast_forwards_commit():
     net = cluster(3)
     net.elect(1)
