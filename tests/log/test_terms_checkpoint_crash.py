@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,45 +72,35 @@ def _crash_image_at_next_flush(log: Log, image: Path) -> None:
     assert taken, "the flush never reported its active segment durable"
 
 
-def _assert_reopens_with_terms(
-    directory: Path, expected: list[int], caplog: pytest.LogCaptureFixture
+def _past_an_installed_snapshot(log: Log) -> None:
+    _append(log, 5, term=1)
+    log.flush()
+    log.truncate_prefix(SNAPSHOT_INDEX + 1, offset=1078, prev_term=3)  # checkpoint: none
+    _append(log, 14, term=4)  # more than a segment: the first one is rolled closed
+
+
+def _where_terms_began(log: Log) -> None:
+    _append(log, 3, term=1)
+    log.flush()  # the checkpoint now says: term 1 from index 1
+    _append(log, 4, term=2)
+    _append(log, 8, term=3)  # a roll: terms 2 and 3 begin in the closed segment
+
+
+@pytest.mark.parametrize("write", [_past_an_installed_snapshot, _where_terms_began])
+def test_a_crash_after_sealing_a_segment_keeps_its_terms(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, write: Callable[[Log], None]
 ) -> None:
     """The crash image reopens with every term, and the checkpoint was already right: the
     write order, not the open-time check, kept the terms."""
-    with caplog.at_level(logging.WARNING, logger="raftmq.log"):
-        assert _terms_of(directory) == expected
-    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-
-
-def test_a_crash_after_sealing_a_segment_past_an_installed_snapshot_keeps_its_terms(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    live = tmp_path / "live"
-    with Log.open(live, CONFIG) as log:
-        _append(log, 5, term=1)
-        log.flush()
-        log.truncate_prefix(SNAPSHOT_INDEX + 1, offset=1078, prev_term=3)
-        _append(log, 14, term=4)  # more than a segment: the first one is rolled closed
+    with Log.open(tmp_path / "live", CONFIG) as log:
+        write(log)
         assert len(log.segments()) == 2
         _crash_image_at_next_flush(log, tmp_path / "crashed")
         expected = [log.term_at(i) for i in range(log.start_index - 1, log.next_index)]
     assert any((tmp_path / "crashed").glob("*" + INDEX_SUFFIX)), "no segment was sealed"
-    _assert_reopens_with_terms(tmp_path / "crashed", expected, caplog)
-
-
-def test_a_crash_after_sealing_a_segment_where_a_term_began_keeps_that_boundary(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    live = tmp_path / "live"
-    with Log.open(live, CONFIG) as log:
-        _append(log, 3, term=1)
-        log.flush()  # the checkpoint now says: term 1 from index 1
-        _append(log, 4, term=2)
-        _append(log, 8, term=3)  # a roll: terms 2 and 3 begin in the closed segment
-        assert len(log.segments()) == 2
-        _crash_image_at_next_flush(log, tmp_path / "crashed")
-        expected = [log.term_at(i) for i in range(log.start_index - 1, log.next_index)]
-    _assert_reopens_with_terms(tmp_path / "crashed", expected, caplog)
+    with caplog.at_level(logging.WARNING, logger="raftmq.log"):
+        assert _terms_of(tmp_path / "crashed") == expected
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def _stale_copy(tmp_path: Path, stale_terms: bytes) -> Path:
