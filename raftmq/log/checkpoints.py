@@ -9,6 +9,7 @@ snapshots), and the terms of closed segments would otherwise be rescanned on eve
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from pathlib import Path
 
 from raftmq.log.atomic_file import read_atomic, write_atomic
@@ -44,6 +45,15 @@ def read_terms(directory: Path) -> list[tuple[int, int]] | None:
     if raw is None or len(raw) % _TERM.size != 0:
         return None
     return [(i, t) for i, t in _TERM.iter_unpack(raw)]
+
+
+def boundary_at(terms: list[tuple[int, int]], index: int) -> int:
+    """Position in ``terms`` of the boundary in force at ``index``: the last one at or
+    below it, -1 when there is none."""
+    return bisect_right(terms, (index, _NO_TERM_BOUND)) - 1
+
+
+_NO_TERM_BOUND = 1 << 62  # sorts after every term in a (first index, term) bisect key
 
 
 def write_terms(directory: Path, terms: list[tuple[int, int]]) -> None:

@@ -52,8 +52,6 @@ from raftmq.log.recovery import RecoveryReport
 from raftmq.log.segment import Segment
 from raftmq.log.writes import AppendInfo
 
-_NO_TERM_BOUND = 1 << 62  # sorts after every term in a (first index, term) bisect key
-
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -200,7 +198,7 @@ class Log:
         self._terms_saved = list(self._terms)
 
     def _drop_terms_below_start(self) -> None:
-        keep = bisect_right(self._terms, (self.start_index, _NO_TERM_BOUND)) - 1
+        keep = checkpoints.boundary_at(self._terms, self.start_index)
         if keep > 0:
             del self._terms[:keep]
 
@@ -216,7 +214,7 @@ class Log:
                     start=self.start_index - 1,
                     end=self.next_index - 1,
                 )
-            pos = bisect_right(self._terms, (index, _NO_TERM_BOUND)) - 1
+            pos = checkpoints.boundary_at(self._terms, index)
             assert pos >= 0, f"no term boundary at or below index {index}"
             return self._terms[pos][1]
 

@@ -257,9 +257,10 @@ def recover_tail(log: Log, first: int) -> None:
             log.recovery.removed_files.append(dropped.name + LOG_SUFFIX)
             log._drop_segment(len(segments) - 1)
         break
-    for seg in segments[first:-1]:
-        if seg in log._unsealed:
-            continue  # a suffix cut made the active segment again; the next flush seals it
+    to_seal = [seg for seg in segments[first:-1] if seg not in log._unsealed]
+    if to_seal:
+        log._write_terms()  # before the index files that make them sealed (writes.seal)
+    for seg in to_seal:
         writes.seal(log, seg)
         seg.set_writable(False)
     active = segments[-1]
@@ -324,30 +325,89 @@ def _count_frames(seg: Segment, position: int) -> int:
 
 
 def _load_terms(log: Log) -> None:
+    """The terms of the sealed segments, from the checkpoint when it describes them, else
+    rebuilt from their entry headers (the unsealed tail is rescanned by recover_tail)."""
     terms = checkpoints.read_terms(log.directory)
     if terms is not None:
-        log._terms = terms
-        log._terms_saved = list(terms)
+        problem = _stale_terms_problem(log, terms)
+        if problem is None:
+            log._terms = terms
+            log._terms_saved = list(terms)
+            return
+    # Missing is normal for a new log (one segment, nothing closed yet); damaged never is.
+    elif len(log._segments) > 1 or (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
+        problem = checkpoints.terms_problem(log.directory)
+    else:
+        log._terms = []
+        log._terms_saved = []  # none on disk reads as none: nothing to write yet
         return
     log._terms = []
-    if not (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
-        log._terms_saved = []
-    # Missing is normal for a new log (one segment, nothing closed yet); damaged never is.
-    if len(log._segments) > 1 or (log.directory / checkpoints.TERMS_CHECKPOINT).exists():
-        problem = checkpoints.terms_problem(log.directory)
-        log.recovery.notes.append(f"{problem}: rebuilt from the segments")
-        logger.warning(
-            "log %s: %s; rebuilt it from the segments' entry headers (it is written again "
-            "when this open completes)",
-            log.directory,
-            problem,
-        )
-        for seg in log._segments[:-1]:
+    log.recovery.notes.append(f"{problem}: rebuilt from the segments")
+    logger.warning(
+        "log %s: %s; rebuilt it from the segments' entry headers (it is written again "
+        "when this open completes)",
+        log.directory,
+        problem,
+    )
+    for seg in log._segments[: first_unsealed(log._segments)]:
 
-            def observe(_: int, h: EntryHeader) -> str | None:
-                if not log._terms or h.term != log._terms[-1][1]:
-                    log._terms.append((h.index, h.term))
-                return None
+        def observe(_: int, h: EntryHeader) -> str | None:
+            if not log._terms or h.term != log._terms[-1][1]:
+                log._terms.append((h.index, h.term))
+            return None
 
-            seg.scan(verify=False, on_entry=observe)
-            seg.close_fd()
+        seg.scan(verify=False, on_entry=observe)
+        seg.close_fd()
+
+
+def _stale_terms_problem(log: Log, terms: list[tuple[int, int]]) -> str | None:
+    """Why a terms checkpoint that passed its CRC still cannot be the sealed segments'
+    terms, as a sentence for the WARNING, or None when it agrees with them.
+
+    Recovery takes the terms of sealed segments from the checkpoint alone, so one written
+    before a segment was sealed (a crash between the two, before the writes were ordered)
+    or kept from a log a snapshot replaced would answer wrong terms or none at all. What
+    is checked is cheap and catches every such staleness seen: a boundary at or below the
+    first entry kept, and the terms of the first sealed segment's first entry and of the
+    last sealed entry (a checkpoint that missed a term began later than it says)."""
+    name = checkpoints.TERMS_CHECKPOINT
+    for (i0, t0), (i1, t1) in itertools.pairwise(terms):
+        if not (i0 < i1 and t0 < t1):
+            return f"{name} lists term {t1} from index {i1} after term {t0} from index {i0}"
+    segments = log._segments
+    first = first_unsealed(segments) if segments else 0
+    if first == 0:
+        return None  # nothing sealed: every entry is rescanned
+    lowest = max(log.start_index, segments[0].first_index)
+    if not terms or terms[0][0] > lowest:
+        return f"{name} has no term boundary at or below index {lowest}, the first kept"
+    probes = []
+    if segments[0].first_index >= log.start_index:
+        probes.append(_first_header(segments[0]))
+    last_sealed = segments[first - 1]
+    if last_sealed.size:
+        log._index_of(last_sealed)  # loaded (or rebuilt) for its last slot
+        probes.append(writes.last_header(last_sealed))
+    for h in probes:
+        if h is None:
+            continue
+        pos = checkpoints.boundary_at(terms, h.index)
+        said = terms[pos][1] if pos >= 0 else None
+        if said != h.term:
+            return (
+                f"{name} says term {said} at index {h.index}, whose entry has term "
+                f"{h.term} (it is older than the segments)"
+            )
+    return None
+
+
+def _first_header(seg: Segment) -> EntryHeader | None:
+    found: list[EntryHeader] = []
+
+    def first(_: int, h: EntryHeader) -> str | None:
+        found.append(h)
+        return "found"
+
+    seg.scan(verify=False, on_entry=first)
+    seg.close_fd()
+    return found[0] if found else None

@@ -10,12 +10,11 @@ log's code is split into modules of functions rather than classes).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from raftmq.format import entry
 from raftmq.format.entry import EntryHeader
-from raftmq.log import reads, recovery, writes
+from raftmq.log import checkpoints, reads, recovery, writes
 from raftmq.log.errors import OutOfRangeError
 from raftmq.log.segment import Segment
 
@@ -54,7 +53,7 @@ def truncate_suffix(log: Log, index: int) -> None:
         log._unsealed.remove(seg)  # it is the active segment again
     seg.truncate(cut)
     seg.remove_index_files()
-    del log._terms[bisect_right(log._terms, (index - 1, 1 << 62)) :]
+    del log._terms[checkpoints.boundary_at(log._terms, index - 1) + 1 :]
     recovery.recover_tail(log, len(segments) - 1)  # rescan the segment now active again
     assert log.next_index == max(index, log.start_index), (log.next_index, index)
     log.durable_index = min(log.durable_index, log.next_index - 1)
@@ -113,10 +112,15 @@ def truncate_prefix(log: Log, index: int, offset: int | None, prev_term: int | N
         )
     # No offset check against the old log: a follower whose tail diverged from the
     # leader's history may hold more records than the snapshot, and all of it goes.
+    # The old terms are forgotten on disk first: a crash before the new start is written
+    # leaves the old log beside an empty checkpoint, which the next open finds wrong and
+    # rebuilds from the segments; the other order would leave the old log's terms beside
+    # the new log, where nothing could tell that they are stale.
+    log._terms.clear()
+    log._write_terms()
     log._set_start(index, offset, prev_term)
     log._restart_empty()
     log.durable_index = index - 1
-    log._write_terms()
 
 
 def _offset_at_index(log: Log, index: int) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from raftmq.format import entry
 from raftmq.format.entry import EntryHeader
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
+from raftmq.log import checkpoints
 from raftmq.log.config import FlushPolicy
 from raftmq.log.errors import EntryTooLargeError, NotContiguousError
 from raftmq.log.handles import HANDLES
@@ -229,17 +230,22 @@ def _roll(log: Log) -> Segment:
 def seal(log: Log, seg: Segment) -> None:
     """Make a closed segment durable, then write its index files: their presence is what
     tells recovery the segment needs no rescan. Runs outside the lock, under _flushing (or
-    during recovery, before anyone else sees the log)."""
+    during recovery, before anyone else sees the log).
+
+    The caller has written a terms checkpoint covering ``seg`` first: recovery takes the
+    terms of sealed segments from that checkpoint alone, so index files beside a
+    checkpoint that predates the segment's terms would lose them on the next open."""
     assert seg.index is not None, f"unsealed segment {seg.name} lost its index"
     seg.fsync()
     if log.on_durable is not None:
         log.on_durable(str(seg.path), seg.size)  # a sealed segment is wholly durable
-    seg.index.seal(_last_header(seg).base_offset)
+    seg.index.seal(last_header(seg).base_offset)
     seg.index.write(seg.index_path, seg.time_index_path)
     seg.release_reserved()
 
 
-def _last_header(seg: Segment) -> EntryHeader:
+def last_header(seg: Segment) -> EntryHeader:
+    """The header of a closed segment's last entry, found from its index's last slot."""
     assert seg.index is not None and seg.size > 0
     found: list[EntryHeader] = []
     start = seg.index.positions[-1] if seg.index.positions else 0
@@ -273,8 +279,14 @@ def flush(log: Log) -> None:
             # What this fdatasync covers, captured with ``covered``: appends made while
             # the disk works may or may not be on it.
             durable_size = active.size
+            # The terms checkpoint goes first: a sealed segment is never rescanned, so its
+            # terms must be on disk before its index files say it is sealed.
+            terms = list(log._terms) if pending and log._terms != log._terms_saved else None
             log._lock.release()
             try:
+                if terms is not None:
+                    checkpoints.write_terms(log.directory, terms)
+                    log._terms_saved = terms
                 for seg in pending:  # older segments first: the log stays a prefix
                     seal(log, seg)
                 os.fdatasync(fd)
@@ -292,7 +304,6 @@ def flush(log: Log) -> None:
                     log._unsealed.remove(seg)
                     seg.set_writable(False)
                     log._cache_touch(seg)
-                log._write_terms()
             log.durable_index = max(log.durable_index, min(covered, log.next_index - 1))
             log._last_flush_ms = log._clock_ms()
 

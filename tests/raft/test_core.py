@@ -26,6 +26,7 @@ from raftmq.raft.messages import CAMPAIGN_TRANSFER
 from raftmq.raft.progress import ProgressState
 from tests.raft.harness import (
     Net,
+    Peer,
     cluster,
     data_entry,
     flush,
@@ -441,7 +442,8 @@ def test_read_index_from_a_follower():
 
 
 # --------------------------------------------------------------------- snapshots
-def test_lagging_follower_receives_a_snapshot():
+def _leader_compacted_past_node_3() -> tuple[Net, Peer]:
+    """Node 1 leads with 10 entries, node 3 cut off, and has snapshotted through 7."""
     net = cluster(3)
     net.elect(1)
     net.drop = lambda m: m.dst == 3 or m.src == 3
@@ -451,6 +453,11 @@ def test_lagging_follower_receives_a_snapshot():
     ld = net.peers[1]
     ld.storage.truncate_prefix(8)  # the application snapshotted through index 7
     ld.storage.sync()
+    return net, ld
+
+
+def test_lagging_follower_receives_a_snapshot():
+    net, ld = _leader_compacted_past_node_3()
     net.drop = lambda m: False
     net.tick(2)
     f = net.peers[3]
@@ -462,6 +469,32 @@ def test_lagging_follower_receives_a_snapshot():
     net.tick(3)
     assert f.storage.start_index == 8 and f.core.log.last_index == ld.core.log.last_index
     assert f.core.applied == ld.core.applied
+
+
+def test_a_rejection_hint_below_the_leaders_log_start_gets_a_snapshot():
+    """A follower's hint can point below what the leader still holds: the term search
+    stops at the compacted index (no term lookup there) and the follower is sent the
+    snapshot, instead of failing the leader's step."""
+    _, ld = _leader_compacted_past_node_3()
+    assert ld.core.log.find_conflict_by_term(3, ld.core.term) == (3, 0)
+    pr = ld.core.progress[3]
+    pr.become_probe()
+    rejected = pr.next - 1
+    ld.core.step(
+        Message(
+            MsgType.APP_RESP,
+            3,
+            1,
+            ld.core.term,
+            index=rejected,
+            reject=True,
+            reject_hint=3,
+            log_term=ld.core.term,
+        )
+    )
+    sent = [m for m in flush(ld) if m.dst == 3]
+    assert [m.type for m in sent] == [MsgType.SNAP]
+    assert sent[0].snapshot is not None and sent[0].snapshot.index == 7
 
 
 def test_snapshot_matching_our_log_only_fast_forwards_commit():
