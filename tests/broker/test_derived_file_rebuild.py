@@ -125,6 +125,11 @@ def test_a_follower_with_every_derived_file_damaged_serves_the_same_bytes(
         cluster.stop(victim)
         states = write_producer_checkpoint(folder)
         assert states and states[0][0] == pid
+        if checkpoints.read_start(folder) is None:
+            # A log whose start never moved has no start checkpoint (it costs a new
+            # replica fsyncs for nothing); one that moved has, and it may rot: write the
+            # one it would hold, to damage it.
+            checkpoints.write_start(folder, 1, 0, 0)
         damaged = {
             indexes[0]: 13,  # a slot's relative index
             indexes[1].with_suffix(".timeindex"): 2,  # a timestamp's high bytes
