@@ -8,6 +8,7 @@ The tenant is a small key-value machine defined here: a fixture, not a mock of o
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 
@@ -443,6 +444,29 @@ async def test_proposals_of_a_deposed_leader_fail_as_outcome_unknown(tmp_path):
         assert not leader.is_leader
     finally:
         await cluster.stop_all()
+
+
+async def test_a_proposal_whose_caller_gave_up_logs_no_unretrieved_error(tmp_path):
+    """Found in a chaos run's broker log ("Future exception was never retrieved", a
+    ProposalDroppedError): a controller command that timed out left the host's future
+    of its entry to fail later with no one to take the error. The outcome of a proposal
+    no one waits for any more is not an error to log."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    cluster = await Cluster(tmp_path).start_all()
+    try:
+        leader = await cluster.leader()
+        await leader.propose(b"set y 0")
+        cluster.isolate(cluster.node_of(leader))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(leader.propose(b"set y given up"), 0.05)
+        await wait_for(lambda: not leader.is_leader, what="the isolated leader to step down")
+    finally:
+        await cluster.stop_all()
+        gc.collect()
+        loop.set_exception_handler(None)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
 
 
 async def test_a_slow_watcher_is_dropped_not_grown(tmp_path):

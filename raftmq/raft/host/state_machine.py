@@ -339,11 +339,13 @@ class ReplicatedStateMachine(Generic[M]):
 
     def _host_answered(self, index: int, done: asyncio.Future[int]) -> None:
         """The host's outcome: a success was already answered by :meth:`_apply` (the
-        host resolves after applying); a failure is passed on."""
+        host resolves after applying); a failure is passed on. Taken here even when no
+        one waits any more (a caller that timed out): it is then nobody's error, and
+        asyncio would log it as one never retrieved."""
+        exc = None if done.cancelled() else done.exception()
         waiting = self._proposals.get(index)
         if waiting is None or waiting[2] is not done or waiting[1].done() or done.cancelled():
             return  # answered, or a later proposal now holds this index
-        exc = done.exception()
         if exc is not None:
             waiting[1].set_exception(exc)
         else:  # applied, yet not by us: only a snapshot install can have skipped it
