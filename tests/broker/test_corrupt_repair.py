@@ -177,25 +177,13 @@ def test_a_replica_whose_open_reads_a_corrupt_entry_is_repaired_before_it_opens(
     then opens it; it serves the leader's bytes, and its other work never stopped."""
     with cluster.client() as client:
         leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
-        victim_address = address_of(cluster, victim)
         folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
         segments = close_segments(cluster, client, victim, sent)
         cluster.stop(victim)
         flip_bit(segments[0], 700)
         stored.forget(folder, Kind.HINT)  # the open reads the whole log
         cluster.start(victim)
-
-        def repaired_and_ok() -> bool:
-            return _hw_or_none(client, victim_address, TOPIC) == len(sent)
-
-        wait_until(repaired_and_ok, 30, "the replica to be repaired, open and caught up")
-        records, raw = read_all(client, TOPIC, 0, address=victim_address)
-        _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
-        assert [r.value for r in records] == sent
-        assert raw == leader_raw
-    log_text = cluster.log_path(victim).read_text()
-    assert "repairing it from its peers" in log_text, log_text[-3000:]
-    assert f"repaired its replica of {TOPIC}/0" in log_text, log_text[-3000:]
+        log_text = _repaired_at_open(cluster, client, leader, victim, sent)
     assert "applying metadata version" not in log_text, log_text[-3000:]
 
 
@@ -210,7 +198,6 @@ def test_a_replica_whose_commit_entry_rotted_in_a_sealed_segment_is_repaired_at_
     the same read every second for good."""
     with cluster.client() as client:
         leader, victim, sent = fill_and_replicate(cluster, client, TOPIC, 30)
-        victim_address = address_of(cluster, victim)
         folder = cluster.data / f"broker-{victim}" / f"{TOPIC}-0"
         segments = close_segments(cluster, client, victim, sent)
         cluster.stop(victim)
@@ -226,18 +213,28 @@ def test_a_replica_whose_commit_entry_rotted_in_a_sealed_segment_is_repaired_at_
         )
         stored.put(folder, Kind.HINT, lagging.encode())
         cluster.start(victim)
+        _repaired_at_open(cluster, client, leader, victim, sent)
 
-        def repaired_and_ok() -> bool:
-            return _hw_or_none(client, victim_address, TOPIC) == len(sent)
 
-        wait_until(repaired_and_ok, 30, "the replica to be repaired, open and caught up")
-        records, raw = read_all(client, TOPIC, 0, address=victim_address)
-        _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
-        assert [r.value for r in records] == sent
-        assert raw == leader_raw
+def _repaired_at_open(
+    cluster: LocalCluster, client: LowLevelClient, leader: int, victim: int, sent: list[bytes]
+) -> str:
+    """Wait until the restarted ``victim``, whose open found damage, was repaired from its
+    peers and serves the leader's bytes; its broker's log."""
+    victim_address = address_of(cluster, victim)
+
+    def repaired_and_ok() -> bool:
+        return _hw_or_none(client, victim_address, TOPIC) == len(sent)
+
+    wait_until(repaired_and_ok, 30, "the replica to be repaired, open and caught up")
+    records, raw = read_all(client, TOPIC, 0, address=victim_address)
+    _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
+    assert [r.value for r in records] == sent
+    assert raw == leader_raw
     log_text = cluster.log_path(victim).read_text()
     assert "repairing it from its peers" in log_text, log_text[-3000:]
     assert f"repaired its replica of {TOPIC}/0" in log_text, log_text[-3000:]
+    return log_text
 
 
 def _log_start(client: LowLevelClient, address: str) -> int:
