@@ -28,7 +28,14 @@ _HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload, before it
 
 def write_atomic(path: Path, payload: bytes) -> None:
     """Durably replace ``path``: on return the new payload survives power loss."""
-    data = payload + _TRAILER.pack(crc32c(payload))
+    replace_durably(path, payload + _TRAILER.pack(crc32c(payload)))
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` as given (a temporary file, fsynced, renamed over it,
+    then the directory fsynced): a crash leaves the old file or the new one, and on return
+    the new one survives power loss. For files that frame their own checks; others use
+    :func:`write_atomic`, which adds a CRC."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

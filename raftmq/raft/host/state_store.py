@@ -46,7 +46,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from raftmq.log.atomic_file import fsync_dir
+from raftmq.log.atomic_file import fsync_dir, replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -341,13 +341,7 @@ class StateStore:
                 self._close_fd()
 
     def _replace(self, data: bytes) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.folder)
+        replace_durably(self.path, data)
         self.fsyncs += 2
         self._exists = True
         self._close_fd()
