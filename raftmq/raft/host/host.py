@@ -588,10 +588,11 @@ class RaftHost(SelfRepair):
             group.log.abandon()
 
     def _lane(self, group: RaftGroup) -> _Lane:
+        """The lane whose ready loop runs ``group``'s rounds."""
         return self._lanes[group.priority]
 
     def _mark(self, group: RaftGroup) -> None:
-        lane = self._lanes[group.priority]
+        lane = self._lane(group)
         lane.dirty.add(group)
         lane.wake.set()
 
