@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.listings import ReplicaListings
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.open_files import open_files_note
 from raftmq.broker.topic_ids import TopicIdMarkers
@@ -34,7 +35,6 @@ from raftmq.broker.topic_settings import (
 from raftmq.broker.unopened import RebuildRefused, UnopenedReplicas
 from raftmq.controller.metadata import broker_addresses
 from raftmq.controller.model import MetadataState, Partition, Topic
-from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.partition.replica import PartitionReplica, group_name
@@ -58,11 +58,6 @@ one open's fsyncs are slow, and with one turn between slices a busy disk left th
 of the broker a few turns a second: heartbeats to the controller missed its session
 timeout (every broker fenced during a 1,000-partition creation), the Raft transport
 called its peers dead, and controller reads timed out."""
-LISTED_SUFFIX = ".listed-at"
-"""Beside each replica's directory, the newest metadata version that opened it (one listing
-this broker for it; never lowered, though a restarted broker may first get an older copy):
-a copy of the metadata older than that (a lagging voter's, after a restart) never deletes
-the replica as moved away; only a newer one that lists it no more does."""
 OPEN_RETRY_CHECK_S = 0.5
 """How often the broker looks for failed replicas whose backoff has passed."""
 
@@ -119,6 +114,7 @@ class Reconciler:
         self.metadata = MetadataState(cluster_name)
         """The newest metadata this broker applied (empty until the first arrives)."""
         self.topic_ids = TopicIdMarkers(data_dir)
+        self.listings = ReplicaListings(data_dir)
         self.unopened = UnopenedReplicas()
         """The replicas the metadata assigns here that are not in :attr:`replicas`: opening,
         repairing, or failed to open (why; retried with backoff)."""
@@ -175,6 +171,12 @@ class Reconciler:
         self.metadata = state  # before opening: Metadata answers for what opens
         if opening:
             self._check_open_files(len(self.replicas) + len(opening))
+            try:  # one write for all; each open below checks its own again
+                self.listings.raise_to(
+                    (self.data_dir / f"{t.name}-{p}" for t, p, _ in opening), state.version
+                )
+            except Exception:
+                log.exception("broker %d: recording the replicas' listings failed", self.id)
         opened = await self._open_replicas(opening, state.version)
         self._after_opening(opened, state)
 
@@ -222,9 +224,7 @@ class Reconciler:
         try:
             directory.parent.mkdir(parents=True, exist_ok=True)
             self.topic_ids.write(directory, topic.topic_id)
-            listed_at = read_atomic(_listed_path(directory))
-            if not listed_at or int(listed_at) < version:
-                write_atomic(_listed_path(directory), str(version).encode())
+            self.listings.raise_to([directory], version)
             replica = PartitionReplica(
                 self.host,
                 topic.name,
@@ -254,7 +254,8 @@ class Reconciler:
             self._prefer(replica)
         except Exception:  # its election timers decide instead
             log.exception("broker %d: preferring a leader for %s/%d failed", self.id, *key)
-        if key in self.unopened:
+        before = self.unopened.get(key)
+        if before is not None and before.failures:  # the first try of each is counted only
             log.info("broker %d: its replica of %s/%d opened", self.id, *key)
         self.unopened.opened(key)
         return replica
@@ -503,14 +504,13 @@ class Reconciler:
         move took it elsewhere) is deleted: at once when it is not open, else once its
         group can do without it (:class:`MembershipDriver` decides; a leader hands its
         leadership over first). Never on a copy of the metadata older than the one that
-        opened it here (see LISTED_SUFFIX)."""
+        opened it here (raftmq.broker.listings)."""
         if p >= len(topic.partitions):
             return
         part = topic.partitions[p]
         if self.id in part.replicas or self.id in part.learners:
             return
-        raw = read_atomic(_listed_path(directory))
-        listed_at = int(raw) if raw else topic.topic_id
+        listed_at = self.listings.listed_at(directory) or topic.topic_id
         if state.version < listed_at:
             return
         why = f"no longer listed: its replicas are brokers {list(part.replicas)}"
@@ -548,7 +548,7 @@ class Reconciler:
         await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
         forget_group(directory)
         self.topic_ids.remove(directory)
-        _listed_path(directory).unlink(missing_ok=True)
+        self.listings.forget(directory)
         log.info("broker %d: deleted its replica of %s/%d (%s)", self.id, topic, partition, why)
 
     async def _mark_replaced_replicas(
@@ -609,7 +609,3 @@ def _delete_tree(directory: Path) -> int:
     size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
     shutil.rmtree(directory)
     return size
-
-
-def _listed_path(directory: Path) -> Path:
-    return directory.parent / (directory.name + LISTED_SUFFIX)
