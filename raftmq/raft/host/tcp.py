@@ -315,9 +315,23 @@ class TcpTransport:
         writer.close()
 
     async def _ping_loop(self) -> None:
+        """Ping every connected peer each ``ping_interval_s``; call a peer dead when
+        nothing came from it for ``dead_after_s`` of this loop's own time.
+
+        A wake-up later than the interval means this process's loop was held up: what
+        the peers sent meanwhile waits unread in the socket, so the lateness is credited
+        to every peer's silence instead of counted against it. Without that, a broker
+        busy for 1.5 s (opening thousands of replicas) called its live peers dead, woke
+        every quiesced group it shared with them and reconnected, and the heartbeats
+        of the woken groups made it busier still."""
         while not self._closing:
+            woke_s = time.monotonic() + self.ping_interval_s
             await asyncio.sleep(self.ping_interval_s)
             now_s = time.monotonic()
+            late_s = now_s - woke_s
+            if late_s > self.ping_interval_s:
+                for p in self._peers.values():
+                    p.last_heard_s = min(now_s, p.last_heard_s + late_s)
             for p in self._peers.values():
                 if p.writer is not None:
                     p.ping_seq += 1
