@@ -4,7 +4,8 @@ partition even to a broker that hosts no replica of it.
 
 Bounded, so that 1,000 partitions electing at once (a broker died) do not flood the
 controller: the broker scans its replicas every ``SCAN_S`` (elections are not waited
-on one by one), and
+on one by one; and only when something may have changed: a leadership, the metadata, a
+report's end, a retry's time), and
 
 - reports only what the metadata does not already say (leader and term);
 - keeps at most one report in flight per partition; a newer term met while one is in
@@ -62,8 +63,15 @@ class LeaderReports:
         report: Report,
         replicas: Mapping[tuple[str, int], PartitionReplica],
         metadata: Callable[[], MetadataState],
+        leadership_changes: Callable[[], int],
     ) -> None:
+        """``leadership_changes``: a count that grows with every change of role or leader
+        of any replica here (:attr:`RaftHost.soft_state_changes`)."""
         self.broker_id = broker_id
+        self._leadership_changes = leadership_changes
+        self._scanned: tuple[int, int] | None = None
+        """(leadership changes, metadata version) at the last scan that found nothing
+        left to do but what is in flight or backing off; None after a report ended."""
         self._report = report
         self._replicas = replicas
         self._metadata = metadata
@@ -123,7 +131,14 @@ class LeaderReports:
         return out
 
     def scan(self) -> None:
-        """Start reports for what is due, up to MAX_IN_FLIGHT in flight."""
+        """Start reports for what is due, up to MAX_IN_FLIGHT in flight. Nothing to look
+        at while no leadership changed, the metadata stayed, no report ended and no retry
+        is due: an idle broker of 10,000 replicas spent a tenth of a core scanning them."""
+        seen = (self._leadership_changes(), self._metadata().version)
+        now_s = time.monotonic()
+        if seen == self._scanned and not any(at <= now_s for at, _ in self._retry.values()):
+            return
+        self._scanned = seen
         for key, term in self.due():
             if len(self._in_flight) >= MAX_IN_FLIGHT:
                 return  # the rest on a later scan
@@ -153,6 +168,7 @@ class LeaderReports:
             self._retry.pop(key, None)
         finally:
             self._in_flight.discard(key)
+            self._scanned = None  # a newer term met meanwhile is due now
 
     def _back_off(self, key: tuple[str, int], exc: Exception) -> None:
         backoff_s = self._retry.get(key, (0.0, RETRY_FIRST_S))[1]

@@ -184,7 +184,11 @@ class Broker:
         self.link = ControllerLink(self.voter_addresses)
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.leader_reports = LeaderReports(
-            broker_id, self.link.report_leader, self.replicas, lambda: self.metadata
+            broker_id,
+            self.link.report_leader,
+            self.replicas,
+            lambda: self.metadata,
+            lambda: self.host.soft_state_changes,
         )
         self.topic_creator = (
             TopicCreator(auto_create, self.link.create_topic, lambda: self.metadata)

@@ -57,11 +57,13 @@ async def test_reports_are_bounded_coalesced_and_not_repeated() -> None:
     controller = Controller()
     replicas = {("t", p): Led() for p in range(3 * MAX_IN_FLIGHT)}
     meta = state(3 * MAX_IN_FLIGHT)
-    reports = LeaderReports(ME, controller.report, replicas, lambda: meta)  # type: ignore[arg-type]
+    changes = [0]
+    reports = LeaderReports(ME, controller.report, replicas, lambda: meta, lambda: changes[0])  # type: ignore[arg-type]
     reports.scan()
     await settle()
     assert len(controller.calls) == MAX_IN_FLIGHT  # the rest wait for room
     replicas["t", 0].led_term = 3  # a newer term while term 2 is in flight
+    changes[0] += 1
     reports.scan()
     await settle()
     assert len(controller.calls) == MAX_IN_FLIGHT  # one in flight per partition, still
@@ -79,12 +81,32 @@ async def test_reports_are_bounded_coalesced_and_not_repeated() -> None:
     assert len(controller.calls) == before  # nothing new: nothing sent
 
 
+async def test_a_scan_looks_only_when_a_leadership_or_the_metadata_changed() -> None:
+    controller = Controller()
+    controller.release.set()
+    replicas = {("t", 0): Led(led_term=0)}
+    meta = state(1)
+    changes = [0]
+    reports = LeaderReports(ME, controller.report, replicas, lambda: meta, lambda: changes[0])  # type: ignore[arg-type]
+    reports.scan()
+    await settle()
+    assert controller.calls == []
+    replicas["t", 0].led_term = 4  # not yet delivered by its round: no change counted
+    reports.scan()
+    await settle()
+    assert controller.calls == []
+    changes[0] += 1
+    reports.scan()
+    await settle()
+    assert [term for *_, term in controller.calls] == [4]
+
+
 async def test_what_the_metadata_shows_is_not_reported_and_followers_never() -> None:
     controller = Controller()
     controller.release.set()
     replicas = {("t", 0): Led(led_term=5), ("t", 1): Led(led_term=0)}
     meta = state(2, leader=ME, term=5)
-    reports = LeaderReports(ME, controller.report, replicas, lambda: meta)  # type: ignore[arg-type]
+    reports = LeaderReports(ME, controller.report, replicas, lambda: meta, lambda: 0)  # type: ignore[arg-type]
     reports.scan()
     await settle()
     assert controller.calls == []
@@ -98,7 +120,8 @@ async def test_a_stale_report_is_dropped_and_a_failed_one_retried_after_a_backof
     controller.refuse = pb.ERROR_CODE_STALE_LEADER_TERM
     replicas = {("t", 0): Led()}
     meta = state(1)
-    reports = LeaderReports(ME, controller.report, replicas, lambda: meta)  # type: ignore[arg-type]
+    changes = [0]
+    reports = LeaderReports(ME, controller.report, replicas, lambda: meta, lambda: changes[0])  # type: ignore[arg-type]
     reports.scan()
     await settle()
     reports.scan()
@@ -109,6 +132,7 @@ async def test_a_stale_report_is_dropped_and_a_failed_one_retried_after_a_backof
     controller.refuse = pb.ERROR_CODE_INVALID_ARGUMENT  # anything else: retried later
     monkeypatch.setattr(leader_reports, "RETRY_FIRST_S", 0.05)
     replicas["t", 0].led_term = 3
+    changes[0] += 1
     reports.scan()
     await settle()
     reports.scan()

@@ -129,7 +129,7 @@ async def test_leader_reports_skip_a_replica_that_raises_and_report_the_others(
         return 11
 
     meta = state(4)
-    reports = LeaderReports(ME, report, replicas(4), lambda: meta)  # type: ignore[arg-type]
+    reports = LeaderReports(ME, report, replicas(4), lambda: meta, lambda: 0)  # type: ignore[arg-type]
     with caplog.at_level(logging.ERROR):
         reports.scan()
         for _ in range(5):
