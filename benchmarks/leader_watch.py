@@ -103,7 +103,8 @@ class LeaderWatch:
     def _metadata(self, address: str) -> pb.MetadataResponse | grpc.StatusCode:
         try:
             return self.client.stub(address).Metadata(
-                pb.MetadataRequest(topics=[self.topic]), timeout=METADATA_TIMEOUT_S
+                pb.MetadataRequest(topics=[self.topic], routing_only=True),
+                timeout=METADATA_TIMEOUT_S,
             )
         except grpc.RpcError as exc:
             return exc.code()

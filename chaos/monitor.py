@@ -73,7 +73,8 @@ class Monitor:
     ) -> pb.MetadataResponse | None:
         stub = pb_grpc.BrokerStub(self._channels[broker_id])
         try:
-            return stub.Metadata(pb.MetadataRequest(topics=[self.topic]), timeout=timeout_s)
+            request = pb.MetadataRequest(topics=[self.topic], routing_only=True)
+            return stub.Metadata(request, timeout=timeout_s)
         except grpc.RpcError:
             return None
 

@@ -396,9 +396,12 @@ class Router:
             raise self.refusal(exc) from None
         return Offsets(offset, replica.log_start_offset, replica.high_watermark)
 
-    async def metadata(self, topics: Sequence[str], allow_auto_create: bool) -> ClusterInfo:
+    async def metadata(
+        self, topics: Sequence[str], allow_auto_create: bool, *, routing_only: bool = False
+    ) -> ClusterInfo:
         """The brokers, and ``topics`` (none: every topic) with each partition's leader,
-        replicas and this broker's view of their state."""
+        replicas and in-sync replicas, and unless ``routing_only`` this broker's view of
+        their state (high watermark, log start, each replica's status)."""
         metadata = self.broker.metadata
         names = list(topics) or sorted(metadata.topics)
         invalid = [n for n in names if not TOPIC_NAME.fullmatch(n)]
@@ -439,6 +442,12 @@ class Router:
                     leader, term = replica.leader_id, replica.leader_term
                 else:
                     leader, term = reported_leader(metadata, name, p)
+                if routing_only:
+                    in_sync = replica.in_sync_voters() if replica else []
+                    parts.append(
+                        PartitionInfo(p, leader, list(part.replicas), term, -1, [], -1, in_sync)
+                    )
+                    continue
                 parts.append(
                     PartitionInfo(
                         partition=p,

@@ -205,7 +205,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:
-        info = await self.router.metadata(list(request.topics), request.allow_auto_create)
+        info = await self.router.metadata(
+            list(request.topics), request.allow_auto_create, routing_only=request.routing_only
+        )
         return pb.MetadataResponse(
             cluster=info.cluster,
             brokers=[

@@ -12,9 +12,7 @@ RETRY_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
 
 
-def backoff_s(
-    attempt: int, base_s: float = RETRY_BACKOFF_S, max_s: float = MAX_BACKOFF_S
-) -> float:
+def backoff_s(attempt: int, base_s: float = RETRY_BACKOFF_S, max_s: float = MAX_BACKOFF_S) -> float:
     """The wait before retry number ``attempt`` (0 for the first retry)."""
     assert attempt >= 0 and base_s >= 0 and max_s >= 0
     return min(max_s, base_s * 2 ** min(attempt, 20)) * (0.5 + random.random())

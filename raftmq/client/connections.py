@@ -69,7 +69,7 @@ class Connections:
         async def ask(address: str) -> pb.MetadataResponse | None:
             try:
                 answer: pb.MetadataResponse = await self.stub(address).Metadata(
-                    pb.MetadataRequest(), timeout=METADATA_TIMEOUT_S
+                    pb.MetadataRequest(routing_only=True), timeout=METADATA_TIMEOUT_S
                 )
                 return answer
             except grpc.aio.AioRpcError:

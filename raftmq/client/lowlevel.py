@@ -102,7 +102,8 @@ class LowLevelClient:
         answers = []
         for address in self._addresses():
             try:
-                answers.append(self.stub(address).Metadata(pb.MetadataRequest(), timeout=timeout))
+                request = pb.MetadataRequest(routing_only=True)
+                answers.append(self.stub(address).Metadata(request, timeout=timeout))
             except grpc.RpcError:
                 continue
         view = merge_metadata(answers)

@@ -248,12 +248,14 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics", "allow_auto_create")
+    __slots__ = ("topics", "allow_auto_create", "routing_only")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_AUTO_CREATE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_ONLY_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     allow_auto_create: bool
-    def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_create: _Optional[bool] = ...) -> None: ...
+    routing_only: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_create: _Optional[bool] = ..., routing_only: _Optional[bool] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
     __slots__ = ("id", "host", "port", "rack")
