@@ -69,11 +69,12 @@ class Monitor:
             channel.close()
 
     def _metadata(
-        self, broker_id: int, timeout_s: float = CALL_TIMEOUT_S
+        self, broker_id: int, timeout_s: float = CALL_TIMEOUT_S, *, routing_only: bool = False
     ) -> pb.MetadataResponse | None:
+        """``routing_only``: leaders and replicas, without the replicas' live state."""
         stub = pb_grpc.BrokerStub(self._channels[broker_id])
         try:
-            request = pb.MetadataRequest(topics=[self.topic], routing_only=True)
+            request = pb.MetadataRequest(topics=[self.topic], routing_only=routing_only)
             return stub.Metadata(request, timeout=timeout_s)
         except grpc.RpcError:
             return None
@@ -82,7 +83,7 @@ class Monitor:
         while not self._stop.wait(POLL_S):
             claims: dict[int, set[int]] = {}
             for broker_id in self.addresses:
-                meta = self._metadata(broker_id)
+                meta = self._metadata(broker_id, routing_only=True)
                 if meta is None:
                     continue
                 for topic in meta.topics:

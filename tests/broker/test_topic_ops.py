@@ -301,15 +301,17 @@ def test_describe_shows_the_new_leader_and_live_state_after_a_leader_kill(
         # partition reported (here: one replica, on broker 1)
         admin.create_topic("solo", 1, 1, assignment=[[1]])
         other = cluster.spec.brokers[2].address
+
+        def solo_leader() -> int:
+            try:
+                answer = client.stub(other).Metadata(pb.MetadataRequest(topics=["solo"]), timeout=5)
+            except grpc.RpcError as exc:  # broker 2 has not heard of the topic yet
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                return 0
+            return answer.topics[0].partitions[0].leader_id
+
         wait_until(
-            lambda: (
-                client.stub(other)
-                .Metadata(pb.MetadataRequest(topics=["solo"]), timeout=5)
-                .topics[0]
-                .partitions[0]
-                .leader_id
-                == 1
-            ),
+            lambda: solo_leader() == 1,
             LIVE_S,
             "broker 2 naming broker 1 as the leader of solo/0 (it hosts no replica of it)",
         )
