@@ -34,6 +34,12 @@ PREFER_WINDOW_SECONDS = 10.0
 first election (unless the controller fenced the preferred broker). Long enough for the
 brokers' opening of a large topic to drift apart by seconds, short enough that a group
 whose preferred replica cannot open is led soon after."""
+PREFER_HOLD_MAX_SECONDS = 30.0
+"""How long at most a new group's other replicas keep holding their first election back
+for a preferred replica that has not led yet while its broker is reachable and not fenced
+(:meth:`Leadership.prefer`): over a creation of 10,000 partitions the brokers' opening
+drifted apart by more than :data:`PREFER_WINDOW_SECONDS`, and 34 partitions elected
+without their preferred replica, to be handed back later."""
 SETTLE_SECONDS = PREFER_WINDOW_SECONDS
 """No hand-back starts within this long of the last replica this broker opened: until
 then an election may still be under way, and the preferred replica may still win it."""
@@ -128,8 +134,36 @@ class Leadership:
                 self.host.campaign(name)
             elif preferred in replica.replicas and broker is not None and not broker.fenced:
                 self.host.delay_election(name, PREFER_WINDOW_SECONDS)
+                if replica.group.term == 0:  # a new group (a creation), not a reopened one
+                    self._hold_later(replica, preferred, time.monotonic() + PREFER_HOLD_MAX_SECONDS)
         except RaftError:  # e.g. its replica failed meanwhile: its timers decide
             pass
+
+    def _hold_later(self, replica: PartitionReplica, preferred: int, until_s: float) -> None:
+        asyncio.get_running_loop().call_later(
+            PREFER_WINDOW_SECONDS / 2, self._hold, replica, preferred, until_s
+        )
+
+    def _hold(self, replica: PartitionReplica, preferred: int, until_s: float) -> None:
+        """Renew a new group's delay while its preferred replica has not led yet, its
+        broker is reachable and not fenced, and :data:`PREFER_HOLD_MAX_SECONDS` have not
+        passed since it opened here. Only for groups created new: a reopened group's
+        preferred replica may be one that cannot campaign (rejoining after a repair)."""
+        remaining_s = until_s - time.monotonic()
+        if self._stopping() or remaining_s <= 0:
+            return
+        try:
+            key = (replica.topic, replica.partition)
+            if self.replicas.get(key) is not replica or replica.leader_id:
+                return
+            broker = self._metadata().brokers.get(preferred)
+            if broker is None or broker.fenced or not self._peer_alive(preferred):
+                return
+            name = group_name(replica.topic, replica.partition)
+            self.host.delay_election(name, min(PREFER_WINDOW_SECONDS, remaining_s))
+        except Exception:  # closed or failed meanwhile: its timers decide
+            return
+        self._hold_later(replica, preferred, until_s)
 
     async def _campaign_while_leaderless(
         self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float

@@ -394,13 +394,14 @@ class RaftCore:
             self._request_votes(MsgType.VOTE, self.term, b"", frozenset({node}))
 
     def delay_election(self, ticks: int) -> None:
-        """Start this follower's election timer ``ticks`` later, unless it knows a leader
-        or is already in an election. For a replica that must give another one the first
+        """Let this follower's election timer start no sooner than ``ticks`` from now,
+        unless it knows a leader or is already in an election (asked again, the delay is
+        renewed, not added to). For a replica that must give another one the first
         chance to lead (the broker's preferred replica: raftmq.broker.leadership): any
         message from a leader or candidate restarts the timer as usual, so this only
         delays an election nobody else started."""
         if self.role == Role.FOLLOWER and self.lead == NONE and ticks > 0:
-            self.election_elapsed = min(self.election_elapsed, 0) - ticks
+            self.election_elapsed = min(self.election_elapsed, -ticks)
 
     def _poll(self, node: int, granted: bool) -> VoteResult:
         if node in self.membership.voters:  # learners' answers never count

@@ -1006,6 +1006,18 @@ def test_a_delayed_election_still_comes_when_nobody_else_campaigns():
     assert {net.peers[n].core.role for n in (2, 3)} == {Role.LEADER, Role.FOLLOWER}
 
 
+def test_a_delay_asked_again_is_renewed_not_added_to():
+    f = cluster(3).peers[2].core
+    f.delay_election(100)
+    f.delay_election(100)
+    assert f.election_elapsed == -100
+    f.election_elapsed = -30  # 70 ticks later
+    f.delay_election(100)
+    assert f.election_elapsed == -100
+    f.delay_election(20)  # never shortened
+    assert f.election_elapsed == -100
+
+
 def test_an_election_is_not_delayed_once_a_leader_is_known():
     net = cluster(3)
     net.elect(1)
