@@ -40,6 +40,12 @@ for a preferred replica that has not led yet while its broker is reachable and n
 (:meth:`Leadership.prefer`): over a creation of 10,000 partitions the brokers' opening
 drifted apart by more than :data:`PREFER_WINDOW_SECONDS`, and 34 partitions elected
 without their preferred replica, to be handed back later."""
+PREFER_CHECK_SECONDS = 2.0
+"""After this long, a held-back replica looks again: if the transport has not reached the
+preferred broker by then, it stops waiting for it. The controller fences a dead broker
+only after its session timeout, and while the controller itself kept failing over it did
+not for two minutes (a chaos schedule): every reopen of the group's other replicas held
+their election back for a preferred replica that was long gone."""
 SETTLE_SECONDS = PREFER_WINDOW_SECONDS
 """No hand-back starts within this long of the last replica this broker opened: until
 then an election may still be under way, and the preferred replica may still win it."""
@@ -134,36 +140,42 @@ class Leadership:
                 self.host.campaign(name)
             elif preferred in replica.replicas and broker is not None and not broker.fenced:
                 self.host.delay_election(name, PREFER_WINDOW_SECONDS)
-                if replica.group.term == 0:  # a new group (a creation), not a reopened one
-                    self._hold_later(replica, preferred, time.monotonic() + PREFER_HOLD_MAX_SECONDS)
+                # A new group (a creation) may hold on longer; a reopened one may not: its
+                # preferred replica may be one that cannot campaign (rejoining).
+                new = replica.group.term == 0
+                until_s = time.monotonic() + (PREFER_HOLD_MAX_SECONDS if new else 0.0)
+                self._look_again(PREFER_CHECK_SECONDS, replica, preferred, until_s)
         except RaftError:  # e.g. its replica failed meanwhile: its timers decide
             pass
 
-    def _hold_later(self, replica: PartitionReplica, preferred: int, until_s: float) -> None:
-        asyncio.get_running_loop().call_later(
-            PREFER_WINDOW_SECONDS / 2, self._hold, replica, preferred, until_s
-        )
+    def _look_again(
+        self, delay_s: float, replica: PartitionReplica, preferred: int, until_s: float
+    ) -> None:
+        asyncio.get_running_loop().call_later(delay_s, self._hold, replica, preferred, until_s)
 
     def _hold(self, replica: PartitionReplica, preferred: int, until_s: float) -> None:
-        """Renew a new group's delay while its preferred replica has not led yet, its
-        broker is reachable and not fenced, and :data:`PREFER_HOLD_MAX_SECONDS` have not
-        passed since it opened here. Only for groups created new: a reopened group's
-        preferred replica may be one that cannot campaign (rejoining after a repair)."""
-        remaining_s = until_s - time.monotonic()
-        if self._stopping() or remaining_s <= 0:
+        """A held-back replica whose group still has no leader: stop waiting when the
+        preferred broker is fenced or the transport does not reach it; else, for a new
+        group, renew the delay until :data:`PREFER_HOLD_MAX_SECONDS` after its open (the
+        first window alone did not cover the brokers' drift over a large creation)."""
+        if self._stopping():
             return
         try:
             key = (replica.topic, replica.partition)
             if self.replicas.get(key) is not replica or replica.leader_id:
                 return
+            name = group_name(replica.topic, replica.partition)
             broker = self._metadata().brokers.get(preferred)
             if broker is None or broker.fenced or not self._peer_alive(preferred):
+                self.host.end_election_delay(name)
                 return
-            name = group_name(replica.topic, replica.partition)
+            remaining_s = until_s - time.monotonic()
+            if remaining_s <= 0:
+                return
             self.host.delay_election(name, min(PREFER_WINDOW_SECONDS, remaining_s))
         except Exception:  # closed or failed meanwhile: its timers decide
             return
-        self._hold_later(replica, preferred, until_s)
+        self._look_again(PREFER_WINDOW_SECONDS / 2, replica, preferred, until_s)
 
     async def _campaign_while_leaderless(
         self, pending: dict[str, tuple[Callable[[], int], list[int]]], within: float

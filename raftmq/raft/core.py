@@ -403,6 +403,12 @@ class RaftCore:
         if self.role == Role.FOLLOWER and self.lead == NONE and ticks > 0:
             self.election_elapsed = min(self.election_elapsed, -ticks)
 
+    def end_election_delay(self) -> None:
+        """Undo :meth:`delay_election`: the timer runs from now as usual (a follower that
+        knows no leader and was holding back)."""
+        if self.role == Role.FOLLOWER and self.lead == NONE and self.election_elapsed < 0:
+            self.election_elapsed = 0
+
     def _poll(self, node: int, granted: bool) -> VoteResult:
         if node in self.membership.voters:  # learners' answers never count
             self._votes.setdefault(node, granted)

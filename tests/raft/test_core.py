@@ -1018,6 +1018,16 @@ def test_a_delay_asked_again_is_renewed_not_added_to():
     assert f.election_elapsed == -100
 
 
+def test_an_ended_delay_lets_the_timer_run_from_now():
+    f = cluster(3).peers[2].core
+    f.delay_election(100)
+    f.end_election_delay()
+    assert f.election_elapsed == 0
+    f.election_elapsed = 4
+    f.end_election_delay()  # not delayed: the timer is left as it is
+    assert f.election_elapsed == 4
+
+
 def test_an_election_is_not_delayed_once_a_leader_is_known():
     net = cluster(3)
     net.elect(1)

@@ -788,6 +788,10 @@ class RaftHost(SelfRepair):
         group = self._live(name)
         group.core.delay_election(math.ceil(seconds / self.tick_s))
 
+    def end_election_delay(self, name: str) -> None:
+        """Undo :meth:`delay_election` for group ``name`` (:meth:`RaftCore.end_election_delay`)."""
+        self._live(name).core.end_election_delay()
+
     def transfer_leadership(self, name: str, to: int) -> None:
         group = self._live(name)
         self._unquiesce(group)
