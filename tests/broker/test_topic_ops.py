@@ -275,11 +275,14 @@ def test_describe_shows_the_new_leader_and_live_state_after_a_leader_kill(
         # every leader reported itself, and the leaders answer describe's live questions
         wait_until(
             lambda: all(
-                p.leader_id and p.live and p.high_watermark == 2
+                p.leader_id
+                and p.live
+                and p.high_watermark == 2
+                and all(s.state == "in_sync" for s in p.replica_states)
                 for p in admin.describe_topic("led").partitions
             ),
             LIVE_S,
-            "describe showing every partition's leader and high watermark",
+            "describe showing every partition's leader, high watermark and in-sync replicas",
         )
         described = admin.describe_topic("led")
         for p in described.partitions:
