@@ -291,7 +291,6 @@ def test_truncate_log_leaves_a_prefix_the_log_recovers(tmp_path):
         assert sum(1 for _ in entry.iter_headers(kept)) <= log.last_index
 
 
-@pytest.mark.serial  # its bit rot needs a sealed segment: a loaded machine wrote too little
 def test_bit_rot_disk_loss_and_a_low_file_limit_lose_nothing_and_heal(tmp_path):
     """The three faults of issue 10 in one short schedule: every replica ends repaired and
     byte-identical, every broker healthy, nothing acknowledged lost."""
