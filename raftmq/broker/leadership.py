@@ -95,9 +95,11 @@ class Leadership:
         self.rebalance_seconds = rebalance_seconds
         self.last_open_s = -math.inf
         """When :meth:`prefer` last saw a replica open here (monotonic seconds)."""
-        self._handed_back: dict[str, float] = {}
-        """Group name -> when this broker's last pass handed its leadership back (monotonic
-        seconds): its election is this broker's own doing, not one to wait for."""
+        self._handed_back: set[str] = set()
+        """The groups whose leadership this broker's last pass handed back (at
+        :attr:`_handed_back_s`, monotonic): their elections are its own doing, not ones
+        to wait for."""
+        self._handed_back_s = -math.inf
 
     def prefer(self, replica: PartitionReplica) -> None:
         """Give the preferred replica (the first listed, as in Kafka) the first election
@@ -248,7 +250,8 @@ class Leadership:
                 continue
             if not self._stopping():
                 handing = due[:MAX_HAND_BACKS_PER_PASS]
-                self._handed_back = {g.name: time.monotonic() for g in handing}
+                self._handed_back = {g.name for g in handing}
+                self._handed_back_s = time.monotonic()
                 hand_back(self.host, handing)
 
     def settling(self) -> tuple[bool, bool]:
@@ -258,13 +261,12 @@ class Leadership:
         now_s = time.monotonic()
         if now_s - self.last_open_s < SETTLE_SECONDS:
             return True, False
-        handed_back = self._handed_back
+        recent = self._handed_back if now_s - self._handed_back_s < SETTLE_SECONDS else set()
         for r in list(self.replicas.values()):
             try:
                 if r.leader_id:
                     continue
-                name = group_name(r.topic, r.partition)
-                if now_s - handed_back.get(name, -math.inf) < SETTLE_SECONDS:
+                if group_name(r.topic, r.partition) in recent:
                     # Handed back by the last pass, its new leader not heard yet: waiting
                     # for it held every other pass back (one pass in three handed back).
                     continue

@@ -20,8 +20,8 @@ Writes are coalesced: :meth:`MetadataCache.offer` keeps only the newest state, a
 writer task writes it (atomically, fsynced, off the event loop) at most once per
 ``min_interval_s``, and at most :data:`MAX_WRITE_SHARE` of the time (a write that took
 long waits that much longer before the next), so a burst of versions costs one write.
-Bounded: one file, one pending
-state; a state above ``max_bytes`` encoded is not cached (said once in the log).
+Bounded: one file, one pending state; a state above ``max_bytes`` encoded is not cached
+(said once in the log).
 """
 
 from __future__ import annotations

@@ -125,6 +125,10 @@ class Reconciler:
         self.open_files_note = ""
         self.said_too_few_files = False
 
+    def replica_dir(self, topic: str, partition: int) -> Path:
+        """Where this broker keeps its replica of ``topic``/``partition``."""
+        return self.data_dir / f"{topic}-{partition}"
+
     async def reconcile(self, state: MetadataState) -> None:
         """Make the local replicas what ``state`` says: learn peers' Raft addresses, delete
         the replicas of deleted topics, open the replicas this broker hosts.
@@ -173,7 +177,7 @@ class Reconciler:
             self._check_open_files(len(self.replicas) + len(opening))
             try:  # one write for all; each open below checks its own again
                 self.listings.raise_to(
-                    (self.data_dir / f"{t.name}-{p}" for t, p, _ in opening), state.version
+                    (self.replica_dir(t.name, p) for t, p, _ in opening), state.version
                 )
             except Exception:
                 log.exception("broker %d: recording the replicas' listings failed", self.id)
@@ -220,7 +224,7 @@ class Reconciler:
         """Open this broker's replica of ``topic``/``p``; None when it cannot open (it is
         then recorded as failed, or as repairing, with why)."""
         key = (topic.name, p)
-        directory = self.data_dir / f"{topic.name}-{p}"
+        directory = self.replica_dir(topic.name, p)
         try:
             directory.parent.mkdir(parents=True, exist_ok=True)
             self.topic_ids.write(directory, topic.topic_id)
@@ -440,7 +444,7 @@ class Reconciler:
                 "so its data may be the only copy of acknowledged records; wait until "
                 "another replica leads, or rebuild with --force to accept losing them",
             )
-        directory = self.data_dir / f"{topic}-{partition}"
+        directory = self.replica_dir(topic, partition)
         async with self._reconcile_lock:
             name = group_name(topic, partition)
             self.replicas.pop(key, None)
@@ -534,7 +538,7 @@ class Reconciler:
             listed = found.partitions[partition]
             if self.id in listed.replicas or self.id in listed.learners:
                 return
-        await self.delete_replica(topic, partition, self.data_dir / f"{topic}-{partition}", why)
+        await self.delete_replica(topic, partition, self.replica_dir(topic, partition), why)
 
     async def delete_replica(
         self, topic: str, partition: int, directory: Path, why: str = "topic gone"

@@ -442,23 +442,22 @@ class Router:
                     leader, term = replica.leader_id, replica.leader_term
                 else:
                     leader, term = reported_leader(metadata, name, p)
-                if routing_only:
-                    in_sync = replica.in_sync_voters() if replica else []
-                    parts.append(
-                        PartitionInfo(p, leader, list(part.replicas), term, -1, [], -1, in_sync)
-                    )
-                    continue
+                live = None if routing_only else replica  # whose live state is shown
+                if live is not None:
+                    status = _replica_status(live)
+                elif routing_only:
+                    status = []
+                else:
+                    status = self._unassigned_or_unopened(name, p, assigned)
                 parts.append(
                     PartitionInfo(
                         partition=p,
                         leader_id=leader,
                         replicas=list(part.replicas),
                         leader_term=term,
-                        high_watermark=replica.high_watermark if replica else -1,
-                        replica_status=_replica_status(replica)
-                        if replica
-                        else self._unassigned_or_unopened(name, p, assigned),
-                        log_start_offset=replica.log_start_offset if replica else -1,
+                        high_watermark=live.high_watermark if live else -1,
+                        replica_status=status,
+                        log_start_offset=live.log_start_offset if live else -1,
                         in_sync_replicas=replica.in_sync_voters() if replica else [],
                     )
                 )
