@@ -118,6 +118,9 @@ class Fault:
     targets: list[int] = field(default_factory=list)
     hold: float | None = None
     """How long to hold this fault, when its kind needs other than the usual duration."""
+    idle: bool = False
+    """The fault found nothing to do (no sealed segment to flip yet, no file of its kind):
+    its kind goes back into the deck, to be drawn again later in the round."""
 
 
 class Nemesis:
@@ -136,6 +139,9 @@ class Nemesis:
         self.killed: set[int] = set()
         self.paused: set[int] = set()
         self._decommissioned = False
+        self._deck: list[str] = []
+        """The kinds still to draw in this round: each kind once per round, in a shuffled
+        order, so a short run with few faults still sees every kind it was given."""
         self.gone: set[int] = set()
         """The broker the ``decommission`` fault killed for good (at most one): no other
         fault picks it, and no heal restarts it."""
@@ -227,11 +233,17 @@ class Nemesis:
         if "decommission" in self.categories and not self._decommissioned:
             self._decommissioned = True
             return self._start_decommission()
-        categories = [c for c in self.categories if c != "decommission"]
-        category = self.rng.choice(categories)
+        if not self._deck:
+            self._deck = [c for c in self.categories if c != "decommission"]
+            self.rng.shuffle(self._deck)
+        category = self._deck.pop()
         if category in CORRUPT_FILES:
-            return self._start_corrupt_file(category)
-        return getattr(self, f"_start_{category.replace('-', '_')}")()
+            fault = self._start_corrupt_file(category)
+        else:
+            fault = getattr(self, f"_start_{category.replace('-', '_')}")()
+        if fault.idle and self._deck:
+            self._deck.insert(0, category)  # drawn again last in this round
+        return fault
 
     def _start_decommission(self) -> Fault:
         """A broker dies for good: SIGKILL, never restarted. The controller must fence it,
@@ -483,7 +495,9 @@ class Nemesis:
             self.killed.discard(victim)
 
         what = flipped or "nothing to corrupt yet (no sealed segment)"
-        return Fault("corrupt", f"bit rot on node {victim}: {what}", heal, targets=[victim])
+        return Fault(
+            "corrupt", f"bit rot on node {victim}: {what}", heal, targets=[victim], idle=not flipped
+        )
 
     def _start_corrupt_file(self, kind: str) -> Fault:
         """Bit rot in one file a replica (or the broker) reads when it opens, on a node
@@ -499,7 +513,10 @@ class Nemesis:
         what = CORRUPT_FILES.get(kind) or CONFIG_FILE_WHAT
         if kind in STORE_FAULTS and self._wait_in_sync() is None:
             return Fault(
-                kind, f"bit rot in {what} skipped: some replica is still catching up", lambda: None
+                kind,
+                f"bit rot in {what} skipped: some replica is still catching up",
+                lambda: None,
+                idle=True,
             )
         found = self._flip_while_down(
             kind,
@@ -514,6 +531,7 @@ class Nemesis:
             kind,
             f"bit rot in {what} skipped: no node holds one that may be flipped yet",
             lambda: None,
+            idle=True,
         )
 
     def _flip_while_down(
