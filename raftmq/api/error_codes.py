@@ -91,6 +91,14 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_UNKNOWN_PRODUCER_ID: Rule(_FP, retriable=False),
     # operator repairs
     pb.ERROR_CODE_UNSAFE_REBUILD: Rule(_FP, retriable=False),
+    # transactions
+    pb.ERROR_CODE_INVALID_TRANSACTIONAL_ID: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_INVALID_TXN_TIMEOUT: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_INVALID_TXN_STATE: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_CONCURRENT_TRANSACTIONS: Rule(_UA, retriable=True),
+    pb.ERROR_CODE_TOO_MANY_TXN_PARTITIONS: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_TRANSACTION_ABORTED: Rule(_FP, retriable=False),
+    pb.ERROR_CODE_UNKNOWN_TRANSACTIONAL_ID: Rule(_NF, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

@@ -51,7 +51,7 @@ class EntryType(IntEnum):
     DATA = 0
     NOOP = 1  # a new leader's first entry of its term
     CONFIG = 2  # a Raft membership configuration
-    TXN_MARKER = 3  # reserved: transaction commit/abort markers
+    TXN_MARKER = 3  # ends a producer's transaction on a partition (COMMIT or ABORT)
     METADATA = 4  # a controller command (opaque to the log)
 
 
@@ -60,7 +60,8 @@ CODEC_MASK = (
     0x07  # 0 none; the codec ids follow Kafka's numbering (1 gzip, 2 snappy, 3 lz4, 4 zstd)
 )
 TIMESTAMP_LOG_APPEND = 0x08  # timestamps were set by the broker, not the producer
-_KNOWN_ATTRIBUTES = CODEC_MASK | TIMESTAMP_LOG_APPEND
+TRANSACTIONAL = 0x10  # the DATA entry belongs to an open transaction of its producer
+_KNOWN_ATTRIBUTES = CODEC_MASK | TIMESTAMP_LOG_APPEND | TRANSACTIONAL
 
 MAX_ENTRY_BYTES = 64 * 1024 * 1024
 """Hard cap of the format. ``max.message.bytes`` is configured below it, and a scan treats a
@@ -327,3 +328,42 @@ def stamp(
 
 def payload_of(buf: bytes | bytearray | memoryview, header: EntryHeader) -> memoryview:
     return memoryview(buf)[header.position + HEADER_SIZE : header.end]
+
+
+# -- transaction markers -------------------------------------------------------------------
+
+_MARKER = struct.Struct(">hh")
+"""A TXN_MARKER's payload: version (0), then 0 ABORT or 1 COMMIT (Kafka's control key)."""
+MARKER_ABORT = 0
+MARKER_COMMIT = 1
+
+
+def encode_marker(
+    *, commit: bool, producer_id: int, producer_epoch: int, timestamp_ms: int
+) -> bytes:
+    """A TXN_MARKER entry as a partition leader proposes it (index, term and offset 0: the
+    log stamps them). It carries no records, so it takes no offset: its base_offset is the
+    offset of the next record, as for every control entry."""
+    if producer_id < 0 or producer_epoch < 0:
+        raise InvalidEntryError(
+            f"a marker needs a producer, got id {producer_id} epoch {producer_epoch}"
+        )
+    return encode(
+        _MARKER.pack(0, MARKER_COMMIT if commit else MARKER_ABORT),
+        type=EntryType.TXN_MARKER,
+        first_timestamp=timestamp_ms,
+        max_timestamp=timestamp_ms,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+    )
+
+
+def marker_commits(payload: bytes | bytearray | memoryview) -> bool:
+    """Whether a TXN_MARKER's payload says COMMIT (else ABORT). Raises InvalidEntryError on
+    any other payload."""
+    if len(payload) != _MARKER.size:
+        raise InvalidEntryError(f"a marker's payload is {_MARKER.size} bytes, got {len(payload)}")
+    version, kind = _MARKER.unpack_from(payload)
+    if version != 0 or kind not in (MARKER_ABORT, MARKER_COMMIT):
+        raise InvalidEntryError(f"unknown marker version {version} or kind {kind}")
+    return kind == MARKER_COMMIT

@@ -58,12 +58,24 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_PRODUCER_FENCED: _ClassVar[ErrorCode]
     ERROR_CODE_UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     ERROR_CODE_UNSAFE_REBUILD: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TRANSACTIONAL_ID: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TXN_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TXN_STATE: _ClassVar[ErrorCode]
+    ERROR_CODE_CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
+    ERROR_CODE_TOO_MANY_TXN_PARTITIONS: _ClassVar[ErrorCode]
+    ERROR_CODE_TRANSACTION_ABORTED: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN_TRANSACTIONAL_ID: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACKS_ALL: _ClassVar[Acks]
     ACKS_LEADER: _ClassVar[Acks]
     ACKS_NONE: _ClassVar[Acks]
+
+class IsolationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    READ_UNCOMMITTED: _ClassVar[IsolationLevel]
+    READ_COMMITTED: _ClassVar[IsolationLevel]
 
 class OffsetPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -126,9 +138,18 @@ ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
 ERROR_CODE_PRODUCER_FENCED: ErrorCode
 ERROR_CODE_UNKNOWN_PRODUCER_ID: ErrorCode
 ERROR_CODE_UNSAFE_REBUILD: ErrorCode
+ERROR_CODE_INVALID_TRANSACTIONAL_ID: ErrorCode
+ERROR_CODE_INVALID_TXN_TIMEOUT: ErrorCode
+ERROR_CODE_INVALID_TXN_STATE: ErrorCode
+ERROR_CODE_CONCURRENT_TRANSACTIONS: ErrorCode
+ERROR_CODE_TOO_MANY_TXN_PARTITIONS: ErrorCode
+ERROR_CODE_TRANSACTION_ABORTED: ErrorCode
+ERROR_CODE_UNKNOWN_TRANSACTIONAL_ID: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
+READ_UNCOMMITTED: IsolationLevel
+READ_COMMITTED: IsolationLevel
 EARLIEST: OffsetPosition
 LATEST: OffsetPosition
 REPLICA_STATE_UNSPECIFIED: ReplicaState
@@ -194,7 +215,7 @@ class ProduceResponse(_message.Message):
     def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read")
+    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read", "isolation_level")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +223,7 @@ class FetchRequest(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     offset: int
@@ -209,21 +231,36 @@ class FetchRequest(_message.Message):
     max_wait_ms: int
     min_bytes: int
     replica_read: bool
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., replica_read: _Optional[bool] = ...) -> None: ...
+    isolation_level: IsolationLevel
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., replica_read: _Optional[bool] = ..., isolation_level: _Optional[_Union[IsolationLevel, str]] = ...) -> None: ...
+
+class AbortedTransaction(_message.Message):
+    __slots__ = ("producer_id", "first_offset", "last_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("entries", "next_offset", "high_watermark", "log_start_offset", "broker_id")
+    __slots__ = ("entries", "next_offset", "high_watermark", "log_start_offset", "broker_id", "last_stable_offset", "aborted_transactions")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     entries: bytes
     next_offset: int
     high_watermark: int
     log_start_offset: int
     broker_id: int
-    def __init__(self, entries: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., broker_id: _Optional[int] = ...) -> None: ...
+    last_stable_offset: int
+    aborted_transactions: _containers.RepeatedCompositeFieldContainer[AbortedTransaction]
+    def __init__(self, entries: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
     __slots__ = ("topic", "partition", "position", "timestamp_ms")
@@ -350,3 +387,39 @@ class InitProducerIdResponse(_message.Message):
     producer_id: int
     producer_epoch: int
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class TxnMarker(_message.Message):
+    __slots__ = ("topic", "partition", "producer_id", "producer_epoch", "commit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class WriteTxnMarkersRequest(_message.Message):
+    __slots__ = ("markers", "timeout_ms")
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    markers: _containers.RepeatedCompositeFieldContainer[TxnMarker]
+    timeout_ms: int
+    def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarker, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TxnMarkerResult(_message.Message):
+    __slots__ = ("index", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    error: ProduceError
+    def __init__(self, index: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ...) -> None: ...
+
+class WriteTxnMarkersResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TxnMarkerResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TxnMarkerResult, _Mapping]]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/raftmq.v1.Broker/WriteTxnMarkers',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -145,6 +150,19 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """Internal: the transaction coordinator (the controller quorum's leader) asks a
+        partition's leader to end transactions on it (docs/transactions.md). Each marker is
+        appended as a TXN_MARKER entry and answered once committed; a marker this partition
+        already holds (its producer's epoch there is at least the marker's and no
+        transaction of an older epoch is open) is answered at once without a new entry, so
+        the coordinator may resend until every partition answered. Each marker is answered
+        on its own (WriteTxnMarkersResponse.results), with the same codes a Produce answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +200,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.RebuildReplica,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,6 +396,33 @@ class Broker:
             '/raftmq.v1.Broker/RebuildReplica',
             raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.RebuildReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/WriteTxnMarkers',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,
