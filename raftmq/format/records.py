@@ -406,9 +406,12 @@ def build_batch(
     producer_epoch: int = -1,
     base_sequence: int = entry.NO_SEQUENCE,
     compression_codec: Codec = Codec.NONE,
+    transactional: bool = False,
 ) -> bytes:
     """A producer's DATA entry for ``records`` (index, term and offset left for the leader),
-    its records payload compressed with ``compression_codec`` (docs/format.md, "Codecs")."""
+    its records payload compressed with ``compression_codec`` (docs/format.md, "Codecs");
+    ``transactional`` sets the attribute bit of a batch inside a transaction of its
+    producer (docs/format.md, "Transaction markers")."""
     if not records:
         raise ValueError("a batch needs at least one record")
     stamps = [r.timestamp for r in records]
@@ -428,7 +431,7 @@ def build_batch(
         record_count=len(records),
         first_timestamp=first,
         max_timestamp=max(stamps),
-        attributes=int(compression_codec),
+        attributes=int(compression_codec) | (entry.TRANSACTIONAL if transactional else 0),
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
