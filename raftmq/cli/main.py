@@ -15,6 +15,7 @@ from raftmq.cli import (
     records_cmd,
     status_cmd,
     topic_cmd,
+    txn_cmd,
 )
 from raftmq.cli.helptext import unwrap_help
 
@@ -29,6 +30,7 @@ app.add_typer(log_cmd.app, name="log")
 app.add_typer(chaos_cmd.app, name="chaos")
 app.add_typer(topic_cmd.app, name="topic")
 app.add_typer(group_cmd.app, name="group")
+app.add_typer(txn_cmd.app, name="txn")
 app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
 app.command()(cluster_cmd.dev)

@@ -223,6 +223,14 @@ def consume(
             "committing what was printed.",
         ),
     ] = None,
+    isolation: Annotated[
+        Literal["read_uncommitted", "read_committed"],
+        typer.Option(
+            "--isolation",
+            help="read_committed: only committed transactions' records, up to the last "
+            "stable offset; read_uncommitted (the default): every record.",
+        ),
+    ] = "read_uncommitted",
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
@@ -249,7 +257,11 @@ def consume(
     count = 0
     try:
         consumer = Consumer(
-            addresses, auto_offset_reset=reset, group_id=group, enable_auto_commit=False
+            addresses,
+            auto_offset_reset=reset,
+            group_id=group,
+            enable_auto_commit=False,
+            isolation_level=isolation,
         )
     except ValueError as exc:
         _err(f"error: {exc}")

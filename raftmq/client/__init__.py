@@ -14,6 +14,7 @@ from raftmq.client.consumer import (
     AsyncConsumer,
     CommitFailedError,
     Consumer,
+    ConsumerGroupMetadata,
     ConsumerRecord,
     NoOffsetError,
     OffsetAndMetadata,
@@ -27,6 +28,11 @@ from raftmq.client.producer import (
     ProducerClosedError,
     RecordMetadata,
 )
+from raftmq.client.transactions import (
+    ProducerFencedError,
+    TransactionAbortableError,
+    TransactionStateError,
+)
 
 __all__ = [
     "AdminClient",
@@ -35,6 +41,7 @@ __all__ = [
     "ClientError",
     "CommitFailedError",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "ErrorCode",
     "LowLevelClient",
@@ -42,6 +49,9 @@ __all__ = [
     "OffsetAndMetadata",
     "Producer",
     "ProducerClosedError",
+    "ProducerFencedError",
     "RecordMetadata",
     "TopicPartition",
+    "TransactionAbortableError",
+    "TransactionStateError",
 ]

@@ -1,6 +1,7 @@
 """A synchronous client of the raftmq.v1.Admin API (admin.proto): topics and the cluster;
 and of the operators' side of raftmq.v1.Groups (groups.proto): list, describe, reset
-offsets and delete consumer groups, served by the same controller leader.
+offsets and delete consumer groups, and of raftmq.v1.Transactions (transactions.proto):
+list, describe and abort transactions, all served by the same controller leader.
 
 It finds the controller quorum's leader from any bootstrap address: a voter that does not
 lead answers NOT_CONTROLLER with the leader's address, and the call is resent there; with
@@ -28,6 +29,8 @@ from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
+from raftmq.api.v1 import transactions_pb2 as tpb
+from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
 from raftmq.client.errors import ClientError, error_of
 
 _REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
@@ -227,3 +230,25 @@ class AdminClient:
     def delete_group(self, group_id: str) -> gpb.ChangeDoneResponse:
         """Forget the group and its committed offsets; refused while it has members."""
         return self._groups("DeleteGroup", gpb.DeleteGroupRequest(group_id=group_id))
+
+    # --- transactions -------------------------------------------------------------------
+
+    def _transactions(self, rpc: str, request: Any) -> Any:
+        return self._call(rpc, request, tpb_grpc.TransactionsStub)
+
+    def list_transactions(self) -> tpb.ListTransactionsResponse:
+        """Every transactional id the coordinator knows, with its state."""
+        return self._transactions("ListTransactions", tpb.ListTransactionsRequest())
+
+    def describe_transaction(self, transactional_id: str) -> tpb.TransactionDescription:
+        return self._transactions(
+            "DescribeTransaction",
+            tpb.DescribeTransactionRequest(transactional_id=transactional_id),
+        )
+
+    def abort_transaction(self, transactional_id: str) -> tpb.AbortTransactionResponse:
+        """Abort the id's open transaction (a hanging one): its producer then gets
+        TRANSACTION_ABORTED and must abort and begin again."""
+        return self._transactions(
+            "AbortTransaction", tpb.AbortTransactionRequest(transactional_id=transactional_id)
+        )

@@ -39,7 +39,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack, overload
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import bootstrap_addresses
@@ -105,9 +105,10 @@ class ConsumerConfig:
     max_buffer_bytes: int = 64 * 1024 * 1024
     """What all partitions together may hold fetched but not yet polled."""
     isolation_level: IsolationLevel = "read_uncommitted"
-    """'read_uncommitted' or 'read_committed'. Both read up to the high watermark while
-    raftmq has no transactions; read_committed will then also stop at the last stable
-    offset and drop aborted transactions' records (docs/transactions.md)."""
+    """'read_uncommitted': every record below the high watermark, open and aborted
+    transactions' included. 'read_committed': only below the last stable offset (no
+    transaction still open before it), without aborted transactions' records
+    (docs/transactions.md)."""
     client_rack: str | None = None
     """This consumer's rack: each partition is read from its in-sync replica in that
     rack when it has one (less cross-rack traffic), else from its leader."""
@@ -211,6 +212,12 @@ def _records_of(
     for header in entry.iter_headers(chunk.entries):
         if header.next_offset <= position or header.type != entry.EntryType.DATA:
             continue
+        if (
+            chunk.aborted
+            and header.attributes & entry.TRANSACTIONAL
+            and chunk.drops(header.producer_id, header.base_offset)
+        ):
+            continue  # an aborted transaction's: read_committed never returns it
         for r in decode_records(chunk.entries, header):
             if r.offset < position:
                 continue
@@ -241,6 +248,14 @@ class ConsumerSettings(TypedDict, total=False):
     session_timeout_ms: int
     group_instance_id: str | None
     assignor: str
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """A consumer's place in its group (Consumer.group_metadata)."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
 
 
 @dataclass(slots=True)
@@ -287,6 +302,7 @@ class _Face:
             max_buffer_bytes=c.max_buffer_bytes,
             on_data=on_data,
             client_rack=c.client_rack,
+            read_committed=c.isolation_level == "read_committed",
         )
 
     def _check_open(self) -> None:
@@ -382,6 +398,20 @@ class _Face:
             return None
         self._auto_commit_at = now
         return self._positions()
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group membership a transactional producer sends with the offsets it
+        commits in its transaction (Producer.send_offsets_to_transaction): the
+        coordinator checks them as it checks this consumer's own commits, so a consumer
+        that lost its partitions in a rebalance cannot commit them through a
+        transaction either. Outside a group's membership (assign mode): member id "" and
+        epoch 0."""
+        group_id = self._group_id("group_metadata")
+        session = self._session
+        if session is None:
+            return ConsumerGroupMetadata(group_id, "", 0)
+        m = session.membership
+        return ConsumerGroupMetadata(group_id, m.member_id, m.epoch)
 
     def _positions(self) -> dict[TopicPartition, int]:
         if self._session is not None:

@@ -70,6 +70,16 @@ class Chunk:
     generation: int
     entries: bytes
     next_offset: int
+    aborted: dict[int, list[tuple[int, int]]] | None = None
+    """read_committed: per producer id, the [first, last) offset ranges of its aborted
+    transactions overlapping these entries (FetchResponse.aborted_transactions); its
+    transactional entries in them are dropped by ``poll``."""
+
+    def drops(self, producer_id: int, base_offset: int) -> bool:
+        """Is a transactional entry of ``producer_id`` at ``base_offset`` part of an
+        aborted transaction?"""
+        ranges = self.aborted.get(producer_id) if self.aborted else None
+        return ranges is not None and any(lo <= base_offset < hi for lo, hi in ranges)
 
 
 @dataclass(slots=True)
@@ -111,9 +121,11 @@ class Fetcher:
         max_buffer_bytes: int,
         on_data: Callable[[], None],
         client_rack: str | None = None,
+        read_committed: bool = False,
     ) -> None:
         self.bootstrap = bootstrap
         self.client_rack = client_rack
+        self.isolation = pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED
         self.auto_offset_reset = auto_offset_reset
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.partition_buffer_bytes = partition_buffer_bytes
@@ -268,6 +280,7 @@ class Fetcher:
             max_wait_ms=self.fetch_max_wait_ms,
             min_bytes=1,
             replica_read=follower is not None,
+            isolation_level=self.isolation,
         )
         try:
             answer: pb.FetchResponse = await self.links.stub(address).Fetch(
@@ -321,7 +334,11 @@ class Fetcher:
             state.served_by = answer.broker_id
             if not answer.entries:
                 return
-            state.buffered.append(Chunk(generation, answer.entries, answer.next_offset))
+            aborted: dict[int, list[tuple[int, int]]] | None = None
+            for txn in answer.aborted_transactions:
+                aborted = aborted or {}
+                aborted.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+            state.buffered.append(Chunk(generation, answer.entries, answer.next_offset, aborted))
             state.buffered_bytes += len(answer.entries)
             self.total_bytes += len(answer.entries)
             state.fetch_offset = answer.next_offset

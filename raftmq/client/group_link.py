@@ -16,7 +16,7 @@ member on: the coordinator answers a repeated one from its memory.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import grpc
@@ -58,16 +58,26 @@ class GroupLink:
         self._leader: str | None = None  # the controller leader's address, once known
         self._turn = 0
 
-    async def call(self, rpc: str, request: Any, *, deadline_s: float | None = None) -> Any:
-        """``rpc`` of the Groups service at the controller leader, retried as the module
-        says until ``deadline_s``; raises the last ClientError."""
+    async def call(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        deadline_s: float | None = None,
+        service: Callable[[grpc.aio.Channel], Any] = gpb_grpc.GroupsStub,
+        also_retry: frozenset[int] = frozenset(),
+    ) -> Any:
+        """``rpc`` of the Groups service (or another ``service`` the controller leader
+        serves, such as Transactions) at the controller leader, retried as the module says
+        until ``deadline_s``, and on the codes in ``also_retry`` too; raises the last
+        ClientError."""
         give_up = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
         attempt = redirects = 0
         while True:
             address = self._leader or self._next_bootstrap()
             timeout_s = max(0.1, min(CALL_TIMEOUT_S, give_up - time.monotonic()))
             try:
-                stub = gpb_grpc.GroupsStub(self.links.channel(address))
+                stub = service(self.links.channel(address))
                 return await getattr(stub, rpc)(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
                 err = error_of(exc)
@@ -78,7 +88,12 @@ class GroupLink:
                 if redirects <= MAX_FREE_REDIRECTS and time.monotonic() < give_up:
                     continue  # a redirect costs no backoff (nodes behind the news do, below)
             redirects = 0
-            retry = err.code == _REDIRECTED or err.code in _TRY_AGAIN or err.unreachable
+            retry = (
+                err.code == _REDIRECTED
+                or err.code in _TRY_AGAIN
+                or err.code in also_retry
+                or err.unreachable
+            )
             if err.timed_out:
                 retry = True  # the leader may have died mid-call; every Groups call may repeat
             if not retry or time.monotonic() >= give_up:

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -43,9 +43,11 @@ from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outco
 from raftmq.client.backoff import backoff
 from raftmq.client.connections import Connections, bootstrap_addresses
 from raftmq.client.errors import ClientError, error_of
+from raftmq.client.group_link import OffsetAndMetadata
 from raftmq.client.idempotence import Sequencer
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
+from raftmq.client.transactions import TransactionManager, TransactionStateError
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
 from raftmq.format.records import Record, build_batch
@@ -186,6 +188,13 @@ class ProducerConfig:
     """How long send may block, for buffer room or a topic's first metadata."""
     max_request_size: int = 1024 * 1024
     """The largest record (key and value) send takes."""
+    transactional_id: str | None = None
+    """Makes the producer transactional (docs/transactions.md): its writes become visible
+    to read_committed readers only when its transaction commits, together with the
+    consumer offsets it carries. One id per instance of an application's task: a new
+    instance with the same id fences the old one. Implies idempotence."""
+    transaction_timeout_ms: int = 60_000
+    """How long a transaction may stay open before the coordinator aborts it."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -233,6 +242,15 @@ class ProducerConfig:
                     "retries safe); set retries above 0, or enable_idempotence=False for "
                     "at-most-once"
                 )
+        if self.transactional_id is not None and (
+            self.enable_idempotence is False or self.acks != "all" or self.retries == 0
+        ):
+            raise ValueError(
+                "a transactional producer is idempotent: it needs acks='all', retries above "
+                "0 and enable_idempotence left on"
+            )
+        if self.transactional_id == "":
+            raise ValueError("transactional_id must not be empty (None: not transactional)")
         if not 1 <= self.max_in_flight_per_partition <= KEPT_BATCHES:
             raise ValueError(
                 f"max_in_flight_per_partition must be 1 to {KEPT_BATCHES} (the batches a "
@@ -241,6 +259,8 @@ class ProducerConfig:
 
     @property
     def idempotent(self) -> bool:
+        if self.transactional_id is not None:
+            return True
         if self.enable_idempotence is None:
             return self.acks == "all" and self.retries > 0
         return self.enable_idempotence
@@ -267,6 +287,8 @@ class ProducerSettings(TypedDict, total=False):
     delivery_timeout_ms: int
     max_block_ms: int
     max_request_size: int
+    transactional_id: str | None
+    transaction_timeout_ms: int
 
 
 class _Engine:
@@ -286,6 +308,16 @@ class _Engine:
         self.idempotent = config.idempotent
         self._per_partition = config.max_in_flight_per_partition if self.idempotent else 1
         self.sequencer = Sequencer()
+        self.txn: TransactionManager | None = None
+        if config.transactional_id is not None:
+            self.txn = TransactionManager(
+                config.transactional_id,
+                config.transaction_timeout_ms,
+                self.links,
+                self.sequencer,
+                deadline_s=config.max_block_ms / 1000,
+                wake=self.wake,
+            )
         self._session_task: asyncio.Task[None] | None = None
         self._session_error: BaseException | None = None
         self._sending: set[asyncio.Task[None]] = set()
@@ -352,6 +384,8 @@ class _Engine:
         fresh = self.idempotent and batch.sequence < 0
         if fresh and (self._backing_off.get(key) or not self.sequencer.may_send_fresh(key)):
             return False
+        if self.txn is not None and not self.txn.partition_ready(key):
+            return False  # it goes once the partition is in the transaction
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         self._claimed += 1
         return True
@@ -371,6 +405,7 @@ class _Engine:
                 producer_epoch=batch.producer_epoch,
                 base_sequence=batch.sequence,
                 compression_codec=self.config.codec,
+                transactional=self.txn is not None,
             )
         except ValueError as exc:
             self._fail(batch, exc)
@@ -382,6 +417,8 @@ class _Engine:
         the sender goes on with retries and expiries meanwhile)."""
         if not (self.idempotent and self.sequencer.renew) or self._stopping:
             return
+        if self.txn is not None:
+            return  # its producer id and epoch come from the coordinator
         if self._session_task is None or self._session_task.done():
             self._session_task = asyncio.get_running_loop().create_task(self._init_session())
 
@@ -576,10 +613,41 @@ class _Engine:
         )
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
+        if self.txn is not None:
+            self.txn.failed(error)
         self.sequencer.settled(batch, failed=True)
         self.acc.release(batch)
         self.room.set()
         batch.finish(-1, error)
+
+    # --- transactions ---------------------------------------------------------------------
+
+    def _txn(self) -> TransactionManager:
+        if self.txn is None:
+            raise TransactionStateError(
+                "transactions need a transactional producer: create it with transactional_id"
+            )
+        return self.txn
+
+    async def init_transactions(self) -> None:
+        await self._txn().init()
+
+    async def begin_transaction(self) -> None:
+        self._txn().begin()
+
+    async def send_offsets(
+        self, offsets: Mapping[tuple[str, int], int | OffsetAndMetadata], group: Sequence[Any]
+    ) -> None:
+        group_id, member_id, member_epoch = group
+        await self._txn().add_offsets(offsets, (group_id, member_id, member_epoch))
+
+    async def end_transaction(self, *, commit: bool) -> None:
+        await self._txn().end(commit=commit, flush=self.flush, fail_queued=self._fail_queued)
+
+    def _fail_queued(self, error: BaseException) -> None:
+        for batch in self.acc.take_all():
+            self._fail(batch, error)
+        self._wake.set()
 
     # --- flush and close ------------------------------------------------------------------
 
@@ -720,8 +788,11 @@ class Producer(_Face):
     ) -> RecordFuture:
         """Queue one record; its future holds its RecordMetadata once stored, or the
         ClientError that stopped it. Blocks (up to max_block_ms) only for buffer room or
-        a topic's first metadata."""
+        a topic's first metadata. A transactional producer sends inside a transaction
+        only (begin_transaction)."""
         self._check_open()
+        if self._engine.txn is not None:
+            self._engine.txn.check_send()
         record = _record(value, key, headers, tags, timestamp)
         partitions = self._partitions(topic)
         p = self._place(topic, record, partition, partitions)
@@ -752,6 +823,42 @@ class Producer(_Face):
         """Send every queued record now and wait until each has its answer."""
         self._check_open()
         asyncio.run_coroutine_threadsafe(self._engine.flush(), self._loop).result(timeout)
+
+    # --- transactions (docs/transactions.md; with transactional_id only) ----------------
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Once, before the first transaction: take the producer id and epoch of the
+        transactional id, fencing every older instance and aborting what it left open."""
+        self._on_loop(self._engine.init_transactions(), timeout)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: the sends and offsets until commit or abort belong to it."""
+        self._on_loop(self._engine.begin_transaction(), None)
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[tuple[str, int], int | OffsetAndMetadata],
+        group_metadata: Sequence[Any],
+        timeout: float | None = None,
+    ) -> None:
+        """Commit a consumer's positions (the next offset to consume, per partition) with
+        the transaction: ``group_metadata`` is ``consumer.group_metadata()``."""
+        self._on_loop(self._engine.send_offsets(offsets, group_metadata), timeout)
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send what is queued, wait until it is stored, then commit: the records and
+        offsets become visible together. TransactionAbortableError: abort and redo the
+        transaction; ProducerFencedError: close this producer."""
+        self._on_loop(self._engine.end_transaction(commit=True), timeout)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Fail what is queued, wait for what is on its way, then abort: nothing of the
+        transaction becomes visible to read_committed readers."""
+        self._on_loop(self._engine.end_transaction(commit=False), timeout)
+
+    def _on_loop(self, coro: Coroutine[Any, Any, None], timeout: float | None) -> None:
+        self._check_open()
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is queued (waiting up to ``timeout``; then the rest fails), and stop.
@@ -807,6 +914,8 @@ class AsyncProducer(_Face):
     ) -> AsyncRecordFuture:
         """As :meth:`Producer.send`; waits (without blocking the loop) for buffer room."""
         self._check_open()
+        if self._engine.txn is not None:
+            self._engine.txn.check_send()
         record = _record(value, key, headers, tags, timestamp)
         partitions = await self._engine.partitions_of(topic, self.config.max_block_ms / 1000)
         p = self._place(topic, record, partition, partitions)
@@ -832,6 +941,32 @@ class AsyncProducer(_Face):
     async def flush(self) -> None:
         self._check_open()
         await self._engine.flush()
+
+    # --- transactions: as Producer's ----------------------------------------------------
+
+    async def init_transactions(self) -> None:
+        self._check_open()
+        await self._engine.init_transactions()
+
+    async def begin_transaction(self) -> None:
+        self._check_open()
+        await self._engine.begin_transaction()
+
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[tuple[str, int], int | OffsetAndMetadata],
+        group_metadata: Sequence[Any],
+    ) -> None:
+        self._check_open()
+        await self._engine.send_offsets(offsets, group_metadata)
+
+    async def commit_transaction(self) -> None:
+        self._check_open()
+        await self._engine.end_transaction(commit=True)
+
+    async def abort_transaction(self) -> None:
+        self._check_open()
+        await self._engine.end_transaction(commit=False)
 
     async def close(self, timeout: float | None = None) -> None:
         if self.closed:
