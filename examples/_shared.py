@@ -12,13 +12,16 @@ from typing import TextIO
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import AdminClient, ClientError, Consumer, ConsumerRecord, Producer
+from raftmq.client.consumer import IsolationLevel
 
 DEV_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 """The brokers of `raftmq dev` (`make dev`)."""
 
 
-def parse_args(doc: str, topic: str) -> argparse.Namespace:
+def parse_args(doc: str, topic: str, *, extra_out_topic: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if extra_out_topic:
+        parser.add_argument("--out-topic", default="", help="where outputs go (TOPIC-out)")
     parser.add_argument("--bootstrap", default=DEV_BOOTSTRAP, help="brokers host:port,...")
     parser.add_argument("--topic", default=topic)
     parser.add_argument("--group", default=f"{topic}-processor")
@@ -67,7 +70,9 @@ def output(path: str) -> TextIO:
     return sys.stdout if path == "-" else open(path, "a", encoding="utf-8")
 
 
-def group_consumer(args: argparse.Namespace) -> Consumer:
+def group_consumer(
+    args: argparse.Namespace, isolation_level: IsolationLevel = "read_uncommitted"
+) -> Consumer:
     """A member of ``--group`` that commits only when told (``commit()``), subscribed to
     ``--topic``; a partition the group never committed starts at its beginning."""
     consumer = Consumer(
@@ -76,6 +81,7 @@ def group_consumer(args: argparse.Namespace) -> Consumer:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         session_timeout_ms=args.session_timeout_ms,
+        isolation_level=isolation_level,
     )
     consumer.subscribe([args.topic])
     return consumer

@@ -315,7 +315,9 @@ class TransactionManager:
             self.state = TransactionState.ABORTABLE_ERROR
 
     def _fatal(self, err: ClientError) -> None:
-        self.error = _as(ProducerFencedError, err, "this producer must close: ")
+        if err.code == pb.ERROR_CODE_PRODUCER_FENCED:
+            err = _as(ProducerFencedError, err, "this producer must close: ")
+        self.error = err
         self.state = TransactionState.FATAL_ERROR
 
     def _raise_if_fatal(self) -> None:
