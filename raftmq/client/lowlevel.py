@@ -182,6 +182,7 @@ class LowLevelClient:
         max_wait_ms: int = 0,
         min_bytes: int = 0,
         address: str | None = None,
+        read_committed: bool = False,
     ) -> pb.FetchResponse:
         """Fetch from ``address`` (any replica), or from the leader when None.
 
@@ -189,7 +190,9 @@ class LowLevelClient:
         replica's answer (chaos reads each one to compare them). Without ``address`` the
         read retries whatever broker.proto marks retriable, a replica under repair
         (CORRUPT_DATA) included: at the leader the answer points to when there is one,
-        else at the partition's leader once it has restored the range from a peer."""
+        else at the partition's leader once it has restored the range from a peer.
+        ``read_committed``: only below the last stable offset, with the aborted
+        transactions of the range listed (docs/transactions.md)."""
         request = pb.FetchRequest(
             topic=topic,
             partition=partition,
@@ -197,6 +200,7 @@ class LowLevelClient:
             max_bytes=max_bytes,
             max_wait_ms=max_wait_ms,
             min_bytes=min_bytes,
+            isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
         )
         return self._read(topic, partition, "Fetch", request, max_wait_ms / 1000 + 10, address)
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import ClientError, ErrorCode, LowLevelClient
 from raftmq.format import entry
 from raftmq.format.entry import EntryType
@@ -82,6 +83,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
                 max_wait_ms=REPLICA_WAIT_MS if target else 0,
                 min_bytes=1,
                 address=target,
+                read_committed=options.read_committed,
             )
         except ClientError as err:
             log_start = int(err.meta.get("raftmq-log-start-offset", -1))
@@ -107,7 +109,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
                 ) from None
             time.sleep(0.1)
             continue
-        batch, after = decode_batch(resp.entries, rng, cur, schema)
+        batch, after = decode_batch(resp.entries, rng, cur, schema, aborted_of(resp))
         if batch is not None:
             yield batch
         if after > cur:
@@ -124,44 +126,66 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
             time.sleep(0.05)  # e.g. a new leader that has not yet committed in its term
 
 
+def aborted_of(resp: pb.FetchResponse) -> dict[int, list[tuple[int, int]]]:
+    """read_committed: per producer id, the [first, last) offsets of its aborted
+    transactions in the answer's range."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for txn in resp.aborted_transactions:
+        out.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+    return out
+
+
 def decode_batch(
-    entries: bytes, rng: OffsetRange, cur: int, schema: pa.Schema
+    entries: bytes,
+    rng: OffsetRange,
+    cur: int,
+    schema: pa.Schema,
+    aborted: dict[int, list[tuple[int, int]]] | None = None,
 ) -> tuple[pa.RecordBatch | None, int]:
     """The records of ``entries`` with offsets in [cur, rng.end) as one Arrow batch (None if
     there are none), and the offset to fetch next. Offsets must run on from ``cur`` without a
-    gap: anything else means the answer is not what was asked for, and the task fails."""
+    gap, except over the entries of an aborted transaction (``aborted``, read_committed),
+    which are skipped: any other gap means the answer is not what was asked for, and the
+    task fails. Markers take no offset, so they leave no gap."""
     recs: list[Record] = []
     types: list[int] = []
+    nxt = cur
     for header in entry.iter_headers(entries):
-        if header.type != EntryType.DATA or header.next_offset <= cur + len(recs):
+        if header.type != EntryType.DATA or header.next_offset <= nxt:
             continue
         if header.base_offset >= rng.end:
             break
-        if header.base_offset > cur + len(recs):
+        if header.base_offset > nxt:
             raise SourceError(
-                f"{rng.topic}/{rng.partition}: expected offset {cur + len(recs)}, the broker "
+                f"{rng.topic}/{rng.partition}: expected offset {nxt}, the broker "
                 f"sent {header.base_offset}; [{rng.start}, {rng.end}) cannot be read in order"
             )
+        if aborted and header.attributes & entry.TRANSACTIONAL:
+            ranges = aborted.get(header.producer_id, ())
+            if any(lo <= header.base_offset < hi for lo, hi in ranges):
+                nxt = min(header.next_offset, rng.end)  # an aborted write: never yielded
+                continue
         # Offsets within an entry run on from its base (check_records proves it).
-        first = cur + len(recs) - header.base_offset
+        first = nxt - header.base_offset
         taken = decode_records(entries, header)[first : rng.end - header.base_offset]
         recs += taken
         types += [1 if header.attributes & entry.TIMESTAMP_LOG_APPEND else 0] * len(taken)
+        nxt += len(taken)
     if not recs:
-        return None, cur  # nothing committed there yet (or only control entries)
+        # Nothing committed there yet, only control entries, or only aborted writes.
+        return None, nxt
     n = len(recs)
-    nxt = cur + n
     columns = [
         pa.array([r.key for r in recs], pa.binary()),
         pa.array([r.value for r in recs], pa.binary()),
         pa.array([rng.topic] * n, pa.string()),
         pa.array([rng.partition] * n, pa.int32()),
-        pa.array(range(cur, nxt), pa.int64()),
+        pa.array([r.offset for r in recs], pa.int64()),
         pa.array([r.timestamp * 1000 for r in recs], pa.timestamp("us", tz="UTC")),
         pa.array(types, pa.int32()),
     ]
     if len(schema) > len(columns):
         headers = [[{"key": k, "value": v} for k, v in r.headers] for r in recs]
         columns.append(pa.array(headers, schema.field("headers").type))
-    assert recs[0].offset == cur and recs[-1].offset == nxt - 1, "offsets out of order"
+    assert recs[-1].offset == nxt - 1, "offsets out of order"
     return pa.RecordBatch.from_arrays(columns, schema=schema), nxt

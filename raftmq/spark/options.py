@@ -6,7 +6,8 @@ name and the broker list: ``bootstrap`` (or ``kafka.bootstrap.servers``), ``subs
 ``subscribePattern`` / ``assign``, ``startingOffsets`` / ``endingOffsets`` (``earliest``,
 ``latest`` or JSON ``{"topic": {"0": 42}}`` with -2 for earliest and -1 for latest),
 ``startingTimestamp``, ``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``,
-``includeHeaders``; plus ``readFromReplicas`` and ``fetchMaxBytes``.
+``includeHeaders``, ``kafka.isolation.level`` (or ``isolationLevel``); plus
+``readFromReplicas`` and ``fetchMaxBytes``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ KNOWN = {
     "readfromreplicas": "true or false (default): spread reads over follower replicas",
     "includeheaders": "true or false (default): add the headers column",
     "fetchmaxbytes": f"bytes per Fetch, at most {MAX_FETCH_BYTES} (default {DEFAULT_FETCH_BYTES})",
+    "isolationlevel": "read_uncommitted (default) or read_committed: only committed "
+    "transactions' records, up to each partition's last stable offset",
+    "kafka.isolation.level": "the same as isolationLevel (the Kafka consumer's name)",
 }
 
 OffsetSpec = str | dict[str, dict[int, int]]
@@ -65,6 +69,8 @@ class ReadOptions:
     read_from_replicas: bool = False
     include_headers: bool = False
     fetch_max_bytes: int = DEFAULT_FETCH_BYTES
+    read_committed: bool = False
+    """Read up to the last stable offset and drop aborted transactions' records."""
 
     def wants(self, topic: str) -> bool:
         """Whether ``topic`` is one this query reads (assign is checked per partition)."""
@@ -141,7 +147,20 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
             "fetchMaxBytes", opts.get("fetchmaxbytes"), minimum=1, maximum=MAX_FETCH_BYTES
         )
         or DEFAULT_FETCH_BYTES,
+        read_committed=_isolation(opts),
     )
+
+
+def _isolation(opts: dict[str, str]) -> bool:
+    given = {k: opts[k].strip() for k in ("isolationlevel", "kafka.isolation.level") if k in opts}
+    if len(set(given.values())) > 1:
+        raise SourceError("isolationLevel and kafka.isolation.level disagree; give one of them")
+    value = next(iter(given.values()), "read_uncommitted")
+    if value not in ("read_uncommitted", "read_committed"):
+        raise SourceError(
+            f"isolationLevel must be read_uncommitted or read_committed, not {value!r}"
+        )
+    return value == "read_committed"
 
 
 def wants_headers(raw: Mapping[str, str]) -> bool:

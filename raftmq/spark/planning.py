@@ -43,7 +43,9 @@ def data_lost(tp: TopicPartition, wanted: int, log_start: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PartitionEnds:
-    """One partition as its leader saw it: offsets [log_start, high_watermark) are readable."""
+    """One partition as its leader saw it: offsets [log_start, high_watermark) are readable.
+    With isolationLevel=read_committed ``high_watermark`` is the last stable offset: a
+    read_committed query never plans past a transaction still open."""
 
     topic: str
     partition: int
@@ -171,11 +173,13 @@ class Planner:
                 tp = (name, p.partition)
                 if assigned and tp not in assigned:
                     continue
-                log_start, hw = self._list_offsets(
+                _, log_start, hw, lso = self._list_offsets(
                     tp,
                     leaders,
                     pb.ListOffsetsRequest(topic=name, partition=p.partition, position=pb.LATEST),
-                )[1:]
+                )
+                if opts.read_committed:
+                    hw = min(hw, lso)
                 replicas = tuple(brokers[r] for r in p.replicas if r in brokers)
                 out[tp] = PartitionEnds(name, p.partition, log_start, hw, replicas)
         absent = sorted(assigned - set(out))
@@ -196,8 +200,9 @@ class Planner:
 
     def _list_offsets(
         self, tp: TopicPartition, leaders: Mapping, request: pb.ListOffsetsRequest
-    ) -> tuple[int, int, int]:
-        """(offset, log start, high watermark) from the partition's leader, following
+    ) -> tuple[int, int, int, int]:
+        """(offset, log start, high watermark, last stable offset) from the partition's
+        leader, following
         leadership changes for a bounded time. Only the leader's high watermark is the
         partition's commit point; a follower's may lag it."""
         last: ClientError | None = None
@@ -206,7 +211,7 @@ class Planner:
             if leader is not None:
                 try:
                     r = self.client.stub(leader.address).ListOffsets(request, timeout=RPC_TIMEOUT_S)
-                    return r.offset, r.log_start_offset, r.high_watermark
+                    return r.offset, r.log_start_offset, r.high_watermark, r.last_stable_offset
                 except grpc.RpcError as exc:
                     last = error_of(exc)
                     if last.code in (

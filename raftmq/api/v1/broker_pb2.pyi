@@ -275,14 +275,16 @@ class ListOffsetsRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., position: _Optional[_Union[OffsetPosition, str]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsResponse(_message.Message):
-    __slots__ = ("offset", "log_start_offset", "high_watermark")
+    __slots__ = ("offset", "log_start_offset", "high_watermark", "last_stable_offset")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     offset: int
     log_start_offset: int
     high_watermark: int
-    def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+    last_stable_offset: int
+    def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
     __slots__ = ("topics", "allow_auto_create", "routing_only")
