@@ -29,10 +29,10 @@ proposed but not yet committed are the leader's business (:meth:`check` and
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from raftmq.limits import KEPT_BATCHES
 from raftmq.partition.aborted_transactions import AbortedTransactions
@@ -105,13 +105,29 @@ class MarkerVerdict(Enum):
     outcome is this one's answer."""
 
 
-class Proposal(NamedTuple):
+class PendingWrite(Protocol):
     """A write of one producer that the leader proposed and has not applied yet, as the
-    checks see it: a batch (its sequences, whether transactional) or a marker."""
+    checks see it: a batch (its sequences, whether transactional) or a marker.
+    raftmq.partition.producer_tracking's proposals have these fields, so a check reads
+    them as they are (no copy per check on the produce path)."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def first_sequence(self) -> int: ...
+    @property
+    def last_sequence(self) -> int: ...
+    @property
+    def transactional(self) -> bool: ...
+    @property
+    def is_marker(self) -> bool: ...
+
+
+class Proposal(NamedTuple):
+    """A :class:`PendingWrite` as plain values (tests, and markers: first_sequence -1)."""
 
     epoch: int
     first_sequence: int
-    """-1 for a marker."""
     last_sequence: int
     transactional: bool = False
 
@@ -133,7 +149,7 @@ class _Projected(NamedTuple):
     transaction_epoch: int | None
 
 
-def _project(entry: ProducerEntry | None, pending: Sequence[Proposal]) -> _Projected:
+def _project(entry: ProducerEntry | None, pending: Sequence[PendingWrite]) -> _Projected:
     """The same steps as :meth:`ProducerStates.apply` and :meth:`ProducerStates.apply_marker`,
     on the three values the checks need."""
     if entry is None:
@@ -188,7 +204,7 @@ class ProducerStates:
         epoch: int,
         first_sequence: int,
         record_count: int,
-        pending: Iterable[Proposal] = (),
+        pending: Sequence[PendingWrite] = (),
         *,
         transactional: bool = False,
     ) -> Decision:
@@ -198,7 +214,6 @@ class ProducerStates:
         assert record_count > 0, record_count
         last = first_sequence + record_count - 1
         entry = self._producers.get(producer_id)
-        pending = list(pending)
         for p in pending:
             if not p.is_marker and (p.epoch, p.first_sequence, p.last_sequence) == (
                 epoch,
@@ -263,7 +278,7 @@ class ProducerStates:
         return APPEND
 
     def check_marker(
-        self, producer_id: int, epoch: int, pending: Sequence[Proposal] = ()
+        self, producer_id: int, epoch: int, pending: Sequence[PendingWrite] = ()
     ) -> MarkerVerdict:
         """What to do with a transaction marker of ``epoch`` (docs/transactions.md): append
         it when it ends a transaction of an older epoch open here, or raises the epoch

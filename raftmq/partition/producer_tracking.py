@@ -32,20 +32,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from raftmq.format import entry
 from raftmq.format.errors import FormatError
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.errors import LogError
 from raftmq.partition.aborted_transactions import AbortedTransactions
-from raftmq.partition.producer_state import (
-    Decision,
-    MarkerVerdict,
-    ProducerStates,
-    Proposal,
-    marker_proposal,
-)
+from raftmq.partition.producer_state import Decision, MarkerVerdict, ProducerStates
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +78,7 @@ class PendingBatch:
     last_offset: int
     done: asyncio.Future[int]
     transactional: bool = False
-
-    def proposal(self) -> Proposal:
-        return Proposal(self.epoch, self.first_sequence, self.last_sequence, self.transactional)
+    is_marker: ClassVar[bool] = False
 
 
 @dataclass(slots=True)
@@ -96,9 +88,10 @@ class PendingMarker:
     epoch: int
     index: int
     done: asyncio.Future[int]
-
-    def proposal(self) -> Proposal:
-        return marker_proposal(self.epoch)
+    first_sequence: ClassVar[int] = -1
+    last_sequence: ClassVar[int] = -1
+    transactional: ClassVar[bool] = False
+    is_marker: ClassVar[bool] = True
 
 
 Pending = PendingBatch | PendingMarker
@@ -282,13 +275,12 @@ class ProducerTracking:
     def check(
         self, producer_id: int, epoch: int, first_sequence: int, count: int, transactional: bool
     ) -> Decision:
-        pending = self._pending.get(producer_id, ())
         return self.states.check(
             producer_id,
             epoch,
             first_sequence,
             count,
-            [p.proposal() for p in pending],
+            self._pending.get(producer_id, ()),
             transactional=transactional,
         )
 
@@ -296,7 +288,7 @@ class ProducerTracking:
         """The verdict on a marker, and for WAIT the proposal whose outcome answers it (the
         last marker proposed for the producer)."""
         pending = self._pending.get(producer_id, ())
-        verdict = self.states.check_marker(producer_id, epoch, [p.proposal() for p in pending])
+        verdict = self.states.check_marker(producer_id, epoch, pending)
         if verdict is not MarkerVerdict.WAIT:
             return verdict, None
         return verdict, next(p for p in reversed(pending) if isinstance(p, PendingMarker))
