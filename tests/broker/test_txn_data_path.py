@@ -33,7 +33,7 @@ from tests.broker.test_broker_cluster import (
     rpc_error,
     wait_until,
 )
-from tests.partition.test_txn_replica import txn_batch
+from tests.partition.test_txn_replica import txn_batch, unowned_txn_batch
 
 TOPICS = {"commit": 1, "abort": 1, "fence": 1, "refuse": 1}
 
@@ -203,15 +203,7 @@ def test_bad_transactional_writes_and_misdirected_markers_are_refused(
     )
     err = rpc_error(lambda: client.produce("refuse", 0, idempotent))
     assert_error(err, grpc.StatusCode.FAILED_PRECONDITION, "INVALID_TXN_STATE", "transaction open")
-    payload_of = txn_batch(800, 0, 1, b"x")
-    unowned = entry.encode(
-        bytes(entry.payload_of(payload_of, entry.parse_header(payload_of))),
-        record_count=1,
-        first_timestamp=1_700_000_000_000,
-        max_timestamp=1_700_000_000_000,
-        attributes=entry.TRANSACTIONAL,
-    )
-    err = rpc_error(lambda: client.produce("refuse", 0, unowned))
+    err = rpc_error(lambda: client.produce("refuse", 0, unowned_txn_batch()))
     assert_error(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_BATCH", "names no producer")
     follower = address_of(cluster, next(b for b in cluster.spec.brokers if b != leader_id))
     answer = client.stub(follower).WriteTxnMarkers(

@@ -29,25 +29,31 @@ pytestmark = pytest.mark.timeout(60)
 P = 42
 
 
+def reencoded(batch: bytes, **fields: int) -> bytes:
+    """``batch`` (one entry) with some header fields changed, its CRC recomputed."""
+    h = entry.parse_header(batch)
+    header = {
+        "record_count": h.record_count,
+        "first_timestamp": h.first_timestamp,
+        "max_timestamp": h.max_timestamp,
+        "attributes": h.attributes,
+        "producer_id": h.producer_id,
+        "producer_epoch": h.producer_epoch,
+        "base_sequence": h.base_sequence,
+    }
+    return entry.encode(bytes(entry.payload_of(batch, h)), **{**header, **fields})  # type: ignore[arg-type]
+
+
 def txn_batch(pid: int, epoch: int, seq: int, *values: bytes) -> bytes:
     """A transactional producer's batch: build_batch's entry with attribute bit 4 set."""
-    plain = build_batch(
-        [Record(None, v, 1_700_000_000_000) for v in values],
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-    )
-    h = entry.parse_header(plain)
-    return entry.encode(
-        bytes(entry.payload_of(plain, h)),
-        record_count=h.record_count,
-        first_timestamp=h.first_timestamp,
-        max_timestamp=h.max_timestamp,
-        attributes=h.attributes | entry.TRANSACTIONAL,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-    )
+    records = [Record(None, v, 1_700_000_000_000) for v in values]
+    batch = build_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    return reencoded(batch, attributes=entry.TRANSACTIONAL)
+
+
+def unowned_txn_batch() -> bytes:
+    """A batch with the transactional bit and no producer: refused."""
+    return reencoded(plain(b"x"), attributes=entry.TRANSACTIONAL)
 
 
 def plain(*values: bytes) -> bytes:
@@ -117,16 +123,8 @@ def test_idempotent_inside_a_transaction_and_unowned_bits_are_refused(tmp_path: 
         )
         with pytest.raises(InvalidTxnStateError, match="transaction open"):
             await replica.produce(idempotent, Acks.ALL, 5)
-        unowned = txn_batch(P, 0, 1, b"x")
-        no_producer = entry.encode(
-            bytes(entry.payload_of(unowned, entry.parse_header(unowned))),
-            record_count=1,
-            first_timestamp=1_700_000_000_000,
-            max_timestamp=1_700_000_000_000,
-            attributes=entry.TRANSACTIONAL,
-        )
         with pytest.raises(InvalidBatchError, match="names no producer"):
-            await replica.produce(no_producer, Acks.ALL, 5)
+            await replica.produce(unowned_txn_batch(), Acks.ALL, 5)
         with pytest.raises(InvalidBatchError, match="all transactional or none"):
             await replica.produce(plain(b"p") + txn_batch(P, 0, 1, b"x"), Acks.ALL, 5)
         assert data_offsets(replica, read_committed=False) == [0]
