@@ -769,7 +769,8 @@ def _producer_of(entries: bytes) -> tuple[int, int, int, int, bool] | None:
     if f[0] + 4 != len(entries):
         raise InvalidBatchError(
             f"the request's first entry carries producer id {producer_id}: an idempotent "
-            "producer's request holds exactly one entry; send its batches one per request"
+            "or transactional producer's request holds exactly one entry; send its batches "
+            "one per request"
         )
     return producer_id, f[12], f[13], f[8], bool(f[4] & entry.TRANSACTIONAL)
 

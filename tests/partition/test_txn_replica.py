@@ -192,3 +192,23 @@ def test_a_restart_rebuilds_the_open_and_aborted_transactions(
 
     run(tmp_path, before)
     run(tmp_path, after)
+
+
+def test_retention_trims_the_aborted_transactions_it_deleted(tmp_path: Path) -> None:
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(txn_batch(7, 0, 0, b"a"), Acks.ALL, 5)
+        await replica.write_marker(7, 1, False, 5)
+        await replica.produce(txn_batch(8, 0, 0, b"b"), Acks.ALL, 5)
+        await replica.write_marker(8, 1, False, 5)
+        cut = replica.group.last_index
+        await replica.produce(plain(b"kept"), Acks.ALL, 5)
+        # Cut the log after the first marker: producer 8's batch is still held.
+        replica._host.compact(replica.group.name, through=cut - 2)
+        await replica.produce(plain(b"next"), Acks.ALL, 5)  # the next apply trims
+        assert replica.log_start_offset == 1
+        assert replica.producers.states.aborted.to_json() == [[8, 1, 2]]
+        replica._host.compact(replica.group.name, through=cut)
+        await replica.produce(plain(b"last"), Acks.ALL, 5)
+        assert replica.producers.states.aborted.to_json() == []
+
+    run(tmp_path, body)
