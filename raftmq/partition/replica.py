@@ -543,9 +543,6 @@ class PartitionReplica:
         proposed marker is pending for the checks until it applies, so neither a second
         marker nor a batch of the producer is ever checked against stale state."""
         self.check_serving()
-        if not self.is_leader:
-            raise self._not_leader(self.leader_id)
-        self._check_enough_in_sync()
         self._check_ready("transaction markers")
         deadline_s = time.monotonic() + timeout_s
         verdict, earlier = self.producers.check_marker(producer_id, epoch)
@@ -554,6 +551,7 @@ class PartitionReplica:
         if earlier is not None:
             await self._await_earlier(earlier.done, deadline_s, timeout_s, "marker")
             return
+        self._check_enough_in_sync()  # a new marker is an acks=all write
         marker = entry.encode_marker(
             commit=commit,
             producer_id=producer_id,
