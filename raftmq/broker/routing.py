@@ -144,6 +144,7 @@ class Offsets:
     offset: int
     log_start_offset: int
     high_watermark: int
+    last_stable_offset: int
 
 
 class BrokerState(Protocol):
@@ -451,7 +452,9 @@ class Router:
                 )
         except PartitionError as exc:
             raise self.refusal(exc) from None
-        return Offsets(offset, replica.log_start_offset, replica.high_watermark)
+        return Offsets(
+            offset, replica.log_start_offset, replica.high_watermark, replica.last_stable_offset
+        )
 
     async def metadata(
         self, topics: Sequence[str], allow_auto_create: bool, *, routing_only: bool = False

@@ -233,6 +233,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             offset=found.offset,
             log_start_offset=found.log_start_offset,
             high_watermark=found.high_watermark,
+            last_stable_offset=found.last_stable_offset,
         )
 
     async def Metadata(

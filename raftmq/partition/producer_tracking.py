@@ -231,18 +231,59 @@ class ProducerTracking:
         if index > self.applied_index:
             self.applied_index, self.applied_term = index, term
 
-    def checkpoint(self) -> None:
-        """Save the state durably, off the event loop when there is one; one write at a
-        time (a later call finds the next threshold)."""
-        if self._writing:
+    def snapshot_bytes(self) -> bytes:
+        """The state as a leader sends it with a snapshot (the checkpoint's encoding, at
+        the index it covers): a follower whose log restarts past entries it never saw
+        takes its producers, open transactions and aborted list from it, so a failover
+        to it neither refuses producers as unknown nor leaves a transaction open that a
+        marker it skipped had closed."""
+        return json.dumps(self._saved(), separators=(",", ":")).encode()
+
+    def install(self, index: int, term: int, data: bytes) -> None:
+        """A snapshot at ``index`` arrived with its leader's state (:meth:`snapshot_bytes`):
+        take it when it covers at least the entries the snapshot skips (the entries after
+        it that it covers too are skipped as they are applied), and save it at once, since
+        the log no longer holds what would rebuild it. Without usable bytes (a snapshot
+        from a leader of an older version) the entries below are only skipped."""
+        try:
+            saved = json.loads(data) if data else None
+            if saved is not None:
+                states = ProducerStates.from_json(saved["producers"], saved["transactions"])
+                states.aborted = AbortedTransactions.from_json(saved["aborted"])
+                at, at_term = int(saved["index"]), int(saved["term"])
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            log.warning(
+                "%s: the producer state sent with a snapshot at %d does not decode (%s); the "
+                "producers of the skipped entries are unknown here",
+                self.name,
+                index,
+                exc,
+            )
+            saved = None
+        if saved is None or at < index:
+            self.skip_to(index, term)
             return
-        saved = {  # copies: the encoding may run elsewhere
+        self.states, self.applied_index, self.applied_term = states, at, at_term
+        self._pending.clear()
+        # At once, or (a write of the older state under way) at the next apply.
+        self._checkpointed_index = at - CHECKPOINT_EVERY_ENTRIES
+        self.checkpoint()
+
+    def _saved(self) -> dict[str, object]:
+        return {
             "index": self.applied_index,
             "term": self.applied_term,
             "producers": self.states.to_json(),
             "transactions": self.states.transactions_to_json(),
             "aborted": self.states.aborted.to_json(),
         }
+
+    def checkpoint(self) -> None:
+        """Save the state durably, off the event loop when there is one; one write at a
+        time (a later call finds the next threshold)."""
+        if self._writing:
+            return
+        saved = self._saved()  # copies: the encoding may run elsewhere
         index = self.applied_index
         try:
             loop = asyncio.get_running_loop()

@@ -135,6 +135,7 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
             on_durable=on_durable,
+            snapshot_attachment=self.producers.snapshot_bytes,
         )
         try:
             self._high_watermark = self._offset_after(self.group.commit_index)
@@ -291,6 +292,18 @@ class PartitionReplica:
             self.topic, self.partition, leader, detail, failed=self.group.failure or ""
         )
 
+    def retention_floor(self) -> int | None:
+        """The Raft index retention must keep: the entry of the oldest open transaction's
+        first batch (None when none is open). Deleting it would leave read_committed
+        readers a last stable offset below the log start, with the transaction's records
+        gone before its marker says whether they count. A hanging transaction is ended
+        by the coordinator's timeout (transaction_timeout_ms, at most 15 minutes), which
+        frees retention again."""
+        first = self.producers.states.first_open_offset()
+        if first is None or first < self._log.start_offset:
+            return None
+        return entry.parse_header(self._log.read(first, 1).data).index
+
     def _offset_after(self, index: int) -> int:
         log = self._log
         if index < log.start_index:
@@ -316,9 +329,11 @@ class PartitionReplica:
 
     def _on_snapshot(self, snap: SnapshotMeta, data: bytes) -> None:
         """A snapshot of a partition is its start point: everything before it is gone on
-        the leader too, and everything up to it is committed."""
+        the leader too, and everything up to it is committed. It carries the leader's
+        producer state (open and aborted transactions, sequences), which the entries
+        below the start point built."""
         self._advance_hw(snap.next_offset)
-        self.producers.skip_to(snap.index, snap.term)
+        self.producers.install(snap.index, snap.term, data)
 
     def _advance_hw(self, offset: int) -> None:
         """Raise the high watermark to ``offset``; a lower one is ignored (a group reopened

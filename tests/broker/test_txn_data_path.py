@@ -288,3 +288,57 @@ def _view_or_none(
         return _txn_view(client, address, True)
     except grpc.RpcError:
         return None
+
+
+@pytest.mark.timeout(120)
+def test_a_follower_that_takes_a_snapshot_takes_the_producer_state_with_it(
+    make_cluster: ClusterFactory,
+) -> None:
+    """A follower saw a transaction open, then was down while the leader committed its
+    marker and retention cut the log past it: it catches up from a snapshot, which
+    carries the leader's producer state, so it does not keep the transaction open (its
+    last stable offset stuck for ever at the transaction's first offset)."""
+    cluster = make_cluster({}, extra_args=["--retention-check-ms", "200"])
+    with cluster.admin() as admin:
+        admin.create_topic("snap", 1, 3, {"segment.bytes": "4096", "retention.bytes": "16384"})
+    with cluster.client() as client:
+        wait_until(lambda: client.refresh_leaders(timeout=1.0).get(("snap", 0)), 30, "a leader")
+        leader = leader_of(client, "snap")
+        follower = next(b for b in (1, 2, 3) if b != leader)
+        client.produce("snap", 0, txn_batch(950, 0, 0, b"txn"))
+        wait_until(
+            lambda: _lso_and_hw(client, address_of(cluster, follower), 0) == (0, 1),
+            10,
+            "the follower seeing the transaction open",
+        )
+        cluster.kill(follower)
+        assert markers(client, address_of(cluster, leader), ("snap", 950, 1, True)) == [""]
+        for _ in range(60):
+            client.produce("snap", 0, plain(b"x" * 1000))
+        wait_until(
+            lambda: client.list_offsets("snap", 0, position=pb.EARLIEST).offset > 1,
+            30,
+            "retention cutting the log past the marker",
+        )
+        hw = client.list_offsets("snap", 0, position=pb.LATEST).high_watermark
+        cluster.start(follower)
+        back = address_of(cluster, follower)
+        wait_until(
+            lambda: _lso_and_hw_or_none(client, back, hw) == (hw, hw),
+            30,
+            "the follower's last stable offset reaching its high watermark",
+        )
+
+
+def _lso_and_hw(client: LowLevelClient, address: str, offset: int) -> tuple[int, int]:
+    answer = fetch(client, address, "snap", committed=True, offset=offset)
+    return answer.last_stable_offset, answer.high_watermark
+
+
+def _lso_and_hw_or_none(
+    client: LowLevelClient, address: str, offset: int
+) -> tuple[int, int] | None:
+    try:
+        return _lso_and_hw(client, address, offset)
+    except grpc.RpcError:
+        return None

@@ -14,6 +14,7 @@ import pytest
 
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch
+from raftmq.log.config import LogConfig
 from raftmq.partition import producer_tracking
 from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import (
@@ -23,6 +24,8 @@ from raftmq.partition.errors import (
     ProducerFencedError,
 )
 from raftmq.partition.replica import Acks, PartitionReplica
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.transport import MemoryNetwork
 from tests.partition.test_producer_tracking import open_leader
 
 pytestmark = pytest.mark.timeout(60)
@@ -212,3 +215,34 @@ def test_retention_trims_the_aborted_transactions_it_deleted(tmp_path: Path) -> 
         assert replica.producers.states.aborted.to_json() == []
 
     run(tmp_path, body)
+
+
+def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> None:
+    """Retention would delete every sealed segment; it stops at the one holding the open
+    transaction's first batch, and goes on once a marker ends the transaction."""
+
+    async def main() -> None:
+        host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.01, election_tick=3)
+        config = LogConfig(segment_bytes=1024, retention_bytes=0)
+        replica = PartitionReplica(host, "t", 0, tmp_path, [1], config)
+        await host.start()
+        try:
+            for _ in range(500):
+                if replica.is_leader and replica.producers.ready(replica.led_term):
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(5):
+                await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
+            opened = await replica.produce(txn_batch(P, 0, 0, b"t" * 600), Acks.ALL, 5)
+            for _ in range(5):
+                await replica.produce(plain(b"y" * 600), Acks.ALL, 5)
+            host.compact(replica.group.name, keep_from=replica.retention_floor())
+            assert 0 < replica.log_start_offset <= opened.base_offset
+            await replica.write_marker(P, 1, True, 5)
+            assert replica.retention_floor() is None
+            host.compact(replica.group.name, keep_from=replica.retention_floor())
+            assert replica.log_start_offset > opened.base_offset
+        finally:
+            await host.stop()
+
+    asyncio.run(main())
