@@ -49,7 +49,7 @@ MAX_REQUEST_COMMIT_BYTES = 512 * 1024
 """One commit's share of a batch, at most (coordinator.commit_bytes)."""
 
 
-def _check_group_id(group_id: str) -> str:
+def check_group_id(group_id: str) -> str:
     if not GROUP_ID.fullmatch(group_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -58,7 +58,7 @@ def _check_group_id(group_id: str) -> str:
     return group_id
 
 
-def _check_member_id(member_id: str) -> str:
+def check_member_id(member_id: str) -> str:
     if member_id and not MEMBER_ID.fullmatch(member_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -80,11 +80,11 @@ def _topic_partitions(listed: Iterable[gpb.GroupTopicPartitions]) -> tuple[Topic
     return tuple(sorted(tps))
 
 
-def _wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
+def wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
     return [gpb.GroupTopicPartitions(topic=t, partitions=p) for t, p in partitions_of(tps).items()]
 
 
-def _offsets(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
+def offsets_to_commit(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
     offsets = tuple(c.OffsetEntry(o.topic, o.partition, o.offset, o.metadata) for o in listed)
     if not offsets:
         raise Refusal(pb.ERROR_CODE_INVALID_GROUP, "no offsets named; send at least one")
@@ -107,7 +107,7 @@ def _offsets(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
     return offsets
 
 
-def _check_size(commit: c.OffsetCommit) -> None:
+def check_commit_size(commit: c.OffsetCommit) -> None:
     if commit_bytes(commit) > MAX_REQUEST_COMMIT_BYTES:
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -136,7 +136,7 @@ def _positions(
 
 
 def _group(state: MetadataState, group_id: str) -> ConsumerGroup:
-    group = state.consumer_groups.get(_check_group_id(group_id))
+    group = state.consumer_groups.get(check_group_id(group_id))
     if group is None:
         raise Refusal(
             pb.ERROR_CODE_UNKNOWN_GROUP, f"there is no consumer group {shorten(group_id)}"
@@ -152,7 +152,7 @@ class GroupsService(ControllerFace):
     async def ConsumerGroupHeartbeat(
         self, request: gpb.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ConsumerGroupHeartbeatResponse:
-        _check_group_id(request.group_id)
+        check_group_id(request.group_id)
         timeout_ms = request.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
         if not MIN_SESSION_TIMEOUT_MS <= timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             raise Refusal(
@@ -168,7 +168,7 @@ class GroupsService(ControllerFace):
             )
         beat = c.GroupHeartbeat(
             request.group_id,
-            _check_member_id(request.member_id),
+            check_member_id(request.member_id),
             request.instance_id or None,
             request.member_epoch,
             tuple(request.subscriptions),
@@ -181,8 +181,8 @@ class GroupsService(ControllerFace):
             member_id=answer.member_id,
             member_epoch=answer.member_epoch,
             group_epoch=answer.group_epoch,
-            assigned=_wire(answer.assigned),
-            revoke=_wire(answer.revoke),
+            assigned=wire(answer.assigned),
+            revoke=wire(answer.revoke),
             heartbeat_interval_ms=heartbeat_interval_ms(timeout_ms),
         )
 
@@ -190,19 +190,19 @@ class GroupsService(ControllerFace):
         self, request: gpb.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.CommitOffsetsResponse:
         commit = c.OffsetCommit(
-            _check_group_id(request.group_id),
-            _check_member_id(request.member_id),
+            check_group_id(request.group_id),
+            check_member_id(request.member_id),
             request.member_epoch,
-            _offsets(request.offsets),
+            offsets_to_commit(request.offsets),
         )
-        _check_size(commit)
+        check_commit_size(commit)
         version = await self.call(self.coordinator.commit(commit))
         return gpb.CommitOffsetsResponse(metadata_version=version)
 
     async def FetchOffsets(
         self, request: gpb.FetchOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.FetchOffsetsResponse:
-        _check_group_id(request.group_id)
+        check_group_id(request.group_id)
         wanted = {(tp.topic, p) for tp in request.partitions for p in tp.partitions} or None
         state = await self.call(self.coordinator.current())
         group = state.consumer_groups.get(request.group_id)
@@ -227,7 +227,7 @@ class GroupsService(ControllerFace):
     async def DescribeGroup(
         self, request: gpb.DescribeGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.GroupDescription:
-        _check_group_id(request.group_id)
+        check_group_id(request.group_id)
         group = _group(await self.call(self.coordinator.current()), request.group_id)
         age_ms = self.coordinator.last_heartbeat_age_ms
         return gpb.GroupDescription(
@@ -241,8 +241,8 @@ class GroupsService(ControllerFace):
                     instance_id=m.instance_id or "",
                     member_epoch=m.member_epoch,
                     subscriptions=m.subscriptions,
-                    assigned=_wire(m.assigned),
-                    target=_wire(group.target.get(m.member_id, ())),
+                    assigned=wire(m.assigned),
+                    target=wire(group.target.get(m.member_id, ())),
                     joined_ms=m.joined_ms,
                     last_heartbeat_age_ms=age_ms(group.group_id, m.member_id),
                 )
@@ -254,8 +254,8 @@ class GroupsService(ControllerFace):
     async def ResetOffsets(
         self, request: gpb.ResetOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
-        offsets = _offsets(request.offsets)
-        _check_size(c.OffsetCommit(_check_group_id(request.group_id), "", 0, offsets))
+        offsets = offsets_to_commit(request.offsets)
+        check_commit_size(c.OffsetCommit(check_group_id(request.group_id), "", 0, offsets))
         version = await self.call(
             self.coordinator.reset_offsets(request.group_id, offsets, request.force)
         )
@@ -264,7 +264,7 @@ class GroupsService(ControllerFace):
     async def DeleteGroup(
         self, request: gpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
-        version = await self.call(self.coordinator.delete_group(_check_group_id(request.group_id)))
+        version = await self.call(self.coordinator.delete_group(check_group_id(request.group_id)))
         return gpb.ChangeDoneResponse(metadata_version=version)
 
 
