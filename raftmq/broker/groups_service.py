@@ -12,6 +12,7 @@ arrives. A voter that does not lead answers NOT_CONTROLLER with the leader's add
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import grpc
 
@@ -49,7 +50,7 @@ MAX_REQUEST_COMMIT_BYTES = 512 * 1024
 """One commit's share of a batch, at most (coordinator.commit_bytes)."""
 
 
-def check_group_id(group_id: str) -> str:
+def _check_group_id(group_id: str) -> str:
     if not GROUP_ID.fullmatch(group_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -58,7 +59,7 @@ def check_group_id(group_id: str) -> str:
     return group_id
 
 
-def check_member_id(member_id: str) -> str:
+def _check_member_id(member_id: str) -> str:
     if member_id and not MEMBER_ID.fullmatch(member_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -84,7 +85,7 @@ def wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
     return [gpb.GroupTopicPartitions(topic=t, partitions=p) for t, p in partitions_of(tps).items()]
 
 
-def offsets_to_commit(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
+def _offsets(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEntry, ...]:
     offsets = tuple(c.OffsetEntry(o.topic, o.partition, o.offset, o.metadata) for o in listed)
     if not offsets:
         raise Refusal(pb.ERROR_CODE_INVALID_GROUP, "no offsets named; send at least one")
@@ -107,13 +108,39 @@ def offsets_to_commit(listed: Iterable[gpb.OffsetToCommit]) -> tuple[c.OffsetEnt
     return offsets
 
 
-def check_commit_size(commit: c.OffsetCommit) -> None:
+def _check_size(commit: c.OffsetCommit) -> None:
     if commit_bytes(commit) > MAX_REQUEST_COMMIT_BYTES:
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
             f"the offsets and their metadata are too large for one request (over "
             f"{MAX_REQUEST_COMMIT_BYTES // 1024} KiB); split them or shorten the metadata",
         )
+
+
+class CommitRequest(Protocol):
+    """What a commit's request carries (CommitOffsets, and a transaction's
+    AddOffsetsToTxn, transactions.proto)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def member_epoch(self) -> int: ...
+    @property
+    def offsets(self) -> Iterable[gpb.OffsetToCommit]: ...
+
+
+def checked_commit(request: CommitRequest) -> c.OffsetCommit:
+    """The commit a request asks for, once its fields pass the checks above."""
+    commit = c.OffsetCommit(
+        _check_group_id(request.group_id),
+        _check_member_id(request.member_id),
+        request.member_epoch,
+        _offsets(request.offsets),
+    )
+    _check_size(commit)
+    return commit
 
 
 def _positions(
@@ -136,7 +163,7 @@ def _positions(
 
 
 def _group(state: MetadataState, group_id: str) -> ConsumerGroup:
-    group = state.consumer_groups.get(check_group_id(group_id))
+    group = state.consumer_groups.get(_check_group_id(group_id))
     if group is None:
         raise Refusal(
             pb.ERROR_CODE_UNKNOWN_GROUP, f"there is no consumer group {shorten(group_id)}"
@@ -152,7 +179,7 @@ class GroupsService(ControllerFace):
     async def ConsumerGroupHeartbeat(
         self, request: gpb.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ConsumerGroupHeartbeatResponse:
-        check_group_id(request.group_id)
+        _check_group_id(request.group_id)
         timeout_ms = request.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
         if not MIN_SESSION_TIMEOUT_MS <= timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             raise Refusal(
@@ -168,7 +195,7 @@ class GroupsService(ControllerFace):
             )
         beat = c.GroupHeartbeat(
             request.group_id,
-            check_member_id(request.member_id),
+            _check_member_id(request.member_id),
             request.instance_id or None,
             request.member_epoch,
             tuple(request.subscriptions),
@@ -189,20 +216,14 @@ class GroupsService(ControllerFace):
     async def CommitOffsets(
         self, request: gpb.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.CommitOffsetsResponse:
-        commit = c.OffsetCommit(
-            check_group_id(request.group_id),
-            check_member_id(request.member_id),
-            request.member_epoch,
-            offsets_to_commit(request.offsets),
-        )
-        check_commit_size(commit)
+        commit = checked_commit(request)
         version = await self.call(self.coordinator.commit(commit))
         return gpb.CommitOffsetsResponse(metadata_version=version)
 
     async def FetchOffsets(
         self, request: gpb.FetchOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.FetchOffsetsResponse:
-        check_group_id(request.group_id)
+        _check_group_id(request.group_id)
         wanted = {(tp.topic, p) for tp in request.partitions for p in tp.partitions} or None
         state = await self.call(self.coordinator.current())
         group = state.consumer_groups.get(request.group_id)
@@ -227,7 +248,7 @@ class GroupsService(ControllerFace):
     async def DescribeGroup(
         self, request: gpb.DescribeGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.GroupDescription:
-        check_group_id(request.group_id)
+        _check_group_id(request.group_id)
         group = _group(await self.call(self.coordinator.current()), request.group_id)
         age_ms = self.coordinator.last_heartbeat_age_ms
         return gpb.GroupDescription(
@@ -254,8 +275,8 @@ class GroupsService(ControllerFace):
     async def ResetOffsets(
         self, request: gpb.ResetOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
-        offsets = offsets_to_commit(request.offsets)
-        check_commit_size(c.OffsetCommit(check_group_id(request.group_id), "", 0, offsets))
+        offsets = _offsets(request.offsets)
+        _check_size(c.OffsetCommit(_check_group_id(request.group_id), "", 0, offsets))
         version = await self.call(
             self.coordinator.reset_offsets(request.group_id, offsets, request.force)
         )
@@ -264,7 +285,7 @@ class GroupsService(ControllerFace):
     async def DeleteGroup(
         self, request: gpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
-        version = await self.call(self.coordinator.delete_group(check_group_id(request.group_id)))
+        version = await self.call(self.coordinator.delete_group(_check_group_id(request.group_id)))
         return gpb.ChangeDoneResponse(metadata_version=version)
 
 

@@ -19,13 +19,7 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.broker.admin_redirect import AdminRedirect
 from raftmq.broker.controller_service import ControllerFace
-from raftmq.broker.groups_service import (
-    check_commit_size,
-    check_group_id,
-    check_member_id,
-    offsets_to_commit,
-    wire,
-)
+from raftmq.broker.groups_service import checked_commit, wire
 from raftmq.broker.refusals import Refusal, shorten
 from raftmq.broker.rpc import add_service
 from raftmq.broker.txn_markers import MarkerSender
@@ -147,15 +141,11 @@ class TransactionsService(ControllerFace):
     async def AddOffsetsToTxn(
         self, request: tpb.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
     ) -> tpb.AddOffsetsToTxnResponse:
-        commit = c.OffsetCommit(
-            check_group_id(request.group_id),
-            check_member_id(request.member_id),
-            request.member_epoch,
-            offsets_to_commit(request.offsets),
-        )
-        check_commit_size(commit)
         add = c.AddOffsetsToTxn(
-            _check_id(request.transactional_id), request.producer_id, request.producer_epoch, commit
+            _check_id(request.transactional_id),
+            request.producer_id,
+            request.producer_epoch,
+            checked_commit(request),
         )
         await self._call(c.TxnCall(add_offsets=add))
         return tpb.AddOffsetsToTxnResponse()
