@@ -44,6 +44,7 @@ from raftmq.controller.errors import CommandRefused
 from raftmq.controller.errors import RefusalCode as Code
 from raftmq.controller.model import (
     MetadataState,
+    PartitionState,
     PendingOffset,
     TopicPartition,
     Transaction,
@@ -393,11 +394,16 @@ def _check_id(transactional_id: str) -> None:
 def _check_partition(state: MetadataState, topic: str, partition: int) -> None:
     if topic not in state.topics:
         raise CommandRefused(Code.UNKNOWN_TOPIC, f"there is no topic {topic[:64]!r}")
-    count = len(state.topics[topic].partitions)
-    if not 0 <= partition < count:
+    parts = state.topics[topic].partitions
+    if not 0 <= partition < len(parts):
         raise CommandRefused(
             Code.UNKNOWN_PARTITION,
-            f"topic {topic} has partitions 0-{count - 1}, not {partition}",
+            f"topic {topic} has partitions 0-{len(parts) - 1}, not {partition}",
+        )
+    if parts[partition].state != PartitionState.ACTIVE:
+        raise CommandRefused(
+            Code.PARTITION_DECOMMISSIONED,
+            f"{topic}/{partition} is decommissioned: it takes no new writes",
         )
 
 

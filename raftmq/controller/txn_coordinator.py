@@ -220,11 +220,10 @@ class MarkerDriver:
         plan = plan_markers(
             state, self._hints, lambda t: self._retry.get(t, (0.0, 0.0))[0] <= now_s
         )
-        pending = {t for t in _pending_targets(state)}
+        pending = set(_pending_targets(state))
+        pending_partitions = {t.partition for t in pending}
         self._retry = {t: r for t, r in self._retry.items() if t in pending}
-        self._hints = {
-            tp: a for tp, a in self._hints.items() if tp in {t.partition for t in pending}
-        }
+        self._hints = {tp: a for tp, a in self._hints.items() if tp in pending_partitions}
         if plan:
             limit = asyncio.Semaphore(CONCURRENT_REQUESTS)
             requests = [

@@ -251,6 +251,9 @@ def test_refusals(d: Driver) -> None:
     refused(d, c.AddPartitionsToTxn(T, pid + 5, epoch, (A,)), Code.PRODUCER_FENCED)
     refused(d, c.AddPartitionsToTxn(T, pid, epoch, (TP("nope", 0),)), Code.UNKNOWN_TOPIC)
     refused(d, c.AddPartitionsToTxn(T, pid, epoch, (TP("t", 4),)), Code.UNKNOWN_PARTITION)
+    assert d(c.DecommissionPartitions("u", (0,), 1_000)).ok is False  # the only one
+    assert d(c.AddPartitions("u", 2)).ok and d(c.DecommissionPartitions("u", (0,), 1)).ok
+    refused(d, c.AddPartitionsToTxn(T, pid, epoch, (TP("u", 0),)), Code.PARTITION_DECOMMISSIONED)
     many = tuple(TP("t", p % 4) for p in range(4))
     assert add(d, pid, epoch, *many).code == ""
     d(c.AddPartitions("t", MAX_TXN_PARTITIONS + 1))
