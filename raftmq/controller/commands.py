@@ -342,13 +342,14 @@ class TxnCall:
     @property
     def request(
         self,
-    ) -> InitTransactions | AddPartitionsToTxn | AddOffsetsToTxn | EndTxn | AbortTxn:
-        (set_,) = [
+    ) -> InitTransactions | AddPartitionsToTxn | AddOffsetsToTxn | EndTxn | AbortTxn | None:
+        """The call's request; None unless exactly one field is set."""
+        requests = [
             r
             for r in (self.init, self.add_partitions, self.add_offsets, self.end, self.abort)
             if r is not None
         ]
-        return set_
+        return requests[0] if len(requests) == 1 else None
 
 
 @dataclass(frozen=True, slots=True)

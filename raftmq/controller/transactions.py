@@ -75,6 +75,9 @@ def apply_calls(state: MetadataState, index: int, c: TransactionCalls) -> Outcom
     outcomes = []
     for call in c.calls:
         request = call.request
+        if request is None:  # only a bug of ours proposes one, but applying never raises
+            outcomes.append(TxnOutcome(Code.MALFORMED_COMMAND.value, "not exactly one request"))
+            continue
         try:
             state, outcome = _HANDLERS[type(request)](state, request, c.now_ms)
         except CommandRefused as refusal:

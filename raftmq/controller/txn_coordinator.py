@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from raftmq.controller import commands as c
 from raftmq.controller.batching import Batcher
+from raftmq.controller.coordinator import commit_bytes
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.metadata import broker_addresses
 from raftmq.controller.model import MetadataState, TopicPartition, TxnState
@@ -56,14 +57,13 @@ leader report that makes a partition reachable again)."""
 
 def call_bytes(call: c.TxnCall) -> int:
     """A bound on what a call adds to a TransactionCalls command's encoding (canonical
-    JSON, ASCII; names of at most 255 characters, metadata escaped at most 12 bytes a
-    character)."""
+    JSON, ASCII: a transactional id of at most 200 characters, topic names of at most
+    255 characters, offsets as a group commit bounds them)."""
     request = call.request
     if isinstance(request, c.AddPartitionsToTxn):
-        return 600 + sum(300 for _ in request.partitions)
+        return 600 + 300 * len(request.partitions)
     if isinstance(request, c.AddOffsetsToTxn):
-        offsets = request.commit.offsets
-        return 1_200 + sum(400 + 12 * len(o.metadata) for o in offsets)
+        return 600 + commit_bytes(request.commit)
     return 600
 
 

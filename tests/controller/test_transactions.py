@@ -240,6 +240,9 @@ def test_the_epoch_overflows_into_a_new_producer_id(d: Driver) -> None:
 
 
 def test_refusals(d: Driver) -> None:
+    empty = d(c.TransactionCalls((c.TxnCall(),), 0))
+    assert isinstance(empty, c.TxnOutcomes)
+    assert empty.outcomes[0].code == Code.MALFORMED_COMMAND.value
     refused(d, c.InitTransactions("bad id", 60_000), Code.INVALID_TRANSACTIONAL_ID)
     refused(d, c.InitTransactions("x" * 201, 60_000), Code.INVALID_TRANSACTIONAL_ID)
     refused(d, c.InitTransactions(T, 999), Code.INVALID_TXN_TIMEOUT)
