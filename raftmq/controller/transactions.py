@@ -36,6 +36,7 @@ from raftmq.controller.commands import (
     InitTransactions,
     OffsetEntry,
     RecordTxnMarkers,
+    Result,
     TransactionCalls,
     TxnOutcome,
     TxnOutcomes,
@@ -66,7 +67,7 @@ MAX_PRODUCER_EPOCH = 32_767
 producer is moved to at the end of its transaction at 32766); a producer never works
 at it."""
 
-Outcome = tuple[MetadataState, Any]
+Outcome = tuple[MetadataState, Result]
 
 
 def apply_calls(state: MetadataState, index: int, c: TransactionCalls) -> Outcome:
