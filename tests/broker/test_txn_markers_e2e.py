@@ -22,7 +22,6 @@ pytestmark = pytest.mark.timeout(120)
 MARKERS_WRITTEN_S = 30.0
 
 
-@pytest.mark.xfail(reason="needs the WriteTxnMarkers handler of branch txn-partition", strict=False)
 def test_a_committed_transaction_gets_its_markers_on_every_partition(
     make_cluster: ClusterFactory,
 ) -> None:
