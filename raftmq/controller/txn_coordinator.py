@@ -180,7 +180,7 @@ class MarkerDriver:
         self.retry_max_s = retry_max_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.progress = asyncio.Event()
+        self.recorded = asyncio.Event()
         """Set (and replaced) each time written markers are recorded: transactions may
         have completed."""
         self._hints: dict[TopicPartition, str] = {}
@@ -246,8 +246,8 @@ class MarkerDriver:
             for command in written_commands(written):
                 await self.quorum.propose(command, c.Done)
             if written:
-                self.progress.set()
-                self.progress = asyncio.Event()
+                self.recorded.set()
+                self.recorded = asyncio.Event()
             if written:
                 log.debug("controller %d: %d markers written", self.quorum.node_id, len(written))
         if not self._retry:
@@ -337,7 +337,7 @@ class TransactionCoordinator:
         self.quorum.require_leader()
         give_up_s = self.quorum.monotonic_s() + CONCURRENT_WAIT_S
         while True:
-            progress = self.markers.progress
+            recorded = self.markers.recorded
             outcome = await self.batcher.submit(call, call_bytes(call))
             if not isinstance(call.request, (c.AddPartitionsToTxn, c.AddOffsetsToTxn)):
                 self.markers.wake()  # maybe a decision: its markers go now
@@ -346,7 +346,7 @@ class TransactionCoordinator:
                 break
             # The previous transaction is ending: wait for its markers here, then ask again.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.wait(), left_s)
+                await asyncio.wait_for(recorded.wait(), left_s)
             self.quorum.require_leader()
         if outcome.code:
             raise ControllerRefusal(RefusalCode(outcome.code), outcome.message)
