@@ -12,6 +12,7 @@ leader change (docs/controller.md).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TypeVar
 
@@ -102,7 +103,10 @@ class ControllerService(ControllerFace):
                 f"from_version {request.from_version} is negative; send 0 for everything",
             )
         async for version, state in self.quorum.watch(request.from_version):
-            yield cpb.MetadataUpdate(version=version, state=encode_snapshot(state))
+            # Brokers need no transaction state (the coordinator reads the quorum's own):
+            # left out, a busy transactional workload does not grow every update.
+            shown = dataclasses.replace(state, transactions={}) if state.transactions else state
+            yield cpb.MetadataUpdate(version=version, state=encode_snapshot(shown))
 
     async def DescribeVoter(
         self, request: cpb.DescribeVoterRequest, context: grpc.aio.ServicerContext
