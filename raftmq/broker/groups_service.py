@@ -12,6 +12,7 @@ arrives. A voter that does not lead answers NOT_CONTROLLER with the leader's add
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import grpc
 
@@ -80,7 +81,7 @@ def _topic_partitions(listed: Iterable[gpb.GroupTopicPartitions]) -> tuple[Topic
     return tuple(sorted(tps))
 
 
-def _wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
+def wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
     return [gpb.GroupTopicPartitions(topic=t, partitions=p) for t, p in partitions_of(tps).items()]
 
 
@@ -114,6 +115,32 @@ def _check_size(commit: c.OffsetCommit) -> None:
             f"the offsets and their metadata are too large for one request (over "
             f"{MAX_REQUEST_COMMIT_BYTES // 1024} KiB); split them or shorten the metadata",
         )
+
+
+class CommitRequest(Protocol):
+    """What a commit's request carries (CommitOffsets, and a transaction's
+    AddOffsetsToTxn, transactions.proto)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def member_epoch(self) -> int: ...
+    @property
+    def offsets(self) -> Iterable[gpb.OffsetToCommit]: ...
+
+
+def checked_commit(request: CommitRequest) -> c.OffsetCommit:
+    """The commit a request asks for, once its fields pass the checks above."""
+    commit = c.OffsetCommit(
+        _check_group_id(request.group_id),
+        _check_member_id(request.member_id),
+        request.member_epoch,
+        _offsets(request.offsets),
+    )
+    _check_size(commit)
+    return commit
 
 
 def _positions(
@@ -181,21 +208,15 @@ class GroupsService(ControllerFace):
             member_id=answer.member_id,
             member_epoch=answer.member_epoch,
             group_epoch=answer.group_epoch,
-            assigned=_wire(answer.assigned),
-            revoke=_wire(answer.revoke),
+            assigned=wire(answer.assigned),
+            revoke=wire(answer.revoke),
             heartbeat_interval_ms=heartbeat_interval_ms(timeout_ms),
         )
 
     async def CommitOffsets(
         self, request: gpb.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.CommitOffsetsResponse:
-        commit = c.OffsetCommit(
-            _check_group_id(request.group_id),
-            _check_member_id(request.member_id),
-            request.member_epoch,
-            _offsets(request.offsets),
-        )
-        _check_size(commit)
+        commit = checked_commit(request)
         version = await self.call(self.coordinator.commit(commit))
         return gpb.CommitOffsetsResponse(metadata_version=version)
 
@@ -241,8 +262,8 @@ class GroupsService(ControllerFace):
                     instance_id=m.instance_id or "",
                     member_epoch=m.member_epoch,
                     subscriptions=m.subscriptions,
-                    assigned=_wire(m.assigned),
-                    target=_wire(group.target.get(m.member_id, ())),
+                    assigned=wire(m.assigned),
+                    target=wire(group.target.get(m.member_id, ())),
                     joined_ms=m.joined_ms,
                     last_heartbeat_age_ms=age_ms(group.group_id, m.member_id),
                 )

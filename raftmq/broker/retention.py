@@ -1,6 +1,8 @@
 """Retention on a broker: every ``retention_check_seconds`` it deletes the old segments of
-each replica it hosts (retention.ms, retention.bytes, never past what the replica applied;
-a follower that falls behind the new start gets a snapshot), and the whole data of each
+each replica it hosts (retention.ms, retention.bytes, never past what the replica applied
+nor past the first batch of a transaction still open on it, so a read_committed reader
+always finds where its last stable offset stands; a follower that falls behind the new
+start gets a snapshot), and the whole data of each
 decommissioned partition whose deadline passed.
 
 Each pass keeps a failure to the replica that raised it (it is logged, and the pass goes on
@@ -30,10 +32,11 @@ class _Replica(Protocol):
     def topic(self) -> str: ...
     @property
     def partition(self) -> int: ...
+    def retention_floor(self) -> int | None: ...
 
 
 class _Host(Protocol):
-    def compact(self, name: str) -> int: ...
+    def compact(self, name: str, *, keep_from: int | None = None) -> int: ...
 
 
 def compact_each(host: _Host, replicas: Iterable[_Replica]) -> int:
@@ -42,7 +45,7 @@ def compact_each(host: _Host, replicas: Iterable[_Replica]) -> int:
     failed = 0
     for r in list(replicas):
         try:
-            host.compact(group_name(r.topic, r.partition))
+            host.compact(group_name(r.topic, r.partition), keep_from=r.retention_floor())
         except Exception:
             failed += 1
             log.exception("retention of %s/%d failed", r.topic, r.partition)

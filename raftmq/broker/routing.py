@@ -29,6 +29,7 @@ from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened, Unopened
 from raftmq.controller.metadata import TOPIC_NAME, broker_addresses
 from raftmq.controller.model import MetadataState, Partition
 from raftmq.log.config import LogConfig
+from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
 
@@ -51,6 +52,8 @@ assert (
 ), "a Fetch with the default max_bytes must fit a gRPC client's default receive limit"
 MAX_WAIT_MS = 60_000
 MAX_PARKED_FETCHES = 10_000
+MAX_MARKERS = 1000
+"""Markers in one WriteTxnMarkers request at most (broker.proto)."""
 
 EARLIEST = 0
 """ListOffsets position: the first offset still held (broker.proto's OffsetPosition)."""
@@ -120,6 +123,20 @@ class Fetched:
     high_watermark: int
     log_start_offset: int
     broker_id: int
+    last_stable_offset: int
+    aborted_transactions: list[AbortedTransaction]
+    """read_committed only: the aborted transactions overlapping the entries returned."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerRequest:
+    """One transaction to end on one partition (broker.proto's TxnMarker)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +144,7 @@ class Offsets:
     offset: int
     log_start_offset: int
     high_watermark: int
+    last_stable_offset: int
 
 
 class BrokerState(Protocol):
@@ -335,9 +353,11 @@ class Router:
         max_wait_ms: int,
         min_bytes: int,
         replica_read: bool,
+        read_committed: bool = False,
     ) -> Fetched:
         """Read from ``offset``, waiting up to ``max_wait_ms`` for ``min_bytes``
-        (``max_bytes`` 0: the default)."""
+        (``max_bytes`` 0: the default); ``read_committed``: below the last stable offset,
+        with the aborted transactions of the range."""
         try:
             replica = self.replica(topic, partition)
         except Refusal as refusal:
@@ -354,20 +374,58 @@ class Router:
             if wait and not self._parked.locked():
                 async with self._parked:
                     result = await replica.fetch(
-                        offset, max_bytes, min_bytes, wait, replica_read=replica_read
+                        offset,
+                        max_bytes,
+                        min_bytes,
+                        wait,
+                        replica_read=replica_read,
+                        read_committed=read_committed,
                     )
             else:
-                result = replica.read(offset, max_bytes, replica_read=replica_read)
+                result = replica.read(
+                    offset, max_bytes, replica_read=replica_read, read_committed=read_committed
+                )
         except PartitionError as exc:
             raise self.refusal(exc) from None
         next_offset = result.next_offset if result.entries else offset
+        aborted = (
+            replica.aborted_transactions(offset, next_offset)
+            if read_committed and result.entries
+            else []
+        )
         return Fetched(
             result.data,
             next_offset,
             replica.high_watermark,
             replica.log_start_offset,
             self.broker.id,
+            replica.last_stable_offset,
+            aborted,
         )
+
+    async def write_txn_markers(
+        self, markers: Sequence[MarkerRequest], timeout_ms: int
+    ) -> list[Refusal | None]:
+        """End transactions on partitions this broker leads, each marker on its own and
+        all at once; per marker, None once it is held (appended and committed now, or
+        before), else its refusal (the same a produce to that partition gets)."""
+        at_most("markers", len(markers), MAX_MARKERS)
+        timeout_ms = timeout_ms or DEFAULT_TIMEOUT_MS
+        at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
+
+        async def one(marker: MarkerRequest) -> Refusal | None:
+            try:
+                replica = self.replica(marker.topic, marker.partition)
+                await replica.write_marker(
+                    marker.producer_id, marker.producer_epoch, marker.commit, timeout_ms / 1000
+                )
+            except Refusal as refusal:
+                return refusal
+            except PartitionError as exc:
+                return self.refusal(exc)
+            return None
+
+        return list(await asyncio.gather(*(one(m) for m in markers)))
 
     def list_offsets(
         self, topic: str, partition: int, *, position: int | None, timestamp_ms: int | None
@@ -394,7 +452,9 @@ class Router:
                 )
         except PartitionError as exc:
             raise self.refusal(exc) from None
-        return Offsets(offset, replica.log_start_offset, replica.high_watermark)
+        return Offsets(
+            offset, replica.log_start_offset, replica.high_watermark, replica.last_stable_offset
+        )
 
     async def metadata(
         self, topics: Sequence[str], allow_auto_create: bool, *, routing_only: bool = False

@@ -47,6 +47,11 @@ from raftmq.broker.registration import Registration, next_incarnation
 from raftmq.broker.retention import Retention
 from raftmq.broker.routing import MAX_FETCH_BYTES, Router
 from raftmq.broker.service import BrokerService, add_to_server
+from raftmq.broker.transactions_service import (
+    TransactionsService,
+    add_transactions_redirect,
+    add_transactions_service,
+)
 from raftmq.controller.cluster_file import ClusterSpec
 from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.model import MetadataState
@@ -266,6 +271,7 @@ class Broker:
         self._prefer_tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._admin: AdminService | None = None
+        self._transactions: TransactionsService | None = None
         self.bound: BoundAddresses | None = None
 
     @property
@@ -322,11 +328,15 @@ class Broker:
             self._admin = AdminService(self.quorum, self.voter_addresses, self.move_limits)
             add_admin_service(self._admin, self._server)
             add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
+            self._transactions = TransactionsService(self.quorum, self.voter_addresses)
+            add_transactions_service(self._transactions, self._server)
+            self._transactions.start()
         else:
             link = self.link
             redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
             add_admin_redirect(redirect, self._server)
             add_groups_redirect(redirect, self._server)
+            add_transactions_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = net.add_port(self._server, f"{self.listen[0]}:{self.listen[1]}")
         await self._server.start()
@@ -442,6 +452,8 @@ class Broker:
             await self.topic_creator.close()
         if self._admin is not None:
             await self._admin.live.close()
+        if self._transactions is not None:
+            await self._transactions.close()
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
         if self.mover is not None:

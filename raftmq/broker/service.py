@@ -15,7 +15,7 @@ import grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.broker.refusals import Refusal
-from raftmq.broker.routing import OPENING, ReplicaInfo, Router
+from raftmq.broker.routing import OPENING, MarkerRequest, ReplicaInfo, Router
 from raftmq.broker.rpc import add_service, internal_error
 
 MAX_STREAM_INFLIGHT = 1024
@@ -169,6 +169,12 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
+        if request.isolation_level not in (pb.READ_UNCOMMITTED, pb.READ_COMMITTED):
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_ARGUMENT,
+                f"unknown isolation_level {request.isolation_level}; use READ_UNCOMMITTED (0) "
+                "or READ_COMMITTED (1)",
+            )
         got = await self.router.fetch(
             request.topic,
             request.partition,
@@ -177,6 +183,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             max_wait_ms=request.max_wait_ms,
             min_bytes=request.min_bytes,
             replica_read=request.replica_read,
+            read_committed=request.isolation_level == pb.READ_COMMITTED,
         )
         return pb.FetchResponse(
             entries=got.entries,
@@ -184,6 +191,32 @@ class BrokerService(pb_grpc.BrokerServicer):
             high_watermark=got.high_watermark,
             log_start_offset=got.log_start_offset,
             broker_id=got.broker_id,
+            last_stable_offset=got.last_stable_offset,
+            aborted_transactions=[
+                pb.AbortedTransaction(
+                    producer_id=t.producer_id,
+                    first_offset=t.first_offset,
+                    last_offset=t.last_offset,
+                )
+                for t in got.aborted_transactions
+            ],
+        )
+
+    async def WriteTxnMarkers(
+        self, request: pb.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteTxnMarkersResponse:
+        refusals = await self.router.write_txn_markers(
+            [
+                MarkerRequest(m.topic, m.partition, m.producer_id, m.producer_epoch, m.commit)
+                for m in request.markers
+            ],
+            request.timeout_ms,
+        )
+        return pb.WriteTxnMarkersResponse(
+            results=[
+                pb.TxnMarkerResult(index=i, error=r.to_pb() if r is not None else None)
+                for i, r in enumerate(refusals)
+            ]
         )
 
     async def ListOffsets(
@@ -200,6 +233,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             offset=found.offset,
             log_start_offset=found.log_start_offset,
             high_watermark=found.high_watermark,
+            last_stable_offset=found.last_stable_offset,
         )
 
     async def Metadata(

@@ -141,12 +141,17 @@ class Fetcher:
     # --- offsets ---------------------------------------------------------------------------
 
     async def list_offset(self, tp: TopicPartition, spec: pb.ListOffsetsRequest) -> int:
-        """ListOffsets at the partition's leader, following redirects and elections."""
+        """ListOffsets at the partition's leader, following redirects and elections. The
+        end of a read_committed consumer's partition (LATEST) is its last stable offset,
+        as in Kafka: nothing past an open transaction is its to read yet."""
         spec.topic, spec.partition = tp
         for attempt in range(60):
             try:
                 address = await self.links.leader(*tp)
                 answer = await self.links.stub(address).ListOffsets(spec, timeout=10)
+                latest = spec.WhichOneof("spec") == "position" and spec.position == pb.LATEST
+                if latest and self.isolation == pb.READ_COMMITTED:
+                    return int(min(answer.offset, answer.last_stable_offset))
                 return int(answer.offset)
             except grpc.aio.AioRpcError as exc:
                 err = error_of(exc)

@@ -588,6 +588,8 @@ class _Engine:
         """The error a batch fails with for good, in the producer's words."""
         if not isinstance(error, ClientError):
             return error
+        if self.txn is not None:
+            return self.txn.batch_error(batch.topic, batch.partition, len(batch.records), error)
         if error.code in _SESSION_ENDED or error.code == pb.ERROR_CODE_OUT_OF_ORDER_SEQUENCE:
             return ClientError(
                 f"{len(batch.records)} records for {batch.topic}/{batch.partition} were not "

@@ -300,6 +300,27 @@ class TransactionManager:
 
     # --- errors ---------------------------------------------------------------------------
 
+    def batch_error(self, topic: str, partition: int, count: int, err: ClientError) -> ClientError:
+        """The error a transactional batch fails with for good: fatal when fenced, else
+        abortable (its transaction cannot commit without it)."""
+        what = f"{count} records for {topic}/{partition} were not stored: {err}"
+        if err.code == pb.ERROR_CODE_PRODUCER_FENCED:
+            return ProducerFencedError(
+                f"{what}; a newer instance of transactional id {self.transactional_id!r} "
+                "took over: close this producer",
+                err.code,
+                err.status,
+                err.meta,
+                err.code_name,
+            )
+        return TransactionAbortableError(
+            f"{what}; abort the transaction and begin again",
+            err.code,
+            err.status,
+            err.meta,
+            err.code_name,
+        )
+
     def failed(self, err: BaseException) -> None:
         """A batch or call of the open transaction failed for good: it can only abort now
         (or, fenced, the producer must close)."""

@@ -280,6 +280,107 @@ class DeleteGroup:
     group_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class InitTransactions:
+    """A producer takes its transactional id's producer id and a new epoch (fencing older
+    instances); an open transaction is aborted first (raftmq.controller.transactions)."""
+
+    transactional_id: str
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitionsToTxn:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AddOffsetsToTxn:
+    """Consumer positions to commit with the transaction: the membership is checked as a
+    member's commit is, now; the offsets apply with the commit decision."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: OffsetCommit
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxn:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTxn:
+    """The coordinator aborts an open transaction on its own: its timeout passed (the
+    leader's timer, with the producer id and epoch it saw expire, so a transaction that
+    ended and began again meanwhile is left alone) or an operator asked (-1 and -1:
+    whichever is open)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCall:
+    """One caller's request in a :class:`TransactionCalls` batch: exactly one field set
+    (the codec reads no untagged unions, so the kind is the field that is set)."""
+
+    init: InitTransactions | None = None
+    add_partitions: AddPartitionsToTxn | None = None
+    add_offsets: AddOffsetsToTxn | None = None
+    end: EndTxn | None = None
+    abort: AbortTxn | None = None
+
+    @property
+    def request(
+        self,
+    ) -> InitTransactions | AddPartitionsToTxn | AddOffsetsToTxn | EndTxn | AbortTxn | None:
+        """The call's request; None unless exactly one field is set."""
+        requests = [
+            r
+            for r in (self.init, self.add_partitions, self.add_offsets, self.end, self.abort)
+            if r is not None
+        ]
+        return requests[0] if len(requests) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionCalls:
+    """Many transaction calls in one entry: the coordinator batches them, as offset
+    commits, so thousands of transactions a second do not each cost a Raft round. Each is
+    applied (or refused) alone, in order."""
+
+    calls: tuple[TxnCall, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenMarkers:
+    """The partitions of one transaction whose marker (``producer_id``,
+    ``producer_epoch``: the marker's own) their leaders hold."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTxnMarkers:
+    """The controller's marker driver records written markers; a transaction with none
+    left pending is complete. A record for a transaction since moved on is ignored."""
+
+    written: tuple[WrittenMarkers, ...]
+
+
 Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     RegisterBroker,
     BrokerHeartbeat,
@@ -304,6 +405,8 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     CommitOffsets,
     ResetOffsets,
     DeleteGroup,
+    TransactionCalls,
+    RecordTxnMarkers,
 ]
 
 
@@ -396,6 +499,25 @@ class LeadersReported:
     ok: ClassVar[bool] = True
 
 
+@dataclass(frozen=True, slots=True)
+class TxnOutcome:
+    code: str
+    """"" when accepted, else the RefusalCode's value (CONCURRENT_TRANSACTIONS after an
+    InitTransactions that began aborting the open transaction: that one changed state)."""
+    message: str
+    producer_id: int = -1
+    producer_epoch: int = -1
+    """For InitTransactions and EndTxn: what the producer goes on with."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOutcomes:
+    outcomes: tuple[TxnOutcome, ...]
+    """One per call of the command, in order."""
+
+    ok: ClassVar[bool] = True
+
+
 Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     Refused,
     Done,
@@ -406,6 +528,7 @@ Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     GroupAssignment,
     CommitsApplied,
     LeadersReported,
+    TxnOutcomes,
 ]
 
 _COMMANDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}

@@ -21,24 +21,24 @@ beats they are drawn from.
   (``led_since``), so nobody is removed for the old leader's silence, and a member it
   has not heard yet is held to the default timeout until its first beat says its own.
 - Commits from many clients are gathered into one ``CommitOffsets`` command per Raft
-  round: one batch is proposed at a time, commits arriving meanwhile wait for it and go
-  in the next (bounded in commits and bytes), and each caller gets its own commit's
-  outcome. Thousands of commits a second then cost tens of entries, not thousands.
+  round (:class:`~raftmq.controller.batching.Batcher`): one batch is proposed at a
+  time, commits arriving meanwhile wait for it and go in the next (bounded in commits
+  and bytes), and each caller gets its own commit's outcome. Thousands of commits a
+  second then cost tens of entries, not thousands.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from raftmq.controller import commands as c
+from raftmq.controller.batching import LINGER_MS, Batcher
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.model import ConsumerGroup, MetadataState, TopicPartition
-from raftmq.controller.quorum import ControllerError, ControllerQuorum, ControllerRefusal
+from raftmq.controller.quorum import ControllerQuorum, ControllerRefusal
 from raftmq.controller.transitions import apply_command
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,6 @@ MAX_BATCH_COMMITS = 1_000
 MAX_BATCH_BYTES = 768 * 1024
 """Bounds of one CommitOffsets command, under the 1 MiB bound of a metadata command
 (commands.MAX_COMMAND_BYTES) with room for its encoding."""
-
-COMMIT_LINGER_MS = 5.0
-"""How long a batch waits for more commits when the last one carried several and went
-out within :data:`BUSY_WINDOW_S` (commits are arriving concurrently): at most ~200
-commit entries a second whatever the load, for a few ms more latency under load only;
-a lone committer's commits go at once."""
-BUSY_WINDOW_S = 0.05
 
 
 def heartbeat_interval_ms(session_timeout_ms: int) -> int:
@@ -93,13 +86,6 @@ class Session:
     """``monotonic_s`` of the member's last beat on this leader."""
 
 
-@dataclass(slots=True)
-class _Pending:
-    commit: c.OffsetCommit
-    size_bytes: int
-    done: asyncio.Future[tuple[c.CommitOutcome, int]]
-
-
 class GroupCoordinator:
     """The coordinator of every consumer group, on one controller voter; it answers only
     while the voter leads the quorum (else NotControllerError, as every command)."""
@@ -110,23 +96,20 @@ class GroupCoordinator:
         *,
         max_batch_commits: int = MAX_BATCH_COMMITS,
         max_batch_bytes: int = MAX_BATCH_BYTES,
-        linger_ms: float = COMMIT_LINGER_MS,
+        linger_ms: float = LINGER_MS,
     ) -> None:
-        assert max_batch_commits >= 1 and max_batch_bytes >= 1
         self.quorum = quorum
-        self.max_batch_commits = max_batch_commits
-        self.max_batch_bytes = max_batch_bytes
         self._sessions: dict[tuple[str, str], Session] = {}
         self._proposing: dict[str, int] = {}
         """Group id: heartbeats of it being proposed. A member that joined in one is in
         the state before its session is recorded; the timer must not take it for silent."""
-        self._queue: deque[_Pending] = deque()
-        self._committer: asyncio.Task[None] | None = None
-        self._last_batch_s = float("-inf")
-        self._last_batch_size = 0
-        self.linger_s = linger_ms / 1000
-        self.batches = 0
-        """CommitOffsets commands proposed so far (the batching test reads it)."""
+        self._commits: Batcher[c.OffsetCommit, tuple[c.CommitOutcome, int]] = Batcher(
+            self._propose_commits,
+            max_items=max_batch_commits,
+            max_bytes=max_batch_bytes,
+            linger_ms=linger_ms,
+            name="group-commits",
+        )
         quorum.on_tick(self.expire_silent)
 
     # --- heartbeats ---------------------------------------------------------------------
@@ -214,53 +197,28 @@ class GroupCoordinator:
 
     # --- offsets ------------------------------------------------------------------------
 
+    @property
+    def batches(self) -> int:
+        """CommitOffsets commands proposed so far (the batching test reads it)."""
+        return self._commits.batches
+
     async def commit(self, commit: c.OffsetCommit) -> int:
         """Commit in the next batch; the metadata version that holds it. ControllerRefusal
         with this commit's own refusal, or the quorum's error for the whole batch."""
         self.quorum.require_leader()
-        loop = asyncio.get_running_loop()
-        pending = _Pending(commit, commit_bytes(commit), loop.create_future())
-        self._queue.append(pending)
-        if self._committer is None or self._committer.done():
-            self._committer = loop.create_task(self._commit_batches(), name="group-commits")
-        outcome, version = await pending.done
+        outcome, version = await self._commits.submit(commit, commit_bytes(commit))
         if outcome.code:
             raise ControllerRefusal(RefusalCode(outcome.code), outcome.message)
         return version
 
-    async def _commit_batches(self) -> None:
-        """Propose one batch at a time while commits wait: what arrives while one is in
-        the Raft round goes into the next."""
-        loop = asyncio.get_running_loop()
-        while self._queue:
-            # Under load (the last batch carried several, just now), wait a little for
-            # more: the rate of entries is then bounded by the linger, whatever the rate
-            # of commits. Otherwise go at once (only the handlers ready to run join).
-            busy = self._last_batch_size > 1 and (loop.time() - self._last_batch_s < BUSY_WINDOW_S)
-            await asyncio.sleep(self.linger_s if busy else 0)
-            batch: list[_Pending] = []
-            size_bytes = 0
-            while self._queue and len(batch) < self.max_batch_commits:
-                nxt = self._queue[0]
-                if batch and size_bytes + nxt.size_bytes > self.max_batch_bytes:
-                    break
-                batch.append(self._queue.popleft())
-                size_bytes += nxt.size_bytes
-            self._last_batch_s, self._last_batch_size = loop.time(), len(batch)
-            command = c.CommitOffsets(tuple(p.commit for p in batch), self.quorum.now_ms())
-            self.batches += 1
-            try:
-                applied = await self.quorum.propose(command, c.CommitsApplied)
-            except ControllerError as exc:
-                for p in batch:
-                    if not p.done.done():
-                        p.done.set_exception(exc)
-                continue
-            version, _ = self.quorum.local_state()
-            assert len(applied.outcomes) == len(batch), (len(applied.outcomes), len(batch))
-            for p, outcome in zip(batch, applied.outcomes, strict=True):
-                if not p.done.done():  # its caller may have gone (a deadline)
-                    p.done.set_result((outcome, version))
+    async def _propose_commits(
+        self, commits: list[c.OffsetCommit]
+    ) -> list[tuple[c.CommitOutcome, int]]:
+        command = c.CommitOffsets(tuple(commits), self.quorum.now_ms())
+        applied = await self.quorum.propose(command, c.CommitsApplied)
+        version, _ = self.quorum.local_state()
+        assert len(applied.outcomes) == len(commits), (len(applied.outcomes), len(commits))
+        return [(outcome, version) for outcome in applied.outcomes]
 
     async def reset_offsets(
         self, group_id: str, offsets: tuple[c.OffsetEntry, ...], force: bool

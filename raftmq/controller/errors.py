@@ -42,6 +42,15 @@ class RefusalCode(StrEnum):
     # Producer ids
     INVALID_PRODUCER_ID_BLOCK = "INVALID_PRODUCER_ID_BLOCK"
     PRODUCER_IDS_EXHAUSTED = "PRODUCER_IDS_EXHAUSTED"
+    # Transactions (raftmq.controller.transactions)
+    INVALID_TRANSACTIONAL_ID = "INVALID_TRANSACTIONAL_ID"
+    INVALID_TXN_TIMEOUT = "INVALID_TXN_TIMEOUT"
+    INVALID_TXN_STATE = "INVALID_TXN_STATE"  # the call does not fit the transaction's state
+    CONCURRENT_TRANSACTIONS = "CONCURRENT_TRANSACTIONS"  # the last one is still ending: retry
+    TOO_MANY_TXN_PARTITIONS = "TOO_MANY_TXN_PARTITIONS"
+    TRANSACTION_ABORTED = "TRANSACTION_ABORTED"  # the coordinator aborted it (timeout, operator)
+    PRODUCER_FENCED = "PRODUCER_FENCED"  # an older epoch: another instance took the id
+    UNKNOWN_TRANSACTIONAL_ID = "UNKNOWN_TRANSACTIONAL_ID"
 
 
 class CommandRefused(Exception):

@@ -271,6 +271,13 @@ def commit_offsets(state: MetadataState, index: int, c: CommitOffsets) -> Outcom
 
 
 def _commit(state: MetadataState, c: OffsetCommit, now_ms: int) -> MetadataState:
+    return _with_group(state, committed_group(state, c, now_ms))
+
+
+def committed_group(state: MetadataState, c: OffsetCommit, now_ms: int) -> ConsumerGroup:
+    """The group with ``c`` committed, once its membership (id, epoch, holdings) and its
+    offsets pass; CommandRefused else. A transaction's offsets are checked with it when
+    added (raftmq.controller.transactions)."""
     _check_group_id(c.group_id)
     group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
     if c.member_id:
@@ -296,7 +303,24 @@ def _commit(state: MetadataState, c: OffsetCommit, now_ms: int) -> MetadataState
         )
     if not c.offsets:
         raise CommandRefused(Code.INVALID_GROUP, "a commit needs at least one offset")
-    return _with_group(state, _with_offsets(state, group, c.offsets, now_ms))
+    return _with_offsets(state, group, c.offsets, now_ms)
+
+
+def commit_checked(
+    state: MetadataState, group_id: str, offsets: Iterable[OffsetEntry], now_ms: int
+) -> MetadataState:
+    """Offsets checked when they were added (a transaction's, applied with its commit
+    decision): those of partitions that went since (a deleted topic) are dropped, as
+    the topic's delete dropped its committed ones."""
+    kept = [
+        o
+        for o in offsets
+        if o.topic in state.topics and o.partition < len(state.topics[o.topic].partitions)
+    ]
+    if not kept:
+        return state
+    group = state.consumer_groups.get(group_id) or ConsumerGroup(group_id)
+    return _with_group(state, _with_offsets(state, group, kept, now_ms))
 
 
 def _with_offsets(

@@ -159,6 +159,74 @@ class ConsumerGroup:
     """Topic: partition: the committed position (the next record to consume)."""
 
 
+class TxnState(StrEnum):
+    EMPTY = "empty"  # an id initialised, no transaction begun since
+    ONGOING = "ongoing"
+    PREPARE_COMMIT = "prepare_commit"  # decided: markers being written
+    PREPARE_ABORT = "prepare_abort"
+    COMPLETE_COMMIT = "complete_commit"  # every marker written
+    COMPLETE_ABORT = "complete_abort"
+
+    @property
+    def ending(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+    @property
+    def ended(self) -> bool:
+        """Decided (markers pending or written): the last transaction's end is known."""
+        return self.ending or self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+
+    @property
+    def commits(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT)
+
+
+class TxnEndedBy(StrEnum):
+    """Who ended the last transaction: what a call still carrying its epoch is told."""
+
+    NONE = ""  # no transaction ended since the id's last InitTransactions
+    PRODUCER = "producer"  # its EndTxn: a retry with the same decision answers again
+    COORDINATOR = "coordinator"  # timeout or operator: TRANSACTION_ABORTED, abort succeeds
+    INIT = "init"  # another instance's InitTransactions: the old epoch is fenced
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOffset:
+    offset: int
+    metadata: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """One transactional id's producer and its current (or last) transaction, kept by the
+    coordinator (raftmq.controller.transactions; docs/transactions.md)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    """What the producer's calls must carry now. The end of each transaction moves it
+    one up (or, at the top of the 16-bit range, to a new producer id at epoch 0), in the
+    decision's own entry: never 32767, which only markers carry."""
+    state: TxnState
+    timeout_ms: int
+    started_ms: int = 0
+    """When the open (or ending) transaction began, on its proposer's clock; 0 if none."""
+    partitions: tuple[TopicPartition, ...] = ()
+    """The current (or ending) transaction's partitions, sorted."""
+    group_id: str = ""
+    offsets: Mapping[str, Mapping[int, PendingOffset]] = field(default_factory=dict)
+    """Topic: partition: the position the commit applies to ``group_id`` (checked against
+    the group when added); dropped by an abort."""
+    pending_markers: tuple[TopicPartition, ...] = ()
+    """prepare_*: the partitions whose marker is not written yet, sorted."""
+    last_producer_id: int = -1
+    last_epoch: int = -1
+    """The producer id and epoch of the transaction being (or last) ended, -1 when none
+    since the last InitTransactions or begin. Its markers carry (``last_producer_id``,
+    ``last_epoch + 1``)."""
+    ended_by: TxnEndedBy = TxnEndedBy.NONE
+
+
 @dataclass(frozen=True, slots=True)
 class MetadataState:
     cluster_name: str
@@ -173,3 +241,5 @@ class MetadataState:
     """An operator asked for a rebalance (``RequestRebalance``) and the controller's mover
     has not yet found the cluster balanced. In the metadata, not in the leader's memory,
     so a controller failover in the middle of a rebalance carries it on."""
+    transactions: Mapping[str, Transaction] = field(default_factory=dict)
+    """Transactional id: its producer and transaction (the coordinator's state)."""

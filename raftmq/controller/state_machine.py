@@ -19,7 +19,14 @@ from raftmq.controller.commands import (
     encode,
 )
 from raftmq.controller.metadata import TOPIC_NAME
-from raftmq.controller.model import MetadataState
+from raftmq.controller.model import MetadataState, Transaction, TxnEndedBy, TxnState
+from raftmq.controller.transactions import (
+    MAX_PRODUCER_EPOCH,
+    MAX_TXN_PARTITIONS,
+    MAX_TXN_TIMEOUT_MS,
+    MIN_TXN_TIMEOUT_MS,
+    TRANSACTIONAL_ID,
+)
 from raftmq.controller.transitions import apply_command
 
 SNAPSHOT_FORMAT = 1
@@ -119,5 +126,31 @@ def _check(state: MetadataState) -> None:
         for k, g in state.consumer_groups.items()
         if k != g.group_id
     ]
+    for key, txn in state.transactions.items():
+        problems += [f"transaction {key!r}: {p}" for p in _transaction_problems(state, key, txn)]
     if problems:
         raise SnapshotError("the metadata snapshot is inconsistent: " + "; ".join(problems))
+
+
+def _transaction_problems(state: MetadataState, key: str, txn: Transaction) -> list[str]:
+    """What a transaction's record breaks of the rules its transitions keep."""
+    checks = [
+        (key == txn.transactional_id and TRANSACTIONAL_ID.fullmatch(key), "a bad id"),
+        (0 <= txn.producer_id < state.next_producer_id, "a producer id never handed out"),
+        (0 <= txn.producer_epoch < MAX_PRODUCER_EPOCH, f"epoch {txn.producer_epoch}"),
+        (MIN_TXN_TIMEOUT_MS <= txn.timeout_ms <= MAX_TXN_TIMEOUT_MS, "a bad timeout"),
+        (bool(txn.pending_markers) == txn.state.ending, "pending markers out of step"),
+        (set(txn.pending_markers) <= set(txn.partitions), "markers for other partitions"),
+        (len(txn.partitions) <= MAX_TXN_PARTITIONS, "too many partitions"),
+        (
+            txn.started_ms == 0 or txn.state == TxnState.ONGOING or txn.state.ending,
+            "a start time with no transaction",
+        ),
+        (not txn.offsets or txn.state == TxnState.ONGOING, "offsets outside a transaction"),
+        (not txn.offsets or txn.group_id, "offsets of no group"),
+        (
+            (txn.last_epoch >= 0) == txn.state.ended == (txn.ended_by != TxnEndedBy.NONE),
+            "the last transaction out of step",
+        ),
+    ]
+    return [what for ok, what in checks if not ok]

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec, groups
+from raftmq.controller import codec, groups, transactions
 from raftmq.controller.commands import (
     AddPartitions,
     AddReplica,
@@ -37,6 +37,7 @@ from raftmq.controller.commands import (
     PartitionsAdded,
     ProducerIdsAllocated,
     PromoteReplica,
+    RecordTxnMarkers,
     Refused,
     RegisterBroker,
     RemoveGroupMembers,
@@ -48,6 +49,7 @@ from raftmq.controller.commands import (
     ResetOffsets,
     Result,
     TopicCreated,
+    TransactionCalls,
     UnfenceBroker,
 )
 from raftmq.controller.errors import CommandRefused
@@ -285,7 +287,8 @@ def _decommission(state: MetadataState, index: int, c: DecommissionPartitions) -
 def _delete_topic(state: MetadataState, index: int, c: DeleteTopic) -> Outcome:
     _topic(state, c.name)
     topics = {name: t for name, t in state.topics.items() if name != c.name}
-    return groups.forget_topic(dataclasses.replace(state, topics=topics), c.name), Done()
+    state = groups.forget_topic(dataclasses.replace(state, topics=topics), c.name)
+    return transactions.forget_topic(state, c.name), Done()
 
 
 # -- replicas and leaders ------------------------------------------------------------------
@@ -595,4 +598,6 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     CommitOffsets: groups.commit_offsets,
     ResetOffsets: groups.reset_offsets,
     DeleteGroup: groups.delete_group,
+    TransactionCalls: transactions.apply_calls,
+    RecordTxnMarkers: transactions.record_markers,
 }

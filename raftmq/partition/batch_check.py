@@ -25,6 +25,7 @@ from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, Inval
 
 MAX_ENTRIES_PER_PRODUCE = 10_000
 _DATA = int(EntryType.DATA)
+_TRANSACTIONAL = entry.TRANSACTIONAL
 _I16_MAX = (1 << 15) - 1
 
 
@@ -36,6 +37,7 @@ def check_produce(entries: bytes, *, max_entry_bytes: int, max_future_ms: int, n
     if not entries:
         raise InvalidBatchError("the produce request holds no entries")
     count = 0
+    transactional = 0
     try:
         # iter_fields checks framing and each entry's CRC32C before we look at its fields.
         for position, fields in entry.iter_fields(entries):
@@ -45,6 +47,17 @@ def check_produce(entries: bytes, *, max_entry_bytes: int, max_future_ms: int, n
                     "send at most that many per request"
                 )
             _check_entry(count, position, fields, entries, max_entry_bytes, max_future_ms, now_ms)
+            bit = fields[4] & _TRANSACTIONAL
+            if not count:
+                transactional = bit
+            elif bit != transactional:
+                raise InvalidBatchError(
+                    f"entry {count} (byte {position} of the request) "
+                    + ("lacks" if transactional else "sets")
+                    + " the transactional bit (0x10) and entry 0 "
+                    + ("sets" if transactional else "does not")
+                    + ": the entries of one request are all transactional or none"
+                )
             count += 1
     except CorruptEntryError as exc:
         raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
@@ -107,8 +120,16 @@ def _check_entry(
             f"max_timestamp {max_ts} is {max_ts - now_ms} ms ahead of the broker's clock "
             f"({now_ms}); message.timestamp.after.max.ms allows {max_future_ms} ms"
         )
-    # Producer id/epoch/sequence: either none at all, or a well-formed triple.
+    # Producer id/epoch/sequence: either none at all, or a well-formed triple; a
+    # transactional batch (docs/transactions.md) needs one.
     none = (entry.NO_PRODUCER_ID, -1, entry.NO_SEQUENCE)
+    if attributes & _TRANSACTIONAL and (producer_id, producer_epoch, base_sequence) == none:
+        raise refuse(
+            f"attributes {attributes:#x} set the transactional bit (0x10) but the entry "
+            "names no producer (producer_id, producer_epoch and base_sequence are -1): a "
+            "transactional batch carries its producer id >= 0, epoch >= 0 and "
+            "base_sequence >= 0"
+        )
     if (producer_id, producer_epoch, base_sequence) != none:
         if producer_id < 0 or not 0 <= producer_epoch <= _I16_MAX or base_sequence < 0:
             raise refuse(

@@ -124,3 +124,17 @@ class ProducerFencedError(PartitionError):
 
 class UnknownProducerIdError(PartitionError):
     code = "UNKNOWN_PRODUCER_ID"
+
+
+class InvalidTxnStateError(PartitionError):
+    """A batch that does not fit its producer's transaction here (an idempotent batch
+    while a transaction is open)."""
+
+    code = "INVALID_TXN_STATE"
+
+
+class ConcurrentTransactionsError(PartitionError):
+    """A transactional batch of a newer epoch while the older transaction's marker has
+    not reached this partition yet: retriable."""
+
+    code = "CONCURRENT_TRANSACTIONS"

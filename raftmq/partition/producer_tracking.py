@@ -1,7 +1,8 @@
-"""A partition replica's record of its idempotent producers: the pure
+"""A partition replica's record of its idempotent and transactional producers: the pure
 :class:`~raftmq.partition.producer_state.ProducerStates` fed with every committed entry's
-producer header, the leader's batches proposed but not yet committed, and a checkpoint
-file so a restart does not read the whole log back (docs/format.md, "Producers").
+producer header (and each TXN_MARKER's 4-byte payload), the leader's batches and markers
+proposed but not yet committed, and a checkpoint file so a restart does not read the whole
+log back (docs/format.md, "Producers"; docs/transactions.md, "Partitions").
 
 Every replica, leader or follower, applies each committed entry's header (never its
 records) as the commit advances, so a follower that becomes leader has the state ready.
@@ -10,15 +11,17 @@ retry of a batch still in flight is recognised too; it checks nothing until it h
 applied an entry of its own term (its election NOOP): before that, entries of earlier
 terms it holds may still commit, and a check without them could let a duplicate in.
 
-Restart: the checkpoint (``producer_state.json``: the states and the Raft index they
-cover, CRC-framed, written atomically with fsync every CHECKPOINT_EVERY_ENTRIES entries,
-off the event loop) plus the headers of the entries after it. A checkpoint that is
-missing or unreadable is rebuilt from at most MAX_REPLAY_ENTRIES entries before the
-commit (older producers are then unknown: their next batch with a sequence above 0 is
-UNKNOWN_PRODUCER_ID, and the producer starts a new epoch). The checkpoint is derived
-state: one that exists but fails its CRC, cannot be read or does not decode never stops
-the replica from opening; it is set aside with one WARNING naming the file and the
-problem, the state is rebuilt that way, and a fresh checkpoint replaces it.
+Restart: the checkpoint (``producer_state.json``: the states, the open transactions, the
+aborted-transaction list and the Raft index they cover, CRC-framed, written atomically
+with fsync every CHECKPOINT_EVERY_ENTRIES entries, off the event loop) plus the headers of
+the entries after it. A checkpoint that is missing or unreadable is rebuilt from at most
+MAX_REPLAY_ENTRIES entries before the commit (older producers are then unknown: their
+next batch with a sequence above 0 is UNKNOWN_PRODUCER_ID, and the producer starts a new
+epoch; a transaction opened or aborted before that range is not seen either). The
+checkpoint is derived state: one that exists but fails its CRC, cannot be read or does
+not decode never stops the replica from opening; it is set aside with one WARNING naming
+the file and the problem, the state is rebuilt that way, and a fresh checkpoint replaces
+it.
 """
 
 from __future__ import annotations
@@ -29,16 +32,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from raftmq.format import entry
 from raftmq.format.errors import FormatError
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.errors import LogError
-from raftmq.partition.producer_state import Decision, ProducerStates
+from raftmq.partition.aborted_transactions import AbortedTransactions
+from raftmq.partition.producer_state import Decision, MarkerVerdict, ProducerStates
 
 log = logging.getLogger(__name__)
 
+_MARKER = int(entry.EntryType.TXN_MARKER)
 CHECKPOINT_FILE = "producer_state.json"
 CHECKPOINT_EVERY_ENTRIES = 4096
 """Committed entries between checkpoints: a restart replays at most about this many
@@ -55,6 +60,9 @@ class LogHeaders(Protocol):
     @property
     def start_index(self) -> int: ...
 
+    @property
+    def start_offset(self) -> int: ...
+
     def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> object: ...
 
 
@@ -69,6 +77,24 @@ class PendingBatch:
     base_offset: int
     last_offset: int
     done: asyncio.Future[int]
+    transactional: bool = False
+    is_marker: ClassVar[bool] = False
+
+
+@dataclass(slots=True)
+class PendingMarker:
+    """A leader's proposal of a TXN_MARKER, not yet applied."""
+
+    epoch: int
+    index: int
+    done: asyncio.Future[int]
+    first_sequence: ClassVar[int] = -1
+    last_sequence: ClassVar[int] = -1
+    transactional: ClassVar[bool] = False
+    is_marker: ClassVar[bool] = True
+
+
+Pending = PendingBatch | PendingMarker
 
 
 class ProducerTracking:
@@ -84,7 +110,7 @@ class ProducerTracking:
         self._damaged: str | None = None
         """Why an existing checkpoint was set aside at load (reported once by open_at)."""
         self._writing = False
-        self._pending: dict[int, list[PendingBatch]] = {}
+        self._pending: dict[int, list[Pending]] = {}
         self._pending_term = 0
         self._load()
 
@@ -104,7 +130,9 @@ class ProducerTracking:
             return
         try:
             saved = json.loads(payload)
-            states = ProducerStates.from_json(saved["producers"])
+            # A checkpoint written before transactions has neither list: none open or aborted.
+            states = ProducerStates.from_json(saved["producers"], saved.get("transactions"))
+            states.aborted = AbortedTransactions.from_json(saved.get("aborted", []))
             index, term = int(saved["index"]), int(saved["term"])
         except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
@@ -147,8 +175,8 @@ class ProducerTracking:
                 data = result.data  # type: ignore[attr-defined]
                 if not data:
                     break
-                for _, f in entry.iter_fields(data, verify=False):
-                    self._apply_header(f)
+                for position, f in entry.iter_fields(data, verify=False):
+                    self._apply_header(f, data, position)
                 lo = result.next_index  # type: ignore[attr-defined]
         except (FormatError, LogError) as exc:
             # A stored entry this replica cannot read (a disk fault: it is repaired from a
@@ -164,16 +192,32 @@ class ProducerTracking:
             )
         if applied_to > self.applied_index:
             self.applied_index = applied_to
+        self.states.aborted.trim(log_.start_offset)
         if self.applied_index - self._checkpointed_index >= CHECKPOINT_EVERY_ENTRIES:
             self.checkpoint()
 
-    def _apply_header(self, f: entry.HeaderFields) -> None:
-        index, term, base_offset, record_count = f[5], f[6], f[7], f[8]
+    def _apply_header(self, f: entry.HeaderFields, data: bytes, position: int) -> None:
+        etype, attributes, index, term, base_offset, record_count = f[3:9]
         producer_id, epoch, base_sequence, max_ts = f[11], f[12], f[13], f[10]
         self.applied_index, self.applied_term = index, term
-        if producer_id < 0 or record_count <= 0:
+        if producer_id < 0:
             return
-        self.states.apply(producer_id, epoch, base_sequence, record_count, base_offset, max_ts)
+        if etype == _MARKER:
+            start = position + entry.HEADER_SIZE
+            commit = entry.marker_commits(memoryview(data)[start : start + f[14]])
+            self.states.apply_marker(producer_id, epoch, commit, base_offset, max_ts)
+        elif record_count > 0:
+            self.states.apply(
+                producer_id,
+                epoch,
+                base_sequence,
+                record_count,
+                base_offset,
+                max_ts,
+                transactional=bool(attributes & entry.TRANSACTIONAL),
+            )
+        else:
+            return
         pending = self._pending.get(producer_id)
         if pending:
             while pending and pending[0].index <= index:
@@ -187,16 +231,59 @@ class ProducerTracking:
         if index > self.applied_index:
             self.applied_index, self.applied_term = index, term
 
+    def snapshot_bytes(self) -> bytes:
+        """The state as a leader sends it with a snapshot (the checkpoint's encoding, at
+        the index it covers): a follower whose log restarts past entries it never saw
+        takes its producers, open transactions and aborted list from it, so a failover
+        to it neither refuses producers as unknown nor leaves a transaction open that a
+        marker it skipped had closed."""
+        return json.dumps(self._saved(), separators=(",", ":")).encode()
+
+    def install(self, index: int, term: int, data: bytes) -> None:
+        """A snapshot at ``index`` arrived with its leader's state (:meth:`snapshot_bytes`):
+        take it when it covers at least the entries the snapshot skips (the entries after
+        it that it covers too are skipped as they are applied), and save it at once, since
+        the log no longer holds what would rebuild it. Without usable bytes (a snapshot
+        from a leader of an older version) the entries below are only skipped."""
+        try:
+            saved = json.loads(data) if data else None
+            if saved is not None:
+                states = ProducerStates.from_json(saved["producers"], saved["transactions"])
+                states.aborted = AbortedTransactions.from_json(saved["aborted"])
+                at, at_term = int(saved["index"]), int(saved["term"])
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            log.warning(
+                "%s: the producer state sent with a snapshot at %d does not decode (%s); the "
+                "producers of the skipped entries are unknown here",
+                self.name,
+                index,
+                exc,
+            )
+            saved = None
+        if saved is None or at < index:
+            self.skip_to(index, term)
+            return
+        self.states, self.applied_index, self.applied_term = states, at, at_term
+        self._pending.clear()
+        # At once, or (a write of the older state under way) at the next apply.
+        self._checkpointed_index = at - CHECKPOINT_EVERY_ENTRIES
+        self.checkpoint()
+
+    def _saved(self) -> dict[str, object]:
+        return {
+            "index": self.applied_index,
+            "term": self.applied_term,
+            "producers": self.states.to_json(),
+            "transactions": self.states.transactions_to_json(),
+            "aborted": self.states.aborted.to_json(),
+        }
+
     def checkpoint(self) -> None:
         """Save the state durably, off the event loop when there is one; one write at a
         time (a later call finds the next threshold)."""
         if self._writing:
             return
-        saved = {
-            "index": self.applied_index,
-            "term": self.applied_term,
-            "producers": self.states.to_json(),  # a copy: the encoding may run elsewhere
-        }
+        saved = self._saved()  # copies: the encoding may run elsewhere
         index = self.applied_index
         try:
             loop = asyncio.get_running_loop()
@@ -226,26 +313,45 @@ class ProducerTracking:
             self._pending_term = led_term
         return led_term > 0 and self.applied_term == led_term
 
-    def check(self, producer_id: int, epoch: int, first_sequence: int, count: int) -> Decision:
-        pending = self._pending.get(producer_id, ())
+    def check(
+        self, producer_id: int, epoch: int, first_sequence: int, count: int, transactional: bool
+    ) -> Decision:
         return self.states.check(
             producer_id,
             epoch,
             first_sequence,
             count,
-            [(p.epoch, p.first_sequence, p.last_sequence) for p in pending],
+            self._pending.get(producer_id, ()),
+            transactional=transactional,
         )
+
+    def check_marker(self, producer_id: int, epoch: int) -> tuple[MarkerVerdict, Pending | None]:
+        """The verdict on a marker, and for WAIT the proposal whose outcome answers it (the
+        last marker proposed for the producer)."""
+        pending = self._pending.get(producer_id, ())
+        verdict = self.states.check_marker(producer_id, epoch, pending)
+        if verdict is not MarkerVerdict.WAIT:
+            return verdict, None
+        return verdict, next(p for p in reversed(pending) if isinstance(p, PendingMarker))
 
     def pending_duplicate(
         self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int
     ) -> PendingBatch | None:
         wanted = (epoch, first_sequence, last_sequence)
         for p in self._pending.get(producer_id, ()):
-            if (p.epoch, p.first_sequence, p.last_sequence) == wanted:
+            if (
+                isinstance(p, PendingBatch)
+                and (p.epoch, p.first_sequence, p.last_sequence) == wanted
+            ):
                 return p
         return None
 
-    def proposed(self, producer_id: int, batch: PendingBatch) -> Callable[[], None]:
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The first offset of the oldest transaction open here, else ``high_watermark``."""
+        first = self.states.first_open_offset()
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def proposed(self, producer_id: int, batch: Pending) -> Callable[[], None]:
         """Record a proposal; returns what to call if it turns out never kept."""
         self._pending.setdefault(producer_id, []).append(batch)
 

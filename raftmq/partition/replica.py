@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -22,11 +23,14 @@ from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryErr
 from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogError
 from raftmq.log.log import ReadResult
+from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
+    ConcurrentTransactionsError,
     CorruptBatchError,
     CorruptDataError,
     InvalidBatchError,
+    InvalidTxnStateError,
     LeaderNotReadyError,
     NotEnoughReplicasError,
     NotLeaderError,
@@ -34,15 +38,16 @@ from raftmq.partition.errors import (
     OutcomeUnknownError,
     OutOfOrderSequenceError,
     PartitionDecommissionedError,
+    PartitionError,
     ProducerFencedError,
     ProduceTimeoutError,
     ReplicaFailedError,
     UnknownProducerIdError,
 )
-from raftmq.partition.producer_state import Verdict
-from raftmq.partition.producer_tracking import PendingBatch, ProducerTracking
+from raftmq.partition.producer_state import MarkerVerdict, Verdict
+from raftmq.partition.producer_tracking import PendingBatch, PendingMarker, ProducerTracking
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.host.host import DurableFn, LogReads, RaftGroup, RaftHost
+from raftmq.raft.host.host import DurableFn, LogReads, Proposed, RaftGroup, RaftHost
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.progress import ProgressState
@@ -130,6 +135,7 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
             on_durable=on_durable,
+            snapshot_attachment=self.producers.snapshot_bytes,
         )
         try:
             self._high_watermark = self._offset_after(self.group.commit_index)
@@ -153,6 +159,16 @@ class PartitionReplica:
         # later that those offsets are out of range (or see other records there).
         assert offset >= self._high_watermark, (self._high_watermark, offset)
         self._high_watermark = offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest transaction open here, else the high watermark:
+        read_committed fetches read below it. From committed entries, on every replica."""
+        return self.producers.last_stable_offset(self._high_watermark)
+
+    def aborted_transactions(self, lo: int, hi: int) -> list[AbortedTransaction]:
+        """The aborted transactions with batches in offsets [lo, hi), by first offset."""
+        return self.producers.states.aborted.overlapping(lo, hi)
 
     @property
     def _log(self) -> LogReads:
@@ -276,6 +292,18 @@ class PartitionReplica:
             self.topic, self.partition, leader, detail, failed=self.group.failure or ""
         )
 
+    def retention_floor(self) -> int | None:
+        """The Raft index retention must keep: the entry of the oldest open transaction's
+        first batch (None when none is open). Deleting it would leave read_committed
+        readers a last stable offset below the log start, with the transaction's records
+        gone before its marker says whether they count. A hanging transaction is ended
+        by the coordinator's timeout (transaction_timeout_ms, at most 15 minutes), which
+        frees retention again."""
+        first = self.producers.states.first_open_offset()
+        if first is None or first < self._log.start_offset:
+            return None
+        return entry.parse_header(self._log.read(first, 1).data).index
+
     def _offset_after(self, index: int) -> int:
         log = self._log
         if index < log.start_index:
@@ -287,17 +315,25 @@ class PartitionReplica:
         """The commit reached ``applied_to`` (the group does not hand us the bytes: the log
         is the state). The high watermark is the offset after it."""
         group = self.group
+        states = self.producers.states
+        first_open = states.first_open_offset()
         if applied_to == group.last_index:
             self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
         self.producers.catch_up(self._log, applied_to)
+        if states.first_open_offset() != first_open:
+            # A marker moved the last stable offset (it takes no offset, so the high
+            # watermark stayed): wake the read_committed long polls.
+            self._wake_fetches()
 
     def _on_snapshot(self, snap: SnapshotMeta, data: bytes) -> None:
         """A snapshot of a partition is its start point: everything before it is gone on
-        the leader too, and everything up to it is committed."""
+        the leader too, and everything up to it is committed. It carries the leader's
+        producer state (open and aborted transactions, sequences), which the entries
+        below the start point built."""
         self._advance_hw(snap.next_offset)
-        self.producers.skip_to(snap.index, snap.term)
+        self.producers.install(snap.index, snap.term, data)
 
     def _advance_hw(self, offset: int) -> None:
         """Raise the high watermark to ``offset``; a lower one is ignored (a group reopened
@@ -307,9 +343,12 @@ class PartitionReplica:
         assert offset <= self._log.next_offset, (offset, self._log.next_offset)
         if offset > self._high_watermark:
             self.high_watermark = offset
-            # Wake every parked fetch; each re-checks its own condition.
-            self._hw_event.set()
-            self._hw_event = asyncio.Event()
+            self._wake_fetches()
+
+    def _wake_fetches(self) -> None:
+        """Wake every parked fetch; each re-checks its own condition."""
+        self._hw_event.set()
+        self._hw_event = asyncio.Event()
 
     def _on_soft_state(self, soft: SoftState) -> None:
         # The term in which the current leader (maybe this replica) was elected: clients
@@ -361,32 +400,16 @@ class PartitionReplica:
                 if isinstance(earlier, ProduceResult):
                     return earlier
                 if earlier is not None:
-                    return await self._await_pending(earlier, deadline_s, timeout_s)
-            try:
-                proposed = self._host.propose(
-                    self.group.name, entries, durable_locally=acks == Acks.LEADER
-                )
-            except raft_errors.NotLeaderError as exc:
-                raise self._not_leader(exc.leader) from None
-            except raft_errors.GroupFailedError as exc:
-                raise ReplicaFailedError(self.topic, self.partition, exc.reason) from None
-            except raft_errors.ProposalDroppedError as exc:
-                # Refused before anything was appended (e.g. a leadership transfer is under
-                # way): definite, and the client should retry at the next leader.
-                raise self._not_leader(0, f"nothing was written: {exc}") from None
-            except CorruptEntryError as exc:
-                raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
-            except InvalidEntryError as exc:
-                # The Raft core's own check of what it is handed; validate() should have
-                # caught it first, and a client must still get a refusal, not a crash.
-                raise InvalidBatchError(f"malformed batch: {exc}") from None
+                    await self._await_earlier(earlier.done, deadline_s, timeout_s, "batch")
+                    return ProduceResult(earlier.base_offset, earlier.last_offset)
+            proposed = self._propose(entries, durable_locally=acks == Acks.LEADER)
             waited: asyncio.Future[int] = proposed.done
             if producer is not None:
                 # A retry of this batch may wait on the same future: a timeout here must
                 # not cancel it, and its failure is then seen by whoever waits, or no one.
                 waited = asyncio.shield(proposed.done)
                 proposed.done.add_done_callback(_consume_exception)
-                pid, epoch, first, count = producer
+                pid, epoch, first, count, transactional = producer
                 forget = self.producers.proposed(
                     pid,
                     PendingBatch(
@@ -397,55 +420,92 @@ class PartitionReplica:
                         proposed.base_offset,
                         proposed.last_offset,
                         proposed.done,
+                        transactional,
                     ),
                 )
             if acks == Acks.NONE:
                 proposed.done.add_done_callback(_consume_exception)
                 return ProduceResult(-1, -1)
-            remaining_s = max(0.0, deadline_s - time.monotonic())
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for adds a waiter future
-                # and a callback between the commit and this task (two more loop turns on
-                # every acks=all answer, ~20-40 us on a busy machine).
-                async with asyncio.timeout(remaining_s):
-                    await waited
-            except TimeoutError:
-                raise ProduceTimeoutError(
-                    f"the write was not confirmed by a majority within {timeout_s * 1000:.0f} "
-                    "ms; it may or may not have been committed"
-                ) from None
-            except raft_errors.OutcomeUnknownError as exc:
-                who = "this broker's replica" if self.group.failure else "the broker"
-                raise OutcomeUnknownError(
-                    f"{who} stopped before the write was confirmed ({exc}); it may or may "
-                    "not have been committed"
-                ) from None
-            except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
-                # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
-                if forget is not None:
-                    forget()
-                raise self._not_leader(
-                    self.leader_id, f"the write was not kept, a retry cannot duplicate it: {exc}"
-                ) from None
+            await self._committed(waited, deadline_s, timeout_s, forget, "write")
             return ProduceResult(proposed.base_offset, proposed.last_offset)
         finally:
             await self._release(size_bytes)
 
-    def _check_producer(
-        self, producer_id: int, epoch: int, first_sequence: int, count: int
-    ) -> ProduceResult | PendingBatch | None:
-        """An idempotent producer's batch against what this partition holds and what this
-        leader proposed: None to append it, its first answer (a ProduceResult, or the
-        proposal still on its way) when it is a duplicate; raises for a refusal."""
+    def _propose(self, entries: bytes, *, durable_locally: bool) -> Proposed:
+        """Hand ``entries`` to Raft, or raise the refusal that proves nothing was appended."""
+        try:
+            return self._host.propose(self.group.name, entries, durable_locally=durable_locally)
+        except raft_errors.NotLeaderError as exc:
+            raise self._not_leader(exc.leader) from None
+        except raft_errors.GroupFailedError as exc:
+            raise ReplicaFailedError(self.topic, self.partition, exc.reason) from None
+        except raft_errors.ProposalDroppedError as exc:
+            # Refused before anything was appended (e.g. a leadership transfer is under
+            # way): definite, and the client should retry at the next leader.
+            raise self._not_leader(0, f"nothing was written: {exc}") from None
+        except CorruptEntryError as exc:
+            raise CorruptBatchError(f"a batch failed its CRC32C check: {exc}") from None
+        except InvalidEntryError as exc:
+            # The Raft core's own check of what it is handed; validate() should have
+            # caught it first, and a client must still get a refusal, not a crash.
+            raise InvalidBatchError(f"malformed batch: {exc}") from None
+
+    async def _committed(
+        self,
+        waited: asyncio.Future[int],
+        deadline_s: float,
+        timeout_s: float,
+        forget: Callable[[], None] | None,
+        what: str,
+    ) -> None:
+        """Wait until a proposal of this leader commits, or raise what its client is told."""
+        remaining_s = max(0.0, deadline_s - time.monotonic())
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for adds a waiter future
+            # and a callback between the commit and this task (two more loop turns on
+            # every acks=all answer, ~20-40 us on a busy machine).
+            async with asyncio.timeout(remaining_s):
+                await waited
+        except TimeoutError:
+            raise ProduceTimeoutError(
+                f"the {what} was not confirmed by a majority within {timeout_s * 1000:.0f} "
+                "ms; it may or may not have been committed"
+            ) from None
+        except raft_errors.OutcomeUnknownError as exc:
+            who = "this broker's replica" if self.group.failure else "the broker"
+            raise OutcomeUnknownError(
+                f"{who} stopped before the {what} was confirmed ({exc}); it may or may "
+                "not have been committed"
+            ) from None
+        except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
+            # Definite: the entry was replaced or never kept, so a retry cannot duplicate.
+            if forget is not None:
+                forget()
+            raise self._not_leader(
+                self.leader_id, f"the {what} was not kept, a retry cannot duplicate it: {exc}"
+            ) from None
+
+    def _check_ready(self, what: str) -> None:
+        """A leader checks producers' writes only once its producer state holds every
+        entry of earlier terms (ProducerTracking.ready)."""
         if not self.is_leader:
             raise self._not_leader(self.leader_id)
         if not self.producers.ready(self.led_term):
             raise LeaderNotReadyError(
                 f"broker {self._host.node_id} became leader of {self.topic}/{self.partition} "
                 "a moment ago and is still applying the entries of earlier terms; it takes "
-                "idempotent batches once it has (retry shortly)"
+                f"{what} once it has (retry shortly)"
             )
-        decision = self.producers.check(producer_id, epoch, first_sequence, count)
+
+    def _check_producer(
+        self, producer_id: int, epoch: int, first_sequence: int, count: int, transactional: bool
+    ) -> ProduceResult | PendingBatch | None:
+        """An idempotent or transactional producer's batch against what this partition
+        holds and what this leader proposed: None to append it, its first answer (a
+        ProduceResult, or the proposal still on its way) when it is a duplicate; raises
+        for a refusal."""
+        self._check_ready("idempotent and transactional batches")
+        decision = self.producers.check(producer_id, epoch, first_sequence, count, transactional)
         verdict = decision.verdict
         if verdict is Verdict.APPEND:
             return None
@@ -459,35 +519,68 @@ class PartitionReplica:
             assert pending is not None, "check() said a pending duplicate"
             return pending
         where = f"{self.topic}/{self.partition}: "
-        if verdict is Verdict.FENCED:
-            raise ProducerFencedError(where + decision.message)
-        if verdict is Verdict.UNKNOWN_PRODUCER:
-            raise UnknownProducerIdError(where + decision.message)
-        raise OutOfOrderSequenceError(where + decision.message)
+        error = _REFUSALS.get(verdict, OutOfOrderSequenceError)
+        raise error(where + decision.message)
 
-    async def _await_pending(
-        self, pending: PendingBatch, deadline_s: float, timeout_s: float
-    ) -> ProduceResult:
-        """A retry of a batch this leader proposed and has not seen commit: its answer is
-        the first proposal's, once that commits."""
+    async def _await_earlier(
+        self, done: asyncio.Future[int], deadline_s: float, timeout_s: float, what: str
+    ) -> None:
+        """A resend of a batch or marker this leader proposed and has not seen commit: its
+        answer is the first proposal's, once that commits."""
         try:
-            await asyncio.wait_for(
-                asyncio.shield(pending.done), max(0.0, deadline_s - time.monotonic())
-            )
+            await asyncio.wait_for(asyncio.shield(done), max(0.0, deadline_s - time.monotonic()))
         except TimeoutError:
             raise ProduceTimeoutError(
-                f"this batch was sent before and is not confirmed by a majority within "
+                f"this {what} was sent before and is not confirmed by a majority within "
                 f"{timeout_s * 1000:.0f} ms; it may or may not be committed"
             ) from None
         except (raft_errors.NotLeaderError, raft_errors.ProposalDroppedError) as exc:
             raise self._not_leader(
-                self.leader_id, f"the batch's first write was not kept: {exc}"
+                self.leader_id, f"the {what}'s first write was not kept: {exc}"
             ) from None
         except raft_errors.OutcomeUnknownError as exc:
             raise OutcomeUnknownError(
-                f"the broker stopped before the batch was confirmed ({exc})"
+                f"the broker stopped before the {what} was confirmed ({exc})"
             ) from None
-        return ProduceResult(pending.base_offset, pending.last_offset)
+
+    # --- transaction markers ----------------------------------------------------------
+
+    async def write_marker(
+        self, producer_id: int, epoch: int, commit: bool, timeout_s: float
+    ) -> None:
+        """End ``producer_id``'s transaction here with a TXN_MARKER of ``epoch`` (the one
+        the coordinator moved it to), returning once the marker is committed; a marker this
+        partition holds already (a resend) returns at once and appends nothing
+        (docs/transactions.md). A decommissioned partition takes markers still: its
+        readers must see its transactions end.
+
+        The decision and the proposal happen with no await between them, and each
+        proposed marker is pending for the checks until it applies, so neither a second
+        marker nor a batch of the producer is ever checked against stale state."""
+        self.check_serving()
+        self._check_ready("transaction markers")
+        deadline_s = time.monotonic() + timeout_s
+        verdict, earlier = self.producers.check_marker(producer_id, epoch)
+        if verdict is MarkerVerdict.HELD:
+            return
+        if earlier is not None:
+            await self._await_earlier(earlier.done, deadline_s, timeout_s, "marker")
+            return
+        self._check_enough_in_sync()  # a new marker is an acks=all write
+        marker = entry.encode_marker(
+            commit=commit,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            timestamp_ms=int(time.time() * 1000),
+        )
+        proposed = self._propose(marker, durable_locally=False)
+        proposed.done.add_done_callback(_consume_exception)
+        forget = self.producers.proposed(
+            producer_id, PendingMarker(epoch, proposed.index, proposed.done)
+        )
+        await self._committed(
+            asyncio.shield(proposed.done), deadline_s, timeout_s, forget, "marker"
+        )
 
     async def _reserve(self, size_bytes: int, deadline_s: float) -> None:
         async with self._inflight_free:
@@ -545,10 +638,19 @@ class PartitionReplica:
             return None
         return self._not_leader(leader, f"this follower does not serve the read now: {why}")
 
-    def read(self, offset: int, max_bytes: int, *, replica_read: bool = False) -> ReadResult:
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        replica_read: bool = False,
+        read_committed: bool = False,
+    ) -> ReadResult:
         """Committed entries from ``offset``; OffsetOutOfRangeError names the valid range.
         ``replica_read``: a consumer's read of the closest replica; a follower that may not
-        serve it (:meth:`follower_read_refusal`) refuses with NotLeaderError."""
+        serve it (:meth:`follower_read_refusal`) refuses with NotLeaderError.
+        ``read_committed``: only entries below the last stable offset (an offset between it
+        and the high watermark is valid and reads nothing yet)."""
         self.check_serving()
         if replica_read:
             refusal = self.follower_read_refusal(offset)
@@ -567,8 +669,9 @@ class PartitionReplica:
         # The log end never below the high watermark: every offset a consumer was told is
         # committed must be readable here (a log only loses a suffix above the commit).
         assert hw <= log_.next_offset, (hw, log_.next_offset)
+        upper = self.last_stable_offset if read_committed else hw
         try:
-            return log_.read(offset, max_bytes, upper_offset=hw)
+            return log_.read(offset, max_bytes, upper_offset=upper)
         except CorruptEntryError as exc:
             self._host.request_repair(self.group.name, "a client read")  # restore it from a replica
             raise self._corrupt(exc, offset, hw) from None
@@ -633,16 +736,20 @@ class PartitionReplica:
         max_wait_s: float,
         *,
         replica_read: bool = False,
+        read_committed: bool = False,
     ) -> ReadResult:
-        """Long poll: answer once ``min_bytes`` of committed data are there, or at the end
-        of ``max_wait_s`` with whatever there is (maybe nothing). A replica read on a
-        follower whose commit is still below ``offset`` (it trails the leader's by about a
-        heartbeat) waits for it within the same time before refusing."""
+        """Long poll: answer once ``min_bytes`` of committed data are there (below the last
+        stable offset for ``read_committed``), or at the end of ``max_wait_s`` with
+        whatever there is (maybe nothing). A replica read on a follower whose commit is
+        still below ``offset`` (it trails the leader's by about a heartbeat) waits for it
+        within the same time before refusing."""
         deadline_s = time.monotonic() + max_wait_s
         while True:
             commit_behind = replica_read and offset > self.high_watermark and not self.is_leader
             if not commit_behind or time.monotonic() >= deadline_s:
-                result = self.read(offset, max_bytes, replica_read=replica_read)
+                result = self.read(
+                    offset, max_bytes, replica_read=replica_read, read_committed=read_committed
+                )
                 if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
                     return result
             event = self._hw_event
@@ -663,10 +770,11 @@ def _replicated(log_config: LogConfig) -> LogConfig:
     return dataclasses.replace(log_config, max_message_bytes=entry.MAX_ENTRY_BYTES)
 
 
-def _producer_of(entries: bytes) -> tuple[int, int, int, int] | None:
-    """(producer id, epoch, base sequence, record count) of an idempotent producer's
-    request, or None for a plain one. Such a request holds that one entry, as Kafka's holds
-    one batch per partition: the answer is that batch's, a duplicate's included."""
+def _producer_of(entries: bytes) -> tuple[int, int, int, int, bool] | None:
+    """(producer id, epoch, base sequence, record count, transactional) of an idempotent or
+    transactional producer's request, or None for a plain one. Such a request holds that
+    one entry, as Kafka's holds one batch per partition: the answer is that batch's, a
+    duplicate's included."""
     f = entry.decode_header(entries, 0)
     producer_id = f[11]
     if producer_id < 0:
@@ -674,9 +782,19 @@ def _producer_of(entries: bytes) -> tuple[int, int, int, int] | None:
     if f[0] + 4 != len(entries):
         raise InvalidBatchError(
             f"the request's first entry carries producer id {producer_id}: an idempotent "
-            "producer's request holds exactly one entry; send its batches one per request"
+            "or transactional producer's request holds exactly one entry; send its batches "
+            "one per request"
         )
-    return producer_id, f[12], f[13], f[8]
+    return producer_id, f[12], f[13], f[8], bool(f[4] & entry.TRANSACTIONAL)
+
+
+_REFUSALS: dict[Verdict, type[PartitionError]] = {
+    Verdict.FENCED: ProducerFencedError,
+    Verdict.UNKNOWN_PRODUCER: UnknownProducerIdError,
+    Verdict.OUT_OF_ORDER: OutOfOrderSequenceError,
+    Verdict.INVALID_TXN_STATE: InvalidTxnStateError,
+    Verdict.CONCURRENT_TRANSACTIONS: ConcurrentTransactionsError,
+}
 
 
 def _consume_exception(fut: asyncio.Future[int]) -> None:

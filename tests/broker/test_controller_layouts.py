@@ -21,6 +21,8 @@ from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
+from raftmq.api.v1 import transactions_pb2 as tpb
+from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
 from raftmq.broker.metadata_cache import MetadataCache
 from raftmq.client.admin import AdminClient
 from raftmq.client.errors import ClientError
@@ -122,6 +124,13 @@ def test_dedicated_controllers_serve_admin_place_on_brokers_and_survive_a_leader
         )
     assert_error(err, grpc.StatusCode.UNAVAILABLE, "NOT_CONTROLLER", "broker only")
     assert err.meta["raftmq-leader-address"] in cluster.controller_addresses
+    with grpc.insecure_channel(broker_only) as channel:  # and Transactions
+        err = rpc_error(
+            lambda: tpb_grpc.TransactionsStub(channel).ListTransactions(
+                tpb.ListTransactionsRequest(), timeout=10
+            )
+        )
+    assert_error(err, grpc.StatusCode.UNAVAILABLE, "NOT_CONTROLLER", "broker only")
     with AdminClient([broker_only]) as admin:
         assert list(admin.list_groups().groups) == []
     assert sorted(b.id for b in described.brokers) == [4, 5, 6]

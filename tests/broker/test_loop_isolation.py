@@ -55,6 +55,9 @@ class Replica:
             raise OSError("injected: this replica's state cannot be read")
         return True
 
+    def retention_floor(self) -> int | None:
+        return None
+
 
 def replicas(n: int) -> dict[tuple[str, int], Replica]:
     out = {("t", p): Replica("t", p) for p in range(n)}
@@ -74,7 +77,7 @@ class Host:
         if name == "t/1":
             raise OSError(f"injected: group {name} fails")
 
-    def compact(self, name: str) -> int:
+    def compact(self, name: str, *, keep_from: int | None = None) -> int:
         self._check(name)
         self.compacted.append(name)
         return 0

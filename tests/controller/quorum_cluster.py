@@ -16,6 +16,7 @@ from raftmq import net
 from raftmq.broker.admin_service import AdminService, add_admin_service
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_service
+from raftmq.broker.transactions_service import TransactionsService, add_transactions_service
 from raftmq.controller.quorum import ControllerQuorum, ControllerUnavailableError
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.tcp import TcpTransport
@@ -36,6 +37,7 @@ class QuorumCluster:
         self.quorums: dict[int, ControllerQuorum] = {}
         self.servers: dict[int, grpc.aio.Server] = {}
         self.groups: dict[int, GroupsService] = {}
+        self.transactions: dict[int, TransactionsService] = {}
         self.addresses: dict[int, str] = {}  # voter -> its gRPC address, shared with services
 
     async def start(self, *nodes: int) -> QuorumCluster:
@@ -52,6 +54,10 @@ class QuorumCluster:
                 add_admin_service(AdminService(quorum, self.addresses), server)
                 self.groups[node] = GroupsService(quorum, self.addresses)
                 add_groups_service(self.groups[node], server)
+                txns = TransactionsService(quorum, self.addresses)
+                self.transactions[node] = txns
+                add_transactions_service(txns, server)
+                txns.start()
                 port = net.add_port(server, "127.0.0.1:0")
                 await server.start()
                 self.servers[node] = server
@@ -68,6 +74,7 @@ class QuorumCluster:
             if server is not None:
                 await server.stop(0)
                 self.addresses.pop(node, None)
+                await self.transactions.pop(node).close()
             await self.quorums.pop(node).stop()
             self.transports.pop(node)
             await self.hosts.pop(node).stop()

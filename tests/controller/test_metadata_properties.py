@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftmq.controller import commands as c
-from raftmq.controller.model import MetadataState
+from raftmq.controller.model import MetadataState, TopicPartition
 from raftmq.controller.state_machine import MetadataStateMachine
 from tests.controller.machine import Driver
 
@@ -124,8 +124,40 @@ def _next_command(draw: st.DrawFn, state: MetadataState) -> c.Command:
             b, "127.0.0.1", 1, "127.0.0.1", 2, f"r{b % 3}", incarnation + 1, 0
         ),
         lambda: draw(command),
+        *_transaction_commands(draw, state, t, p),
     ]
     return draw(st.sampled_from(choices))()
+
+
+def _transaction_commands(
+    draw: st.DrawFn, state: MetadataState, t: str, p: int
+) -> list[Callable[[], c.Command]]:
+    """Transaction calls by the current producer of an id (or a stale one), the
+    coordinator's aborts and markers written, so that transactions run through their
+    states (and the topic deletes above drop their markers)."""
+    tid = draw(st.sampled_from(["x", "y"]))
+    txn = state.transactions.get(tid)
+    pid, epoch = (txn.producer_id, txn.producer_epoch) if txn else (0, 0)
+    epoch -= draw(st.sampled_from([0, 0, 0, 1]))
+    now = draw(times)
+
+    def calls(**kind: object) -> c.Command:
+        return c.TransactionCalls((c.TxnCall(**kind),), now)  # type: ignore[arg-type]
+
+    def written() -> c.Command:
+        if txn is None:
+            return c.RecordTxnMarkers(())
+        marker = (txn.last_producer_id, txn.last_epoch + 1)
+        return c.RecordTxnMarkers((c.WrittenMarkers(tid, *marker, txn.pending_markers[:1]),))
+
+    tp = TopicPartition(t, p)
+    return [
+        lambda: calls(init=c.InitTransactions(tid, draw(st.sampled_from([1000, 999])))),
+        lambda: calls(add_partitions=c.AddPartitionsToTxn(tid, pid, epoch, (tp,))),
+        lambda: calls(end=c.EndTxn(tid, pid, epoch, draw(st.booleans()))),
+        lambda: calls(abort=c.AbortTxn(tid, -1, -1)),
+        written,
+    ]
 
 
 junk = st.binary(max_size=12)

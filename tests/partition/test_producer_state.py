@@ -12,6 +12,7 @@ from raftmq.partition.producer_state import (
     MAX_PRODUCERS,
     BatchRange,
     ProducerStates,
+    Proposal,
     Verdict,
 )
 
@@ -62,7 +63,7 @@ def test_an_unknown_producer_must_start_at_zero() -> None:
 def test_pending_batches_count_as_sent() -> None:
     s = ProducerStates()
     s.apply(7, 0, 0, 2, base_offset=0, timestamp_ms=1)
-    pending = [(0, 2, 4)]
+    pending = [Proposal(0, 2, 4)]
     assert s.check(7, 0, 2, 3, pending).verdict == Verdict.DUPLICATE  # wait for it
     assert s.check(7, 0, 5, 1, pending).verdict == Verdict.APPEND
     assert s.check(7, 0, 2, 1, pending).verdict == Verdict.OUT_OF_ORDER

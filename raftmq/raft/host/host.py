@@ -108,6 +108,10 @@ dead when the group quiesced (instead of one every tick, or none)."""
 
 ApplyFn = Callable[[bytes, int], None]
 SnapshotFn = Callable[[SnapshotMeta, bytes], None]
+AttachmentFn = Callable[[], bytes]
+"""A group whose state is its log (a partition) gives the bytes a snapshot it sends
+carries beside the start point: derived state the entries below the start point built and
+the follower cannot rebuild without them (a partition's producer state)."""
 SoftStateFn = Callable[[SoftState], None]
 DurableFn = Callable[[str, int], None]
 
@@ -199,10 +203,12 @@ class RaftGroup:
         on_soft_state: SoftStateFn | None,
         on_snapshot: SnapshotFn | None = None,
         snapshots: SnapshotStore | None = None,
+        snapshot_attachment: AttachmentFn | None = None,
     ) -> None:
         self.name = name
         self.on_snapshot = on_snapshot
         self.snapshots = snapshots
+        self.snapshot_attachment = snapshot_attachment
         self.core = core
         self.log = log_
         self.directory = directory
@@ -436,6 +442,7 @@ class RaftHost(SelfRepair):
         snapshots: SnapshotStore | None = None,
         on_durable: DurableFn | None = None,
         priority: bool = False,
+        snapshot_attachment: AttachmentFn | None = None,
     ) -> RaftGroup:
         """Open (or create) a group whose log and hard state live in ``directory``.
 
@@ -453,7 +460,9 @@ class RaftHost(SelfRepair):
 
         ``snapshots`` is for groups whose state is not their log (a replicated state
         machine, opened with ``replay=True``): see :class:`SnapshotStore`. ``on_snapshot``
-        is told of a received snapshot after the log restarted at it.
+        is told of a received snapshot after the log restarted at it, with the bytes it
+        carried: the store's, or for a group without one those its leader's
+        ``snapshot_attachment`` gave when it sent the snapshot.
 
         ``on_durable`` (tests only) observes the log's fsyncs: see :attr:`Log.on_durable`.
 
@@ -502,6 +511,7 @@ class RaftHost(SelfRepair):
             on_soft_state=on_soft_state,
             on_snapshot=on_snapshot,
             snapshots=snapshots,
+            snapshot_attachment=snapshot_attachment,
         )
         group.opened_with = (membership, config, replay)
         group.new_directory = new_directory
@@ -699,9 +709,12 @@ class RaftHost(SelfRepair):
         self._mark(group)
         return fut
 
-    def compact(self, name: str, *, through: int | None = None) -> int:
-        """Apply the log's retention, never past what this node applied, and record the
-        new start point. Returns how many segments were deleted.
+    def compact(
+        self, name: str, *, through: int | None = None, keep_from: int | None = None
+    ) -> int:
+        """Apply the log's retention, never past what this node applied nor (``keep_from``)
+        past the segment holding that index, and record the new start point. Returns how
+        many segments were deleted.
 
         With ``through`` (a state machine's snapshot, saved durably first: see
         :class:`SnapshotStore`), cut the log exactly after that index instead, which must
@@ -722,7 +735,10 @@ class RaftHost(SelfRepair):
                 )
         try:
             if through is None:
-                deleted = log_.apply_retention(max_index=group.core.log.applied + 1)
+                keep = group.core.log.applied + 1
+                deleted = log_.apply_retention(
+                    max_index=keep if keep_from is None else min(keep, keep_from)
+                )
             else:
                 before = len(log_.segments())
                 log_.truncate_prefix(through + 1)
@@ -1546,6 +1562,8 @@ class RaftHost(SelfRepair):
                         f"group {group.name}: the state's snapshot at {meta.index} is below "
                         f"the log start {m.snapshot.index + 1}"
                     )
+                elif group.snapshot_attachment is not None:
+                    m.data = group.snapshot_attachment()
                 self.transport.send(m.dst, group.name, m, urgent=False)
                 group.core.report_snapshot(m.dst, ok=True)
                 continue
