@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chaos.client_workload import record_group_offsets
 from chaos.history import Op, txn_value
 from chaos.workload import Recorder
 from raftmq.api.v1 import broker_pb2 as pb
@@ -519,42 +520,12 @@ class TxnWorkload:
                 _close(producer)
 
     def _read_committed(self) -> None:
-        tps = [(self.in_topic, p) for p in range(self.partitions)]
-        deadline = time.monotonic() + 30
-        while True:
-            start = self.recorder.now()
-            try:
-                with Consumer(self.addresses, group_id=GROUP, enable_auto_commit=False) as c:
-                    found = c.committed(tps)
-                break
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    self.recorder.add(
-                        Op(
-                            "txn-committed",
-                            "final-group",
-                            status="fail",
-                            start=start,
-                            end=self.recorder.now(),
-                            error=_error(exc),
-                        )
-                    )
-                    return
-                time.sleep(0.5)
-        end = self.recorder.now()
-        for (_, p), offset in sorted(found.items()):
-            self.recorder.add(
-                Op(
-                    "txn-committed",
-                    "final-group",
-                    p,
-                    None,
-                    -1 if offset is None else offset,
-                    "ok",
-                    start,
-                    end,
-                )
-            )
+        record_group_offsets(
+            self.recorder,
+            lambda: Consumer(self.addresses, group_id=GROUP, enable_auto_commit=False),
+            [(self.in_topic, p) for p in range(self.partitions)],
+            "txn-committed",
+        )
 
     def _final_read(self, direct: list[str]) -> None:
         starts, hws = self._log_bounds(direct)

@@ -10,17 +10,7 @@ import json
 import pytest
 
 from chaos.run import ChaosOptions, run
-
-TXN_CHECKS = (
-    "txn-aborted-read",
-    "txn-uncommitted-read",
-    "txn-torn",
-    "txn-lost",
-    "txn-exactly-once",
-    "txn-offsets",
-    "txn-positions",
-    "txn-polls",
-)
+from tests.chaos.test_txn_checker import TXN_CHECKS
 
 
 def _assert_transactions_held(result, min_committed: int, min_pipeline: int) -> None:
