@@ -112,7 +112,8 @@ class _Transactor:
         self.count = 0
 
     def ready(self) -> bool:
-        """A producer with its transactions initialised; False when the run stopped first."""
+        """A producer with its transactions initialised (made now if there is none);
+        False when the run stopped before one was."""
         while self.producer is None and not self.w.stop.is_set():
             producer = self.w.producer(self.transactional_id)
             try:
@@ -447,7 +448,7 @@ class TxnWorkload:
                 transactor.send(producer, txn, rng.randrange(self.partitions))
 
         try:
-            while transactor.ready():
+            while not self.stop.is_set() and transactor.ready():
                 transactor.run(body, abort=rng.random() < self.options.abort_share)
                 self.stop.wait(rng.uniform(0.02, 0.1))
         finally:
