@@ -94,7 +94,7 @@ class _Send:
 
 @dataclass
 class _Open:
-    """The transaction a body fills: its sends and, for the pipeline, its offsets."""
+    """The transaction a body fills: its id and its sends, recorded when it ends."""
 
     txn: str
     sends: list[_Send] = field(default_factory=list)
@@ -180,8 +180,8 @@ class _Transactor:
         try:
             producer.abort_transaction()
         except Exception as exc:
-            # Never asked to commit, so it stays invisible whatever became of the abort;
-            # a new producer's init_transactions ends it.
+            # Not committed (never asked to, or refused for good), so it stays invisible
+            # whatever became of the abort; a new producer's init_transactions ends it.
             why = f"{why}; abort failed: {_error(exc)}"
             self.renew()
         return "fail", why
