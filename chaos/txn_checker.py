@@ -10,7 +10,8 @@ report per property, each with counts and a few self-explaining examples:
    of an aborted transaction.
 2. ``txn-uncommitted-read``: no read_committed reader returns a write before its
    transaction was even asked to commit, and a transaction whose commit's outcome never
-   came back is, in the final read_committed read, wholly visible or wholly invisible.
+   came back is, in the final read_committed read, wholly visible or wholly invisible,
+   and invisible there only if no live read_committed reader returned any of it.
 3. ``txn-torn``: a live read_committed reader that read past a write of a committed
    transaction returned it: none that saw part of a transaction skipped the rest
    (``torn``), and none skipped a committed write altogether (``skipped-committed``).
@@ -310,19 +311,28 @@ def check_aborted_read(t: TxnHistory) -> CheckReport:
 
 def check_uncommitted_read(t: TxnHistory) -> CheckReport:
     """2. No read_committed read of an uncommitted write: none returns a write before its
-    transaction was asked to commit, and an unknown one is never partly visible in the
-    final read (some writes there, another that the read covered missing)."""
-    f = _Findings("read-before-commit", "unknown-partly-visible")
+    transaction was asked to commit; an unknown one is never partly visible in the final
+    read (some writes there, another that the read covered missing), nor returned by a
+    live reader and then wholly missing from the final read."""
+    f = _Findings("read-before-commit", "unknown-partly-visible", "unknown-seen-then-gone")
     for op in t.reads:
         if isolation_of(op.process) != READ_COMMITTED:
             continue
         txn = t.txn_of(op.value or "")
-        if txn is not None and txn.status != "fail" and op.end < txn.start:
+        if txn is None or txn.status == "fail":
+            continue  # aborted ones: check 1
+        if op.end < txn.start:
             why = (
                 f"transaction {txn.id} was asked to commit only at {txn.start:.1f} s, after "
                 "this read returned"
             )
             f.add("read-before-commit", functools.partial(_read_example, op, txn, why))
+        elif txn.status == "info" and txn.outcome == ABORTED:
+            why = (
+                f"transaction {txn.id}'s commit got no answer, and the final read_committed "
+                "read, which covered every offset it wrote, holds none of its writes"
+            )
+            f.add("unknown-seen-then-gone", functools.partial(_read_example, op, txn, why))
     unknown = [x for x in t.txns.values() if x.status == "info"]
     for txn in unknown:
         if txn.outcome != COMMITTED:

@@ -253,6 +253,15 @@ def test_an_unknown_transaction_partly_visible_in_the_final_read_is_caught() -> 
     assert kinds(result, "txn-uncommitted-read")["unknown-partly-visible"] == 1
 
 
+def test_an_unknown_transaction_read_live_then_missing_from_the_final_read_is_caught() -> None:
+    ops = build(pipeline())
+    for v in (txn_value(f"{DIRECT}#3", 0), txn_value(f"{DIRECT}#3", 1)):
+        ops = swap(ops, the(ops, "txn-final", v), None)
+    result = check(ops)
+    assert_only(result, "txn-uncommitted-read")
+    assert kinds(result, "txn-uncommitted-read")["unknown-seen-then-gone"] == 2
+
+
 def test_an_unknown_transaction_wholly_invisible_resolves_as_aborted() -> None:
     ops = build(pipeline())
     for v in (txn_value(f"{DIRECT}#3", 0), txn_value(f"{DIRECT}#3", 1)):
