@@ -139,9 +139,10 @@ class Nemesis:
         self.killed: set[int] = set()
         self.paused: set[int] = set()
         self._decommissioned = False
-        self._deck: list[str] = []
-        """The kinds still to draw in this round: each kind once per round, in a shuffled
-        order, so a short run with few faults still sees every kind it was given."""
+        self._decks: dict[str, list[str]] = {}
+        """Per choice (the fault kind; a kind's shapes), what is still to be dealt in this
+        round: each option once per round, in a shuffled order, so a short run with few
+        faults still sees every kind it was given and every shape of a kind."""
         self.gone: set[int] = set()
         """The broker the ``decommission`` fault killed for good (at most one): no other
         fault picks it, and no heal restarts it."""
@@ -233,17 +234,24 @@ class Nemesis:
         if "decommission" in self.categories and not self._decommissioned:
             self._decommissioned = True
             return self._start_decommission()
-        if not self._deck:
-            self._deck = [c for c in self.categories if c != "decommission"]
-            self.rng.shuffle(self._deck)
-        category = self._deck.pop()
+        category = self._deal("kind", [c for c in self.categories if c != "decommission"])
         if category in CORRUPT_FILES:
             fault = self._start_corrupt_file(category)
         else:
             fault = getattr(self, f"_start_{category.replace('-', '_')}")()
-        if fault.idle and self._deck:
-            self._deck.insert(0, category)  # drawn again last in this round
+        deck = self._decks["kind"]
+        if fault.idle and deck:
+            deck.insert(0, category)  # drawn again last in this round
         return fault
+
+    def _deal(self, choice: str, options: list[str]) -> str:
+        """The next of ``options`` for ``choice``, from its shuffled deck (dealt anew
+        when empty)."""
+        deck = self._decks.setdefault(choice, [])
+        if not deck:
+            deck += options
+            self.rng.shuffle(deck)
+        return deck.pop()
 
     def _start_decommission(self) -> Fault:
         """A broker dies for good: SIGKILL, never restarted. The controller must fence it,
@@ -329,7 +337,7 @@ class Nemesis:
 
     def _start_kill(self) -> Fault:
         nodes = self.live_nodes
-        shape = self.rng.choice(["kill-one", "kill-leader", "kill-majority", "kill-all"])
+        shape = self._deal("kill", ["kill-one", "kill-leader", "kill-majority", "kill-all"])
         if shape == "kill-one":
             victims = [self.rng.choice(nodes)]
         elif shape == "kill-leader":
@@ -356,8 +364,8 @@ class Nemesis:
         still believe it leads, and take the brokers' heartbeats from it), or cut its
         client proxy too (brokers' heartbeats and registrations reach it through that
         proxy, as clients do)."""
-        shape = self.rng.choice(
-            ["kill-controller", "isolate-controller", "isolate-controller-fully"]
+        shape = self._deal(
+            "controller", ["kill-controller", "isolate-controller", "isolate-controller-fully"]
         )
         found = self.controller_leader()
         victim = found if found is not None else self.rng.choice(self.live_nodes)
@@ -399,7 +407,7 @@ class Nemesis:
         its last fsync covered. A SIGKILL alone keeps the page cache, so it never loses an
         un-fsynced write; this does, and acks=all records must survive it anyway (the
         broker acknowledges only what an fsync covered, on a majority)."""
-        shape = self.rng.choice(["unsynced-one", "unsynced-leader"])
+        shape = self._deal("unsynced", ["unsynced-one", "unsynced-leader"])
         victim = (
             self._some_leader() if shape == "unsynced-leader" else self.rng.choice(self.live_nodes)
         )
@@ -630,7 +638,7 @@ class Nemesis:
             return Fault(
                 "disk-loss", "disk loss skipped: some replica is still catching up", lambda: None
             )
-        shape = self.rng.choice(["wipe-broker", "wipe-partition", "truncate-partition"])
+        shape = self._deal("disk-loss", ["wipe-broker", "wipe-partition", "truncate-partition"])
         self.chaos.cluster.kill(victim)
         self.killed.add(victim)
         broker_dir = self.chaos.data / f"broker-{victim}"

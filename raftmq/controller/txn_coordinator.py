@@ -53,6 +53,11 @@ RETRY_MAX_S = 5.0
 IDLE_POLL_S = 0.5
 """How often an idle driver looks at the metadata anyway (a new leader's first look, a
 leader report that makes a partition reachable again)."""
+CONCURRENT_WAIT_S = 2.0
+"""How long a call that finds its id's previous transaction still ending waits here for
+the markers before it answers CONCURRENT_TRANSACTIONS. A producer's next transaction
+follows its commit at once, and its first AddPartitionsToTxn would otherwise come back
+refused and wait out a client backoff: most of a small transaction's time."""
 
 
 def call_bytes(call: c.TxnCall) -> int:
@@ -175,6 +180,9 @@ class MarkerDriver:
         self.retry_max_s = retry_max_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.recorded = asyncio.Event()
+        """Set (and replaced) each time written markers are recorded: transactions may
+        have completed."""
         self._hints: dict[TopicPartition, str] = {}
         """A NOT_LEADER answer's leader, for the next attempt at that partition."""
         self._retry: dict[MarkerTarget, tuple[float, float]] = {}
@@ -237,6 +245,9 @@ class MarkerDriver:
             written = [t for done in answered for t in done]
             for command in written_commands(written):
                 await self.quorum.propose(command, c.Done)
+            if written:
+                self.recorded.set()
+                self.recorded = asyncio.Event()
             if written:
                 log.debug("controller %d: %d markers written", self.quorum.node_id, len(written))
         if not self._retry:
@@ -324,9 +335,19 @@ class TransactionCoordinator:
         InitTransactions that began aborting an open transaction, CONCURRENT_TRANSACTIONS:
         it changed state all the same), or the quorum's error for the whole batch."""
         self.quorum.require_leader()
-        outcome = await self.batcher.submit(call, call_bytes(call))
-        if not isinstance(call.request, (c.AddPartitionsToTxn, c.AddOffsetsToTxn)):
-            self.markers.wake()  # maybe a decision: its markers go now
+        give_up_s = self.quorum.monotonic_s() + CONCURRENT_WAIT_S
+        while True:
+            recorded = self.markers.recorded
+            outcome = await self.batcher.submit(call, call_bytes(call))
+            if not isinstance(call.request, (c.AddPartitionsToTxn, c.AddOffsetsToTxn)):
+                self.markers.wake()  # maybe a decision: its markers go now
+            left_s = give_up_s - self.quorum.monotonic_s()
+            if outcome.code != RefusalCode.CONCURRENT_TRANSACTIONS or left_s <= 0:
+                break
+            # The previous transaction is ending: wait for its markers here, then ask again.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(recorded.wait(), left_s)
+            self.quorum.require_leader()
         if outcome.code:
             raise ControllerRefusal(RefusalCode(outcome.code), outcome.message)
         return outcome

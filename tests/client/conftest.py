@@ -33,6 +33,7 @@ CLIENT_TOPICS = {
     "ca": 1,
     "cli": 2,
     "clig": 2,
+    "clit": 2,
 }
 
 

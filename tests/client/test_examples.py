@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,19 +81,24 @@ def test_at_most_once_loses_but_never_repeats(cluster: LocalCluster, tmp_path: P
 
 
 def read_all(
-    cluster: LocalCluster, topic: str, isolation: IsolationLevel
+    cluster: LocalCluster,
+    topic: str,
+    isolation: IsolationLevel,
+    until: Callable[[collections.Counter[bytes]], bool],
 ) -> collections.Counter[bytes]:
-    """Every record value of ``topic`` a reader with ``isolation`` sees, from the start."""
+    """Every record value of ``topic`` a reader with ``isolation`` sees from the start, read
+    until ``until`` holds of them (or 30 s passed; then a little more is read, to catch
+    any record too many) and the partitions' ends were reached."""
     seen: collections.Counter[bytes] = collections.Counter()
     with Consumer(
         cluster.addresses, auto_offset_reset="earliest", isolation_level=isolation
     ) as consumer:
         consumer.assign([(topic, p) for p in consumer.partitions_for(topic)])
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < 3.0:
+        deadline = time.monotonic() + 30
+        quiet_polls = 0
+        while time.monotonic() < deadline and not (until(seen) and quiet_polls >= 3):
             records = consumer.poll(0.5)
-            if records:
-                idle_since = time.monotonic()
+            quiet_polls = 0 if records else quiet_polls + 1
             seen.update(r.value or b"" for r in records)
     return seen
 
@@ -108,7 +114,10 @@ def test_exactly_once_outputs_each_record_once_after_a_crash(
     assert run(cluster, "exactly_once.py", "ex-eos", out, *first) == 3  # it crashed
     assert run(cluster, "exactly_once.py", "ex-eos", out, "--records", "0") == 0
     expected = {f"RECORD-{i}".encode() for i in range(RECORDS)}
-    committed = read_all(cluster, "ex-eos-out", "read_committed")
+    # The last commit's markers are written after it returns: wait for them to land.
+    committed = read_all(cluster, "ex-eos-out", "read_committed", lambda c: set(c) >= expected)
     assert set(committed) == expected and max(committed.values()) == 1, committed
-    everything = read_all(cluster, "ex-eos-out", "read_uncommitted")
+    everything = read_all(
+        cluster, "ex-eos-out", "read_uncommitted", lambda c: sum(c.values()) > RECORDS
+    )
     assert sum(everything.values()) > RECORDS  # the crashed transaction's, aborted

@@ -30,6 +30,7 @@ SPARK_TOPICS = {
     "grown": 2,
     "added": 1,
     "spread": 1,
+    "txn": 2,
 }
 SEGMENT_BYTES = 32 * 1024
 RETENTION_BYTES = 256 * 1024

@@ -397,3 +397,30 @@ def test_data_deleted_by_retention_is_named_or_skipped(spark, cluster: LocalClus
     assert read and read[0] >= log_start and read == list(range(read[0], 400))
     with pytest.raises(SourceError, match=r"gone/0: offsets 0 to \d+ were deleted"):
         list(read_range(OffsetRange("gone", 0, 0, 400), stream.options))
+
+
+def test_read_committed_skips_aborted_and_open_transactions(spark, cluster: LocalCluster):
+    """isolationLevel=read_committed: committed transactions' records, none of an aborted
+    one (whose offsets are a gap, not data loss), and nothing from an open one on."""
+    from raftmq.client import Producer
+
+    with Producer(cluster.addresses, transactional_id="spark-txn") as producer:
+        producer.init_transactions()
+        for tag, commit in (("c1", True), ("a1", False), ("c2", True)):
+            producer.begin_transaction()
+            for i in range(20):
+                producer.send("txn", f"{tag}-{i}".encode(), partition=i % 2)
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.flush()
+                producer.abort_transaction()
+        producer.begin_transaction()
+        for i in range(4):
+            producer.send("txn", f"open-{i}".encode(), partition=i % 2).result(10)
+        committed = reader(spark, cluster, "txn", isolationLevel="read_committed")
+        values = sorted(r.value.decode() for r in committed.collect())
+        assert values == sorted(f"{t}-{i}" for t in ("c1", "c2") for i in range(20))
+        everything = reader(spark, cluster, "txn", **{"kafka.isolation.level": "read_uncommitted"})
+        assert everything.count() == 64
+        producer.abort_transaction()
