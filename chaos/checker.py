@@ -40,6 +40,9 @@ self-explaining examples):
 11. ``replication``: in runs that killed a broker for good, every partition was back at
     its replication factor of in-sync voters on live brokers within ``heal_limit_s`` of
     the end of the fault window.
+12. With the transactional workload's ops (``--transactions``): the eight checks of
+    ``chaos/txn_checker.py`` (aborted and uncommitted reads, torn transactions, lost
+    committed writes, exactly-once output, offsets, positions, polls).
 
 Indeterminate sends (status ``info``) never cause a violation by themselves (they may or
 may not have been written), but once one is read it is held to checks 3, 4 and 5 like any
@@ -73,7 +76,7 @@ from typing import Any
 from rich.table import Table
 
 from chaos import history
-from chaos.history import Op
+from chaos.history import TXN_KINDS, Op
 
 OK = "ok"
 VIOLATED = "violated"
@@ -279,6 +282,7 @@ class _History:
         self.commits: list[Op] = []
         self.committed: list[Op] = []  # the group's committed offsets read after the run
         self.consumer_errors: list[Op] = []
+        self.txn_ops: list[Op] = []  # the transactional workload's (chaos/txn_checker.py)
         self.finals: list[Op] = []
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
@@ -358,6 +362,8 @@ class _History:
                 self._add_status(op)
             elif kind == "assignment":
                 self.assignments[op.partition].append(op)
+            elif kind in TXN_KINDS:
+                self.txn_ops.append(op)
             else:
                 self.other[kind] += 1
 
@@ -1640,7 +1646,14 @@ def check(
         idempotent=idempotent, recovery_limit_s=recovery_limit_s, heal_limit_s=heal_limit_s
     )
     reports = [fn(h, opts) for fn in CHECKS]
-    return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=_summary(h))
+    summary = _summary(h)
+    if h.txn_ops:
+        # Imported here: chaos.txn_checker builds on this module's reports and index.
+        from chaos.txn_checker import transaction_reports
+
+        txn_reports, summary["transactions"] = transaction_reports(h)
+        reports += txn_reports
+    return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=summary)
 
 
 def check_file(

@@ -302,42 +302,50 @@ class ClientWorkload:
 
     def _read_committed(self) -> None:
         tps = [(self.topic, p) for p in range(self.partitions)]
-        deadline = time.monotonic() + 30
-        while True:
-            start = self.recorder.now()
-            try:
-                with self._consumer() as consumer:
-                    found = consumer.committed(tps)
-                break
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    now = self.recorder.now()
-                    self.recorder.add(
-                        Op(
-                            "committed",
-                            "final-group",
-                            status="fail",
-                            start=start,
-                            end=now,
-                            error=f"{type(exc).__name__}: {exc}"[:300],
-                        )
+        record_group_offsets(self.recorder, self._consumer, tps, "committed")
+
+
+def record_group_offsets(
+    recorder: Recorder, make_consumer: Callable[[], Consumer], tps: list[tuple[str, int]], kind: str
+) -> None:
+    """After the run: a group's committed offsets of ``tps`` as a fresh consumer of the
+    group reads them, one ``kind`` op per partition (-1: none), or one ``fail`` op when
+    the group did not answer within 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        start = recorder.now()
+        try:
+            with make_consumer() as consumer:
+                found = consumer.committed(tps)
+            break
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                recorder.add(
+                    Op(
+                        kind,
+                        "final-group",
+                        status="fail",
+                        start=start,
+                        end=recorder.now(),
+                        error=f"{type(exc).__name__}: {exc}"[:300],
                     )
-                    return
-                time.sleep(0.5)
-        end = self.recorder.now()
-        for (_, partition), offset in sorted(found.items()):
-            self.recorder.add(
-                Op(
-                    "committed",
-                    "final-group",
-                    partition,
-                    None,
-                    -1 if offset is None else offset,
-                    "ok",
-                    start,
-                    end,
                 )
+                return
+            time.sleep(0.5)
+    end = recorder.now()
+    for (_, partition), offset in sorted(found.items()):
+        recorder.add(
+            Op(
+                kind,
+                "final-group",
+                partition,
+                None,
+                -1 if offset is None else offset,
+                "ok",
+                start,
+                end,
             )
+        )
 
 
 def with_timeout(future: RecordFuture) -> None:

@@ -57,10 +57,12 @@ class ChaosCluster:
         voters: int = 0,
         broker_args: list[str] | None = None,
         racks: bool = False,
+        extra_topics: tuple[str, ...] = (),
     ) -> None:
         """``voters``: nodes 1..``voters`` are the controller voters (combined mode) and
         the others broker-only; 0: every node is a voter. ``racks``: every broker in a rack
-        of its own (:func:`rack_of`)."""
+        of its own (:func:`rack_of`). ``extra_topics``: more topics placed like the main
+        one (the transactional workload's output)."""
         if not 0 <= voters <= nodes:
             raise ValueError(f"voters must be 0 to {nodes}, got {voters}")
         self.data = data
@@ -89,7 +91,7 @@ class ChaosCluster:
         self.spec = ClusterSpec(
             "raftmq-chaos",
             {i: BrokerSpec(i, "127.0.0.1", advertised[i], raft[i]) for i in self.nodes},
-            {TOPIC: TopicSpec(TOPIC, replicas)},
+            {name: TopicSpec(name, replicas) for name in (TOPIC, *extra_topics)},
             tuple(range(1, voters + 1)),
         )
         per_broker = {

@@ -67,6 +67,41 @@ Kinds:
   separated broker ids), ``offset`` the leader it knows (0: none). The checker takes the
   leader's own answer (else the most common one) as the assignment and requires a status
   op from every assigned replica's broker.
+
+Transactions (``--transactions``, chaos/txn_workload.py; checked by chaos/txn_checker.py).
+The workload writes to an output topic of its own, so none of these is a ``send``,
+``consume`` or ``final`` of the main topic; ``partition`` is an output partition unless
+said otherwise. Each write's value (:func:`txn_value`) names its transaction, its index
+in it and, for the pipeline's, the input record (partition, offset) it was made from.
+- ``txn``: one transaction's outcome. ``process`` the transactional worker or producer,
+  ``value`` the transaction id (``process#n``), ``status`` ``ok`` (committed), ``fail``
+  (aborted: aborted on purpose, refused, or never asked to commit) or ``info`` (unknown:
+  the commit's answer never came); ``start`` when its commit (or abort) was asked for,
+  ``end`` when the outcome was known; ``error`` why it did not commit.
+- ``txn-write``: a record a transaction sent: ``offset`` from its future when it was
+  stored (``status`` ``ok``), else None (``info``: not known to be stored, ``error`` why).
+- ``txn-offsets``: a consumer position a pipeline transaction carried
+  (send_offsets_to_transaction): ``partition`` the input partition, ``offset`` the next
+  input offset to consume, ``value`` the transaction id; ``ok`` when the coordinator took it.
+- ``txn-consume``: an input record (main topic: ``partition``, ``offset``, ``value``) a
+  pipeline worker polled, in the worker's program order.
+- ``txn-assign``: a worker's group handed it ``partition`` (input) (``value`` ``assign``),
+  or took it back (``revoke``) or dropped the worker (``lost``): a tenure's bounds.
+- ``txn-seek``: a worker or output reader moved its position on ``partition`` to
+  ``offset`` (-1: the log start): a worker after an aborted or unknown transaction, to the
+  group's committed offset (``value`` ``committed``, ``start`` when it asked the group), a
+  reader when it started again after an error (``value`` ``restart``).
+- ``txn-read``: a record an output reader polled; ``process`` names the reader and its
+  isolation level (``read_committed-K``, ``read_uncommitted-K``).
+- ``txn-committed``: after the run, the pipeline group's committed offset of input
+  ``partition`` (-1: none), as a fresh consumer read it; ``fail`` when it could not.
+- ``txn-final``: after the run, once every transactional id was fenced (what was open is
+  aborted), a record a fresh read_committed reader read from the output's beginning.
+- ``txn-range``: per output partition, that final read: ``offset`` the largest log start
+  any replica reported (retention), ``hw`` the high watermark, ``value`` the position the
+  reader reached (str), ``error`` why it stopped short of ``hw``.
+- ``txn-error``: a worker, producer or reader raised out of its loop (``error``); it
+  starts again with a new client.
 """
 
 from __future__ import annotations
@@ -114,3 +149,41 @@ def read(path: Path) -> Iterator[Op]:
 
 def send_value(producer: str, partition: int, seq: int) -> str:
     return f"{producer}:{partition}:{seq}"
+
+
+TXN_KINDS = frozenset(
+    {
+        "txn",
+        "txn-write",
+        "txn-offsets",
+        "txn-consume",
+        "txn-assign",
+        "txn-seek",
+        "txn-read",
+        "txn-committed",
+        "txn-final",
+        "txn-range",
+        "txn-error",
+    }
+)
+"""The kinds of the transactional workload (chaos/txn_checker.py checks them)."""
+
+
+def txn_value(txn: str, index: int, source: tuple[int, int] | None = None) -> str:
+    """The value of a transaction's ``index``-th write; ``source``: the input (partition,
+    offset) a pipeline output was made from."""
+    base = f"{txn}/{index}"
+    return base if source is None else f"{base}/{source[0]}/{source[1]}"
+
+
+def parse_txn_value(value: str) -> tuple[str, int, tuple[int, int] | None] | None:
+    """(transaction id, index, input) of a :func:`txn_value`; None for anything else."""
+    parts = value.split("/")
+    try:
+        if len(parts) == 2:
+            return parts[0], int(parts[1]), None
+        if len(parts) == 4:
+            return parts[0], int(parts[1]), (int(parts[2]), int(parts[3]))
+    except ValueError:
+        return None
+    return None

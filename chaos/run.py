@@ -18,6 +18,7 @@ from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
 from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
+from chaos.txn_workload import OUT_TOPIC, TxnWorkload, TxnWorkloadOptions
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import ClientError, ErrorCode, LowLevelClient
@@ -67,6 +68,10 @@ class ChaosOptions:
     follower_reads: bool = False
     """Every broker in a rack of its own and, with the clients, each consumer reading
     from the in-sync replica in one of them (client_rack) rather than from the leader."""
+    transactions: bool = False
+    """The transactional workload too (chaos/txn_workload.py): a consume-transform-produce
+    pipeline from the main topic to an output topic, direct transactional producers, and
+    read_committed and read_uncommitted readers of the output (chaos/txn_checker.py)."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -101,6 +106,9 @@ class ChaosOptions:
             if self.follower_reads
             else (),
         )
+
+    def txn_options(self) -> TxnWorkloadOptions:
+        return TxnWorkloadOptions(seed=self.seed)
 
     @property
     def aggressive_retention(self) -> bool:
@@ -159,6 +167,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         voters=options.voters,
         broker_args=options.broker_args(),
         racks=options.follower_reads,
+        extra_topics=(OUT_TOPIC,) if options.transactions else (),
     )
     nemesis: Nemesis | None = None
     monitor: Monitor | None = None
@@ -176,11 +185,18 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             workload = Workload(
                 advertised, TOPIC, options.partitions, recorder, producers=options.producers
             )
+        txn_workload = (
+            TxnWorkload(advertised, TOPIC, options.partitions, recorder, options.txn_options())
+            if options.transactions
+            else None
+        )
         nemesis = Nemesis(chaos, options.seed, options.faults)
         monitor = Monitor({i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder)
         recorder.t0 = time.monotonic()
         monitor.start()
         workload.start()
+        if txn_workload is not None:
+            txn_workload.start()
         time.sleep(min(3.0, options.duration / 10))
         while recorder.now() < options.duration:
             fault = nemesis.next_fault()
@@ -232,6 +248,11 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             )
         time.sleep(1.0)
         workload.finish()
+        if txn_workload is not None:
+            say("ending the transactional workload; reading its output")
+            txn_workload.finish(
+                [chaos.direct_address(i) for i in chaos.nodes if i not in nemesis.gone]
+            )
         monitor.stop()
         say("reading every partition from every replica")
         _final_reads(

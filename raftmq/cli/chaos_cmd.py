@@ -79,6 +79,17 @@ def run(
             "(implies --clients)."
         ),
     ] = False,
+    transactions: Annotated[
+        bool,
+        typer.Option(
+            help="Add exactly-once transactions: a consume-transform-produce pipeline of "
+            "transactional workers from the main topic to an output topic, transactional "
+            "producers that abort a share on purpose, and read_committed and "
+            "read_uncommitted readers; the checker adds Jepsen's Kafka properties (no "
+            "aborted or uncommitted read, no torn transaction, no lost committed write, one "
+            "output per input, offsets matching outputs, positions and polls in order)."
+        ),
+    ] = False,
     follower_reads: Annotated[
         bool,
         typer.Option(
@@ -133,6 +144,7 @@ def run(
             group=group,
             idempotent=idempotent,
             follower_reads=follower_reads,
+            transactions=transactions,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
         )
