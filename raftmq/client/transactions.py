@@ -111,6 +111,10 @@ class TransactionManager:
         self.added: set[Key] = set()
         self._waiting: set[Key] = set()
         """Partitions whose batches wait for AddPartitionsToTxn."""
+        self._asking: set[Key] = set()
+        """Partitions of the AddPartitionsToTxn in flight (not asked for again meanwhile)."""
+        self._generation = 0
+        """Counts transactions: an answer to a call of an ended one is dropped."""
         self._adding: asyncio.Task[None] | None = None
         self._begun = False
         """The coordinator may hold an open transaction of ours: a partition or offsets
@@ -149,6 +153,7 @@ class TransactionManager:
         except ClientError as err:
             if err.code in _FATAL:
                 self._fatal(err)
+                raise self.error or err from None
             raise
         assert isinstance(answer, tpb.InitTransactionsResponse)
         self.sequencer.start(answer.producer_id, answer.producer_epoch)
@@ -164,6 +169,7 @@ class TransactionManager:
         self.added.clear()
         self._begun = False
         self.error = None
+        self._generation += 1
         self.state = TransactionState.IN_TRANSACTION
 
     def check_send(self) -> None:
@@ -183,6 +189,8 @@ class TransactionManager:
         when the answer came."""
         if key in self.added:
             return True
+        if key in self._asking:
+            return False
         if self.state in (TransactionState.IN_TRANSACTION, TransactionState.COMMITTING):
             self._waiting.add(key)
             if self._adding is None or self._adding.done():
@@ -190,11 +198,13 @@ class TransactionManager:
         return False
 
     async def _add_waiting(self) -> None:
+        generation = self._generation
         while self._waiting and self.state in (
             TransactionState.IN_TRANSACTION,
             TransactionState.COMMITTING,
         ):
             keys, self._waiting = self._waiting, set()
+            self._asking = keys
             self._begun = True
             try:
                 await self._call(
@@ -202,9 +212,14 @@ class TransactionManager:
                     tpb.AddPartitionsToTxnRequest(**self._ids, partitions=by_topic(keys)),
                 )
             except ClientError as err:
-                self.failed(err)
-                self._wake()
+                if generation == self._generation:
+                    self.failed(err)
+                    self._wake()
                 return
+            finally:
+                self._asking = set()
+            if generation != self._generation:
+                return  # the transaction ended meanwhile: the answer is not this one's
             self.added |= keys
             self._wake()
 
@@ -253,8 +268,11 @@ class TransactionManager:
                 )
             self.state = TransactionState.COMMITTING
             await flush()
+            if self._adding is not None and not self._adding.done():
+                await self._adding  # its answer must not land on the next transaction
+            self._raise_if_fatal()
             if self.error is not None:
-                # A batch failed while flushing: the transaction cannot commit.
+                # A batch or a call failed while flushing: the transaction cannot commit.
                 raise _as(TransactionAbortableError, self.error, "cannot commit: ")
         else:
             if self.state not in (
@@ -287,7 +305,8 @@ class TransactionManager:
             except ClientError as err:
                 if err.code in _FATAL:
                     self._fatal(err)
-                elif commit and not err.retriable and not err.unreachable:
+                    raise self.error or err from None
+                if commit and not err.retriable and not err.unreachable:
                     self.failed(err)
                     raise self.error or err from None
                 raise
@@ -336,7 +355,7 @@ class TransactionManager:
             self.state = TransactionState.ABORTABLE_ERROR
 
     def _fatal(self, err: ClientError) -> None:
-        if err.code == pb.ERROR_CODE_PRODUCER_FENCED:
+        if err.code == pb.ERROR_CODE_PRODUCER_FENCED and not isinstance(err, ProducerFencedError):
             err = _as(ProducerFencedError, err, "this producer must close: ")
         self.error = err
         self.state = TransactionState.FATAL_ERROR

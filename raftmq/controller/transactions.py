@@ -190,6 +190,10 @@ def _end(state: MetadataState, c: EndTxn, now_ms: int) -> tuple[MetadataState, T
             f"the transaction of epoch {c.producer_epoch} was {done} already; it cannot {decision}",
         )
     _check_current(txn, c.producer_id, c.producer_epoch)
+    if txn.state != TxnState.ONGOING and not c.commit:
+        # Nothing open at the current epoch (the producer's AddPartitionsToTxn never
+        # landed, say): nothing to abort, and the epoch stays what it is.
+        return state, TxnOutcome("", "", txn.producer_id, txn.producer_epoch)
     if txn.state != TxnState.ONGOING:
         raise CommandRefused(
             Code.INVALID_TXN_STATE,

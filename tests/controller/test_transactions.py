@@ -250,6 +250,8 @@ def test_refusals(d: Driver) -> None:
     refused(d, c.AddPartitionsToTxn(T, 0, 0, (A,)), Code.INVALID_TXN_STATE)  # no Init
     pid, epoch = init(d)
     refused(d, c.EndTxn(T, pid, epoch, True), Code.INVALID_TXN_STATE)  # none open
+    # An abort with none open does nothing, and the epoch stays.
+    assert ok(d, c.EndTxn(T, pid, epoch, False)).producer_epoch == epoch
     refused(d, c.AddPartitionsToTxn(T, pid, epoch + 1, (A,)), Code.PRODUCER_FENCED)
     refused(d, c.AddPartitionsToTxn(T, pid + 5, epoch, (A,)), Code.PRODUCER_FENCED)
     refused(d, c.AddPartitionsToTxn(T, pid, epoch, (TP("nope", 0),)), Code.UNKNOWN_TOPIC)

@@ -115,9 +115,10 @@ class TransactionsServicer:
         (CONCURRENT_TRANSACTIONS). The answer carries the epoch for the next transaction
         (one above this one's; or a new producer id when the epoch would overflow). Ending a
         transaction with no partition and no offsets writes no marker. A repeated EndTxn with
-        the same decision, from the epoch just ended, answers the same again. Errors:
-        PRODUCER_FENCED, TRANSACTION_ABORTED (on commit), INVALID_TXN_STATE (no transaction,
-        or the other decision was taken).
+        the same decision, from the epoch just ended, answers the same again. An abort with
+        no transaction open at the current epoch does nothing and answers that epoch. Errors:
+        PRODUCER_FENCED, TRANSACTION_ABORTED (on commit), INVALID_TXN_STATE (a commit with no
+        transaction open, or the other decision was taken).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
