@@ -37,7 +37,7 @@ def check_produce(entries: bytes, *, max_entry_bytes: int, max_future_ms: int, n
     if not entries:
         raise InvalidBatchError("the produce request holds no entries")
     count = 0
-    transactional = 0
+    first_producer = entry.NO_PRODUCER_ID
     try:
         # iter_fields checks framing and each entry's CRC32C before we look at its fields.
         for position, fields in entry.iter_fields(entries):
@@ -47,16 +47,18 @@ def check_produce(entries: bytes, *, max_entry_bytes: int, max_future_ms: int, n
                     "send at most that many per request"
                 )
             _check_entry(count, position, fields, entries, max_entry_bytes, max_future_ms, now_ms)
-            bit = fields[4] & _TRANSACTIONAL
             if not count:
-                transactional = bit
-            elif bit != transactional:
+                first_producer = fields[11]
+            elif first_producer >= 0 or fields[11] >= 0:
+                # The leader checks one producer batch per request (its sequence, its
+                # epoch): a producer's entry behind another would be stored unchecked. So
+                # the entries of a request are also all transactional or none (a
+                # transactional entry names its producer).
                 raise InvalidBatchError(
-                    f"entry {count} (byte {position} of the request) "
-                    + ("lacks" if transactional else "sets")
-                    + " the transactional bit (0x10) and entry 0 "
-                    + ("sets" if transactional else "does not")
-                    + ": the entries of one request are all transactional or none"
+                    f"entry {count} (byte {position} of the request) follows another, and "
+                    f"entry {0 if first_producer >= 0 else count} names a producer: an "
+                    "idempotent or transactional producer's request holds exactly one "
+                    "entry; send its batches one per request"
                 )
             count += 1
     except CorruptEntryError as exc:

@@ -128,8 +128,11 @@ def test_idempotent_inside_a_transaction_and_unowned_bits_are_refused(tmp_path: 
             await replica.produce(idempotent, Acks.ALL, 5)
         with pytest.raises(InvalidBatchError, match="names no producer"):
             await replica.produce(unowned_txn_batch(), Acks.ALL, 5)
-        with pytest.raises(InvalidBatchError, match="all transactional or none"):
+        with pytest.raises(InvalidBatchError, match="holds exactly one entry"):
             await replica.produce(plain(b"p") + txn_batch(P, 0, 1, b"x"), Acks.ALL, 5)
+        # Nor an idempotent batch behind a plain entry, which would go unchecked.
+        with pytest.raises(InvalidBatchError, match="holds exactly one entry"):
+            await replica.produce(plain(b"p") + idempotent, Acks.ALL, 5)
         assert data_offsets(replica, read_committed=False) == [0]
 
     run(tmp_path, body)
