@@ -22,6 +22,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.broker.refusals import Refusal, controller_refusal, shorten
 from raftmq.broker.rpc import add_service
+from raftmq.controller.model import MetadataState
 from raftmq.controller.quorum import ControllerError, ControllerQuorum
 from raftmq.controller.state_machine import encode_snapshot
 
@@ -46,6 +47,9 @@ class ControllerFace:
 
 
 class ControllerService(ControllerFace):
+    _last_encoded: tuple[int, bytes] | None = None
+    """(version, bytes) of the last state sent to a watcher (see :meth:`_encoded`)."""
+
     async def RegisterBroker(
         self, request: cpb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> cpb.RegisterBrokerResponse:
@@ -103,10 +107,20 @@ class ControllerService(ControllerFace):
                 f"from_version {request.from_version} is negative; send 0 for everything",
             )
         async for version, state in self.quorum.watch(request.from_version):
-            # Brokers need no transaction state (the coordinator reads the quorum's own):
-            # left out, a busy transactional workload does not grow every update.
-            shown = dataclasses.replace(state, transactions={}) if state.transactions else state
-            yield cpb.MetadataUpdate(version=version, state=encode_snapshot(shown))
+            yield cpb.MetadataUpdate(version=version, state=self._encoded(version, state))
+
+    def _encoded(self, version: int, state: MetadataState) -> bytes:
+        """The state as brokers get it, encoded once per version for every watcher (the
+        encoding of 10,000 partitions is not free). Brokers need no transaction state (the
+        coordinator reads the quorum's own): left out, a busy transactional workload does
+        not grow every update."""
+        cached = self._last_encoded
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        shown = dataclasses.replace(state, transactions={}) if state.transactions else state
+        data = encode_snapshot(shown)
+        self._last_encoded = (version, data)
+        return data
 
     async def DescribeVoter(
         self, request: cpb.DescribeVoterRequest, context: grpc.aio.ServicerContext
