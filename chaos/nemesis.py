@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.cluster import TOPIC, ChaosCluster
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import controller_pb2 as cpb
+from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.broker.metadata_cache import CACHE_FILE
 from raftmq.client import AdminClient, ClientError, LowLevelClient
 from raftmq.controller.quorum import GROUP as CONTROLLER_GROUP
@@ -597,6 +600,14 @@ class Nemesis:
         group's segments), while it is down: an entry of a sealed segment, or, since that
         log rolls rarely, one of its active segment that another entry follows (so the log
         cannot take it for a torn write at its end)."""
+        if self._wait_in_sync() is None:
+            return Fault(
+                "corrupt-controller-log",
+                "bit rot in the controller's metadata log skipped: some replica or voter is "
+                "still catching up",
+                lambda: None,
+                idle=True,
+            )
         voters = [v for v in self.chaos.voters if v in self.live_nodes]
         return self._start_entry_flip(
             "corrupt-controller-log",
@@ -705,7 +716,31 @@ class Nemesis:
                 marks.append(resp.high_watermark)
             if max(marks) - min(marks) > IN_SYNC_OFFSETS:
                 return None
+        if not self._controller_in_sync():
+            return None
         return self.rng.choice(self.live_nodes)
+
+    def _controller_in_sync(self) -> bool:
+        """Every controller voter answers and none is rejoining (after a disk loss or a
+        flipped entry of its metadata log, it gives no vote until it holds the leader's
+        log again). Damaging a second voter's state meanwhile would leave two of three
+        without their data: past what a 3-voter quorum tolerates, so the quorum rightly
+        stalls, and the run would test nothing but that."""
+        for voter in self.chaos.voters:
+            if voter in self.gone:
+                continue
+            if voter in self.killed or voter in self.paused:
+                return False
+            try:
+                with net.channel(self.chaos.direct_address(voter)) as channel:
+                    status = cpb_grpc.ControllerStub(channel).DescribeVoter(
+                        cpb.DescribeVoterRequest(), timeout=2
+                    )
+            except Exception:
+                return False
+            if status.rejoining:
+                return False
+        return True
 
     def _start_fd_pressure(self) -> Fault:
         """Restart one node with a low open-file limit (soft and hard): a broker must bound
