@@ -16,6 +16,7 @@ Raft host to the client, may import it; so it imports only the standard library 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,41 @@ def aio_channel(
 ) -> grpc.aio.Channel:
     """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
     return grpc.aio.insecure_channel(address, options=_options(options))
+
+
+class AioChannels:
+    """One asyncio channel per address, opened on first use and kept (gRPC reconnects a
+    channel by itself): what every caller that talks to many brokers keeps. With
+    ``max_channels``, reaching it closes them all first (addresses change only when
+    brokers move, so the set is rebuilt from those in use). Use it in one event loop."""
+
+    def __init__(self, *, max_channels: int | None = None) -> None:
+        self.max_channels = max_channels
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def get(self, address: str) -> grpc.aio.Channel:
+        """The channel to ``address``, bounded by ``max_channels``."""
+        if (
+            address not in self._channels
+            and self.max_channels is not None
+            and len(self._channels) >= self.max_channels
+        ):
+            await self.close()
+        return self.of(address)
+
+    def of(self, address: str) -> grpc.aio.Channel:
+        """The channel to ``address``, without a bound (for callers that name few)."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio_channel(address)
+        return channel
+
+    async def close(self) -> None:
+        """Close every channel (errors of one do not stop the others)."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close()
 
 
 def aio_server(*, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Server:

@@ -14,7 +14,6 @@ resumes from the last version on the next voter (each message is a whole state).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -61,7 +60,7 @@ class ControllerLink:
         """``voters``: each controller voter's client address (host:port)."""
         assert voters, "a broker needs at least one controller voter"
         self.voters = dict(sorted(voters.items()))
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = net.AioChannels()
         self._leader: str | None = None
         self._turn = 0
         self.controller_version = 0
@@ -75,9 +74,7 @@ class ControllerLink:
 
     def _stub(self, address: str, *, admin: bool = False) -> Any:
         """The Controller service's stub at ``address``, or with ``admin`` the Admin's."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = net.aio_channel(address)
+        channel = self._channels.of(address)
         return apb_grpc.AdminStub(channel) if admin else cpb_grpc.ControllerStub(channel)
 
     def _next_voter(self) -> str:
@@ -86,10 +83,7 @@ class ControllerLink:
         return addresses[self._turn % len(addresses)]
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await self._channels.close()
 
     async def call(self, rpc: str, request: Any, *, admin: bool = False) -> Any:
         """``rpc`` on the quorum's leader (of the Controller service, or with ``admin`` of

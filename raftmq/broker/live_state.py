@@ -15,7 +15,6 @@ never fails for want of a leader.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 
 import grpc
@@ -40,19 +39,13 @@ class LiveState:
     """Asks leader brokers (their client Broker service) for their partitions' state."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = net.AioChannels()
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = net.aio_channel(address)
-        return pb_grpc.BrokerStub(channel)
+        return pb_grpc.BrokerStub(self._channels.of(address))
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await self._channels.close()
 
     async def _ask(self, address: str, topic: str) -> pb.TopicInfo | str:
         """The topic as the broker at ``address`` sees it, or why there is no answer."""

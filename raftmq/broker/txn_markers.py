@@ -5,8 +5,6 @@ controller floor does not speak the api, so this adapter lives here."""
 
 from __future__ import annotations
 
-import contextlib
-
 import grpc
 
 from raftmq import net
@@ -26,7 +24,7 @@ class MarkerSender:
     """Sends markers; one cached channel per broker address."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = net.AioChannels(max_channels=MAX_CHANNELS)
 
     async def __call__(self, address: str, targets: list[MarkerTarget]) -> list[MarkerAnswer]:
         request = pb.WriteTxnMarkersRequest(
@@ -43,7 +41,7 @@ class MarkerSender:
             timeout_ms=WAIT_MS,
         )
         try:
-            stub = await self._stub(address)
+            stub = pb_grpc.BrokerStub(await self._channels.get(address))
             response = await stub.WriteTxnMarkers(request, timeout=DEADLINE_S)
         except grpc.aio.AioRpcError as exc:
             raise MarkersUnsent(f"{exc.code().name}: {exc.details()}") from None
@@ -58,16 +56,5 @@ class MarkerSender:
                 answers[result.index] = MarkerAnswer(False, error.code, error.leader_address)
         return answers
 
-    async def _stub(self, address: str) -> pb_grpc.BrokerStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            if len(self._channels) >= MAX_CHANNELS:
-                await self.close()
-            channel = self._channels[address] = net.aio_channel(address)
-        return pb_grpc.BrokerStub(channel)
-
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await self._channels.close()

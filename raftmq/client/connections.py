@@ -43,15 +43,11 @@ class Connections:
     def __init__(self, bootstrap: tuple[str, ...]) -> None:
         self.bootstrap = bootstrap
         self.view = ClusterView()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = net.AioChannels()
         self._refreshing: asyncio.Task[bool] | None = None
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = net.aio_channel(address)
-            self._channels[address] = channel
-        return channel
+        return self._channels.of(address)
 
     def stub(self, address: str) -> pb_grpc.BrokerStub:
         return pb_grpc.BrokerStub(self.channel(address))
@@ -113,7 +109,4 @@ class Connections:
             self.view.leaders.pop(key, None)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
-        self._channels.clear()
+        await self._channels.close()
