@@ -779,12 +779,8 @@ def _producer_of(entries: bytes) -> tuple[int, int, int, int, bool] | None:
     producer_id = f[11]
     if producer_id < 0:
         return None
-    if f[0] + 4 != len(entries):
-        raise InvalidBatchError(
-            f"the request's first entry carries producer id {producer_id}: an idempotent "
-            "or transactional producer's request holds exactly one entry; send its batches "
-            "one per request"
-        )
+    # check_produce (run by validate, first) refuses a producer's entry beside another.
+    assert f[0] + 4 == len(entries), "a producer's entry goes alone in its request"
     return producer_id, f[12], f[13], f[8], bool(f[4] & entry.TRANSACTIONAL)
 
 
