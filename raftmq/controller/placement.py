@@ -47,7 +47,8 @@ def plan(
     one of each other across brokers, and replicas too when there are no racks or every
     rack has as many brokers (the property tests check both); uneven racks make uneven
     replica counts, since rack spread comes first. New load goes to the least-loaded
-    brokers first.
+    brokers first. A last pass (:func:`_even_out`) moves followers from the fullest
+    brokers to the emptiest where the greedy one could not see a leadership coming.
 
     Deterministic: ties go by broker id, rotated with the partition index
     (``first_partition`` + i), so equal inputs give equal plans on every replica.
@@ -63,7 +64,7 @@ def plan(
     for b in ids:
         on_rack[rack[b]] = on_rack.get(rack[b], 0) + replicas[b]
     n = len(ids)
-    out = []
+    out: list[tuple[int, ...]] = []
     for i in range(partitions):
         p = first_partition + i
         turn = {b: (k - p) % n for k, b in enumerate(ids)}
@@ -86,7 +87,54 @@ def plan(
             replicas[b] += 1
             on_rack[rack[b]] += 1
         out.append(tuple(chosen))
+    _even_out(out, ids, rack, replicas)
     return tuple(out)
+
+
+def _even_out(
+    out: list[tuple[int, ...]], ids: list[int], rack: Mapping[int, str], replicas: dict[int, int]
+) -> None:
+    """Move followers of the new partitions ``out`` from the brokers holding most replicas
+    to those holding fewest, until they are within one or no move keeps every partition's
+    rack spread (the follower's rack stays, or goes to a rack the partition lacks).
+
+    Why: the greedy pass cannot see leaderships it hands out later, so a broker can take a
+    follower early and a leadership after (8 brokers in 4 racks, 8 partitions of 2: 3
+    replicas against 1). Preferred leaders are never moved, so theirs stay balanced."""
+    while True:
+        low = min(replicas[b] for b in ids)
+        high = max(replicas[b] for b in ids)
+        if high - low <= 1:
+            return
+        if not _move_one(out, ids, rack, replicas, low, high):
+            return
+
+
+def _move_one(
+    out: list[tuple[int, ...]],
+    ids: list[int],
+    rack: Mapping[int, str],
+    replicas: dict[int, int],
+    low: int,
+    high: int,
+) -> bool:
+    takers = [b for b in ids if replicas[b] == low]
+    for i, chosen in enumerate(out):
+        for k in range(1, len(chosen)):
+            giver = chosen[k]
+            if replicas[giver] != high:
+                continue
+            racks = {rack[b] for j, b in enumerate(chosen) if j != k}
+            for taker in takers:
+                if taker in chosen:
+                    continue
+                if rack[taker] != rack[giver] and rack[taker] in racks:
+                    continue
+                out[i] = (*chosen[:k], taker, *chosen[k + 1 :])
+                replicas[giver] -= 1
+                replicas[taker] += 1
+                return True
+    return False
 
 
 def _follower(
