@@ -57,7 +57,8 @@ MAX_HAND_BACKS_PER_PASS = 200
 """Hand-backs a broker starts per pass at most: each is an election (a vote, a term
 fsynced on every replica) and a leader report, and a broker that came back after a long
 absence is owed a third of the cluster's leaderships (10,000 partitions: some 3,300, which
-at 100 per pass every other pass took over five minutes)."""
+at 100 per pass every other pass took over five minutes). The groups a pass leaves over
+stay due for the next one (:meth:`HandBack.due`'s limit)."""
 
 
 class _Replica(Protocol):
@@ -244,15 +245,15 @@ class Leadership:
                     self.host,
                     self._peer_alive,
                     policy,
+                    MAX_HAND_BACKS_PER_PASS,
                 )
             except Exception:  # the policy itself: the next pass looks again
                 log.exception("broker %d: choosing hand-backs failed", self.id)
                 continue
             if not self._stopping():
-                handing = due[:MAX_HAND_BACKS_PER_PASS]
-                self._handed_back = {g.name for g in handing}
+                self._handed_back = {g.name for g in due}
                 self._handed_back_s = time.monotonic()
-                hand_back(self.host, handing)
+                hand_back(self.host, due)
 
     def settling(self) -> tuple[bool, bool]:
         """Whether elections here may still be under way: (a replica opened here within
@@ -319,6 +320,7 @@ def hand_back_due(
     host: _Host,
     peer_alive: Callable[[int], bool],
     policy: HandBack,
+    limit: int | None = None,
 ) -> list[LedGroup]:
     """The groups this broker leads that are due to go back to their preferred replica
     (``policy`` decides: raftmq.controller.leadership). A replica whose state cannot be
@@ -333,7 +335,7 @@ def hand_back_due(
             led.append(LedGroup(name, preferred, host.status(name), peer_alive(preferred)))
         except Exception:
             log.exception("preferred leader of %s/%d: looking failed", r.topic, r.partition)
-    return policy.due(led)
+    return policy.due(led, limit)
 
 
 def hand_back(host: _Host, due: Iterable[LedGroup]) -> None:

@@ -46,14 +46,18 @@ class HandBack:
     def __init__(self) -> None:
         self._ready_before: set[str] = set()
 
-    def due(self, led: Iterable[LedGroup]) -> list[LedGroup]:
-        """The groups to hand back now: in sync at this check and at the one before."""
+    def due(self, led: Iterable[LedGroup], limit: int | None = None) -> list[LedGroup]:
+        """The groups to hand back now: in sync at this check and at the one before; at
+        most ``limit`` of them. Those past the limit stay ready, so they are due at the
+        next check if still in sync: were they to start over, a pass that hit the limit
+        would make the next one hand back nothing, and a broker owed thousands of
+        leaderships would get them at half the pace."""
         ready_now: set[str] = set()
-        due = []
+        due: list[LedGroup] = []
         for group in led:
             if not in_sync(group):
                 continue
-            if group.name not in self._ready_before:
+            if group.name not in self._ready_before or (limit is not None and len(due) >= limit):
                 ready_now.add(group.name)
                 continue
             due.append(group)
