@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+from raftmq.broker.layout import same_partition
 from raftmq.controller.model import MetadataState, Partition
 from raftmq.partition.membership_steps import (
     Propose,
@@ -92,16 +93,19 @@ class MembershipDriver:
     # --- inputs ---------------------------------------------------------------------------
 
     def update(self, state: MetadataState) -> None:
-        """A new metadata version: look again at the replicas whose partition it changed
-        and those opened since the last one (a group in line with an unchanged partition
-        needs nothing; one that is not stays looked at until it is)."""
+        """A new metadata version: look again at the replicas whose partition's replicas
+        or learners it changed and those opened since the last one (a group in line with
+        an unchanged partition needs nothing; one that is not stays looked at until it
+        is)."""
         before, self.state = self.state, state
         for key in self._replicas:
-            if (
-                before is None
-                or key not in self._seen
-                or _partition(before, key) != _partition(state, key)
-            ):
+            if before is None or key not in self._seen:
+                self._unsettled.add(key)
+                continue
+            # A new leader alone changes nothing here (a follower that becomes the
+            # group's leader is still unsettled if its configuration differs).
+            old, new = _partition(before, key), _partition(state, key)
+            if old is not new and not same_partition(old, new):
                 self._unsettled.add(key)
         self._seen = set(self._replicas)
         self._reported = {k: v for k, v in self._reported.items() if v > state.version}

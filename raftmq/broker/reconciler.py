@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from raftmq.broker.history_probe import partitions_with_history
+from raftmq.broker.layout import same_layout
 from raftmq.broker.listings import ReplicaListings
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.open_files import open_files_note
@@ -60,6 +61,10 @@ timeout (every broker fenced during a 1,000-partition creation), the Raft transp
 called its peers dead, and controller reads timed out."""
 OPEN_RETRY_CHECK_S = 0.5
 """How often the broker looks for failed replicas whose backoff has passed."""
+FULL_PASS_EVERY_S = 5.0
+"""A version that only moves leaderships skips the pass over every partition
+(:func:`raftmq.broker.layout.same_layout`), but one comes at least this often when
+versions keep arriving: it retries what failed (a delete, say) with the next version."""
 
 
 class Reconciler:
@@ -121,6 +126,10 @@ class Reconciler:
         self._reconcile_lock = asyncio.Lock()
         """Held while replicas open or are deleted for a metadata version, so that a retry
         of a failed one never races the next version's reconcile."""
+        self._full_pass: tuple[MetadataState, float, int] | None = None
+        """The last version that took the full pass, when (monotonic s), and the earliest
+        ``delete_after_ms`` of a partition listed here (a deadline passing changes what
+        is wanted without a new version)."""
         self.settings = ReplicaSettings(log_config)
         self.open_files_note = ""
         self.said_too_few_files = False
@@ -141,6 +150,17 @@ class Reconciler:
             await self._reconcile_locked(state)
 
     async def _reconcile_locked(self, state: MetadataState) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        if self._full_pass is not None:
+            before, at_s, expiry_ms = self._full_pass
+            if (
+                time.monotonic() - at_s < FULL_PASS_EVERY_S
+                and now_ms < expiry_ms
+                and same_layout(before, state)
+            ):
+                self.metadata = state  # only leaderships moved: routing takes them
+                self._follow_moves(state)
+                return
         for b in state.brokers.values():
             if b.id != self.id and b.id not in self.raft_peers:
                 try:
@@ -150,7 +170,6 @@ class Reconciler:
                         "broker %d: learning broker %d's Raft address failed", self.id, b.id
                     )
         await self.delete_gone_replicas(state)
-        now_ms = time.time_ns() // 1_000_000
         wanted = [
             (topic, p, part)
             for _, topic in sorted(state.topics.items())
@@ -183,6 +202,11 @@ class Reconciler:
                 log.exception("broker %d: recording the replicas' listings failed", self.id)
         opened = await self._open_replicas(opening, state.version)
         self._after_opening(opened, state)
+        expiry_ms = min(
+            (part.delete_after_ms for _, _, part in wanted if part.delete_after_ms is not None),
+            default=1 << 62,
+        )
+        self._full_pass = (state, time.monotonic(), expiry_ms)
 
     def _after_opening(self, opened: list[PartitionReplica], state: MetadataState) -> None:
         """What follows the opening of replicas for metadata ``state``: settings, the
@@ -190,6 +214,9 @@ class Reconciler:
         self.settings.apply(self.replicas, state)  # altered configs, decommissions
         if opened:
             log.info("broker %d: opened %d replicas", self.id, len(opened))
+        self._follow_moves(state)
+
+    def _follow_moves(self, state: MetadataState) -> None:
         try:
             self.moves.update(state)
         except Exception:  # its loop looks again at the next version
