@@ -81,10 +81,16 @@ def from_json(tp: Any, value: Any, where: str) -> Any:
     shapes (an extra field, a bool for an int, an int past 64 bits) is ever applied."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints, names = _fields(tp)
-        if not isinstance(value, dict) or set(value) != set(names):
-            raise TypeError(f"{where} needs exactly the fields {', '.join(sorted(names))}")
-        return tp(**{n: from_json(hints[n], value[n], f"{where}.{n}") for n in names})
+        hints, names, required = _fields(tp)
+        if not isinstance(value, dict) or not required <= value.keys() <= names:
+            optional = sorted(names - required)
+            also = f" and may have {', '.join(optional)}" if optional else ""
+            raise TypeError(
+                f"{where} needs the fields {', '.join(sorted(required))}{also}, and no other"
+            )
+        # A field with a default that is missing takes it: an entry written before the
+        # field existed reads as it was applied then (every writer writes every field).
+        return tp(**{n: from_json(hints[n], value[n], f"{where}.{n}") for n in value})
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -135,7 +141,14 @@ def _key(tp: Any, text: str, where: str) -> Any:
 
 
 @functools.cache
-def _fields(tp: type) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """A dataclass's resolved field types and names: resolving string annotations costs
-    far more than reading a value, and a snapshot reads thousands of partitions."""
-    return typing.get_type_hints(tp), tuple(f.name for f in dataclasses.fields(tp))
+def _fields(tp: type) -> tuple[dict[str, Any], frozenset[str], frozenset[str]]:
+    """A dataclass's resolved field types, its field names and those without a default:
+    resolving string annotations costs far more than reading a value, and a snapshot
+    reads thousands of partitions."""
+    fields = dataclasses.fields(tp)
+    required = frozenset(
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    return typing.get_type_hints(tp), frozenset(f.name for f in fields), required

@@ -89,6 +89,11 @@ class RequestRebalance:
     requested: bool
 
 
+PLACEMENT_RULES = 2
+"""The placement rules new CreateTopic and AddPartitions entries are applied with: 1, the
+greedy pass alone; 2, with the pass that evens out replicas (2026-11-27)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CreateTopic:
     """``replica_assignment``, when given, is the replica list of each partition
@@ -101,6 +106,9 @@ class CreateTopic:
     replication_factor: int
     config: Mapping[str, str] = field(default_factory=dict)
     replica_assignment: tuple[tuple[int, ...], ...] = ()
+    placement: int = 1
+    """The version of the controller's placement rules this entry is applied with
+    (:data:`PLACEMENT_RULES`); see :class:`AddPartitions`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,12 @@ class AddPartitions:
 
     name: str
     count: int
+    placement: int = 1
+    """The version of the placement rules (raftmq/controller/placement.py) this entry is
+    applied with. Placement runs when an entry is applied, so a voter that replays the
+    entry later (from an older snapshot, after an upgrade) must place as the voters did
+    that applied it first. Entries written before the field existed read as 1; a
+    proposer writes :data:`PLACEMENT_RULES`."""
 
 
 @dataclass(frozen=True, slots=True)

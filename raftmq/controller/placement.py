@@ -27,6 +27,7 @@ def plan(
     replica_load: Mapping[int, int] | None = None,
     leader_load: Mapping[int, int] | None = None,
     first_partition: int = 0,
+    even_out: bool = True,
 ) -> tuple[tuple[int, ...], ...]:
     """Replica lists (preferred leader first) for ``partitions`` new partitions of
     ``factor`` replicas each, over ``candidates``.
@@ -87,7 +88,8 @@ def plan(
             replicas[b] += 1
             on_rack[rack[b]] += 1
         out.append(tuple(chosen))
-    _even_out(out, ids, rack, replicas)
+    if even_out:  # False: as entries proposed before this pass existed were applied
+        _even_out(out, ids, rack, replicas)
     return tuple(out)
 
 

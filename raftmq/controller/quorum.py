@@ -434,6 +434,7 @@ class ControllerQuorum:
                 replication_factor,
                 dict(config or {}),
                 tuple(tuple(r) for r in assignment),
+                placement=c.PLACEMENT_RULES,
             ),
             c.TopicCreated,
         )
@@ -447,7 +448,9 @@ class ControllerQuorum:
         return await self._propose(c.AlterTopicConfig(name, dict(updates), tuple(removals)), c.Done)
 
     async def add_partitions(self, name: str, count: int) -> c.PartitionsAdded:
-        return await self._propose(c.AddPartitions(name, count), c.PartitionsAdded)
+        return await self._propose(
+            c.AddPartitions(name, count, placement=c.PLACEMENT_RULES), c.PartitionsAdded
+        )
 
     async def decommission(self, name: str, partitions: Iterable[int]) -> c.Done:
         return await self._propose(

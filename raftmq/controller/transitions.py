@@ -17,6 +17,7 @@ from typing import Any
 
 from raftmq.controller import codec, groups, transactions
 from raftmq.controller.commands import (
+    PLACEMENT_RULES,
     AddPartitions,
     AddReplica,
     AllocateProducerIds,
@@ -218,7 +219,9 @@ def _create_topic(state: MetadataState, index: int, c: CreateTopic) -> Outcome:
     if c.replica_assignment:
         replicas = _checked_assignment(state, c)
     else:
-        replicas = _place(state, c.partitions, c.replication_factor, first_partition=0)
+        replicas = _place(
+            state, c.partitions, c.replication_factor, first_partition=0, rules=c.placement
+        )
     topic = Topic(
         c.name,
         topic_id=index,
@@ -251,7 +254,9 @@ def _add_partitions(state: MetadataState, index: int, c: AddPartitions) -> Outco
             f"more than {have}",
         )
     _check_partition_count(c.count)
-    replicas = _place(state, c.count - have, topic.replication_factor, first_partition=have)
+    replicas = _place(
+        state, c.count - have, topic.replication_factor, first_partition=have, rules=c.placement
+    )
     grown = topic.partitions + tuple(Partition(r) for r in replicas)
     return (
         _with_topic(state, dataclasses.replace(topic, partitions=grown)),
@@ -531,9 +536,16 @@ def _checked_assignment(state: MetadataState, c: CreateTopic) -> tuple[tuple[int
 
 
 def _place(
-    state: MetadataState, partitions: int, factor: int, *, first_partition: int
+    state: MetadataState, partitions: int, factor: int, *, first_partition: int, rules: int
 ) -> tuple[tuple[int, ...], ...]:
-    """Replica sets for new partitions over the alive brokers, given the cluster's load."""
+    """Replica sets for new partitions over the alive brokers, given the cluster's load,
+    by the entry's version of the placement rules (commands.PLACEMENT_RULES)."""
+    if not 1 <= rules <= PLACEMENT_RULES:
+        raise CommandRefused(
+            Code.MALFORMED_COMMAND,
+            f"placement rules {rules} are not known here (1-{PLACEMENT_RULES}): a newer "
+            "controller proposed this entry",
+        )
     candidates = [Candidate(b.id, b.rack) for _, b in sorted(state.brokers.items()) if b.placeable]
     if factor > len(candidates):
         raise CommandRefused(
@@ -556,6 +568,7 @@ def _place(
         replica_load=replica_load,
         leader_load=leader_load,
         first_partition=first_partition,
+        even_out=rules >= 2,
     )
 
 
