@@ -64,6 +64,28 @@ def aio_channel(
     return grpc.aio.insecure_channel(address, options=_options(options))
 
 
+class Channels:
+    """One synchronous channel per address, opened on first use and kept (gRPC reconnects
+    a channel by itself): the synchronous clients' twin of :class:`AioChannels`."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def of(self, address: str) -> grpc.Channel:
+        """The channel to ``address``."""
+        found = self._channels.get(address)
+        if found is None:
+            found = self._channels[address] = channel(address)
+        return found
+
+    def close(self) -> None:
+        """Close every channel (errors of one do not stop the others)."""
+        channels, self._channels = self._channels, {}
+        for each in channels.values():
+            with contextlib.suppress(Exception):
+                each.close()
+
+
 class AioChannels:
     """One asyncio channel per address, opened on first use and kept (gRPC reconnects a
     channel by itself): what every caller that talks to many brokers keeps. With

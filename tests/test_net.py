@@ -164,3 +164,13 @@ async def test_a_factory_dial_reaches_a_factory_listener():
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_the_sync_channel_cache_keeps_one_channel_per_address_until_closed():
+    channels = net.Channels()
+    first = channels.of("127.0.0.1:1")
+    assert channels.of("127.0.0.1:1") is first
+    assert channels.of("127.0.0.1:2") is not first
+    channels.close()
+    assert channels.of("127.0.0.1:1") is not first
+    channels.close()

@@ -52,7 +52,7 @@ class AdminClient:
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels = net.Channels()
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:
@@ -67,15 +67,10 @@ class AdminClient:
         self.close()
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        self._channels.close()
 
     def _stub(self, address: str, service: type) -> Any:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = net.channel(address)
-        return service(channel)
+        return service(self._channels.of(address))
 
     def _call(self, rpc: str, request: Any, service: type = apb_grpc.AdminStub) -> Any:
         last: ClientError | None = None

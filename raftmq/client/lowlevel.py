@@ -43,7 +43,7 @@ class LowLevelClient:
         self.retries = retries
         self.backoff = backoff
         self.retry_unavailable = retry_unavailable
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels = net.Channels()
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
 
@@ -51,11 +51,7 @@ class LowLevelClient:
         return pb_grpc.BrokerStub(self._channel(address))
 
     def _channel(self, address: str) -> grpc.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = net.channel(address)
-            self._channels[address] = channel
-        return channel
+        return self._channels.of(address)
 
     def health(self, address: str, *, service: str = BROKER_SERVICE, timeout: float = 2.0) -> str:
         """The grpc.health.v1 status of ``service`` at ``address``: "SERVING" while its
@@ -66,9 +62,7 @@ class LowLevelClient:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        self._channels.close()
 
     def __enter__(self) -> LowLevelClient:
         return self
