@@ -43,14 +43,16 @@ def _same_topic(a: Topic, b: Topic) -> bool:
     ):
         return False
     pairs = zip(a.partitions, b.partitions, strict=True)
-    return all(x is y or same_partition(x, y) for x, y in pairs)
+    return all(same_partition(x, y) for x, y in pairs)
 
 
 def same_partition(x: Partition | None, y: Partition | None) -> bool:
     """The same replicas, learners, move and state (the leader may differ); None for a
-    partition that does not exist."""
+    partition that does not exist. Identity first: most partitions are shared."""
+    if x is y:
+        return True
     if x is None or y is None:
-        return x is y
+        return False
     return (
         x.replicas == y.replicas
         and x.learners == y.learners

@@ -104,8 +104,7 @@ class MembershipDriver:
                 continue
             # A new leader alone changes nothing here (a follower that becomes the
             # group's leader is still unsettled if its configuration differs).
-            old, new = _partition(before, key), _partition(state, key)
-            if old is not new and not same_partition(old, new):
+            if not same_partition(_partition(before, key), _partition(state, key)):
                 self._unsettled.add(key)
         self._seen = set(self._replicas)
         self._reported = {k: v for k, v in self._reported.items() if v > state.version}

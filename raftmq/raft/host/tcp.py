@@ -115,8 +115,9 @@ class TcpTransport:
         :data:`UNREACHABLE_EVERY_S` per peer: the host looks at every group it leads with
         that peer (their streaming falls back to probing), and a dead peer of 10,000
         groups made each wake of its writer loop such a pass (18% of a survivor's CPU
-        after a broker's death). A message dropped in between changes nothing: the
-        groups told last time are probing already, and Raft sends again what was lost."""
+        after a broker's death). A message dropped in between is sent again by Raft; a
+        group that started streaming to the peer since the last report is told with the
+        next drop once the interval has passed."""
         self.dropped += 1
         now_s = time.monotonic()
         if self._handler is not None and now_s - p.told_unreachable_s >= UNREACHABLE_EVERY_S:
