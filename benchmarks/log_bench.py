@@ -11,9 +11,13 @@ without fsync because it hands up to 64 KiB of them to the kernel in one ``pwrit
 Phases:
 
 1. append: 1 KiB records in 16 KiB and 64 KiB batches, each batch one entry built with
-   ``entry.encode`` before the timed loop. With fsync per batch (the log under
-   ``FlushPolicy.EVERY_BATCH``, the reference calling ``os.fdatasync`` after each write) and
-   without (``FlushPolicy.INTERVAL`` with no timer, the reference never syncing).
+   ``entry.encode`` before the timed loop, appended as the Raft host appends them:
+   ``crc_checked=True``, because a broker checks each batch's CRC once at its trust
+   boundary (the produce edge, or a follower's check of its leader's append) and the log
+   then checks framing, contiguity and terms but does not recompute it. With fsync per
+   batch (the log under ``FlushPolicy.EVERY_BATCH``, the reference calling
+   ``os.fdatasync`` after each write) and without (``FlushPolicy.INTERVAL`` with no timer,
+   the reference never syncing).
 2. sequential read (over two segments): ``log.read`` from offset 0 to the end with
    ``max_bytes`` = 1 MiB, against
    ``os.pread`` of 1 MiB chunks of a plain file of the same size; for the log just written
@@ -149,7 +153,7 @@ def time_log_append(directory: Path, batches: list[bytes], fsync: bool) -> Timin
 
     def loop() -> None:
         for b in batches:
-            log.append(b)
+            log.append(b, crc_checked=True)
 
     result = timed(loop)
     log.close()  # untimed flush: no dirty pages carried into the next run
