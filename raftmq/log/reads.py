@@ -342,12 +342,24 @@ def _read_size(log: Log, seg: Segment, position: int, budget_bytes: int, *, have
     rest_bytes = seg.size - position
     if budget_bytes >= rest_bytes:
         return rest_bytes
-    positions = log._index_of(seg).positions
-    boundary = positions[bisect_right(positions, position + budget_bytes) - 1] if positions else 0
+    index = log._index_of(seg)
+    positions = index.positions
+    k = bisect_right(positions, position + budget_bytes)
+    boundary = positions[k - 1] if k else 0
     if boundary > position:
         return boundary - position
     if have:
-        return min(rest_bytes, budget_bytes) if budget_bytes >= entry.HEADER_SIZE else 0
+        if budget_bytes < entry.HEADER_SIZE:
+            return 0
+        if (
+            boundary == position
+            and k < len(positions)
+            and index.indexes[k] == index.indexes[k - 1] + 1
+        ):
+            # The index has slots at both ends of the entry here, and it is larger than
+            # the budget: nothing more fits, and reading the budget would be wasted.
+            return 0
+        return min(rest_bytes, budget_bytes)
     return min(rest_bytes, max(budget_bytes, 0) + READ_SLACK_BYTES)
 
 
