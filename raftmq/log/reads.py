@@ -352,8 +352,8 @@ def _read_size(log: Log, seg: Segment, position: int, budget_bytes: int, *, have
         if budget_bytes < entry.HEADER_SIZE:
             return 0
         if (
-            boundary == position
-            and k < len(positions)
+            0 < k < len(positions)
+            and boundary == position
             and index.indexes[k] == index.indexes[k - 1] + 1
         ):
             # The index has slots at both ends of the entry here, and it is larger than
