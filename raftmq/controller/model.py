@@ -218,13 +218,19 @@ class Transaction:
     """Topic: partition: the position the commit applies to ``group_id`` (checked against
     the group when added); dropped by an abort."""
     pending_markers: tuple[TopicPartition, ...] = ()
-    """prepare_*: the partitions whose marker is not written yet, sorted."""
+    """The partitions whose marker of the last ended transaction is not written yet,
+    sorted: in prepare_*, or in ongoing when the next transaction began before they
+    were all written (the markers are off the producer's path: a partition holds the
+    next transaction's batches until its marker lands)."""
     last_producer_id: int = -1
     last_epoch: int = -1
     """The producer id and epoch of the transaction being (or last) ended, -1 when none
-    since the last InitTransactions or begin. Its markers carry (``last_producer_id``,
-    ``last_epoch + 1``)."""
+    since the last InitTransactions or begin (or, in ongoing, once its markers are all
+    written). Its markers carry (``last_producer_id``, ``last_epoch + 1``)."""
     ended_by: TxnEndedBy = TxnEndedBy.NONE
+    last_committed: bool = False
+    """In ongoing with markers pending: the last transaction's decision (in prepare_* the
+    state says it). False otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,8 +139,19 @@ def _transaction_problems(state: MetadataState, key: str, txn: Transaction) -> l
         (0 <= txn.producer_id < state.next_producer_id, "a producer id never handed out"),
         (0 <= txn.producer_epoch < MAX_PRODUCER_EPOCH, f"epoch {txn.producer_epoch}"),
         (MIN_TXN_TIMEOUT_MS <= txn.timeout_ms <= MAX_TXN_TIMEOUT_MS, "a bad timeout"),
-        (bool(txn.pending_markers) == txn.state.ending, "pending markers out of step"),
-        (set(txn.pending_markers) <= set(txn.partitions), "markers for other partitions"),
+        (
+            txn.state.ending <= bool(txn.pending_markers)
+            and bool(txn.pending_markers) <= (txn.state.ending or txn.state == TxnState.ONGOING),
+            "pending markers out of step",
+        ),
+        (
+            not txn.state.ending or set(txn.pending_markers) <= set(txn.partitions),
+            "markers for other partitions",
+        ),
+        (
+            not txn.last_committed or (txn.state == TxnState.ONGOING and txn.pending_markers),
+            "a last decision with no markers pending",
+        ),
         (len(txn.partitions) <= MAX_TXN_PARTITIONS, "too many partitions"),
         (
             txn.started_ms == 0 or txn.state == TxnState.ONGOING or txn.state.ending,
@@ -149,7 +160,9 @@ def _transaction_problems(state: MetadataState, key: str, txn: Transaction) -> l
         (not txn.offsets or txn.state == TxnState.ONGOING, "offsets outside a transaction"),
         (not txn.offsets or txn.group_id, "offsets of no group"),
         (
-            (txn.last_epoch >= 0) == txn.state.ended == (txn.ended_by != TxnEndedBy.NONE),
+            (txn.last_epoch >= 0)
+            == (txn.state.ended or bool(txn.pending_markers))
+            == (txn.ended_by != TxnEndedBy.NONE),
             "the last transaction out of step",
         ),
     ]

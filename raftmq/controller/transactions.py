@@ -111,7 +111,7 @@ def _init(
         state, producer_id = _new_producer_id(state)
         txn = Transaction(c.transactional_id, producer_id, 0, TxnState.EMPTY, c.timeout_ms)
         return _with(state, txn), TxnOutcome("", "", producer_id, 0)
-    if txn.state.ending:
+    if txn.pending_markers:
         raise CommandRefused(
             Code.CONCURRENT_TRANSACTIONS,
             f"transactional id {txn.transactional_id}'s last transaction is still being "
@@ -200,6 +200,7 @@ def _end(state: MetadataState, c: EndTxn, now_ms: int) -> tuple[MetadataState, T
             f"transactional id {txn.transactional_id} has no transaction open at epoch "
             f"{c.producer_epoch} (it is {txn.state}): nothing to {decision}",
         )
+    _check_markers_written(txn)
     state, txn = _decide(state, txn, commit=c.commit, ended_by=TxnEndedBy.PRODUCER, now_ms=now_ms)
     return _with(state, txn), TxnOutcome("", "", txn.producer_id, txn.producer_epoch)
 
@@ -220,6 +221,7 @@ def _abort(state: MetadataState, c: AbortTxn, now_ms: int) -> tuple[MetadataStat
             f"transactional id {txn.transactional_id} has no transaction open to abort "
             f"(it is {txn.state} at producer {txn.producer_id} epoch {txn.producer_epoch})",
         )
+    _check_markers_written(txn)
     state, txn = _decide(state, txn, commit=False, ended_by=TxnEndedBy.COORDINATOR, now_ms=now_ms)
     return _with(state, txn), TxnOutcome("", "", txn.producer_id, txn.producer_epoch)
 
@@ -229,7 +231,7 @@ def record_markers(state: MetadataState, index: int, c: RecordTxnMarkers) -> Out
         txn = state.transactions.get(written.transactional_id)
         if (
             txn is None
-            or not txn.state.ending
+            or not txn.pending_markers
             or (written.producer_id, written.producer_epoch) != marker_of(txn)
         ):
             continue  # ended (or moved on) meanwhile: a late record
@@ -243,7 +245,7 @@ def record_markers(state: MetadataState, index: int, c: RecordTxnMarkers) -> Out
 def forget_topic(state: MetadataState, name: str) -> MetadataState:
     """A deleted topic's partitions need no marker (nothing reads them any more)."""
     for txn in sorted(state.transactions.values(), key=lambda t: t.transactional_id):
-        if txn.state.ending and any(tp.topic == name for tp in txn.pending_markers):
+        if any(tp.topic == name for tp in txn.pending_markers):
             left = tuple(tp for tp in txn.pending_markers if tp.topic != name)
             state = _with(state, _pending(txn, left))
     return state
@@ -252,6 +254,11 @@ def forget_topic(state: MetadataState, name: str) -> MetadataState:
 def marker_of(txn: Transaction) -> tuple[int, int]:
     """The (producer id, epoch) the markers of ``txn``'s ending transaction carry."""
     return txn.last_producer_id, txn.last_epoch + 1
+
+
+def marker_commits(txn: Transaction) -> bool:
+    """Whether the pending markers of ``txn``'s last transaction say commit."""
+    return txn.state.commits if txn.state.ending else txn.last_committed
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -263,6 +270,7 @@ def _decide(
     """``txn``'s open transaction decided: the epoch moved on, a commit's offsets applied
     to their group in this same entry (an abort drops them), and the markers pending for
     every partition that still exists (complete at once when there is none)."""
+    assert not txn.pending_markers, "a decision while the last one's markers are pending"
     if commit and txn.offsets:
         entries = [
             OffsetEntry(t, p, o.offset, o.metadata)
@@ -288,6 +296,17 @@ def _decide(
 def _pending(txn: Transaction, pending: tuple[TopicPartition, ...]) -> Transaction:
     if pending:
         return dataclasses.replace(txn, pending_markers=pending)
+    if txn.state == TxnState.ONGOING:
+        # The next transaction began while these markers were written: the last one is
+        # done with, and nothing of it is kept.
+        return dataclasses.replace(
+            txn,
+            pending_markers=(),
+            last_producer_id=-1,
+            last_epoch=-1,
+            ended_by=TxnEndedBy.NONE,
+            last_committed=False,
+        )
     done = TxnState.COMPLETE_COMMIT if txn.state.commits else TxnState.COMPLETE_ABORT
     return dataclasses.replace(txn, state=done, pending_markers=(), started_ms=0)
 
@@ -326,24 +345,28 @@ def _open_for_more(
     _check_current(txn, producer_id, epoch)
     if txn.state == TxnState.ONGOING:
         return txn
+    begun = dataclasses.replace(
+        txn, state=TxnState.ONGOING, started_ms=now_ms, partitions=(), group_id="", offsets={}
+    )
     if txn.state.ending:
+        # The last transaction's markers are still being written. The next one begins all
+        # the same, so the markers are off the producer's path: each partition holds this
+        # transaction's batches until its own marker of the last one is in (the marker's
+        # epoch is the one this transaction writes at, so it cannot end this one), and
+        # this transaction's EndTxn waits until every marker is recorded.
+        return dataclasses.replace(begun, last_committed=txn.state.commits)
+    return dataclasses.replace(begun, last_producer_id=-1, last_epoch=-1, ended_by=TxnEndedBy.NONE)
+
+
+def _check_markers_written(txn: Transaction) -> None:
+    """An open transaction is decided only once the last one's markers are all written:
+    a partition must see the markers of one producer in the order of their epochs."""
+    if txn.pending_markers:
         raise CommandRefused(
             Code.CONCURRENT_TRANSACTIONS,
-            f"transactional id {transactional_id}'s last transaction is still being ended "
-            "(its markers are being written); retry shortly",
+            f"transactional id {txn.transactional_id}'s previous transaction still has "
+            f"{len(txn.pending_markers)} markers to write; retry shortly",
         )
-    return dataclasses.replace(
-        txn,
-        state=TxnState.ONGOING,
-        started_ms=now_ms,
-        partitions=(),
-        group_id="",
-        offsets={},
-        pending_markers=(),
-        last_producer_id=-1,
-        last_epoch=-1,
-        ended_by=TxnEndedBy.NONE,
-    )
 
 
 def _producers(state: MetadataState, transactional_id: str) -> Transaction:

@@ -9,7 +9,7 @@ timeout of open transactions, and the marker driver.
   past its ``started_ms + timeout_ms`` (both on proposers' clocks), with an epoch bump, as
   a call of the batch like any other.
 - The marker driver (:class:`MarkerDriver`) has each partition's leader append the
-  markers of every transaction in prepare_*, and records the written ones (a transaction
+  pending markers of every ended transaction, and records the written ones (a transaction
   with none left pending completes in that entry). It works from the metadata alone, so
   a new controller leader finishes what the last one left half-ended. Sending is the
   broker's (raftmq.broker.txn_markers: Broker.WriteTxnMarkers over gRPC); here are the
@@ -31,7 +31,7 @@ from raftmq.controller.errors import RefusalCode
 from raftmq.controller.metadata import broker_addresses
 from raftmq.controller.model import MetadataState, TopicPartition, TxnState
 from raftmq.controller.quorum import ControllerError, ControllerQuorum, ControllerRefusal
-from raftmq.controller.transactions import marker_of
+from raftmq.controller.transactions import marker_commits, marker_of
 from raftmq.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,11 @@ IDLE_POLL_S = 0.5
 """How often an idle driver looks at the metadata anyway (a new leader's first look, a
 leader report that makes a partition reachable again)."""
 CONCURRENT_WAIT_S = 2.0
-"""How long a call that finds its id's previous transaction still ending waits here for
-the markers before it answers CONCURRENT_TRANSACTIONS. A producer's next transaction
-follows its commit at once, and its first AddPartitionsToTxn would otherwise come back
-refused and wait out a client backoff: most of a small transaction's time."""
+"""How long a call that must wait for its id's previous markers (an EndTxn, an
+InitTransactions, an abort) waits here for them before it answers
+CONCURRENT_TRANSACTIONS: it would otherwise come back refused and wait out a client
+backoff. (AddPartitionsToTxn and AddOffsetsToTxn do not wait: the next transaction
+begins while the last one's markers are written.)"""
 
 
 def call_bytes(call: c.TxnCall) -> int:
@@ -109,7 +110,7 @@ def plan_markers(
     limit: int = MARKERS_PER_ROUND,
 ) -> dict[str, list[MarkerTarget]]:
     """The markers to send this round, by leader address: every pending marker of every
-    transaction in prepare_* that is ``due``, to the leader a NOT_LEADER answer pointed
+    transactional id that is ``due``, to the leader a NOT_LEADER answer pointed
     to (``hints``) or else to the one the metadata knows; at most ``limit``. A partition
     with no known leader waits for the next round."""
     addresses = broker_addresses(state)
@@ -117,10 +118,10 @@ def plan_markers(
     count = 0
     for tid in sorted(state.transactions):
         txn = state.transactions[tid]
-        if not txn.state.ending:
+        if not txn.pending_markers:
             continue
         producer_id, epoch = marker_of(txn)
-        commit = txn.state == TxnState.PREPARE_COMMIT
+        commit = marker_commits(txn)
         for tp in txn.pending_markers:
             target = MarkerTarget(tid, tp, producer_id, epoch, commit)
             if not due(target):
@@ -295,10 +296,10 @@ class MarkerDriver:
 
 def _pending_targets(state: MetadataState) -> Iterable[MarkerTarget]:
     for tid, txn in state.transactions.items():
-        if txn.state.ending:
+        if txn.pending_markers:
             producer_id, epoch = marker_of(txn)
             for tp in txn.pending_markers:
-                yield MarkerTarget(tid, tp, producer_id, epoch, txn.state.commits)
+                yield MarkerTarget(tid, tp, producer_id, epoch, marker_commits(txn))
 
 
 class TransactionCoordinator:
@@ -317,7 +318,11 @@ class TransactionCoordinator:
     ) -> None:
         self.quorum = quorum
         self.batcher: Batcher[c.TxnCall, c.TxnOutcome] = Batcher(
-            self._propose, max_items=max_batch_calls, max_bytes=max_batch_bytes, name="txn-calls"
+            self._propose,
+            max_items=max_batch_calls,
+            max_bytes=max_batch_bytes,
+            linger_ms=0,
+            name="txn-calls",
         )
         self.markers = MarkerDriver(quorum, send, retry_first_s=retry_first_s)
         self._expiring: set[tuple[str, int, int]] = set()

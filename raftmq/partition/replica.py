@@ -59,6 +59,10 @@ VALIDATE_INLINE_BYTES = 256 * 1024
 """Produce requests up to this size are checked on the event loop; larger ones in a thread."""
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 """Bytes proposed but not yet answered, per partition: past it producers wait (backpressure)."""
+MARKER_HOLD_S = 2.0
+"""How long a transactional batch that came before its producer's marker of the last
+transaction waits here for the marker before it is refused CONCURRENT_TRANSACTIONS
+(retriable)."""
 CORRUPT_PROBE_ENTRIES = 256
 """How many entries a read that met a corrupt one walks, one by one, to name its offset."""
 MAX_CORRUPT_REPORTED = 1024
@@ -120,6 +124,9 @@ class PartitionReplica:
         """Set from the metadata: the partition takes no new writes (reads go on)."""
         self._host = host
         self._hw_event = asyncio.Event()
+        self._marker_event = asyncio.Event()
+        """Set (and replaced) when a marker is proposed or applied: the batches held for
+        one check again."""
         self._inflight_bytes = 0
         self._inflight_free = asyncio.Condition()
         self._corrupt_reported: set[tuple[str, int]] = set()
@@ -317,11 +324,14 @@ class PartitionReplica:
         group = self.group
         states = self.producers.states
         first_open = states.first_open_offset()
+        markers = states.markers_applied
         if applied_to == group.last_index:
             self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
         self.producers.catch_up(self._log, applied_to)
+        if states.markers_applied != markers:
+            self._markers_moved()
         if states.first_open_offset() != first_open:
             # A marker moved the last stable offset (it takes no offset, so the high
             # watermark stayed): wake the read_committed long polls.
@@ -344,6 +354,10 @@ class PartitionReplica:
         if offset > self._high_watermark:
             self.high_watermark = offset
             self._wake_fetches()
+
+    def _markers_moved(self) -> None:
+        self._marker_event.set()
+        self._marker_event = asyncio.Event()
 
     def _wake_fetches(self) -> None:
         """Wake every parked fetch; each re-checks its own condition."""
@@ -396,7 +410,7 @@ class PartitionReplica:
         forget = None
         try:
             if producer is not None:
-                earlier = self._check_producer(*producer)
+                earlier = await self._check_producer_held(producer, deadline_s)
                 if isinstance(earlier, ProduceResult):
                     return earlier
                 if earlier is not None:
@@ -522,6 +536,27 @@ class PartitionReplica:
         error = _REFUSALS.get(verdict, OutOfOrderSequenceError)
         raise error(where + decision.message)
 
+    async def _check_producer_held(
+        self, producer: tuple[int, int, int, int, bool], deadline_s: float
+    ) -> ProduceResult | PendingBatch | None:
+        """:meth:`_check_producer`, holding a transactional batch that arrived before its
+        producer's marker of the last transaction (CONCURRENT_TRANSACTIONS) until the marker
+        is proposed or applied here, within the request's deadline and MARKER_HOLD_S. The
+        coordinator lets the next transaction begin while the last one's markers are
+        written, so this is the usual race, not a fault: a refusal would cost the producer
+        a retry backoff."""
+        give_up_s = min(deadline_s, time.monotonic() + MARKER_HOLD_S)
+        while True:
+            moved = self._marker_event
+            try:
+                return self._check_producer(*producer)
+            except ConcurrentTransactionsError:
+                left_s = give_up_s - time.monotonic()
+                if left_s <= 0:
+                    raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), left_s)
+
     async def _await_earlier(
         self, done: asyncio.Future[int], deadline_s: float, timeout_s: float, what: str
     ) -> None:
@@ -578,6 +613,7 @@ class PartitionReplica:
         forget = self.producers.proposed(
             producer_id, PendingMarker(epoch, proposed.index, proposed.done)
         )
+        self._markers_moved()  # a batch held for this marker may be proposed behind it
         await self._committed(
             asyncio.shield(proposed.done), deadline_s, timeout_s, forget, "marker"
         )

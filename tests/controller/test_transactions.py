@@ -130,14 +130,65 @@ def test_a_commit_moves_the_epoch_and_applies_the_offsets_in_its_entry(d: Driver
     t = txn(d)
     assert t.state == TxnState.PREPARE_COMMIT and t.pending_markers == (A, B)
     assert (t.producer_epoch, t.last_epoch) == (epoch + 1, epoch) and not t.offsets
-    # The next transaction waits for the markers.
-    assert add(d, pid, epoch + 1, A).code == Code.CONCURRENT_TRANSACTIONS.value
     written(d, T, A)
     assert txn(d).pending_markers == (B,)
     written(d, T, B)
     assert txn(d).state == TxnState.COMPLETE_COMMIT and txn(d).started_ms == 0
     assert add(d, pid, epoch + 1, B).code == ""
     assert txn(d).partitions == (B,) and txn(d).state == TxnState.ONGOING
+
+
+def test_the_next_transaction_begins_while_the_last_ones_markers_are_written(
+    d: Driver,
+) -> None:
+    """The markers are off the producer's path: AddPartitionsToTxn and AddOffsetsToTxn of
+    the next epoch go on at once, and only the next decision (EndTxn, an abort, an Init)
+    waits until every marker of the last one is written, so a partition sees one
+    producer's markers in the order of their epochs."""
+    member = join(d)
+    pid, epoch = init(d)
+    add(d, pid, epoch, A, B)
+    end(d, pid, epoch, commit=True)
+    assert add(d, pid, epoch + 1, B).code == ""
+    assert offsets(d, pid, epoch + 1, member, p0=4).code == ""
+    t = txn(d)
+    assert t.state == TxnState.ONGOING and t.partitions == (B,) and t.started_ms == 5_000
+    assert t.pending_markers == (A, B) and t.last_committed  # the last one's, still to write
+    assert (t.last_producer_id, t.last_epoch) == (pid, epoch)
+    # It survives a snapshot as it is (a new controller leader writes those markers).
+    assert decode_snapshot(encode_snapshot(d.machine.state)) == d.machine.state
+    for request in (
+        c.EndTxn(T, pid, epoch + 1, True),
+        c.EndTxn(T, pid, epoch + 1, False),
+        c.AbortTxn(T, -1, -1),
+        c.InitTransactions(T, 60_000),
+    ):
+        assert "retry" in refused(d, request, Code.CONCURRENT_TRANSACTIONS)
+    # The last epoch's calls are fenced now: its producer went on to the next one.
+    refused(d, c.EndTxn(T, pid, epoch, True), Code.PRODUCER_FENCED)
+    written(d, T, A)
+    assert txn(d).pending_markers == (B,) and txn(d).state == TxnState.ONGOING
+    written(d, T, B)
+    t = txn(d)
+    assert t.state == TxnState.ONGOING and not t.pending_markers and not t.last_committed
+    assert (t.last_producer_id, t.last_epoch) == (-1, -1)
+    answer = end(d, pid, epoch + 1, commit=False)
+    assert answer.producer_epoch == epoch + 2
+    t = txn(d)
+    assert t.state == TxnState.PREPARE_ABORT and t.pending_markers == (B,)
+    assert committed(d) == {}  # the aborted one's offsets are dropped
+
+
+def test_an_abort_ending_with_markers_pending_hands_its_decision_to_the_next_one(
+    d: Driver,
+) -> None:
+    pid, epoch = init(d)
+    add(d, pid, epoch, A)
+    end(d, pid, epoch, commit=False)
+    add(d, pid, epoch + 1, B)
+    t = txn(d)
+    assert t.pending_markers == (A,) and not t.last_committed
+    assert (t.last_producer_id, t.last_epoch) == (pid, epoch)
 
 
 def test_an_abort_drops_the_offsets(d: Driver) -> None:

@@ -8,7 +8,8 @@ markers they are sent, and can refuse them, point elsewhere, or not answer.
 Checked: a commit's offsets are visible to FetchOffsets as soon as EndTxn answers and an
 abort's never; markers reach each partition's leader with the bumped epoch, follow a
 NOT_LEADER answer, are retried while a leader is unreachable, and complete the
-transaction; the next transaction waits for them (CONCURRENT_TRANSACTIONS); a timed-out
+transaction; the next transaction begins meanwhile but ends only after them
+(CONCURRENT_TRANSACTIONS); a timed-out
 transaction is aborted (TRANSACTION_ABORTED, then EndTxn(abort) succeeds); a new
 controller leader finishes a transaction left in prepare_commit; concurrent calls share
 metadata entries; a follower voter redirects; bad requests are refused with their codes."""
@@ -236,20 +237,24 @@ async def test_markers_follow_not_leader_wait_out_an_unreachable_leader_and_hold
             described.state == "prepare_commit"
             and len(described.pending_markers[0].partitions) == 2
         )
-        err = await refusal(
-            stub.AddPartitionsToTxn(
-                tpb.AddPartitionsToTxnRequest(**ids, producer_epoch=1, partitions=tps(0))
-            )
+        # The next transaction begins (its partitions hold its batches until their
+        # markers land), but it cannot end, nor can an Init, until every marker is in.
+        await stub.AddPartitionsToTxn(
+            tpb.AddPartitionsToTxnRequest(**ids, producer_epoch=1, partitions=tps(0))
         )
-        assert_error(err, UA, "CONCURRENT_TRANSACTIONS", "retry")
-        err = await refusal(
-            stub.InitTransactions(tpb.InitTransactionsRequest(transactional_id="tx"))
-        )
-        assert_error(err, UA, "CONCURRENT_TRANSACTIONS", "retry")
+        for call in (
+            stub.EndTxn(tpb.EndTxnRequest(**ids, producer_epoch=1, commit=True)),
+            stub.InitTransactions(tpb.InitTransactionsRequest(transactional_id="tx")),
+        ):
+            assert_error(await refusal(call), UA, "CONCURRENT_TRANSACTIONS", "retry")
         one.mode = f"redirect:{two.address}"  # it answers now, and points at broker 2
-        await completed(stub, "tx", "complete_commit")
+        await completed(stub, "tx", "ongoing")
         assert two.seen() == {("t", p, init.producer_id, 1, True) for p in (0, 1)}
         assert not one.markers
+        ended = await stub.EndTxn(tpb.EndTxnRequest(**ids, producer_epoch=1, commit=True))
+        assert ended.producer_epoch == 2
+        await completed(stub, "tx", "complete_commit")
+        assert ("t", 0, init.producer_id, 2, True) in two.seen()
 
 
 async def test_a_timed_out_transaction_is_aborted_and_its_producer_told(tmp_path):

@@ -16,8 +16,10 @@ from raftmq.format import entry
 from raftmq.format.records import Record, build_batch
 from raftmq.log.config import LogConfig
 from raftmq.partition import producer_tracking
+from raftmq.partition import replica as replica_module
 from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import (
+    ConcurrentTransactionsError,
     InvalidBatchError,
     InvalidTxnStateError,
     OutOfOrderSequenceError,
@@ -156,6 +158,33 @@ def test_markers_and_batches_in_flight_together_never_decide_on_stale_state(
         assert isinstance(results[2], ProducerFencedError)
         assert replica.group.last_index == last_index + 1
         assert replica.aborted_transactions(0, 1) == [AbortedTransaction(P, 0, 1)]
+
+    run(tmp_path, body)
+
+
+def test_the_next_transactions_batch_waits_for_the_last_ones_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator lets the next transaction begin while the last one's markers are
+    written, so its first batch may come first: the leader holds it until the marker is
+    proposed, then appends it behind the marker (which therefore cannot end it); with no
+    marker within MARKER_HOLD_S it is refused CONCURRENT_TRANSACTIONS (retriable)."""
+    monkeypatch.setattr(replica_module, "MARKER_HOLD_S", 0.3)
+
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(txn_batch(P, 0, 0, b"a"), Acks.ALL, 5)
+        early = asyncio.create_task(replica.produce(txn_batch(P, 1, 0, b"next"), Acks.ALL, 5))
+        await asyncio.sleep(0.1)
+        assert not early.done()  # held, not refused
+        await replica.write_marker(P, 1, True, 5)
+        result = await asyncio.wait_for(early, 2.0)
+        assert result.base_offset == 1
+        # The marker ended epoch 0's transaction only: epoch 1's is open behind it.
+        assert replica.producers.states.transactions_to_json() == [[P, 1, 1]]
+        assert replica.last_stable_offset == 1
+        with pytest.raises(ConcurrentTransactionsError, match="retry"):
+            await replica.produce(txn_batch(P, 2, 0, b"too early"), Acks.ALL, 5)
+        assert data_offsets(replica, read_committed=False) == [0, 1]
 
     run(tmp_path, body)
 
