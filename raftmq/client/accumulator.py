@@ -202,6 +202,11 @@ class Accumulator:
             self._ready.clear()
         return out
 
+    def lingering(self) -> list[tuple[str, int]]:
+        """The partitions whose open batch still takes records (its linger runs)."""
+        with self._lock:
+            return list(self._open)
+
     @property
     def waiting(self) -> bool:
         with self._lock:

@@ -449,6 +449,10 @@ class _Engine:
             batches, next_due = self.acc.drain(
                 time.monotonic(), self._claim, flush=self._flushing > 0 or self._stopping
             )
+            if self.txn is not None:
+                # A partition joins the transaction while its first batch still lingers,
+                # so the batch need not wait for the answer once it is ready.
+                self.txn.add_early(self.acc.lingering())
             for batch in batches:
                 if not self._prepare(batch):
                     self._release_slot(batch)

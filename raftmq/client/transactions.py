@@ -24,7 +24,6 @@ Three kinds of error (ErrorCode comments in broker.proto):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from typing import TypedDict
@@ -110,12 +109,14 @@ class TransactionManager:
         """Why the transaction must be aborted (ABORTABLE_ERROR) or the producer closed."""
         self.added: set[Key] = set()
         self._waiting: set[Key] = set()
-        """Partitions whose batches wait for AddPartitionsToTxn."""
+        """Partitions to ask for in the next AddPartitionsToTxn (one is scheduled)."""
         self._asking: set[Key] = set()
-        """Partitions of the AddPartitionsToTxn in flight (not asked for again meanwhile)."""
+        """Partitions waiting for or in an AddPartitionsToTxn (not asked for again)."""
         self._generation = 0
         """Counts transactions: an answer to a call of an ended one is dropped."""
-        self._adding: asyncio.Task[None] | None = None
+        self._adding: set[asyncio.Task[None]] = set()
+        """The AddPartitionsToTxn calls in flight: each asks for what waited when it began
+        (the partitions met in one turn of the engine), without waiting for the others."""
         self._begun = False
         """The coordinator may hold an open transaction of ours: a partition or offsets
         were asked to be added (even if the answer never came)."""
@@ -167,6 +168,8 @@ class TransactionManager:
                 f"transaction committed or aborted; this producer is {self.state}"
             )
         self.added.clear()
+        self._asking.clear()
+        self._waiting.clear()
         self._begun = False
         self.error = None
         self._generation += 1
@@ -185,43 +188,56 @@ class TransactionManager:
 
     def partition_ready(self, key: Key) -> bool:
         """May a batch of ``key`` be sent? Only once the partition is in the transaction:
-        else it is asked for (with every other partition waiting) and the engine is woken
-        when the answer came."""
+        else it is asked for (with every other partition met in this turn of the engine)
+        and the engine is woken when the answer came."""
         if key in self.added:
             return True
         if key in self._asking:
             return False
         if self.state in (TransactionState.IN_TRANSACTION, TransactionState.COMMITTING):
+            if not self._waiting:
+                asyncio.get_running_loop().call_soon(self._ask_waiting)
             self._waiting.add(key)
-            if self._adding is None or self._adding.done():
-                self._adding = asyncio.get_running_loop().create_task(self._add_waiting())
+            self._asking.add(key)
         return False
 
-    async def _add_waiting(self) -> None:
-        generation = self._generation
-        while self._waiting and self.state in (
+    def add_early(self, keys: list[Key]) -> None:
+        """Ask for the partitions whose first batch is still being filled: the answer is
+        then often in before the batch is ready to go (see partition_ready)."""
+        for key in keys:
+            self.partition_ready(key)
+
+    def _ask_waiting(self) -> None:
+        keys, self._waiting = self._waiting, set()
+        if not keys or self.state not in (
             TransactionState.IN_TRANSACTION,
             TransactionState.COMMITTING,
         ):
-            keys, self._waiting = self._waiting, set()
-            self._asking = keys
-            self._begun = True
-            try:
-                await self._call(
-                    "AddPartitionsToTxn",
-                    tpb.AddPartitionsToTxnRequest(**self._ids, partitions=by_topic(keys)),
-                )
-            except ClientError as err:
-                if generation == self._generation:
-                    self.failed(err)
-                    self._wake()
-                return
-            finally:
-                self._asking = set()
-            if generation != self._generation:
-                return  # the transaction ended meanwhile: the answer is not this one's
-            self.added |= keys
-            self._wake()
+            self._asking -= keys
+            return
+        self._begun = True
+        task = asyncio.get_running_loop().create_task(self._add(keys, self._generation))
+        self._adding.add(task)
+        task.add_done_callback(self._adding.discard)
+
+    async def _add(self, keys: set[Key], generation: int) -> None:
+        try:
+            await self._call(
+                "AddPartitionsToTxn",
+                tpb.AddPartitionsToTxnRequest(**self._ids, partitions=by_topic(keys)),
+            )
+        except ClientError as err:
+            if generation == self._generation:
+                self.failed(err)
+                self._wake()
+            return
+        finally:
+            if generation == self._generation:
+                self._asking -= keys
+        if generation != self._generation:
+            return  # the transaction ended meanwhile: the answer is not this one's
+        self.added |= keys
+        self._wake()
 
     async def add_offsets(
         self, offsets: Mapping[Key, int | OffsetAndMetadata], group: tuple[str, str, int]
@@ -268,8 +284,8 @@ class TransactionManager:
                 )
             self.state = TransactionState.COMMITTING
             await flush()
-            if self._adding is not None and not self._adding.done():
-                await self._adding  # its answer must not land on the next transaction
+            if self._adding:  # their answers must not land on the next transaction
+                await asyncio.gather(*self._adding, return_exceptions=True)
             self._raise_if_fatal()
             if self.error is not None:
                 # A batch or a call failed while flushing: the transaction cannot commit.
@@ -285,11 +301,12 @@ class TransactionManager:
                     f"abort_transaction() needs an open transaction; this producer is {self.state}"
                 )
             self.state = TransactionState.ABORTING
-            if self._adding is not None:
-                self._adding.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._adding
+            adding = list(self._adding)
+            for task in adding:
+                task.cancel()
+            await asyncio.gather(*adding, return_exceptions=True)
             self._waiting.clear()
+            self._asking.clear()
             fail_queued(
                 TransactionAbortableError(
                     "the transaction was aborted before this record was sent",
