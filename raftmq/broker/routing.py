@@ -385,14 +385,14 @@ class Router:
                 result = replica.read(
                     offset, max_bytes, replica_read=replica_read, read_committed=read_committed
                 )
+            next_offset = result.next_offset if result.entries else offset
+            aborted = (
+                replica.aborted_transactions(offset, next_offset)
+                if read_committed and result.entries
+                else []
+            )
         except PartitionError as exc:
             raise self.refusal(exc) from None
-        next_offset = result.next_offset if result.entries else offset
-        aborted = (
-            replica.aborted_transactions(offset, next_offset)
-            if read_committed and result.entries
-            else []
-        )
         return Fetched(
             result.data,
             next_offset,

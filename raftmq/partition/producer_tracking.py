@@ -12,9 +12,12 @@ applied an entry of its own term (its election NOOP): before that, entries of ea
 terms it holds may still commit, and a check without them could let a duplicate in.
 
 Restart: the checkpoint (``producer_state.json``: the states, the open transactions, the
-aborted-transaction list and the Raft index they cover, CRC-framed, written atomically
-with fsync every CHECKPOINT_EVERY_ENTRIES entries, off the event loop) plus the headers of
-the entries after it. A checkpoint that is missing or unreadable is rebuilt from at most
+aborted-transaction tail, the aborted-transaction runs it relies on, and the Raft index
+they cover, CRC-framed, written atomically with fsync every CHECKPOINT_EVERY_ENTRIES
+entries or when the aborted tail is full, off the event loop) plus the headers of the
+entries after it. The runs (raftmq.partition.aborted_transactions) are files of their own,
+written before the checkpoint that lists them and deleted after the one that drops them.
+A checkpoint that is missing or unreadable is rebuilt from at most
 MAX_REPLAY_ENTRIES entries before the commit (older producers are then unknown: their
 next batch with a sequence above 0 is UNKNOWN_PRODUCER_ID, and the producer starts a new
 epoch; a transaction opened or aborted before that range is not seen either). The
@@ -29,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -38,7 +41,11 @@ from raftmq.format import entry
 from raftmq.format.errors import FormatError
 from raftmq.log.atomic_file import read_atomic, write_atomic
 from raftmq.log.errors import LogError
-from raftmq.partition.aborted_transactions import AbortedTransactions
+from raftmq.partition.aborted_transactions import (
+    RUN_SUFFIX,
+    SEAL_ENTRIES,
+    AbortedTransactions,
+)
 from raftmq.partition.producer_state import Decision, MarkerVerdict, ProducerStates
 
 log = logging.getLogger(__name__)
@@ -113,6 +120,8 @@ class ProducerTracking:
         self._pending: dict[int, list[Pending]] = {}
         self._pending_term = 0
         self._load()
+        self.states.aborted.directory = directory
+        self._remove_unlisted_runs()
 
     # --- state on every replica -----------------------------------------------------------
 
@@ -132,13 +141,24 @@ class ProducerTracking:
             saved = json.loads(payload)
             # A checkpoint written before transactions has neither list: none open or aborted.
             states = ProducerStates.from_json(saved["producers"], saved.get("transactions"))
-            states.aborted = AbortedTransactions.from_json(saved.get("aborted", []))
+            states.aborted = AbortedTransactions.from_json(
+                saved.get("aborted", []), saved.get("aborted_runs"), self.path.parent
+            )
             index, term = int(saved["index"]), int(saved["term"])
         except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
             return
         self.states, self.applied_index, self.applied_term = states, index, term
         self._checkpointed_index = index
+
+    def _remove_unlisted_runs(self) -> None:
+        """Delete the aborted-transaction run files the loaded state does not list: sealed
+        after its checkpoint (they are sealed again as the log is replayed), or passed by
+        retention, or left by a state set aside."""
+        listed = {run.name for run in self.states.aborted.runs}
+        for path in self.path.parent.glob("*" + RUN_SUFFIX):
+            if path.name not in listed:
+                path.unlink(missing_ok=True)
 
     def open_at(self, log_: LogHeaders, commit_index: int) -> None:
         """At open: bring the state from the checkpoint up to ``commit_index``, reading at
@@ -193,7 +213,10 @@ class ProducerTracking:
         if applied_to > self.applied_index:
             self.applied_index = applied_to
         self.states.aborted.trim(log_.start_offset)
-        if self.applied_index - self._checkpointed_index >= CHECKPOINT_EVERY_ENTRIES:
+        if (
+            self.applied_index - self._checkpointed_index >= CHECKPOINT_EVERY_ENTRIES
+            or self.states.aborted.tail_size >= SEAL_ENTRIES
+        ):
             self.checkpoint()
 
     def _apply_header(self, f: entry.HeaderFields, data: bytes, position: int) -> None:
@@ -237,7 +260,7 @@ class ProducerTracking:
         takes its producers, open transactions and aborted list from it, so a failover
         to it neither refuses producers as unknown nor leaves a transaction open that a
         marker it skipped had closed."""
-        return json.dumps(self._saved(), separators=(",", ":")).encode()
+        return json.dumps(self._saved(for_peer=True), separators=(",", ":")).encode()
 
     def install(self, index: int, term: int, data: bytes) -> None:
         """A snapshot at ``index`` arrived with its leader's state (:meth:`snapshot_bytes`):
@@ -263,32 +286,53 @@ class ProducerTracking:
         if saved is None or at < index:
             self.skip_to(index, term)
             return
+        old = self.states.aborted
+        states.aborted.directory = old.directory
+        states.aborted.dropped = old.dropped + [run.name for run in old.runs]
         self.states, self.applied_index, self.applied_term = states, at, at_term
         self._pending.clear()
         # At once, or (a write of the older state under way) at the next apply.
         self._checkpointed_index = at - CHECKPOINT_EVERY_ENTRIES
         self.checkpoint()
 
-    def _saved(self) -> dict[str, object]:
-        return {
+    def _saved(self, *, for_peer: bool = False) -> dict[str, object]:
+        """The checkpoint's content; for a peer (a snapshot's attachment) the aborted runs
+        are read back into the list, since the peer has none of their files."""
+        aborted = self.states.aborted
+        saved: dict[str, object] = {
             "index": self.applied_index,
             "term": self.applied_term,
             "producers": self.states.to_json(),
             "transactions": self.states.transactions_to_json(),
-            "aborted": self.states.aborted.to_json(),
         }
+        if for_peer:
+            saved["aborted"] = aborted.all_to_json()
+        else:
+            saved["aborted"] = aborted.to_json()
+            saved["aborted_runs"] = aborted.runs_to_json()
+        return saved
 
     def checkpoint(self) -> None:
         """Save the state durably, off the event loop when there is one; one write at a
-        time (a later call finds the next threshold)."""
+        time (a later call finds the next threshold). A full aborted-transaction tail is
+        sealed into a run first: the run's file is written before the checkpoint that
+        lists it, and the files of runs retention passed are deleted after the checkpoint
+        that no longer lists them."""
         if self._writing:
             return
+        aborted = self.states.aborted
+        if aborted.tail_size >= SEAL_ENTRIES:
+            aborted.seal(self.applied_index)
+        runs = aborted.unwritten()
+        dropped, aborted.dropped = aborted.dropped, []
         saved = self._saved()  # copies: the encoding may run elsewhere
         index = self.applied_index
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            _save(self.path, saved)
+            _save(self.path, saved, runs, dropped)
+            for name, _ in runs:
+                aborted.written(name)
             self._checkpointed_index = index
             return
         self._writing = True
@@ -299,8 +343,12 @@ class ProducerTracking:
             exc = fut.exception()
             if exc is not None:
                 log.warning("%s: producer state checkpoint not written: %s", self.name, exc)
+                return
+            if self.states.aborted is aborted:  # not replaced by a snapshot meanwhile
+                for name, _ in runs:
+                    aborted.written(name)
 
-        loop.run_in_executor(None, _save, self.path, saved).add_done_callback(done)
+        loop.run_in_executor(None, _save, self.path, saved, runs, dropped).add_done_callback(done)
 
     # --- the leader's check -----------------------------------------------------------------
 
@@ -366,6 +414,16 @@ class ProducerTracking:
         return forget
 
 
-def _save(path: Path, saved: dict[str, object]) -> None:
-    """Encode and write a checkpoint (in a thread: 10,000 producers take milliseconds)."""
+def _save(
+    path: Path,
+    saved: dict[str, object],
+    runs: Sequence[tuple[str, bytes]] = (),
+    dropped: Sequence[str] = (),
+) -> None:
+    """Encode and write a checkpoint (in a thread: 10,000 producers take milliseconds):
+    the run files it lists first, the files it no longer lists deleted after it."""
+    for name, payload in runs:
+        write_atomic(path.parent / name, payload)
     write_atomic(path, json.dumps(saved, separators=(",", ":")).encode())
+    for name in dropped:
+        (path.parent / name).unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryErr
 from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogError
 from raftmq.log.log import ReadResult
-from raftmq.partition.aborted_transactions import AbortedTransaction
+from raftmq.partition.aborted_transactions import AbortedIndexError, AbortedTransaction
 from raftmq.partition.batch_check import check_produce
 from raftmq.partition.errors import (
     ConcurrentTransactionsError,
@@ -175,7 +175,17 @@ class PartitionReplica:
 
     def aborted_transactions(self, lo: int, hi: int) -> list[AbortedTransaction]:
         """The aborted transactions with batches in offsets [lo, hi), by first offset."""
-        return self.producers.states.aborted.overlapping(lo, hi)
+        try:
+            return self.producers.states.aborted.overlapping(lo, hi)
+        except AbortedIndexError as exc:
+            # Never answer without them: the reader would take aborted records for
+            # committed ones. Another replica has its own index.
+            raise CorruptDataError(
+                f"this replica of {self.topic}/{self.partition} cannot read its "
+                f"aborted-transaction index: {exc}; read_committed fetches of offsets "
+                f"{lo}-{hi} go to another replica (or retry once it is reopened)",
+                self.leader_id if self.leader_id != self._host.node_id else 0,
+            ) from None
 
     @property
     def _log(self) -> LogReads:

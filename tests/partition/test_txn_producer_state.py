@@ -6,9 +6,13 @@ were applied. The aborted list answers a fetch's range exactly as a scan would."
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from raftmq.log.atomic_file import write_atomic
 from raftmq.partition.aborted_transactions import AbortedTransaction, AbortedTransactions
 from raftmq.partition.producer_state import (
     MAX_PRODUCERS,
@@ -183,27 +187,64 @@ def test_a_check_with_pending_writes_equals_a_check_after_they_apply(
     lo=st.integers(0, 200),
     width=st.integers(1, 80),
     start=st.integers(0, 150),
+    seal_every=st.integers(1, 40),
+    write_files=st.booleans(),
 )
 def test_the_aborted_list_answers_a_range_as_a_scan_would(
-    spans: list[tuple[int, int]], lo: int, width: int, start: int
+    spans: list[tuple[int, int]],
+    lo: int,
+    width: int,
+    start: int,
+    seal_every: int,
+    write_files: bool,
 ) -> None:
+    """With the tail sealed into runs every ``seal_every`` transactions, read from their
+    files (or, not yet written, from memory), across trims."""
     rows = []
     last = 0
     for pid, (gap, span) in enumerate(spans):
         last += gap
         rows.append(AbortedTransaction(pid, max(0, last - span), last))
-    aborted = AbortedTransactions()
-    for row in rows:
-        aborted.add(*row)
-    hi = lo + width
-    want = sorted(
-        (r for r in rows if r.last_offset > lo and r.first_offset < hi), key=lambda r: r[1]
-    )
-    assert aborted.overlapping(lo, hi) == want
-    aborted.trim(start)
-    kept = [r for r in rows if r.last_offset > start]
-    assert aborted.to_json() == [list(r) for r in kept]
-    want = sorted(
-        (r for r in kept if r.last_offset > lo and r.first_offset < hi), key=lambda r: r[1]
-    )
-    assert aborted.overlapping(lo, hi) == want
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        aborted = AbortedTransactions(directory)
+        for index, row in enumerate(rows):
+            aborted.add(*row)
+            if aborted.tail_size >= seal_every:
+                aborted.seal(index)
+                if write_files:
+                    for name, payload in aborted.unwritten():
+                        write_atomic(directory / name, payload)
+                        aborted.written(name)
+        assert len(aborted) == len(rows)
+        hi = lo + width
+        want = sorted(
+            (r for r in rows if r.last_offset > lo and r.first_offset < hi), key=lambda r: r[1]
+        )
+        assert aborted.overlapping(lo, hi) == want
+        aborted.trim(start)
+        kept = [
+            r
+            for r in rows
+            if r.last_offset > start
+            or any(
+                run.first_last <= r.last_offset <= run.last_last and run.last_last > start
+                for run in aborted.runs
+            )
+        ]
+        assert aborted.all_to_json() == [list(r) for r in kept]
+        # A run wholly passed is dropped (its file deleted later); one that straddles the
+        # start is kept whole: a fetch never asks below the start.
+        assert all(run.last_last > start for run in aborted.runs)
+        want = sorted(
+            (r for r in kept if r.last_offset > lo and r.first_offset < hi), key=lambda r: r[1]
+        )
+        assert [t for t in aborted.overlapping(lo, hi) if t.last_offset > start] == [
+            t for t in want if t.last_offset > start
+        ]
+        if write_files:
+            # The tail and the runs as a checkpoint lists them load back the same.
+            again = AbortedTransactions.from_json(
+                aborted.to_json(), aborted.runs_to_json(), directory
+            )
+            assert again.all_to_json() == aborted.all_to_json()

@@ -7,6 +7,7 @@ a restart rebuilds the same open transactions and aborted list."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -278,3 +279,64 @@ def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> Non
             await host.stop()
 
     asyncio.run(main())
+
+
+def test_aborted_transactions_past_the_tail_go_to_run_files_and_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Memory keeps at most SEAL_ENTRIES aborted transactions: the rest are sealed into
+    index files beside the log, listed by the checkpoint, read back by fetches and at a
+    restart; a damaged run file sets the checkpoint aside (the state is rebuilt from the
+    log, with one WARNING), and files retention passed are deleted."""
+    monkeypatch.setattr(producer_tracking, "SEAL_ENTRIES", 3)
+    expected = [AbortedTransaction(pid, 2 * (pid - 1), 2 * (pid - 1) + 1) for pid in range(1, 9)]
+
+    async def before(replica: PartitionReplica) -> None:
+        for pid in range(1, 9):
+            await replica.produce(txn_batch(pid, 0, 0, b"a"), Acks.ALL, 5)
+            await replica.write_marker(pid, 1, False, 5)
+            await replica.produce(plain(b"between"), Acks.ALL, 5)
+        aborted = replica.producers.states.aborted
+        assert aborted.tail_size < 3 and len(aborted.runs) >= 2
+        assert replica.aborted_transactions(0, 100) == expected
+        for _ in range(100):  # the checkpoints' writes are off the loop
+            if all((tmp_path / run.name).exists() for run in aborted.runs):
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+
+    async def after(replica: PartitionReplica) -> None:
+        assert replica.producers.states.aborted.runs
+        assert replica.aborted_transactions(0, 100) == expected
+        assert replica.aborted_transactions(5, 7) == [expected[3]]
+
+    run(tmp_path, before)
+    files = sorted(tmp_path.glob("*.txnindex"))
+    assert len(files) >= 2
+    run(tmp_path, after)
+    files[0].write_bytes(b"rot" + files[0].read_bytes()[3:])
+    with caplog.at_level(logging.WARNING):
+        run(tmp_path, after)
+    assert any("producer state checkpoint" in r.getMessage() for r in caplog.records)
+
+
+def test_run_files_retention_passed_are_deleted_after_the_next_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(producer_tracking, "SEAL_ENTRIES", 2)
+    tracking = producer_tracking.ProducerTracking(tmp_path, "t/0")
+    aborted = tracking.states.aborted
+    for pid in range(6):
+        aborted.add(pid, 10 * pid, 10 * pid + 5)
+        if aborted.tail_size >= 2:
+            tracking.applied_index = pid
+            tracking.checkpoint()  # no loop here: written at once
+    names = [run.name for run in aborted.runs]
+    assert len(names) == 3 and all((tmp_path / n).exists() for n in names)
+    aborted.trim(30)  # the first two runs end at 15 and 35: only the first is passed
+    assert [run.name for run in aborted.runs] == names[1:]
+    assert (tmp_path / names[0]).exists()  # the last checkpoint still lists it
+    tracking.checkpoint()
+    assert not (tmp_path / names[0]).exists()
+    reloaded = producer_tracking.ProducerTracking(tmp_path, "t/0")
+    assert reloaded.states.aborted.all_to_json() == aborted.all_to_json()
