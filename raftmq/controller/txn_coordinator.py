@@ -335,12 +335,14 @@ class TransactionCoordinator:
         await self.markers.stop()
         await self.batcher.close()
 
-    async def call(self, call: c.TxnCall) -> c.TxnOutcome:
+    async def call(
+        self, call: c.TxnCall, *, concurrent_wait_s: float = CONCURRENT_WAIT_S
+    ) -> c.TxnOutcome:
         """The call's outcome once applied; ControllerRefusal with its refusal (for an
         InitTransactions that began aborting an open transaction, CONCURRENT_TRANSACTIONS:
         it changed state all the same), or the quorum's error for the whole batch."""
         self.quorum.require_leader()
-        give_up_s = self.quorum.monotonic_s() + CONCURRENT_WAIT_S
+        give_up_s = self.quorum.monotonic_s() + concurrent_wait_s
         while True:
             recorded = self.markers.recorded
             outcome = await self.batcher.submit(call, call_bytes(call))
@@ -389,7 +391,11 @@ class TransactionCoordinator:
                 tid,
                 epoch,
             )
-            await self.call(c.TxnCall(abort=c.AbortTxn(tid, producer_id, epoch)))
+            # No wait for the last transaction's markers: this runs on the quorum's timer,
+            # which expires sessions too; the next tick tries again.
+            await self.call(
+                c.TxnCall(abort=c.AbortTxn(tid, producer_id, epoch)), concurrent_wait_s=0
+            )
         except ControllerRefusal as exc:  # it ended meanwhile
             log.info("transactional id %s: the timeout's abort refused: %s", tid, exc)
         finally:
