@@ -13,6 +13,7 @@ rule holds whichever way a command arrives.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Collection, Iterable, Mapping
 
 import grpc
@@ -29,6 +30,8 @@ from raftmq.controller.model import Broker, BrokerState, MetadataState, Partitio
 from raftmq.controller.quorum import ControllerQuorum
 from raftmq.controller.topic_config import KEYS, MAX_CONFIG_VALUE_CHARS
 from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC, MAX_REPLICATION_FACTOR
+
+log = logging.getLogger(__name__)
 
 _BROKER_STATE = {
     BrokerState.ALIVE: apb.BROKER_STATE_ALIVE,
@@ -179,6 +182,14 @@ class AdminService(ControllerFace):
             )
         )
         topic, version = self._described(request.name, created.topic_id)
+        log.info(
+            "created topic %s (id %d): %d partitions of %d replicas, at metadata version %d",
+            request.name,
+            created.topic_id,
+            len(topic.partitions),
+            topic.replication_factor,
+            version,
+        )
         return apb.CreateTopicResponse(topic=topic, metadata_version=version)
 
     def _described(self, name: str, topic_id: int) -> tuple[apb.TopicDescription, int]:
@@ -195,7 +206,9 @@ class AdminService(ControllerFace):
         self, request: apb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.ChangeResponse:
         await self.call(self.quorum.delete_topic(_check_name(request.name)))
-        return apb.ChangeResponse(metadata_version=self.quorum.local_state()[0])
+        version = self.quorum.local_state()[0]
+        log.info("deleted topic %s, at metadata version %d", request.name, version)
+        return apb.ChangeResponse(metadata_version=version)
 
     async def ListTopics(
         self, request: apb.ListTopicsRequest, context: grpc.aio.ServicerContext

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.refusals import Refusal
+from raftmq.log_records import CallContext, bind_call, unbind_call
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def unary(
     rpc: str, method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
     async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
+        token = bind_call(CallContext(rpc, context.invocation_metadata, request))
         try:
             _well_formed(request)
             return await method(request, context)
@@ -73,6 +75,8 @@ def unary(
             raise
         except Exception as exc:
             failure = internal_error(rpc, exc)
+        finally:
+            unbind_call(token)
         await abort(context, failure)
 
     return handle
@@ -90,6 +94,9 @@ def streaming(
     async def handle(
         requests: AsyncIterator[object], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Message]:
+        # A stream's task serves only it: no reset needed (an async generator cannot
+        # reset a token across its yields anyway).
+        bind_call(CallContext(rpc, context.invocation_metadata))
         try:
             async for answer in method(checked(requests), context):
                 yield answer

@@ -4,10 +4,10 @@ of real broker processes, and push data through it."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from raftmq import log_records
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
@@ -28,6 +29,14 @@ from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
+
+
+class LogFormatChoice(StrEnum):
+    """The broker's log format (raftmq.log_records)."""
+
+    TEXT = "text"
+    JSON = "json"
+
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")
@@ -209,6 +218,13 @@ def broker(
             "often, as 'raftmq cluster rebalance' does (0: only when asked).",
         ),
     ] = 0,
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(
+            help="text: a line for a person; json: one JSON object per line, with the node, "
+            "the RPC, its request id and the partition as fields (README, 'Failures stay small').",
+        ),
+    ] = LogFormatChoice.TEXT,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -226,7 +242,7 @@ def broker(
     from raftmq.broker.process import run
     from raftmq.broker.server import Broker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_records.configure(log_format.value, node=f"broker-{id}")
     try:
         spec = cluster_file.load(cluster)
         node = Broker(
@@ -303,6 +319,10 @@ def dev(
             "keeps the ports in its cluster file.",
         ),
     ] = 9090,
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(help="The brokers' log format (their logs are in the data folder)."),
+    ] = LogFormatChoice.TEXT,
 ) -> None:
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
@@ -339,7 +359,12 @@ def dev(
         spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
-        cluster = LocalCluster(data, spec, dedicated_controllers=dedicated_controllers)
+        cluster = LocalCluster(
+            data,
+            spec,
+            dedicated_controllers=dedicated_controllers,
+            broker_args=["--log-format", log_format.value],
+        )
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
     spec = cluster.spec

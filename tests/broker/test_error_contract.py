@@ -178,6 +178,9 @@ class _Context:
     def done(self) -> bool:
         return False
 
+    def invocation_metadata(self) -> tuple:
+        return ()
+
 
 async def test_a_bug_is_internal_with_one_logged_traceback(
     caplog: pytest.LogCaptureFixture,
