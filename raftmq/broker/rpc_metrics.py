@@ -1,0 +1,263 @@
+"""Per-RPC metrics from one gRPC server interceptor: how many calls each method answered,
+by the raftmq error code they ended with, and how long unary calls and each request of a
+produce stream took.
+
+Why an interceptor: every service of the broker (Broker, Admin, Groups, Controller,
+Transactions, their redirects, grpc.health.v1) is counted the same way without a line in
+any of them, and the interceptor slot of :func:`raftmq.net.aio_server` is where
+authentication, authorization and throttling will sit too.
+
+The code label is the ``raftmq-error`` trailer the service sets when it refuses a call
+(:func:`raftmq.broker.rpc.abort`), ``OK`` for an answer, and a gRPC status name when a
+call ended without that trailer (``CANCELLED``: the client went away). Label values are
+bounded: method names registered on the server, code names of the error contract.
+
+Streams: a stream's lifetime is no latency, so a stream is counted once, when it ends,
+and has no latency sample; the exception is ProduceStream, whose requests are the unit a
+producer waits on: each request in it is counted with the code of its own answer, and
+timed from the message that brought it to the answer that carries its ``request_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from raftmq.api.error_codes import RULES, name_of
+from raftmq.broker.rpc import Malformed
+
+OK = "OK"
+PRODUCE_STREAM = "/raftmq.v1.Broker/ProduceStream"
+"""The stream whose requests are counted and timed one by one."""
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""From half a millisecond (a Metadata answered from memory) to 30 s (a produce's default
+timeout); a long-poll Fetch lands near its max_wait_ms."""
+CODE_NAMES = frozenset(name_of(code) for code in RULES) | {s.name for s in grpc.StatusCode}
+"""Every value the code label may take; anything else is counted as ``UNKNOWN``."""
+
+Handler = Callable[..., Any]
+
+
+def method_label(full_method: str) -> str:
+    """``/raftmq.v1.Broker/Produce`` -> ``Broker/Produce``: the service's last name and the
+    method, short enough to read on a dashboard and unique across the services."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return f"{service.rpartition('.')[2]}/{method}"
+
+
+def _ended_code(context: grpc.aio.ServicerContext) -> str:
+    """The code an aborted call ended with: its ``raftmq-error`` trailer, else its status."""
+    for key, value in context.trailing_metadata() or ():
+        if key == "raftmq-error":
+            return value if value in CODE_NAMES else "UNKNOWN"
+    code = context.code()
+    name = getattr(code, "name", None)
+    return name if name in CODE_NAMES else "UNKNOWN"
+
+
+class RpcMetrics(grpc.aio.ServerInterceptor):
+    """Counts and times the calls of the server it is given to (net.aio_server)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "raftmq_rpc_requests",
+            "RPCs answered, by method and the raftmq error code they ended with (OK: an "
+            "answer); ProduceStream counts each request in the stream",
+            ("method", "code"),
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "raftmq_rpc_latency_seconds",
+            "Time from a unary call's arrival to its answer (ProduceStream: per request, "
+            "from the message that brought it to its answer)",
+            ("method",),
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # no such method: gRPC answers UNIMPLEMENTED, nothing to count
+            return handler
+        full_method = handler_call_details.method
+        cached = self._wrapped.get(full_method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(full_method, handler)
+        self._wrapped[full_method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        method = method_label(full_method)
+        serialization = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary), **serialization
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream), **serialization
+            )
+        if handler.stream_stream is not None:
+            behaviour = (
+                self._produce_stream(method, handler.stream_stream)
+                if full_method == PRODUCE_STREAM
+                else self._stream(method, handler.stream_stream)
+            )
+            return grpc.stream_stream_rpc_method_handler(behaviour, **serialization)
+        return grpc.stream_unary_rpc_method_handler(
+            self._unary(method, handler.stream_unary), **serialization
+        )
+
+    def _counter(self, method: str) -> Callable[[str], Counter]:
+        """The request counter's child for ``method`` and a code, looked up once per code."""
+        children: dict[str, Counter] = {}
+
+        def child(code: str) -> Counter:
+            found = children.get(code)
+            if found is None:
+                found = children[code] = self.requests.labels(method, code)
+            return found
+
+        return child
+
+    def _unary(self, method: str, behaviour: Handler) -> Handler:
+        count = self._counter(method)
+        latency = self.latency.labels(method)
+
+        async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start_s = time.perf_counter()
+            code = OK
+            try:
+                return await behaviour(request, context)
+            except grpc.aio.AbortError:
+                code = _ended_code(context)
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED.name
+                raise
+            except Exception:
+                code = grpc.StatusCode.UNKNOWN.name
+                raise
+            finally:
+                latency.observe(time.perf_counter() - start_s)
+                count(code).inc()
+
+        return timed
+
+    def _stream(self, method: str, behaviour: Handler) -> Handler:
+        """A stream, counted once when it ends. Its behaviour is an async generator (ours,
+        raftmq.broker.rpc) or a coroutine that writes on the context (grpc.health's Watch)."""
+        count = self._counter(method)
+
+        if not inspect.isasyncgenfunction(behaviour):
+
+            async def written(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                code = OK
+                try:
+                    return await behaviour(request, context)
+                except grpc.aio.AbortError:
+                    code = _ended_code(context)
+                    raise
+                except asyncio.CancelledError:
+                    code = grpc.StatusCode.CANCELLED.name
+                    raise
+                except Exception:
+                    code = grpc.StatusCode.UNKNOWN.name
+                    raise
+                finally:
+                    count(code).inc()
+
+            return written
+
+        async def streamed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            code = OK
+            try:
+                async for answer in behaviour(request, context):
+                    yield answer
+            except grpc.aio.AbortError:
+                code = _ended_code(context)
+                raise
+            except (asyncio.CancelledError, GeneratorExit):  # the client went away
+                code = grpc.StatusCode.CANCELLED.name
+                raise
+            except Exception:
+                code = grpc.StatusCode.UNKNOWN.name
+                raise
+            finally:
+                count(code).inc()
+
+        return streamed
+
+    def _produce_stream(self, method: str, behaviour: Handler) -> Handler:
+        """ProduceStream: each request counted by its answer's code and timed. Per answer
+        message this costs a loop over its answers; per request, a dict entry and a
+        histogram sample (never anything per record)."""
+        count = self._counter(method)
+        latency = self.latency.labels(method)
+        ok = count(OK)
+
+        async def streamed(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            arrived_s: dict[int, float] = {}
+
+            async def noted() -> AsyncIterator[Any]:
+                async for message in requests:
+                    if not isinstance(message, Malformed):
+                        now_s = time.perf_counter()
+                        for request in message.requests:
+                            arrived_s[request.request_id] = now_s
+                    yield message
+
+            try:
+                async for message in behaviour(noted(), context):
+                    now_s = time.perf_counter()
+                    answered = 0
+                    for answer in message.responses:
+                        start_s = arrived_s.pop(answer.request_id, None)
+                        if start_s is not None:
+                            latency.observe(now_s - start_s)
+                        code = answer.error.code
+                        if code:
+                            count(code if code in CODE_NAMES else "UNKNOWN").inc()
+                        else:
+                            answered += 1
+                    if answered:
+                        ok.inc(answered)
+                    yield message
+            except grpc.aio.AbortError:  # the stream itself refused (a malformed message)
+                count(_ended_code(context)).inc()
+                raise
+
+        return streamed
