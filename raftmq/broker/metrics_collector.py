@@ -10,7 +10,7 @@ produce and fetch paths nothing.
 Why read on the event loop: prometheus-client serves scrapes from its own thread, while
 the replicas, the Raft host and the metadata are the loop's and change under it (a dict
 iterated while a replica opens, a group quarantined between two reads). The scrape thread
-hands the reading to the loop and waits; 10,000 partitions take milliseconds of it.
+hands the reading to the loop and waits (docs/metrics.md estimates the cost per replica).
 """
 
 from __future__ import annotations

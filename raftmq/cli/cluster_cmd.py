@@ -380,8 +380,10 @@ def dev(
                 raise _fail(f"The cluster did not come up: {exc}") from None
         bound = cluster.wait_ready(exited_ok=True)
         table = Table(title=f"local raftmq cluster '{spec.name}' ({data})")
-        for col in ("node", "roles", "client address (gRPC)", "raft address", "metrics", "log"):
-            table.add_column(col)
+        for col in ("node", "roles", "client address (gRPC)", "raft address"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("metrics (Prometheus)", no_wrap=True)
+        table.add_column("log", overflow="fold")
         hosts = set(cluster.broker_ids)
         for b in spec.brokers.values():
             roles = [

@@ -111,8 +111,7 @@ def test_metrics_follow_requests_traffic_and_partition_state(
     ) == pytest.approx(BATCHES)
     assert value(after, "raftmq_rpc_latency_seconds_count", method="Broker/Produce") >= BATCHES
     assert (
-        value(after, "raftmq_rpc_requests_total", method="Broker/Fetch", code="UNKNOWN_TOPIC")
-        == 1
+        value(after, "raftmq_rpc_requests_total", method="Broker/Fetch", code="UNKNOWN_TOPIC") == 1
     )
     assert value(after, "raftmq_topic_produced_bytes_total", topic=TOPIC) == sent_bytes
     assert (
@@ -138,10 +137,9 @@ def test_metrics_follow_requests_traffic_and_partition_state(
             continue
         follower = bound[bid].metrics
         wait_until(
-            lambda address=follower: value(
-                scrape(address), "raftmq_partition_high_watermark", **part
-            )
-            == high_watermark,
+            lambda address=follower: (
+                value(scrape(address), "raftmq_partition_high_watermark", **part) == high_watermark
+            ),
             10,
             f"broker {bid}'s exported high watermark to reach {high_watermark}",
         )
