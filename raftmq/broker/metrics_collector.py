@@ -26,12 +26,11 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from raftmq.broker.routing import BrokerState
 from raftmq.broker.topic_traffic import TopicTraffic
-from raftmq.broker.unopened import OpenState, UnopenedReplicas
-from raftmq.controller.model import MetadataState
+from raftmq.broker.unopened import OpenState
 from raftmq.controller.quorum import ControllerQuorum
 from raftmq.log.preallocate import BUDGET
-from raftmq.partition.replica import PartitionReplica
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +41,12 @@ cannot spare a few milliseconds in 5 s is a broker in trouble: the scrape fails 
 PARTITION_LABELS = ("topic", "partition")
 
 
-class BrokerView(Protocol):
-    """What the collector reads of its broker (raftmq.broker.server.Broker)."""
+class BrokerView(BrokerState, Protocol):
+    """What the collector reads of its broker (raftmq.broker.server.Broker): what the
+    request layer reads, and its data folder and controller voter."""
 
     @property
-    def id(self) -> int: ...
-    @property
     def data_dir(self) -> Path: ...
-    @property
-    def metadata(self) -> MetadataState: ...
-    @property
-    def metadata_version(self) -> int: ...
-    @property
-    def replicas(self) -> Mapping[tuple[str, int], PartitionReplica]: ...
-    @property
-    def unopened(self) -> UnopenedReplicas: ...
     @property
     def quorum(self) -> ControllerQuorum | None: ...
 

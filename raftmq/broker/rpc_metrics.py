@@ -77,6 +77,15 @@ def _ended_code(context: grpc.aio.ServicerContext) -> str:
     return name if name in CODE_NAMES else "UNKNOWN"
 
 
+def _failed_code(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
+    """The code of a call whose behaviour raised ``exc``."""
+    if isinstance(exc, grpc.aio.AbortError):
+        return _ended_code(context)
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the client went away
+        return grpc.StatusCode.CANCELLED.name
+    return grpc.StatusCode.UNKNOWN.name
+
+
 class RpcMetrics(grpc.aio.ServerInterceptor):
     """Counts and times the calls of the server it is given to (net.aio_server)."""
 
@@ -151,68 +160,41 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
 
         return child
 
-    def _unary(self, method: str, behaviour: Handler) -> Handler:
+    def _unary(self, method: str, behaviour: Handler, *, timed: bool = True) -> Handler:
+        """A call whose behaviour is a coroutine: counted when it returns, and timed unless
+        it is a stream that writes its answers on the context (grpc.health's Watch)."""
         count = self._counter(method)
-        latency = self.latency.labels(method)
+        latency = self.latency.labels(method) if timed else None
 
-        async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def called(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start_s = time.perf_counter()
             code = OK
             try:
                 return await behaviour(request, context)
-            except grpc.aio.AbortError:
-                code = _ended_code(context)
-                raise
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED.name
-                raise
-            except Exception:
-                code = grpc.StatusCode.UNKNOWN.name
+            except BaseException as exc:
+                code = _failed_code(exc, context)
                 raise
             finally:
-                latency.observe(time.perf_counter() - start_s)
+                if latency is not None:
+                    latency.observe(time.perf_counter() - start_s)
                 count(code).inc()
 
-        return timed
+        return called
 
     def _stream(self, method: str, behaviour: Handler) -> Handler:
         """A stream, counted once when it ends. Its behaviour is an async generator (ours,
         raftmq.broker.rpc) or a coroutine that writes on the context (grpc.health's Watch)."""
-        count = self._counter(method)
-
         if not inspect.isasyncgenfunction(behaviour):
-
-            async def written(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                code = OK
-                try:
-                    return await behaviour(request, context)
-                except grpc.aio.AbortError:
-                    code = _ended_code(context)
-                    raise
-                except asyncio.CancelledError:
-                    code = grpc.StatusCode.CANCELLED.name
-                    raise
-                except Exception:
-                    code = grpc.StatusCode.UNKNOWN.name
-                    raise
-                finally:
-                    count(code).inc()
-
-            return written
+            return self._unary(method, behaviour, timed=False)
+        count = self._counter(method)
 
         async def streamed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             code = OK
             try:
                 async for answer in behaviour(request, context):
                     yield answer
-            except grpc.aio.AbortError:
-                code = _ended_code(context)
-                raise
-            except (asyncio.CancelledError, GeneratorExit):  # the client went away
-                code = grpc.StatusCode.CANCELLED.name
-                raise
-            except Exception:
-                code = grpc.StatusCode.UNKNOWN.name
+            except BaseException as exc:
+                code = _failed_code(exc, context)
                 raise
             finally:
                 count(code).inc()
