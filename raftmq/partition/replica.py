@@ -97,9 +97,10 @@ class Acks(IntEnum):
 class ProduceResult:
     base_offset: int
     last_offset: int
-    records_appended: int
+    records_appended: int = dataclasses.field(compare=False)
     """Records this request appended (0 for a duplicate answered from an earlier one): the
-    broker counts produced records per topic from it, without walking the entries."""
+    broker counts produced records per topic from it, without walking the entries. Not
+    compared: a duplicate's answer equals the first one's."""
 
 
 def group_name(topic: str, partition: int) -> str:
