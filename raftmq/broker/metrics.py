@@ -3,7 +3,7 @@ that serves it at ``/metrics`` (docs/metrics.md lists every metric).
 
 Why a registry per broker, not prometheus-client's global one: tests (and tools) run
 several brokers in one process, and each must export its own partitions and requests
-only. The registry holds the per-RPC counters (:mod:`raftmq.broker.rpc_metrics`, fed by
+only. The registry holds the per-RPC figures (:mod:`raftmq.broker.rpc_metrics`, kept by
 the gRPC interceptor), the broker's state read at scrape time
 (:mod:`raftmq.broker.metrics_collector`, fed by :class:`TopicTraffic` for the per-topic
 counters), and the process's own figures (open file descriptors, memory, CPU) from
@@ -42,7 +42,8 @@ class BrokerMetrics:
         self.listen = listen
         self.registry = CollectorRegistry()
         self.traffic = TopicTraffic()
-        self.interceptor = RpcMetrics(self.registry)
+        self.interceptor = RpcMetrics()
+        self.registry.register(self.interceptor)
         ProcessCollector(registry=self.registry)
         self._server: WSGIServer | None = None
 

@@ -30,7 +30,9 @@ def test_method_labels_are_service_and_method() -> None:
 def test_health_calls_are_counted_and_unknown_methods_are_not() -> None:
     async def main() -> None:
         registry = CollectorRegistry()
-        server = net.aio_server(interceptors=[RpcMetrics(registry)])
+        interceptor = RpcMetrics()
+        registry.register(interceptor)
+        server = net.aio_server(interceptors=[interceptor])
         servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
         port = net.add_port(server, "127.0.0.1:0")
