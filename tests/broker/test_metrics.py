@@ -156,7 +156,8 @@ def test_produce_stream_requests_are_counted_one_by_one(make_cluster: ClusterFac
     cluster = make_cluster({TOPIC: 1})
     bound = cluster.wait_ready()
     with LowLevelClient(cluster.addresses) as client:
-        at_leader = bound[leader_of(client, TOPIC)].metrics
+        leader = leader_of(client, TOPIC)
+    at_leader, at_leader_client = bound[leader].metrics, address_of(cluster, leader)
     with Producer(cluster.addresses[0], linger_ms=0) as producer:
         futures = []
         for i in range(20):
@@ -164,11 +165,34 @@ def test_produce_stream_requests_are_counted_one_by_one(make_cluster: ClusterFac
             producer.flush()
         for future in futures:
             future.result(timeout=RPC_TIMEOUT)
+    # One stream: a request refused inside it (the stream goes on), one stored, then a
+    # message that is no protobuf, which ends the stream with its own code.
+    entries = build_batch([Record(None, b"x", 1_000)])
+    refused_and_stored = pb.ProduceStreamRequest(
+        requests=[
+            pb.ProduceRequest(request_id=1, topic=TOPIC, partition=9, entries=entries),
+            pb.ProduceRequest(request_id=2, topic=TOPIC, partition=0, entries=entries),
+        ]
+    ).SerializeToString()
+    with grpc.insecure_channel(at_leader_client) as channel:
+        call = channel.stream_stream("/raftmq.v1.Broker/ProduceStream")
+        answers = []
+        with pytest.raises(grpc.RpcError) as ended:
+            for raw in call(iter([refused_and_stored, b"\xff\xff\xff"]), timeout=RPC_TIMEOUT):
+                answers += pb.ProduceStreamResponse.FromString(raw).responses
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sorted((a.request_id, a.error.code) for a in answers) == [
+        (1, "UNKNOWN_PARTITION"),
+        (2, ""),
+    ]
+
     samples = scrape(at_leader)
     stream = {"method": "Broker/ProduceStream"}
-    assert value(samples, "raftmq_rpc_requests_total", code="OK", **stream) == 20
-    assert value(samples, "raftmq_rpc_latency_seconds_count", **stream) == 20
-    assert value(samples, "raftmq_topic_produced_records_total", topic=TOPIC) == 20
+    assert value(samples, "raftmq_rpc_requests_total", code="OK", **stream) == 21
+    assert value(samples, "raftmq_rpc_requests_total", code="UNKNOWN_PARTITION", **stream) == 1
+    assert value(samples, "raftmq_rpc_requests_total", code="MALFORMED_REQUEST", **stream) == 1
+    assert value(samples, "raftmq_rpc_latency_seconds_count", **stream) == 22
+    assert value(samples, "raftmq_topic_produced_records_total", topic=TOPIC) == 21
 
 
 def test_metrics_off_opens_no_listener(tmp_path: Path) -> None:
