@@ -19,9 +19,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.registry import Collector
 
 MAX_MESSAGE_BYTES = 72 << 20
 """A client's gRPC message limit, both ways: above a broker's largest answer (a Fetch of up
@@ -121,15 +126,21 @@ class AioChannels:
                 await channel.close()
 
 
-def aio_server(*, max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.aio.Server:
+def aio_server(
+    *,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> grpc.aio.Server:
     """An asyncio gRPC server whose messages may be up to ``max_message_bytes`` both ways.
     Every server raftmq runs is made here, so what every request must pass through (the
-    interceptor that will authenticate, authorize, throttle and count) is added once."""
+    interceptors that count, and later authenticate, authorize and throttle) is added
+    once; ``interceptors`` run in order, the first outermost."""
     return grpc.aio.server(
+        interceptors=list(interceptors),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-        ]
+        ],
     )
 
 
@@ -139,6 +150,21 @@ def add_port(
     """Make ``server`` listen on ``host_port`` (port 0: one the kernel picks); returns the
     port it bound."""
     return int(server.add_insecure_port(host_port))
+
+
+def serve_metrics(
+    registry: Collector, host: str, port: int, *, security: Security = PLAINTEXT
+) -> WSGIServer:
+    """Serve ``registry`` in Prometheus' text format over HTTP on ``host``:``port`` (port 0:
+    one the kernel picks; the server's ``server_address`` says which), from
+    prometheus-client's own server, in a daemon thread. Stop it with ``shutdown()`` (which
+    waits for its loop, up to half a second: call it off the event loop) and
+    ``server_close()``. prometheus-client is imported here, when asked for, so that this
+    module stays importable with the standard library and grpc alone."""
+    from prometheus_client.exposition import start_http_server
+
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server
 
 
 async def serve_tcp(

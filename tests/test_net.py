@@ -34,9 +34,12 @@ OPENERS = frozenset(
         "open_unix_connection",
         "create_server",
         "create_connection",
+        "start_http_server",
+        "start_wsgi_server",
     }
 )
-"""Calls that open a gRPC channel or port or a socket endpoint, by the called name, whatever
+"""Calls that open a gRPC channel or port or a socket endpoint (prometheus-client's HTTP
+servers among them), by the called name, whatever
 it is called on (``grpc.aio.insecure_channel``, ``self._server.add_insecure_port``,
 ``loop.create_connection``) or imported as."""
 

@@ -25,9 +25,11 @@ from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
+from raftmq.broker.topic_traffic import TopicTraffic
 from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened, UnopenedReplicas
 from raftmq.controller.metadata import TOPIC_NAME, broker_addresses
 from raftmq.controller.model import MetadataState, Partition
+from raftmq.format import entry
 from raftmq.log.config import LogConfig
 from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import PartitionError
@@ -203,11 +205,14 @@ class Router:
         broker: BrokerState,
         allocate_producer_ids: Callable[[int], Awaitable[tuple[int, int]]],
         rebuild: Callable[[str, int, bool], Awaitable[int]],
+        traffic: TopicTraffic | None = None,
     ) -> None:
         """``allocate_producer_ids(count)``: a block from the controller (first id, count);
         ``rebuild(topic, partition, force)``: rebuild this broker's replica, returning the
-        bytes deleted (raftmq.broker.reconciler)."""
+        bytes deleted (raftmq.broker.reconciler); ``traffic``: where produces and fetches
+        are counted per topic (None: nowhere, metrics are off)."""
         self.broker = broker
+        self.traffic = traffic
         self._rebuild = rebuild
         self._parked = asyncio.Semaphore(MAX_PARKED_FETCHES)
         self._producer_ids = ProducerIdBlocks(allocate_producer_ids)
@@ -331,6 +336,8 @@ class Router:
             result = await replica.produce(entries, how, timeout_ms / 1000)
         except PartitionError as exc:
             raise self.refusal(exc) from None
+        if self.traffic is not None and result.records_appended:
+            self.traffic.produced(topic, len(entries), result.records_appended)
         return Produced(
             result.base_offset, result.last_offset, replica.high_watermark, replica.log_start_offset
         )
@@ -393,6 +400,11 @@ class Router:
             )
         except PartitionError as exc:
             raise self.refusal(exc) from None
+        if self.traffic is not None and result.entries:
+            # Offsets count records (a control entry holds none): the records returned are
+            # those from the first entry's base offset, read from its header, to the next.
+            first_offset = entry.frame_at(result.data, 0)[3]
+            self.traffic.fetched(topic, len(result.data), next_offset - first_offset)
         return Fetched(
             result.data,
             next_offset,

@@ -40,6 +40,7 @@ from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.leadership import Leadership
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
+from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.open_files import open_files_note
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.reconciler import Reconciler
@@ -101,6 +102,8 @@ class Broker:
         scrub_bytes_per_s: int = SCRUB_BYTES_PER_S,
         move_limits: Limits = DEFAULT_LIMITS,
         rebalance_every_s: float | None = None,
+        metrics: bool = True,
+        metrics_listen: tuple[str, int] | None = None,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -126,7 +129,10 @@ class Broker:
         ``auto_create``: create a topic a produce names if the metadata does not (None:
         refuse it, the default; see :mod:`raftmq.broker.auto_create`).
         ``move_limits``: the controller mover's heal delay and move limits (a voter's);
-        ``rebalance_every_s``: its rebalance timer (None: rebalance only when asked)."""
+        ``rebalance_every_s``: its rebalance timer (None: rebalance only when asked).
+        ``metrics``: serve Prometheus metrics at ``/metrics`` on ``metrics_listen`` (None:
+        the advertised host, a port the kernel picks; the bound address is in
+        :attr:`bound`), and count what they report (off: nothing is counted)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -249,6 +255,7 @@ class Broker:
             retention_check_seconds,
         )
         self.listen = listen or (me.host, me.port)
+        self.metrics = BrokerMetrics(self, metrics_listen or (me.host, 0)) if metrics else None
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.health = health.aio.HealthServicer()
@@ -314,11 +321,16 @@ class Broker:
             self.mover.start()
             campaign = self.leadership.campaign_for_metadata(self.quorum)
             self._track(asyncio.get_running_loop().create_task(campaign))
-        self._server = net.aio_server(max_message_bytes=GRPC_MESSAGE_LIMIT)
+        metrics = self.metrics
+        self._server = net.aio_server(
+            max_message_bytes=GRPC_MESSAGE_LIMIT,
+            interceptors=[metrics.interceptor] if metrics is not None else [],
+        )
         router = Router(
             self,
             lambda count: self.link.allocate_producer_ids(self.id, count),
             lambda topic, p, force: self.reconciler.rebuild_replica(topic, p, force=force),
+            traffic=metrics.traffic if metrics is not None else None,
         )
         add_to_server(BrokerService(router), self._server)
         if self.quorum is not None:
@@ -343,7 +355,10 @@ class Broker:
         # What was bound, not what was asked for: the launcher waits on this (ready_file).
         me = self.bootstrap.brokers[self.id]
         self.bound = BoundAddresses(
-            os.getpid(), f"{self.listen[0]}:{client_port}", f"{me.host}:{self.transport.port}"
+            os.getpid(),
+            f"{self.listen[0]}:{client_port}",
+            f"{me.host}:{self.transport.port}",
+            metrics.start() if metrics is not None else "",
         )
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -456,6 +471,8 @@ class Broker:
             await self._transactions.close()
         if self._server is not None:
             await self._server.stop(grace=1.0 if graceful else 0)
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.mover is not None:
             await self.mover.stop()
         if self.quorum is not None:

@@ -64,6 +64,10 @@ class UnopenedReplicas:
     def keys(self) -> list[Key]:
         return sorted(self._by_key)
 
+    def count(self, state: OpenState) -> int:
+        """How many are in ``state`` (the metrics' count of failed replicas)."""
+        return sum(1 for entry in self._by_key.values() if entry.state is state)
+
     def opening(self, key: Key, reason: str = "opening") -> None:
         entry = self._by_key.get(key)
         if entry is None:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from raftmq import log_records
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.ready_file import BoundAddresses
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.partitioner import partition_for_key
@@ -105,6 +106,20 @@ def broker(
         typer.Option(
             help="Bind the client gRPC service to HOST:PORT instead of the address the cluster "
             "file advertises (e.g. behind a proxy)."
+        ),
+    ] = "",
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            help="Serve Prometheus metrics at /metrics (docs/metrics.md); --no-metrics "
+            "opens no listener and counts nothing."
+        ),
+    ] = True,
+    metrics_listen: Annotated[
+        str,
+        typer.Option(
+            help="HOST:PORT of the /metrics listener (default: the host the cluster file "
+            "advertises, a free port; ready.json and 'raftmq dev' show the one bound)."
         ),
     ] = "",
     segment_bytes: Annotated[
@@ -278,6 +293,8 @@ def broker(
                 moves_total=max_moves,
             ),
             rebalance_every_s=rebalance_interval_ms / 1000 or None,
+            metrics=metrics,
+            metrics_listen=_parse_address(metrics_listen) if metrics_listen else None,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
@@ -386,9 +403,12 @@ def dev(
                 cluster.wait_for_leaders(timeout=60)
             except TimeoutError as exc:
                 raise _fail(f"The cluster did not come up: {exc}") from None
+        bound = cluster.wait_ready(exited_ok=True)
         table = Table(title=f"local raftmq cluster '{spec.name}' ({data})")
-        for col in ("node", "roles", "client address (gRPC)", "raft address", "log"):
-            table.add_column(col)
+        for col in ("node", "roles", "client address (gRPC)", "raft address"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("metrics (Prometheus)", no_wrap=True)
+        table.add_column("log", overflow="fold")
         hosts = set(cluster.broker_ids)
         for b in spec.brokers.values():
             roles = [
@@ -401,6 +421,7 @@ def dev(
                 ",".join(roles),
                 b.address,
                 f"{b.host}:{b.raft_port}",
+                _metrics_url(bound.get(b.id)),
                 str(cluster.log_path(b.id)),
             )
         console.print(table)
@@ -425,6 +446,13 @@ def dev(
 
 
 # --- demo ----------------------------------------------------------------------------
+
+
+def _metrics_url(bound: BoundAddresses | None) -> str:
+    """Where a node serves Prometheus metrics, as a URL to paste ("-": not up, or off)."""
+    if bound is None or not bound.metrics:
+        return "-"
+    return f"http://{bound.metrics}/metrics"
 
 
 def _demo(client: LowLevelClient, records: int, batch: int = 100) -> bool:

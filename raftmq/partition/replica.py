@@ -47,7 +47,14 @@ from raftmq.partition.errors import (
 from raftmq.partition.producer_state import MarkerVerdict, Verdict
 from raftmq.partition.producer_tracking import PendingBatch, PendingMarker, ProducerTracking
 from raftmq.raft import errors as raft_errors
-from raftmq.raft.host.host import DurableFn, LogReads, Proposed, RaftGroup, RaftHost
+from raftmq.raft.host.host import (
+    DurableFn,
+    GroupStatus,
+    LogReads,
+    Proposed,
+    RaftGroup,
+    RaftHost,
+)
 from raftmq.raft.membership import Membership
 from raftmq.raft.messages import SnapshotMeta
 from raftmq.raft.progress import ProgressState
@@ -90,6 +97,10 @@ class Acks(IntEnum):
 class ProduceResult:
     base_offset: int
     last_offset: int
+    records_appended: int = dataclasses.field(compare=False)
+    """Records this request appended (0 for a duplicate answered from an earlier one): the
+    broker counts produced records per topic from it, without walking the entries. Not
+    compared: a duplicate's answer equals the first one's."""
 
 
 def group_name(topic: str, partition: int) -> str:
@@ -212,6 +223,16 @@ class PartitionReplica:
         return self._log.start_offset
 
     @property
+    def log_end_offset(self) -> int:
+        """The offset after the last record in this replica's log (committed or not)."""
+        return self._log.next_offset
+
+    @property
+    def log_size_bytes(self) -> int:
+        """The bytes of this replica's segments on disk."""
+        return self._log.size_bytes
+
+    @property
     def state(self) -> tuple[str, str]:
         """("ok" | "catching_up" | "failed", why): this replica as it sees itself. A
         follower is catching up when its leader has committed past its log's end; how far
@@ -270,7 +291,17 @@ class PartitionReplica:
         """On the leader: the voting replicas in sync, itself first. A follower is in sync
         while its connection is up, the leader is streaming entries to it, and its log
         ends at most IN_SYNC_MAX_LAG_ENTRIES below the commit. Empty off the leader."""
+        return self._in_sync(self._host.status(self.group.name))
+
+    def under_replicated(self) -> bool:
+        """On the leader: fewer voters in sync (:meth:`in_sync_voters`) than the group has,
+        Kafka's under-replicated partition. False off the leader (only it knows)."""
         st = self._host.status(self.group.name)
+        if st.role != Role.LEADER or st.membership is None:
+            return False
+        return len(self._in_sync(st)) < len(st.membership.voters)
+
+    def _in_sync(self, st: GroupStatus) -> list[int]:
         if st.role != Role.LEADER:
             return []
         alive = self._host.transport.peer_alive
@@ -425,8 +456,9 @@ class PartitionReplica:
                     return earlier
                 if earlier is not None:
                     await self._await_earlier(earlier.done, deadline_s, timeout_s, "batch")
-                    return ProduceResult(earlier.base_offset, earlier.last_offset)
+                    return ProduceResult(earlier.base_offset, earlier.last_offset, 0)
             proposed = self._propose(entries, durable_locally=acks == Acks.LEADER)
+            appended = proposed.last_offset - proposed.base_offset + 1
             waited: asyncio.Future[int] = proposed.done
             if producer is not None:
                 # A retry of this batch may wait on the same future: a timeout here must
@@ -449,9 +481,9 @@ class PartitionReplica:
                 )
             if acks == Acks.NONE:
                 proposed.done.add_done_callback(_consume_exception)
-                return ProduceResult(-1, -1)
+                return ProduceResult(-1, -1, appended)
             await self._committed(waited, deadline_s, timeout_s, forget, "write")
-            return ProduceResult(proposed.base_offset, proposed.last_offset)
+            return ProduceResult(proposed.base_offset, proposed.last_offset, appended)
         finally:
             await self._release(size_bytes)
 
@@ -536,7 +568,7 @@ class PartitionReplica:
         if verdict is Verdict.DUPLICATE:
             if decision.duplicate_of is not None:
                 first = decision.duplicate_of
-                return ProduceResult(first.base_offset, first.last_offset)
+                return ProduceResult(first.base_offset, first.last_offset, 0)
             pending = self.producers.pending_duplicate(
                 producer_id, epoch, first_sequence, first_sequence + count - 1
             )

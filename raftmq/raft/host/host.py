@@ -140,6 +140,11 @@ class LogReads(Protocol):
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None: ...
 
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of the log's segments (a broker's metrics report it per partition)."""
+        ...
+
 
 class SnapshotStore(Protocol):
     """The state of a group whose state is *not* its log (a replicated state machine,
