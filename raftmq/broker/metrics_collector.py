@@ -100,6 +100,7 @@ class BrokerCollector(Collector):
         families: list[GaugeMetricFamily | CounterMetricFamily] = []
         families += self._partitions()
         families += self._topics()
+        families += self._groups()
         families += self._controller()
         families += self._disk()
         return families
@@ -201,6 +202,31 @@ class BrokerCollector(Collector):
                 traffic.fetched_records,
             ),
         ]
+
+    def _groups(self) -> list[GaugeMetricFamily]:
+        """Consumer-group lag, exported by each partition's leader: its own high watermark
+        minus the group's committed offset, which every broker's copy of the metadata
+        holds. No broker asks another (the controller knows the offsets, only the leader
+        the high watermark), and summed over the brokers each (group, partition) appears
+        once. A partition with no commit of the group has no series."""
+        lag = GaugeMetricFamily(
+            "raftmq_group_lag_records",
+            "Records between a group's committed offset and the high watermark, for the "
+            "partitions this broker leads",
+            labels=("group", *PARTITION_LABELS),
+        )
+        led = {key: r.high_watermark for key, r in self.broker.replicas.items() if r.is_leader}
+        if led:
+            for group_id, group in sorted(self.broker.metadata.consumer_groups.items()):
+                for topic, partitions in sorted(group.committed_offsets.items()):
+                    for partition, committed in sorted(partitions.items()):
+                        high_watermark = led.get((topic, partition))
+                        if high_watermark is not None:
+                            lag.add_metric(
+                                (group_id, topic, str(partition)),
+                                max(0, high_watermark - committed.offset),
+                            )
+        return [lag]
 
     def _controller(self) -> list[GaugeMetricFamily]:
         quorum = self.broker.quorum

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client import Producer
+from raftmq.client import AdminClient, Producer
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from raftmq.format.records import Record, build_batch
@@ -210,3 +210,31 @@ def test_metrics_off_opens_no_listener(tmp_path: Path) -> None:
         except BaseException:
             print(log_tails(cluster))
             raise
+
+
+def test_group_lag_is_exported_by_the_partitions_leader(make_cluster: ClusterFactory) -> None:
+    """Lag = the leader's high watermark - the group's committed offset, from the leader
+    alone (each (group, partition) once over the cluster), following new records and
+    new commits."""
+    cluster = make_cluster({TOPIC: 1})
+    bound = cluster.wait_ready()
+    with LowLevelClient(cluster.addresses) as client, AdminClient(cluster.addresses) as admin:
+        records = [Record(None, b"x", 1_000 + i) for i in range(10)]
+        client.produce(TOPIC, 0, build_batch(records))
+        admin.reset_group_offsets("lagging", {(TOPIC, 0): 4})
+        leader = leader_of(client, TOPIC)
+
+        def lags() -> dict[int, float]:
+            return {
+                bid: value(scrape(a.metrics), "raftmq_group_lag_records", **LAG_LABELS)
+                for bid, a in bound.items()
+            }
+
+        wait_until(lambda: lags()[leader] == 6, 30, "the leader's lag of 6 records")
+        assert sum(lags().values()) == 6  # the followers export none
+        client.produce(TOPIC, 0, build_batch(records[:3]))
+        admin.reset_group_offsets("lagging", {(TOPIC, 0): 13})
+        wait_until(lambda: lags()[leader] == 0, 30, "no lag once the group caught up")
+
+
+LAG_LABELS = {"group": "lagging", "topic": TOPIC, "partition": "0"}
