@@ -106,6 +106,7 @@ KNOWN_KINDS = frozenset(
         "leader",
         "status",
         "assignment",
+        "metrics",
     }
 )
 
@@ -320,6 +321,8 @@ class _History:
         # (reader, partition) -> {offset it jumped from: offset it jumped to} (reset ops).
         self.resets: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
         self.reset_count = 0
+        # The brokers' scraped gauges (chaos.metrics_watch), in the order recorded.
+        self.metrics: list[Op] = []
 
         for op in ops:
             kind = op.kind
@@ -362,6 +365,8 @@ class _History:
                 self._add_status(op)
             elif kind == "assignment":
                 self.assignments[op.partition].append(op)
+            elif kind == "metrics":
+                self.metrics.append(op)
             elif kind in TXN_KINDS:
                 self.txn_ops.append(op)
             else:
@@ -1682,6 +1687,42 @@ def _summary(h: _History) -> dict[str, Any]:
         "partitions": len(partitions),
         "malformed_ops": len(h.malformed),
         "unknown_kinds": dict(sorted(h.other.items())),
+        "metrics": _metrics_summary(h),
+    }
+
+
+def _metrics_summary(h: _History) -> dict[str, Any]:
+    """What the brokers' own gauges said while the faults ran and after healing: the
+    cluster-wide sums (each broker's latest scrape) of under-replicated partitions,
+    leaderless partitions and failed replicas, at most, before and after everything healed,
+    and at the last scrape. Figures only: a gauge's timing is no promise to check."""
+    latest: dict[str, tuple[int, ...]] = {}
+    series: list[tuple[float, tuple[int, ...]]] = []
+    malformed = 0
+    for op in sorted(h.metrics, key=_start):
+        try:
+            values = tuple(int(x) for x in (op.value or "").split(","))
+        except ValueError:
+            values = ()
+        if len(values) != 3:
+            malformed += 1
+            continue
+        latest[op.process] = values
+        series.append((op.start, tuple(map(sum, zip(*latest.values(), strict=True)))))
+    if not series:
+        return {"samples": 0}
+    healed = h.healed_at if h.healed_at is not None else h.last_time
+    names = ("under_replicated", "leaderless", "failed_replicas")
+
+    def most(rows: list[tuple[float, tuple[int, ...]]]) -> dict[str, int]:
+        return {n: max((r[1][i] for r in rows), default=0) for i, n in enumerate(names)}
+
+    return {
+        "samples": len(series),
+        "malformed": malformed,
+        "max_during_faults": most([r for r in series if r[0] < healed]),
+        "max_after_healing": most([r for r in series if r[0] >= healed]),
+        "last": dict(zip(names, series[-1][1], strict=True)),
     }
 
 
@@ -1723,6 +1764,7 @@ def format_table(result: CheckResult) -> Table:
             f"sends {s['sends_attempted']} (acked {s['sends_acked']}, failed "
             f"{s['sends_failed']}, indeterminate {s['sends_indeterminate']}), reads "
             f"{s['reads']}, finals {s['finals']}, faults {s['faults_started']}"
+            + _metrics_caption(s.get("metrics", {}))
         ),
     )
     table.add_column("check")
@@ -1740,6 +1782,19 @@ def format_table(result: CheckResult) -> Table:
             detail,
         )
     return table
+
+
+def _metrics_caption(m: dict[str, Any]) -> str:
+    if not m.get("samples"):
+        return ""
+    during, last = m["max_during_faults"], m["last"]
+    return (
+        f"\nmetrics ({m['samples']} scrapes): under-replicated at most "
+        f"{during['under_replicated']} during faults, {last['under_replicated']} at the end; "
+        f"leaderless at most {during['leaderless']}, {last['leaderless']} at the end; "
+        f"failed replicas at most {during['failed_replicas']}, {last['failed_replicas']} at "
+        "the end"
+    )
 
 
 # --------------------------------------------------------------------------- helpers

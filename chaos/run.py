@@ -16,6 +16,7 @@ from chaos import checker, history, replication, report
 from chaos.client_workload import ClientWorkload, ClientWorkloadOptions
 from chaos.cluster import TOPIC, ChaosCluster, rack_of
 from chaos.history import Op
+from chaos.metrics_watch import MetricsWatch
 from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
 from chaos.txn_workload import OUT_TOPIC, TxnWorkload, TxnWorkloadOptions
@@ -171,6 +172,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     )
     nemesis: Nemesis | None = None
     monitor: Monitor | None = None
+    metrics: MetricsWatch | None = None
     recorder = Recorder()
     try:
         chaos.cluster.start()
@@ -192,8 +194,10 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         )
         nemesis = Nemesis(chaos, options.seed, options.faults)
         monitor = Monitor({i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder)
+        metrics = MetricsWatch({i: chaos.data / f"broker-{i}" for i in chaos.nodes}, recorder)
         recorder.t0 = time.monotonic()
         monitor.start()
+        metrics.start()
         workload.start()
         if txn_workload is not None:
             txn_workload.start()
@@ -254,6 +258,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
                 [chaos.direct_address(i) for i in chaos.nodes if i not in nemesis.gone]
             )
         monitor.stop()
+        metrics.stop()
         say("reading every partition from every replica")
         _final_reads(
             chaos, recorder, options, replicas, nemesis.gone, healed + options.recovery_limit
@@ -262,6 +267,8 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     finally:
         if monitor is not None:
             monitor.close()
+        if metrics is not None:
+            metrics.stop()
         if nemesis is not None:
             nemesis.close()
         chaos.close()

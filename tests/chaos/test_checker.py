@@ -152,6 +152,7 @@ def test_clean_history_passes_every_check() -> None:
         "partitions": 2,
         "malformed_ops": 0,
         "unknown_kinds": {},
+        "metrics": {"samples": 0},
     }
     assert count(result, "lost", "acked") == 10
     assert count(result, "replicas", "replica_record_pairs") == 30
@@ -1030,3 +1031,40 @@ def test_a_replica_on_a_broker_the_sweep_did_not_ask_is_not_unreported() -> None
     result = check(ops)
     assert count(result, "health", "replica-unreported") == 0
     assert count(result, "health", "assigned-to-unasked-brokers") == len(PARTITIONS)
+
+
+def test_the_summary_says_what_the_brokers_gauges_showed_during_faults_and_after() -> None:
+    """chaos.metrics_watch's ops: each broker's latest scrape summed over the brokers,
+    at most while faults ran (before the recovery op) and after, and at the last scrape;
+    a value that is not three integers is counted as malformed, not taken."""
+
+    def scraped(broker: int, t: float, value: str) -> Op:
+        return Op("metrics", f"metrics-{broker}", -1, value, start=t, end=t)
+
+    ops = [
+        scraped(1, 10.0, "0,0,0"),
+        scraped(2, 10.5, "0,0,0"),
+        scraped(1, 20.0, "2,1,0"),  # a follower cut off, an election under way
+        scraped(2, 20.5, "1,0,1"),
+        scraped(1, 30.0, "0,0,0"),
+        scraped(2, 30.5, "bad"),
+        recovery("1.0"),  # healed at 150
+        scraped(1, 151.0, "1,0,0"),
+        scraped(2, 160.0, "0,0,0"),
+        scraped(1, 161.0, "0,0,0"),
+    ]
+    summary = check(ops).summary["metrics"]
+    assert summary["samples"] == 8 and summary["malformed"] == 1
+    assert summary["max_during_faults"] == {
+        "under_replicated": 3,
+        "leaderless": 1,
+        "failed_replicas": 1,
+    }
+    # Broker 2's last good scrape before healing (1,0,1) counts until its next one.
+    assert summary["max_after_healing"] == {
+        "under_replicated": 2,
+        "leaderless": 0,
+        "failed_replicas": 1,
+    }
+    assert summary["last"] == {"under_replicated": 0, "leaderless": 0, "failed_replicas": 0}
+    assert check([]).summary["metrics"] == {"samples": 0}
