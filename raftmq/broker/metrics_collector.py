@@ -20,17 +20,26 @@ import concurrent.futures
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from raftmq.broker.routing import BrokerState
 from raftmq.broker.topic_traffic import TopicTraffic
 from raftmq.broker.unopened import OpenState
 from raftmq.controller.quorum import ControllerQuorum
 from raftmq.log.preallocate import BUDGET
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.stats import LATENCY_BUCKETS_S, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,8 @@ class BrokerView(BrokerState, Protocol):
     def data_dir(self) -> Path: ...
     @property
     def quorum(self) -> ControllerQuorum | None: ...
+    @property
+    def host(self) -> RaftHost: ...
 
 
 class BrokerCollector(Collector):
@@ -61,7 +72,7 @@ class BrokerCollector(Collector):
         self.traffic = traffic
         self.loop = loop
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         try:
             on_loop = asyncio.get_running_loop() is self.loop
         except RuntimeError:
@@ -69,7 +80,7 @@ class BrokerCollector(Collector):
         if on_loop:  # a caller on the loop itself (a test calling generate_latest)
             yield from self.read()
             return
-        done: concurrent.futures.Future[list[GaugeMetricFamily | CounterMetricFamily]]
+        done: concurrent.futures.Future[list[Metric]]
         done = concurrent.futures.Future()
 
         def read_on_loop() -> None:
@@ -95,12 +106,13 @@ class BrokerCollector(Collector):
             raise
         yield from families
 
-    def read(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    def read(self) -> list[Metric]:
         """Every family, read now (call it on the broker's event loop)."""
-        families: list[GaugeMetricFamily | CounterMetricFamily] = []
+        families: list[Metric] = []
         families += self._partitions()
         families += self._topics()
         families += self._groups()
+        families += self._raft()
         families += self._controller()
         families += self._disk()
         return families
@@ -228,6 +240,37 @@ class BrokerCollector(Collector):
                             )
         return [lag]
 
+    def _raft(self) -> list[Metric]:
+        """The Raft host's own figures (raftmq.raft.host.stats): every group of this
+        broker (partitions and the controller's) together, so bounded by nothing but
+        the histograms' buckets."""
+        stats = self.broker.host.stats
+        return [
+            _histogram(
+                "raftmq_raft_persist_seconds",
+                "Each Raft round's durable write on this broker: its logs' fsyncs and the "
+                "state store's sync, before the round's messages go out",
+                stats.persist,
+            ),
+            _histogram(
+                "raftmq_raft_commit_seconds",
+                "Each proposal of a leader here, from its append to its commit (a majority "
+                "holds it durably)",
+                stats.commit,
+            ),
+            CounterMetricFamily(
+                "raftmq_raft_elections_won",
+                "Times a Raft group on this broker became its leader",
+                value=stats.elections_won,
+            ),
+            CounterMetricFamily(
+                "raftmq_raft_snapshots_installed",
+                "Snapshots a Raft group on this broker installed from its leader (a follower "
+                "too far behind for the leader's log)",
+                value=stats.snapshots_installed,
+            ),
+        ]
+
     def _controller(self) -> list[GaugeMetricFamily]:
         quorum = self.broker.quorum
         if quorum is None:
@@ -295,3 +338,14 @@ def _per_topic(name: str, documentation: str, counts: Mapping[str, int]) -> Coun
     for topic, value in sorted(counts.items()):
         family.add_metric((topic,), value)
     return family
+
+
+def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
+    buckets = list(accumulate(histogram.buckets))
+    bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+    return HistogramMetricFamily(
+        name,
+        documentation,
+        buckets=list(zip(bounds, buckets, strict=True)),
+        sum_value=histogram.sum_s,
+    )

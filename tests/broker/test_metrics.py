@@ -130,6 +130,18 @@ def test_metrics_follow_requests_traffic_and_partition_state(
     assert value(after, "raftmq_broker_under_replicated_partitions") == 0
     assert value(after, "raftmq_broker_failed_replicas") == 0
     assert value(after, "process_open_fds") > 0
+    # The Raft host's own figures: every produce was a proposal committed here, every
+    # commit needed durable rounds, and this broker won at least this partition's election.
+    assert (
+        value(after, "raftmq_raft_commit_seconds_count")
+        - value(before, "raftmq_raft_commit_seconds_count")
+        >= BATCHES
+    )
+    assert value(after, "raftmq_raft_persist_seconds_count") > value(
+        before, "raftmq_raft_persist_seconds_count"
+    )
+    assert value(after, "raftmq_raft_elections_won_total") >= 1
+    assert value(after, "raftmq_raft_snapshots_installed_total") == 0
 
     # The followers: not leading, and their high watermark reaches the leader's.
     for bid in bound:
