@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
@@ -28,6 +29,7 @@ from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
+from raftmq.tls_files import SERVER
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 DEFAULT_DATA = Path("./raftmq-data")
@@ -209,6 +211,36 @@ def broker(
             "often, as 'raftmq cluster rebalance' does (0: only when asked).",
         ),
     ] = 0,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="TLS: the CA file that signs the certificates clients and peers present "
+            "(needed with --tls-client-auth and for the Raft transport's mutual TLS)."
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="TLS: this broker's certificate (PEM), presented on the client and Raft "
+            "listeners and to its peers; re-read when the file changes. Without it every "
+            "listener is plaintext."
+        ),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: the key of --tls-cert (PEM).")] = None,
+    tls_client_auth: Annotated[
+        bool,
+        typer.Option(
+            help="Mutual TLS on the client listener: refuse clients without a certificate "
+            "signed by --tls-ca."
+        ),
+    ] = False,
+    raft_tls_client_auth: Annotated[
+        bool,
+        typer.Option(
+            help="Mutual TLS on the Raft listener: brokers authenticate each other by their "
+            "certificates (on by default when TLS is)."
+        ),
+    ] = True,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -228,6 +260,10 @@ def broker(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        security = broker_security(tls_ca, tls_cert, tls_key, require_client_cert=tls_client_auth)
+        raft_security = broker_security(
+            tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
+        )
         spec = cluster_file.load(cluster)
         node = Broker(
             id,
@@ -262,12 +298,31 @@ def broker(
                 moves_total=max_moves,
             ),
             rebalance_every_s=rebalance_interval_ms / 1000 or None,
+            security=security,
+            raft_security=raft_security,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
     status = asyncio.run(run(node, parent_pid=parent_pid))
     if status:
         raise typer.Exit(status)
+
+
+def broker_security(
+    ca: Path | None, cert: Path | None, key: Path | None, *, require_client_cert: bool
+) -> net.Security:
+    """A listener's TLS from the broker's flags: plaintext without a certificate, and the
+    files checked at once (a wrong path is a start-up error, not a refused client later)."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key (the broker's own)")
+        return net.PLAINTEXT
+    ca_file, cert_file, key_file = (None if p is None else str(p) for p in (ca, cert, key))
+    security = net.Security(
+        ca_file, cert_file, key_file, require_client_cert=require_client_cert and ca is not None
+    )
+    security.files(SERVER)  # raises TlsFileError (a ValueError) naming the bad file
+    return security
 
 
 # --- dev -----------------------------------------------------------------------------

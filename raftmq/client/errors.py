@@ -13,6 +13,7 @@ import grpc
 
 from raftmq.api.error_codes import RULES, ErrorCode, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.tls_refusals import tls_refusal
 
 __all__ = ["ClientError", "ErrorCode", "error_of"]
 
@@ -78,7 +79,19 @@ class ClientError(Exception):
 
 
 def error_of(exc: grpc.RpcError) -> ClientError:
-    """The ClientError a failed gRPC call stands for."""
+    """The ClientError a failed gRPC call stands for. A connection that TLS refused
+    (raftmq.client.tls_refusals) says why in words, with its own label and status."""
     meta = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
     name = str(meta.get("raftmq-error", ""))
-    return ClientError(exc.details() or str(exc.code()), code_of(name), exc.code(), meta, name)
+    details = exc.details() or str(exc.code())
+    if not name and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        refusal = tls_refusal(details)
+        if refusal is not None:
+            return ClientError(
+                f"{refusal.sentence} ({details})",
+                pb.ERROR_CODE_UNSPECIFIED,
+                refusal.status,
+                meta,
+                refusal.label,
+            )
+    return ClientError(details, code_of(name), exc.code(), meta, name)
