@@ -13,7 +13,7 @@ import grpc
 
 from raftmq.api.error_codes import RULES, ErrorCode, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.tls_refusals import tls_refusal
+from raftmq.client.tls_refusals import TlsRefusal, tls_refusal
 
 __all__ = ["ClientError", "ErrorCode", "error_of"]
 
@@ -27,7 +27,10 @@ class ClientError(Exception):
     ``code``: the ErrorCode; UNSPECIFIED when the failure carries no ``raftmq-error`` (gRPC
     itself failed, see ``status``) or one newer than this client. ``code_name``: the code as
     received ("" without one). ``meta``: the trailing metadata (``raftmq-leader-address``
-    and the rest, see broker.proto)."""
+    and the rest, see broker.proto). ``tls_refusal``: set when TLS refused the connection
+    (raftmq.client.tls_refusals): then the message says what to change."""
+
+    tls_refusal: TlsRefusal | None = None
 
     def __init__(
         self,
@@ -87,11 +90,13 @@ def error_of(exc: grpc.RpcError) -> ClientError:
     if not name and exc.code() == grpc.StatusCode.UNAVAILABLE:
         refusal = tls_refusal(details)
         if refusal is not None:
-            return ClientError(
+            err = ClientError(
                 f"{refusal.sentence} ({details})",
                 pb.ERROR_CODE_UNSPECIFIED,
                 refusal.status,
                 meta,
                 refusal.label,
             )
+            err.tls_refusal = refusal
+            return err
     return ClientError(details, code_of(name), exc.code(), meta, name)

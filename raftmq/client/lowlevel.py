@@ -89,6 +89,8 @@ class LowLevelClient:
                 )
             except grpc.RpcError as exc:
                 last = error_of(exc)
+        if isinstance(last, ClientError) and last.tls_refusal is not None:
+            raise last  # its own words say what to change
         raise ClientError(
             f"no broker answered Metadata ({last})",
             pb.ERROR_CODE_UNSPECIFIED,
