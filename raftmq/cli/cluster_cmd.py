@@ -18,12 +18,15 @@ from rich.table import Table
 
 from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.cli import connection
+from raftmq.cli.connection import client_tls
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.partitioner import partition_for_key
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
+from raftmq.devtools.certs import LocalPki, local_pki
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
@@ -358,6 +361,15 @@ def dev(
             "keeps the ports in its cluster file.",
         ),
     ] = 9090,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="TLS on every listener, mutual (client certificates required): makes a local "
+            "CA and certificates under DATA/tls (once), and writes DATA/client.toml for "
+            "clients ('--config DATA/client.toml').",
+        ),
+    ] = False,
 ) -> None:
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
@@ -394,7 +406,10 @@ def dev(
         spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
-        cluster = LocalCluster(data, spec, dedicated_controllers=dedicated_controllers)
+        pki = local_pki(data / TLS_FOLDER) if secure else None
+        cluster = LocalCluster(
+            data, spec, dedicated_controllers=dedicated_controllers, pki=pki, client_auth=secure
+        )
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
     spec = cluster.spec
@@ -438,9 +453,21 @@ def dev(
             with cluster.client() as client:
                 if not _demo(client, demo_records):
                     raise typer.Exit(1)
-        console.print(
-            f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.", highlight=False
-        )
+        if pki is not None:
+            config = write_client_config(data / CLIENT_CONFIG, cluster.addresses, pki)
+            console.print(
+                f"Cluster is up, with TLS on (mutual): clients need the settings in {config}. "
+                f"Try: raftmq demo "
+                f"--config {config}    (any command that connects takes --config; Python "
+                "clients take ssl_cafile, ssl_certfile and ssl_keyfile, as in that file). "
+                "Stop with Ctrl-C.",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.",
+                highlight=False,
+            )
         reported: set[int] = set()
         while not stop["now"]:
             for bid in spec.brokers:
@@ -452,6 +479,27 @@ def dev(
         console.print("stopping brokers (leadership hand-over, flush, close)...")
         cluster.close()
         console.print("stopped.")
+
+
+TLS_FOLDER = "tls"
+CLIENT_CONFIG = "client.toml"
+
+
+def write_client_config(path: Path, addresses: list[str], pki: LocalPki) -> Path:
+    """The client configuration file of a secure dev cluster (raftmq.cli.connection reads
+    it): its addresses and the client's TLS files, relative to the file's folder."""
+
+    def rel(p: Path) -> str:
+        return str(p.relative_to(path.parent))
+
+    path.write_text(
+        "# Written by 'raftmq dev --secure': use it with --config on any command.\n"
+        f'bootstrap = "{",".join(addresses)}"\n'
+        f'ssl_cafile = "{rel(pki.ca.cert_file)}"\n'
+        f'ssl_certfile = "{rel(pki.client.cert_file)}"\n'
+        f'ssl_keyfile = "{rel(pki.client.key_file)}"\n'
+    )
+    return path
 
 
 # --- demo ----------------------------------------------------------------------------
@@ -552,10 +600,12 @@ BootstrapAddresses = Annotated[
 
 
 def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
-    """The brokers to ask: ``--bootstrap`` if given, else those of ``--data``'s cluster file
-    (exits 2 with what to do when there is neither)."""
+    """The brokers to ask: ``--bootstrap`` if given, else those of ``--config``'s file,
+    else those of ``--data``'s cluster file (exits 2 with what to do when there is none)."""
     if bootstrap:
         return [a.strip() for a in bootstrap.split(",") if a.strip()]
+    if connection.current().bootstrap:
+        return connection.current().bootstrap  # --config's
     path = data / CLUSTER_FILE
     if not path.exists():
         raise _fail(
@@ -576,7 +626,7 @@ def demo(
     id and checks only those, so demos and other writers can share the topic. Exits 1 if
     anything is off, saying which partition and offset."""
     addresses = cluster_addresses(data, bootstrap)
-    with LowLevelClient(addresses) as client:
+    with LowLevelClient(addresses, **client_tls()) as client:
         try:
             ok = _demo(client, records)
         except ClientError as exc:
