@@ -25,7 +25,7 @@ from raftmq.devtools import certs
 from raftmq.devtools.certs import Issued, LocalPki
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format.records import Record, build_batch, iter_records
-from tests.broker.conftest import LEADER_TIMEOUT, REBALANCE_ARGS, cluster_spec, log_tails
+from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, module_cluster
 
 TOPIC = "secure"
 
@@ -41,16 +41,9 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     data = tmp_path_factory.mktemp("tls-cluster")
     args = ["--tick-ms", "20", "--election-ticks", "10", *REBALANCE_ARGS]
-    c = LocalCluster(data, cluster_spec({TOPIC: 1}), broker_args=args, pki=pki, client_auth=True)
-    failed = request.session.testsfailed
-    try:
-        c.start()
-        c.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)
+    spec = cluster_spec({TOPIC: 1})
+    with module_cluster(data, spec, args, request, pki=pki, client_auth=True) as c:
         yield c
-    finally:
-        if request.session.testsfailed > failed:
-            print(log_tails(c))
-        c.close()
 
 
 def _end_offset(cluster: LocalCluster) -> int:
