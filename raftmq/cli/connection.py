@@ -97,47 +97,33 @@ def _resolve(
     return ClientConfig(base.bootstrap, tls)
 
 
-def _config_option(flag: str) -> inspect.Parameter:
+def _path_option(name: str, option: Any) -> inspect.Parameter:
+    """A keyword parameter ``name`` taking a path, None by default, as typer reads it."""
     return inspect.Parameter(
-        "client_config",
+        name,
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
-        annotation=Annotated[
-            Path | None,
-            typer.Option(
-                flag,
-                help="A client configuration file (TOML: bootstrap, ssl_cafile, ssl_certfile, "
-                "ssl_keyfile), e.g. the one 'raftmq dev --secure' writes.",
-            ),
-        ],
+        annotation=Annotated[Path | None, option],
+    )
+
+
+def _config_option(flag: str) -> inspect.Parameter:
+    return _path_option(
+        "client_config",
+        typer.Option(
+            flag,
+            help="A client configuration file (TOML: bootstrap, ssl_cafile, ssl_certfile, "
+            "ssl_keyfile), e.g. the one 'raftmq dev --secure' writes.",
+        ),
     )
 
 
 _TLS_OPTIONS = (
-    inspect.Parameter(
-        "tls_ca",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            Path | None,
-            typer.Option(help="TLS: the CA file that signed the brokers' certificates."),
-        ],
+    _path_option(
+        "tls_ca", typer.Option(help="TLS: the CA file that signed the brokers' certificates.")
     ),
-    inspect.Parameter(
-        "tls_cert",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            Path | None,
-            typer.Option(help="TLS: this client's certificate, for mutual TLS."),
-        ],
-    ),
-    inspect.Parameter(
-        "tls_key",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[Path | None, typer.Option(help="TLS: the key of --tls-cert.")],
-    ),
+    _path_option("tls_cert", typer.Option(help="TLS: this client's certificate, for mutual TLS.")),
+    _path_option("tls_key", typer.Option(help="TLS: the key of --tls-cert.")),
 )
 
 

@@ -75,19 +75,33 @@ def _write(
     return out
 
 
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    start: datetime.datetime,
+    end: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """The fields every certificate here has: names, public key, serial and validity."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+    )
+
+
 def make_ca(folder: Path, *, stem: str = "ca", common_name: str = "raftmq local CA") -> Issued:
     """A self-signed CA certificate and key under ``folder``."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     name = _name(common_name)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=VALID_DAYS * 10)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS * 10))
+        _builder(name, name, key, start, end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -137,13 +151,7 @@ def issue(
         assert isinstance(loaded, ec.EllipticCurvePrivateKey), "make_ca makes EC keys"
         issuer_name, signer = ca_cert.subject, loaded
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
+        _builder(subject, issuer_name, key, start, end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_san(hosts), critical=False)
         .add_extension(
