@@ -3,25 +3,33 @@ client channels (sync and asyncio), and the Raft transport's TCP listener and co
 
 Why one module: how a connection is protected is decided per endpoint kind, not per
 caller, and what every request passes through is decided per server, not per service.
-Everything is plaintext today. TLS will add certificates to :class:`Security`, and these
-functions will then pick gRPC's secure channel and port and an ``ssl`` context for the
-Raft sockets from it; no caller opens a socket or channel another way (tests/test_net.py
-checks that no other module of raftmq does). The channel options every client uses live
-here too (:data:`CHANNEL_OPTIONS`), so that a limit is set once.
+:class:`Security` says how: plaintext (:data:`PLAINTEXT`, the default, which costs nothing
+more than a plain socket), or TLS from a CA file, a certificate and a key, with client
+certificates required or not (mutual TLS, per listener). These functions pick gRPC's
+secure channel and port and an ``ssl`` context for the Raft sockets from it; no caller
+opens a socket or channel another way (tests/test_net.py checks that no other module of
+raftmq does). The files are re-read when they change (raftmq.tls_files), so a rotated
+certificate is served to the next connection while the open ones carry on. The channel
+options every client uses live here too (:data:`CHANNEL_OPTIONS`), so that a limit is set
+once.
 
 It sits at the top of the package, beside ``raftmq.tasks``, so that every layer, from the
-Raft host to the client, may import it; so it imports only the standard library and grpc.
+Raft host to the client, may import it; so it imports only the standard library, grpc and
+the top-level helper raftmq.tls_files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+
+from raftmq.tls_files import CLIENT, SERVER, TlsFiles
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -37,17 +45,75 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 """The options every channel gets; a caller's own (``options=``) are added, and win."""
 
+HANDSHAKE_TIMEOUT_S = 10.0
+"""How long a TLS handshake on the Raft transport may take before the connection is
+dropped (a peer that connects and says nothing must not hold a task)."""
+
 ChannelOptions = Sequence[tuple[str, Any]]
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class Security:
-    """How an endpoint is protected. Only plaintext exists yet, so it has no fields; TLS
-    adds its certificates here, and every function below already takes one."""
+    """How an endpoint is protected: plaintext (no files), or TLS.
+
+    A listener (server side) needs ``cert_file`` and ``key_file``; with
+    ``require_client_cert`` it also needs ``ca_file``, and refuses a client that presents
+    no certificate signed by it (mutual TLS). A client (a channel, a Raft dial) trusts the
+    servers ``ca_file`` signed (the system's CAs without one), and presents ``cert_file``
+    when set (what a mutual-TLS listener asks for). A broker uses one value both ways: its
+    certificate is its server certificate and its client certificate to its peers."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    require_client_cert: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(
+                "a TLS certificate file needs its key file, and a key file its certificate "
+                "(ssl_certfile and ssl_keyfile, or --tls-cert and --tls-key)"
+            )
+
+    @property
+    def tls(self) -> bool:
+        """Whether connections are TLS (any file set) rather than plaintext."""
+        return any(p is not None for p in (self.ca_file, self.cert_file, self.key_file))
+
+    def files(self, side: str) -> TlsFiles:
+        """The files loaded for ``side`` (tls_files.SERVER or CLIENT), checked."""
+        return TlsFiles(
+            self.ca_file,
+            self.cert_file,
+            self.key_file,
+            side=side,
+            require_client_cert=self.require_client_cert and side == SERVER,
+        )
 
 
 PLAINTEXT = Security()
+
+_client_files: dict[Security, TlsFiles] = {}
+"""The client-side material of each Security in use, shared by every channel and dial of
+this process (each checks it for changes when it opens a connection)."""
+
+
+def _client(security: Security) -> TlsFiles:
+    """The client-side files of ``security``, refreshed if they changed."""
+    files = _client_files.get(security)
+    if files is None:
+        files = _client_files[security] = security.files(CLIENT)
+    else:
+        files.refresh()
+    return files
+
+
+def _channel_credentials(security: Security) -> grpc.ChannelCredentials:
+    pem = _client(security).pem
+    return grpc.ssl_channel_credentials(
+        root_certificates=pem.ca, private_key=pem.key, certificate_chain=pem.cert
+    )
 
 
 def _options(extra: ChannelOptions) -> list[tuple[str, Any]]:
@@ -59,6 +125,9 @@ def channel(
     address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
 ) -> grpc.Channel:
     """A synchronous gRPC channel to ``address`` (host:port)."""
+    if security.tls:
+        creds = _channel_credentials(security)
+        return grpc.secure_channel(address, creds, options=_options(options))
     return grpc.insecure_channel(address, options=_options(options))
 
 
@@ -66,6 +135,9 @@ def aio_channel(
     address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
 ) -> grpc.aio.Channel:
     """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
+    if security.tls:
+        creds = _channel_credentials(security)
+        return grpc.aio.secure_channel(address, creds, options=_options(options))
     return grpc.aio.insecure_channel(address, options=_options(options))
 
 
@@ -73,14 +145,15 @@ class Channels:
     """One synchronous channel per address, opened on first use and kept (gRPC reconnects
     a channel by itself): the synchronous clients' twin of :class:`AioChannels`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, security: Security = PLAINTEXT) -> None:
+        self.security = security
         self._channels: dict[str, grpc.Channel] = {}
 
     def of(self, address: str) -> grpc.Channel:
         """The channel to ``address``."""
         found = self._channels.get(address)
         if found is None:
-            found = self._channels[address] = channel(address)
+            found = self._channels[address] = channel(address, security=self.security)
         return found
 
     def close(self) -> None:
@@ -97,8 +170,9 @@ class AioChannels:
     ``max_channels``, reaching it closes them all first (addresses change only when
     brokers move, so the set is rebuilt from those in use). Use it in one event loop."""
 
-    def __init__(self, *, max_channels: int | None = None) -> None:
+    def __init__(self, *, max_channels: int | None = None, security: Security = PLAINTEXT) -> None:
         self.max_channels = max_channels
+        self.security = security
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def get(self, address: str) -> grpc.aio.Channel:
@@ -115,7 +189,7 @@ class AioChannels:
         """The channel to ``address``, without a bound (for callers that name few)."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = aio_channel(address)
+            channel = self._channels[address] = aio_channel(address, security=self.security)
         return channel
 
     async def close(self) -> None:
@@ -148,8 +222,32 @@ def add_port(
     server: grpc.Server | grpc.aio.Server, host_port: str, *, security: Security = PLAINTEXT
 ) -> int:
     """Make ``server`` listen on ``host_port`` (port 0: one the kernel picks); returns the
-    port it bound."""
-    return int(server.add_insecure_port(host_port))
+    port it bound. With TLS, the certificate and key are re-read when their files change
+    (gRPC asks at each new connection), so a rotation reaches the next client while the
+    connections open, and their streams, carry on."""
+    if not security.tls:
+        return int(server.add_insecure_port(host_port))
+    return int(server.add_secure_port(host_port, _server_credentials(security)))
+
+
+def _server_credentials(security: Security) -> grpc.ServerCredentials:
+    files = security.files(SERVER)
+
+    def configuration() -> Any:
+        pem = files.pem
+        assert pem.cert is not None and pem.key is not None, "a server has both (TlsFiles)"
+        return grpc.ssl_server_certificate_configuration(
+            [(pem.key, pem.cert)],
+            root_certificates=pem.ca if security.require_client_cert else None,
+        )
+
+    def fetch() -> Any:
+        """gRPC's question at each handshake: new material, or None to keep the last."""
+        return configuration() if files.refresh() else None
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=security.require_client_cert
+    )
 
 
 def serve_metrics(
@@ -177,12 +275,46 @@ async def serve_tcp(
 ) -> asyncio.Server:
     """A listening TCP server on ``host``:``port`` that runs ``handler`` per connection
     (the Raft transport's listener). ``reuse_port`` sets ``SO_REUSEPORT``, which a port
-    reserved by raftmq.devtools.ports needs."""
-    return await asyncio.start_server(handler, host, port, reuse_port=reuse_port)
+    reserved by raftmq.devtools.ports needs. With TLS, each handshake takes the files as
+    they are now (:func:`_rotating_server_context`)."""
+    if not security.tls:
+        return await asyncio.start_server(handler, host, port, reuse_port=reuse_port)
+    return await asyncio.start_server(
+        handler,
+        host,
+        port,
+        reuse_port=reuse_port,
+        ssl=_rotating_server_context(security.files(SERVER)),
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+    )
+
+
+def _rotating_server_context(files: TlsFiles) -> ssl.SSLContext:
+    """A listener's context whose connections each get the files' current context: the
+    listener's own is fixed when it starts, so at each ClientHello the connection is moved
+    onto the latest (``sni_callback`` runs with or without a server name)."""
+    listener = files.context
+
+    def latest(conn: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: Any) -> None:
+        files.refresh()
+        if files.context is not listener:
+            conn.context = files.context
+
+    listener.sni_callback = latest
+    return listener
 
 
 async def connect_tcp(
     host: str, port: int, *, security: Security = PLAINTEXT
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A TCP connection to ``host``:``port`` (the Raft transport's dial)."""
-    return await asyncio.open_connection(host, port)
+    """A TCP connection to ``host``:``port`` (the Raft transport's dial). With TLS, the
+    peer's certificate must be signed by the CA and name ``host``."""
+    if not security.tls:
+        return await asyncio.open_connection(host, port)
+    return await asyncio.open_connection(
+        host,
+        port,
+        ssl=_client(security).context,
+        server_hostname=host,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+    )

@@ -1,11 +1,13 @@
 """raftmq.net is the only way raftmq opens a network endpoint, and what it opens works.
 
-The first holds by a scan of the package's own code (not a convention), so that TLS, when
-it comes, is one module's change: a module that opened its own channel or socket would be
-left in plaintext. The scan is shown to catch an injected call. The second checks the
+The first holds by a scan of the package's own code (not a convention), so that TLS is
+one module's business: a module that opened its own channel or socket would be left in
+plaintext. The scan is shown to catch an injected call. The second checks the
 factory's pieces against each other on 127.0.0.1 port 0: a channel reaches a port, the
 channel options apply (a message above gRPC's default 4 MiB limit comes back), and the
-Raft transport's listener and dial carry bytes.
+Raft transport's listener and dial carry bytes. With TLS: a mutual-TLS port serves only
+a client with a certificate, and rotated files reach the next handshake while an open
+connection carries on.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from raftmq import net
+from raftmq.devtools import certs
+from raftmq.tls_files import SERVER, TlsFileError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "raftmq"
@@ -177,3 +182,105 @@ def test_the_sync_channel_cache_keeps_one_channel_per_address_until_closed():
     channels.close()
     assert channels.of("127.0.0.1:1") is not first
     channels.close()
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+def _pki(folder: Path) -> tuple[certs.Issued, certs.Issued, certs.Issued]:
+    """A CA, a server certificate and a client one it signed."""
+    ca = certs.make_ca(folder)
+    return ca, certs.issue(ca, folder, "server"), certs.issue(ca, folder, "client")
+
+
+def _server_security(ca: certs.Issued, server: certs.Issued, *, mutual: bool) -> net.Security:
+    return net.Security(
+        str(ca.cert_file), str(server.cert_file), str(server.key_file), require_client_cert=mutual
+    )
+
+
+def _client_security(ca: certs.Issued, client: certs.Issued | None) -> net.Security:
+    if client is None:
+        return net.Security(str(ca.cert_file))
+    return net.Security(str(ca.cert_file), str(client.cert_file), str(client.key_file))
+
+
+async def _check(address: str, security: net.Security) -> str:
+    """SERVING, or the refusal's gRPC status name."""
+    async with net.aio_channel(address, security=security) as channel:
+        try:
+            answer = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+
+
+async def test_a_mutual_tls_port_serves_a_client_with_a_certificate_only(tmp_path: Path):
+    ca, server_cert, client_cert = _pki(tmp_path)
+    server = net.aio_server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = net.add_port(
+        server, "127.0.0.1:0", security=_server_security(ca, server_cert, mutual=True)
+    )
+    await server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        assert await _check(address, _client_security(ca, client_cert)) == "SERVING"
+        assert await _check(address, _client_security(ca, None)) == "UNAVAILABLE"
+        assert await _check(address, net.PLAINTEXT) == "UNAVAILABLE"
+        assert await _check(address, _client_security(ca, client_cert)) == "SERVING"
+    finally:
+        await server.stop(None)
+
+
+async def test_the_raft_listener_takes_rotated_files_at_the_next_handshake(tmp_path: Path):
+    """A connection opened before the rotation carries on with the old certificate; the
+    next one is served the new (the listener's context is fixed when it starts)."""
+    ca, server_cert, client_cert = _pki(tmp_path)
+
+    async def shout(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            writer.write(line.upper())
+            await writer.drain()
+        writer.close()
+
+    security = _server_security(ca, server_cert, mutual=True)
+    server = await net.serve_tcp(shout, "127.0.0.1", 0, security=security)
+    dial = _client_security(ca, client_cert)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        old_reader, old_writer = await net.connect_tcp("127.0.0.1", port, security=dial)
+        old_writer.write(b"before\n")
+        assert await asyncio.wait_for(old_reader.readline(), 10) == b"BEFORE\n"
+        certs.issue(ca, tmp_path, "server", common_name="rotated")
+        reader, writer = await net.connect_tcp("127.0.0.1", port, security=dial)
+        subject = dict(x[0] for x in writer.get_extra_info("peercert")["subject"])
+        assert subject["commonName"] == "rotated"
+        writer.write(b"new\n")
+        assert await asyncio.wait_for(reader.readline(), 10) == b"NEW\n"
+        old_writer.write(b"still\n")  # the connection from before the rotation goes on
+        assert await asyncio.wait_for(old_reader.readline(), 10) == b"STILL\n"
+        for w in (writer, old_writer):
+            w.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_files_that_do_not_load_are_refused_at_start_and_skipped_on_reload(tmp_path: Path):
+    ca, server_cert, _ = _pki(tmp_path)
+    bad = tmp_path / "not-a-cert.pem"
+    bad.write_text("nonsense")
+    with pytest.raises(TlsFileError, match=r"not-a-cert\.pem"):
+        net.Security(None, str(bad), str(server_cert.key_file)).files(SERVER)
+    files = _server_security(ca, server_cert, mutual=False).files(SERVER)
+    version = files.version
+    other = certs.issue(ca, tmp_path / "other", "server")
+    server_cert.cert_file.write_bytes(other.cert_file.read_bytes())  # the key not yet
+    assert not files.refresh() and files.version == version  # the last good pair stays
+    server_cert.key_file.write_bytes(other.key_file.read_bytes())
+    assert files.refresh() and files.version == version + 1
+    with pytest.raises(ValueError, match="needs its key file"):
+        net.Security(None, str(server_cert.cert_file))

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_service import ControllerFace
@@ -151,12 +152,14 @@ class AdminService(ControllerFace):
         quorum: ControllerQuorum,
         addresses: Mapping[int, str],
         move_limits: healing.Limits = healing.DEFAULT_LIMITS,
+        *,
+        security: net.Security = net.PLAINTEXT,
     ) -> None:
         """``move_limits``: the mover's (its heal delay shapes what a status and a
-        rebalance forecast say)."""
+        rebalance forecast say); ``security``: how to reach the other brokers."""
         super().__init__(quorum, addresses)
         self.move_limits = move_limits
-        self.live = LiveState()
+        self.live = LiveState(security=security)
         """Asks leader brokers for DescribeTopic's live state (a channel per broker)."""
 
     async def CreateTopic(

@@ -56,11 +56,14 @@ class LinkRefusal(Exception):
 
 
 class ControllerLink:
-    def __init__(self, voters: Mapping[int, str]) -> None:
-        """``voters``: each controller voter's client address (host:port)."""
+    def __init__(
+        self, voters: Mapping[int, str], *, security: net.Security = net.PLAINTEXT
+    ) -> None:
+        """``voters``: each controller voter's client address (host:port); ``security``:
+        how to reach them (raftmq.net)."""
         assert voters, "a broker needs at least one controller voter"
         self.voters = dict(sorted(voters.items()))
-        self._channels = net.AioChannels()
+        self._channels = net.AioChannels(security=security)
         self._leader: str | None = None
         self._turn = 0
         self.controller_version = 0

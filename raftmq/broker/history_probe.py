@@ -43,10 +43,12 @@ PROBE_TIMEOUT_S = 2.0
 """How long one peer may take to answer; a peer that is not up refuses at once."""
 
 
-async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]] | None:
+async def _peer_history(
+    address: str, topics: list[str], security: net.Security
+) -> set[tuple[str, int]] | None:
     """The partitions of ``topics`` for which the broker at ``address`` knows a leader term
     or holds data; None when it does not answer."""
-    async with net.aio_channel(address) as channel:
+    async with net.aio_channel(address, security=security) as channel:
         try:
             answer = await pb_grpc.BrokerStub(channel).Metadata(
                 pb.MetadataRequest(topics=topics), timeout=PROBE_TIMEOUT_S
@@ -62,7 +64,10 @@ async def _peer_history(address: str, topics: list[str]) -> set[tuple[str, int]]
 
 
 async def partitions_with_history(
-    addresses: Mapping[int, str], me: int, hosted: set[tuple[str, int]]
+    addresses: Mapping[int, str],
+    me: int,
+    hosted: set[tuple[str, int]],
+    security: net.Security = net.PLAINTEXT,
 ) -> tuple[set[tuple[str, int]], list[int]]:
     """Of the partitions this broker ``hosted``, those some peer reports a past for, and
     the ids of the peers that answered. The peers are the nodes of ``addresses`` (client
@@ -70,7 +75,7 @@ async def partitions_with_history(
     name only the controller voters, which host no partition in the dedicated layout)."""
     topics = sorted({topic for topic, _ in hosted})
     peers = sorted((b, a) for b, a in addresses.items() if b != me)
-    answers = await asyncio.gather(*(_peer_history(a, topics) for _, a in peers))
+    answers = await asyncio.gather(*(_peer_history(a, topics, security) for _, a in peers))
     seen: set[tuple[str, int]] = set()
     answered = []
     for (peer, _), known in zip(peers, answers, strict=True):
@@ -80,12 +85,12 @@ async def partitions_with_history(
     return seen, answered
 
 
-async def _voter_has_past(address: str) -> bool | None:
+async def _voter_has_past(address: str, security: net.Security) -> bool | None:
     """Whether the voter at ``address`` knows a past of the metadata group: an entry in
     its log, or only a term above 0 (it saw an election, so a leader may have committed
     entries it has not received yet: it was cut off, or stopped, right after); None when
     it does not answer."""
-    async with net.aio_channel(address) as channel:
+    async with net.aio_channel(address, security=security) as channel:
         try:
             answer = await cpb_grpc.ControllerStub(channel).DescribeVoter(
                 cpb.DescribeVoterRequest(), timeout=PROBE_TIMEOUT_S
@@ -95,7 +100,9 @@ async def _voter_has_past(address: str) -> bool | None:
     return answer.last_index > 0 or answer.term > 0
 
 
-async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[bool, list[int]]:
+async def metadata_with_history(
+    voters: Mapping[int, str], me: int, security: net.Security = net.PLAINTEXT
+) -> tuple[bool, list[int]]:
     """Does the controller quorum have a past this voter may have been part of (a voter
     holds an entry of its log, or saw a term: an election happened)? With the ids of the
     voters that answered.
@@ -106,16 +113,18 @@ async def metadata_with_history(voters: Mapping[int, str], me: int) -> tuple[boo
     until it holds the leader's log), or it could help a lagging voter win an election and
     vote committed metadata away."""
     peers = [(v, a) for v, a in sorted(voters.items()) if v != me]
-    pasts = await asyncio.gather(*(_voter_has_past(a) for _, a in peers))
+    pasts = await asyncio.gather(*(_voter_has_past(a, security) for _, a in peers))
     answered = [v for (v, _), past in zip(peers, pasts, strict=True) if past is not None]
     return any(pasts), answered
 
 
-async def mark_wiped_voter(voters: Mapping[int, str], me: int, data_dir: Path) -> None:
+async def mark_wiped_voter(
+    voters: Mapping[int, str], me: int, data_dir: Path, security: net.Security = net.PLAINTEXT
+) -> None:
     """No data folder on controller voter ``me``: if the quorum has a past, this voter's
     metadata group rejoins (no vote until it holds the leader's log), as a replaced
     partition replica does (:func:`metadata_with_history`)."""
-    past, answered = await metadata_with_history(voters, me)
+    past, answered = await metadata_with_history(voters, me, security)
     if not answered:
         # Nobody could say, so assume the past (as for partitions): a voter that passed
         # for new would vote at once, and with one voter that missed committed metadata

@@ -38,8 +38,8 @@ _STATE = {
 class LiveState:
     """Asks leader brokers (their client Broker service) for their partitions' state."""
 
-    def __init__(self) -> None:
-        self._channels = net.AioChannels()
+    def __init__(self, *, security: net.Security = net.PLAINTEXT) -> None:
+        self._channels = net.AioChannels(security=security)
 
     def _stub(self, address: str) -> pb_grpc.BrokerStub:
         return pb_grpc.BrokerStub(self._channels.of(address))

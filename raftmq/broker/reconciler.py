@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from raftmq import net
 from raftmq.broker.history_probe import partitions_with_history
 from raftmq.broker.layout import same_layout
 from raftmq.broker.listings import ReplicaListings
@@ -90,6 +91,7 @@ class Reconciler:
         epoch: Callable[[], int],
         prefer: Callable[[PartitionReplica], None],
         track: Callable[[asyncio.Task[None]], None],
+        security: net.Security = net.PLAINTEXT,
     ) -> None:
         """``static_peers``: the brokers whose Raft address was given at start (the
         metadata's is not learnt for them); ``bootstrap_addresses``: the client addresses
@@ -98,9 +100,11 @@ class Reconciler:
         :meth:`_mark_replaced_replicas`); ``prefer``: what the preferred leader's head
         start needs as each replica opens, before the next (raftmq.broker.leadership);
         ``track``: keeps a background task
-        until it ends (the broker cancels what still runs when it stops)."""
+        until it ends (the broker cancels what still runs when it stops); ``security``:
+        how to reach the peers' client services."""
         self.id = broker_id
         self.data_dir = data_dir
+        self.security = security
         self.host = host
         self.transport = transport
         self.replicas = replicas
@@ -590,7 +594,10 @@ class Reconciler:
         marked as once promised, so their replicas rejoin (no votes until caught up)
         instead of passing for new ones (:mod:`raftmq.broker.history_probe`)."""
         seen, answered = await partitions_with_history(
-            {**self._bootstrap_addresses, **broker_addresses(state)}, self.id, hosted
+            {**self._bootstrap_addresses, **broker_addresses(state)},
+            self.id,
+            hosted,
+            self.security,
         )
         if not answered:
             # Nobody could say, so assume the past: a replica that passed for new would vote

@@ -104,6 +104,8 @@ class Broker:
         rebalance_every_s: float | None = None,
         metrics: bool = True,
         metrics_listen: tuple[str, int] | None = None,
+        security: net.Security = net.PLAINTEXT,
+        raft_security: net.Security = net.PLAINTEXT,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -132,7 +134,10 @@ class Broker:
         ``rebalance_every_s``: its rebalance timer (None: rebalance only when asked).
         ``metrics``: serve Prometheus metrics at ``/metrics`` on ``metrics_listen`` (None:
         the advertised host, a port the kernel picks; the bound address is in
-        :attr:`bound`), and count what they report (off: nothing is counted)."""
+        :attr:`bound`), and count what they report (off: nothing is counted).
+        ``security``: TLS of the client listener (mutual with ``require_client_cert``) and of
+        this broker's own calls to its peers' client services; ``raft_security``: of the
+        Raft transport, listener and dials (docs/security.md)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -176,8 +181,13 @@ class Broker:
             if b.id != broker_id
         }
         self.transport = TcpTransport(
-            broker_id, (me.host, me.raft_port), peers, cluster=bootstrap.name
+            broker_id,
+            (me.host, me.raft_port),
+            peers,
+            cluster=bootstrap.name,
+            security=raft_security,
         )
+        self.security = security
         self.host = RaftHost(
             broker_id,
             self.transport,
@@ -192,7 +202,7 @@ class Broker:
         self.move_limits = move_limits
         self.rebalance_every_s = rebalance_every_s
         self.mover: Mover | None = None
-        self.link = ControllerLink(self.voter_addresses)
+        self.link = ControllerLink(self.voter_addresses, security=security)
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.leader_reports = LeaderReports(
             broker_id,
@@ -242,6 +252,7 @@ class Broker:
             epoch=lambda: self.registration.epoch,
             prefer=self.leadership.prefer,
             track=self._track,
+            security=security,
         )
         self.unopened = self.reconciler.unopened
         self.retention = Retention(
@@ -304,7 +315,7 @@ class Broker:
         self.registration.incarnation = next_incarnation(self.data_dir)
         if CONTROLLER in self.roles:
             if self._probe_metadata_past:
-                await mark_wiped_voter(self.voter_addresses, self.id, self.data_dir)
+                await mark_wiped_voter(self.voter_addresses, self.id, self.data_dir, self.security)
             self.quorum = await ControllerQuorum.open(
                 self.host,
                 self.data_dir,
@@ -337,10 +348,14 @@ class Broker:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
             )
-            self._admin = AdminService(self.quorum, self.voter_addresses, self.move_limits)
+            self._admin = AdminService(
+                self.quorum, self.voter_addresses, self.move_limits, security=self.security
+            )
             add_admin_service(self._admin, self._server)
             add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
-            self._transactions = TransactionsService(self.quorum, self.voter_addresses)
+            self._transactions = TransactionsService(
+                self.quorum, self.voter_addresses, security=self.security
+            )
             add_transactions_service(self._transactions, self._server)
             self._transactions.start()
         else:
@@ -350,7 +365,9 @@ class Broker:
             add_groups_redirect(redirect, self._server)
             add_transactions_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        client_port = net.add_port(self._server, f"{self.listen[0]}:{self.listen[1]}")
+        client_port = net.add_port(
+            self._server, f"{self.listen[0]}:{self.listen[1]}", security=self.security
+        )
         await self._server.start()
         # What was bound, not what was asked for: the launcher waits on this (ready_file).
         me = self.bootstrap.brokers[self.id]

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import transactions_pb2 as tpb
@@ -97,11 +98,12 @@ class TransactionsService(ControllerFace):
         *,
         send: SendMarkers | None = None,
         retry_first_s: float = RETRY_FIRST_S,
+        security: net.Security = net.PLAINTEXT,
     ) -> None:
         """``send``: how markers reach partition leaders (tests put a double of a peer's
         RPC there); Broker.WriteTxnMarkers over gRPC by default."""
         super().__init__(quorum, addresses)
-        self._sender = MarkerSender()
+        self._sender = MarkerSender(security=security)
         self.coordinator = TransactionCoordinator(
             quorum, send or self._sender, retry_first_s=retry_first_s
         )

@@ -23,8 +23,8 @@ again as needed (addresses change only when brokers move)."""
 class MarkerSender:
     """Sends markers; one cached channel per broker address."""
 
-    def __init__(self) -> None:
-        self._channels = net.AioChannels(max_channels=MAX_CHANNELS)
+    def __init__(self, *, security: net.Security = net.PLAINTEXT) -> None:
+        self._channels = net.AioChannels(max_channels=MAX_CHANNELS, security=security)
 
     async def __call__(self, address: str, targets: list[MarkerTarget]) -> list[MarkerAnswer]:
         request = pb.WriteTxnMarkersRequest(

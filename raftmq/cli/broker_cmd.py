@@ -24,6 +24,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
+from raftmq.cli.connection import client_tls
 from raftmq.cli.status_cmd import STATE_NAMES
 from raftmq.cli.topic_cmd import _call
 from raftmq.client import ClientError, LowLevelClient
@@ -108,7 +109,7 @@ def rebuild_replica(
     copies the leader's log again, voting only once it holds all of it. Refused while it
     leads or no other replica leads, unless --force. Shows progress until it is in sync."""
     addresses = cluster_addresses(data, bootstrap)
-    with LowLevelClient(addresses) as client:
+    with LowLevelClient(addresses, **client_tls()) as client:
         try:
             md = client.metadata(timeout=REBUILD_TIMEOUT_S)
             address = next((f"{b.host}:{b.port}" for b in md.brokers if b.id == broker_id), None)

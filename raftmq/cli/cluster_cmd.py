@@ -16,20 +16,24 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from raftmq import log_records
+from raftmq import log_records, net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.ready_file import BoundAddresses
+from raftmq.cli import connection
+from raftmq.cli.connection import client_tls
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.partitioner import partition_for_key
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
+from raftmq.devtools.certs import LocalPki, local_pki
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
+from raftmq.tls_files import SERVER
 
 
 class LogFormatChoice(StrEnum):
@@ -240,6 +244,36 @@ def broker(
             "the RPC, its request id and the partition as fields (README, 'Failures stay small').",
         ),
     ] = LogFormatChoice.TEXT,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="TLS: the CA file that signs the certificates clients and peers present "
+            "(needed with --tls-client-auth and for the Raft transport's mutual TLS)."
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="TLS: this broker's certificate (PEM), presented on the client and Raft "
+            "listeners and to its peers; re-read when the file changes. Without it every "
+            "listener is plaintext."
+        ),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: the key of --tls-cert (PEM).")] = None,
+    tls_client_auth: Annotated[
+        bool,
+        typer.Option(
+            help="Mutual TLS on the client listener: refuse clients without a certificate "
+            "signed by --tls-ca."
+        ),
+    ] = False,
+    raft_tls_client_auth: Annotated[
+        bool,
+        typer.Option(
+            help="Mutual TLS on the Raft listener: brokers authenticate each other by their "
+            "certificates (on by default when TLS is)."
+        ),
+    ] = True,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -259,6 +293,10 @@ def broker(
 
     log_records.configure(log_format.value, node=f"broker-{id}")
     try:
+        security = broker_security(tls_ca, tls_cert, tls_key, require_client_cert=tls_client_auth)
+        raft_security = broker_security(
+            tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
+        )
         spec = cluster_file.load(cluster)
         node = Broker(
             id,
@@ -295,12 +333,31 @@ def broker(
             rebalance_every_s=rebalance_interval_ms / 1000 or None,
             metrics=metrics,
             metrics_listen=_parse_address(metrics_listen) if metrics_listen else None,
+            security=security,
+            raft_security=raft_security,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
     status = asyncio.run(run(node, parent_pid=parent_pid))
     if status:
         raise typer.Exit(status)
+
+
+def broker_security(
+    ca: Path | None, cert: Path | None, key: Path | None, *, require_client_cert: bool
+) -> net.Security:
+    """A listener's TLS from the broker's flags: plaintext without a certificate, and the
+    files checked at once (a wrong path is a start-up error, not a refused client later)."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key (the broker's own)")
+        return net.PLAINTEXT
+    ca_file, cert_file, key_file = (None if p is None else str(p) for p in (ca, cert, key))
+    security = net.Security(
+        ca_file, cert_file, key_file, require_client_cert=require_client_cert and ca is not None
+    )
+    security.files(SERVER)  # raises TlsFileError (a ValueError) naming the bad file
+    return security
 
 
 # --- dev -----------------------------------------------------------------------------
@@ -340,6 +397,15 @@ def dev(
         LogFormatChoice,
         typer.Option(help="The brokers' log format (their logs are in the data folder)."),
     ] = LogFormatChoice.TEXT,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="TLS on every listener, mutual (client certificates required): makes a local "
+            "CA and certificates under DATA/tls (once), and writes DATA/client.toml for "
+            "clients ('--config DATA/client.toml').",
+        ),
+    ] = False,
 ) -> None:
     """Start a local cluster of real broker processes, wait until every partition has a
     leader, show it producing and consuming, and stay up until Ctrl-C."""
@@ -376,11 +442,14 @@ def dev(
         spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
+        pki = local_pki(data / TLS_FOLDER) if secure else None
         cluster = LocalCluster(
             data,
             spec,
             dedicated_controllers=dedicated_controllers,
             broker_args=["--log-format", log_format.value],
+            pki=pki,
+            client_auth=secure,
         )
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
@@ -429,9 +498,21 @@ def dev(
             with cluster.client() as client:
                 if not _demo(client, demo_records):
                     raise typer.Exit(1)
-        console.print(
-            f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.", highlight=False
-        )
+        if pki is not None:
+            config = write_client_config(data / CLIENT_CONFIG, cluster.addresses, pki)
+            console.print(
+                f"Cluster is up, with TLS on (mutual): clients need the settings in {config}. "
+                f"Try: raftmq demo "
+                f"--config {config}    (any command that connects takes --config; Python "
+                "clients take ssl_cafile, ssl_certfile and ssl_keyfile, as in that file). "
+                "Stop with Ctrl-C.",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"Cluster is up. Try: raftmq demo --data {data}    Stop with Ctrl-C.",
+                highlight=False,
+            )
         reported: set[int] = set()
         while not stop["now"]:
             for bid in spec.brokers:
@@ -443,6 +524,27 @@ def dev(
         console.print("stopping brokers (leadership hand-over, flush, close)...")
         cluster.close()
         console.print("stopped.")
+
+
+TLS_FOLDER = "tls"
+CLIENT_CONFIG = "client.toml"
+
+
+def write_client_config(path: Path, addresses: list[str], pki: LocalPki) -> Path:
+    """The client configuration file of a secure dev cluster (raftmq.cli.connection reads
+    it): its addresses and the client's TLS files, relative to the file's folder."""
+
+    def rel(p: Path) -> str:
+        return str(p.relative_to(path.parent))
+
+    path.write_text(
+        "# Written by 'raftmq dev --secure': use it with --config on any command.\n"
+        f'bootstrap = "{",".join(addresses)}"\n'
+        f'ssl_cafile = "{rel(pki.ca.cert_file)}"\n'
+        f'ssl_certfile = "{rel(pki.client.cert_file)}"\n'
+        f'ssl_keyfile = "{rel(pki.client.key_file)}"\n'
+    )
+    return path
 
 
 # --- demo ----------------------------------------------------------------------------
@@ -550,10 +652,12 @@ BootstrapAddresses = Annotated[
 
 
 def cluster_addresses(data: Path, bootstrap: str) -> list[str]:
-    """The brokers to ask: ``--bootstrap`` if given, else those of ``--data``'s cluster file
-    (exits 2 with what to do when there is neither)."""
+    """The brokers to ask: ``--bootstrap`` if given, else those of ``--config``'s file,
+    else those of ``--data``'s cluster file (exits 2 with what to do when there is none)."""
     if bootstrap:
         return [a.strip() for a in bootstrap.split(",") if a.strip()]
+    if connection.current().bootstrap:
+        return connection.current().bootstrap  # --config's
     path = data / CLUSTER_FILE
     if not path.exists():
         raise _fail(
@@ -574,7 +678,7 @@ def demo(
     id and checks only those, so demos and other writers can share the topic. Exits 1 if
     anything is off, saying which partition and offset."""
     addresses = cluster_addresses(data, bootstrap)
-    with LowLevelClient(addresses) as client:
+    with LowLevelClient(addresses, **client_tls()) as client:
         try:
             ok = _demo(client, records)
         except ClientError as exc:

@@ -28,6 +28,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
+from raftmq.cli.connection import client_tls
 from raftmq.cli.topic_cmd import JsonFlag, _call, _json
 from raftmq.client import AdminClient, ClientError, LowLevelClient
 
@@ -121,7 +122,7 @@ def describe(
     since the coordinator last heard them) and, per partition, the member consuming it,
     the committed offset, the log end offset and the lag between them."""
     described = _call(data, bootstrap, lambda a: a.describe_group(group))
-    with LowLevelClient(cluster_addresses(data, bootstrap), retries=10) as client:
+    with LowLevelClient(cluster_addresses(data, bootstrap), retries=10, **client_tls()) as client:
         lags = partition_lags(described, client)
     if json_out:
         _json(described, partitions=[asdict(p) for p in lags])
@@ -283,7 +284,9 @@ def reset_offsets(
                 raise
             described = gpb.GroupDescription(group_id=group)
         before = {(o.topic, o.partition): o.offset for o in described.offsets}
-        with LowLevelClient(cluster_addresses(data, bootstrap), retries=10) as client:
+        with LowLevelClient(
+            cluster_addresses(data, bootstrap), retries=10, **client_tls()
+        ) as client:
             targets = _targets(client, topic, wanted, to_offset, to_earliest, to_latest, time_ms)
         return targets, before, len(described.members)
 

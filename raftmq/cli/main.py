@@ -17,6 +17,7 @@ from raftmq.cli import (
     topic_cmd,
     txn_cmd,
 )
+from raftmq.cli.connection import add_connection_options
 from raftmq.cli.helptext import unwrap_help
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ app.command()(status_cmd.status)
 app.command()(records_cmd.produce)
 app.command()(records_cmd.consume)
 unwrap_help(app)  # after every command is added
+add_connection_options(app)  # likewise: --config and --tls-* on every command that connects
 
 
 if __name__ == "__main__":  # pragma: no cover

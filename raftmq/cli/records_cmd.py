@@ -33,6 +33,7 @@ from raftmq.cli.cluster_cmd import (
     RunningClusterData,
     cluster_addresses,
 )
+from raftmq.cli.connection import client_tls
 from raftmq.client import (
     ClientError,
     CommitFailedError,
@@ -94,7 +95,11 @@ def produce(
     separator = key_separator.encode()
     try:
         producer = Producer(
-            addresses, acks=_acks(acks), compression=compression, linger_ms=linger_ms
+            addresses,
+            acks=_acks(acks),
+            compression=compression,
+            linger_ms=linger_ms,
+            **client_tls(),
         )
     except ValueError as exc:
         _err(f"error: {exc}")
@@ -262,6 +267,7 @@ def consume(
             group_id=group,
             enable_auto_commit=False,
             isolation_level=isolation,
+            **client_tls(),
         )
     except ValueError as exc:
         _err(f"error: {exc}")

@@ -25,6 +25,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
+from raftmq.cli.connection import client_tls
 from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.errors import error_of
 
@@ -221,7 +222,7 @@ def status(
     replicas (ok, catching up, opening, or failed and why). Exits 1 if a replica failed or
     is not open, or a partition has no leader."""
     addresses = cluster_addresses(data, bootstrap)
-    with LowLevelClient(addresses) as client:
+    with LowLevelClient(addresses, **client_tls()) as client:
         try:
             if not as_json:
                 console.print(f"Asking the brokers at {', '.join(addresses)} how they are...")

@@ -29,6 +29,7 @@ from raftmq.cli.cluster_cmd import (
     cluster_addresses,
     console,
 )
+from raftmq.cli.connection import client_tls
 from raftmq.client import AdminClient, ClientError, LowLevelClient
 
 app = typer.Typer(
@@ -47,7 +48,7 @@ ConfigPairs = Annotated[
 
 
 def _admin(data: Path, bootstrap: str) -> AdminClient:
-    return AdminClient(cluster_addresses(data, bootstrap), attempts=ADMIN_ATTEMPTS)
+    return AdminClient(cluster_addresses(data, bootstrap), attempts=ADMIN_ATTEMPTS, **client_tls())
 
 
 def _call(data: Path, bootstrap: str, work: Callable[[AdminClient], T]) -> T:
@@ -294,7 +295,7 @@ def move_replica(
     if no_wait:
         return
     deadline = time.monotonic() + timeout
-    leaders = LowLevelClient(cluster_addresses(data, bootstrap), retries=1)
+    leaders = LowLevelClient(cluster_addresses(data, bootstrap), retries=1, **client_tls())
     with leaders, console.status(f"broker {to_broker} copies the log as a learner...") as status:
         while True:
             topic = _call(data, bootstrap, lambda a: a.describe_topic(name))

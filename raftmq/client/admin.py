@@ -45,14 +45,18 @@ class AdminClient:
         attempts: int = 60,
         backoff_s: float = 0.1,
         timeout_s: float = 15.0,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
+        """``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("give at least one controller address host:port")
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self._channels = net.Channels()
+        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from typing import TypedDict
 
 import grpc
 
@@ -37,13 +38,25 @@ def no_leader(topic: str, partition: int) -> ClientError:
     )
 
 
+class TlsSettings(TypedDict, total=False):
+    """The TLS keyword settings every client takes, by Kafka's names (docs/security.md):
+    the CA file that signed the brokers' certificates, and this client's certificate and
+    key for brokers that require one. Any of them set turns TLS on."""
+
+    ssl_cafile: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+
+
 class Connections:
     """Create and use it inside one event loop."""
 
-    def __init__(self, bootstrap: tuple[str, ...]) -> None:
+    def __init__(
+        self, bootstrap: tuple[str, ...], *, security: net.Security = net.PLAINTEXT
+    ) -> None:
         self.bootstrap = bootstrap
         self.view = ClusterView()
-        self._channels = net.AioChannels()
+        self._channels = net.AioChannels(security=security)
         self._refreshing: asyncio.Task[bool] | None = None
 
     def channel(self, address: str) -> grpc.aio.Channel:

@@ -39,10 +39,11 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack, overload
+from typing import Any, Literal, NamedTuple, TypeVar, Unpack, overload
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.connections import bootstrap_addresses
+from raftmq.client.connections import TlsSettings, bootstrap_addresses
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import (
     Chunk,
@@ -125,6 +126,13 @@ class ConsumerConfig:
     the partitions back without a rebalance; close() does not leave the group."""
     assignor: str = "sticky"
     """How the coordinator spreads partitions: sticky, range or round_robin."""
+    ssl_cafile: str | None = None
+    """TLS (docs/security.md): the CA file that signed the brokers' certificates. Setting
+    any ssl_ file turns TLS on (with only a CA: the system's trust is replaced by it)."""
+    ssl_certfile: str | None = None
+    """This client's certificate, for brokers that require one (mutual TLS)."""
+    ssl_keyfile: str | None = None
+    """The key of ``ssl_certfile``."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -232,7 +240,7 @@ def _records_of(
     return out, True
 
 
-class ConsumerSettings(TypedDict, total=False):
+class ConsumerSettings(TlsSettings, total=False):
     """The keyword settings of both consumers (defaults and meaning: ConsumerConfig)."""
 
     auto_offset_reset: OffsetReset
@@ -303,6 +311,7 @@ class _Face:
             on_data=on_data,
             client_rack=c.client_rack,
             read_committed=c.isolation_level == "read_committed",
+            security=net.Security(c.ssl_cafile, c.ssl_certfile, c.ssl_keyfile),
         )
 
     def _check_open(self) -> None:

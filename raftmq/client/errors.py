@@ -13,6 +13,7 @@ import grpc
 
 from raftmq.api.error_codes import RULES, ErrorCode, code_of, name_of
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.tls_refusals import TlsRefusal, tls_refusal
 
 __all__ = ["ClientError", "ErrorCode", "error_of"]
 
@@ -26,7 +27,10 @@ class ClientError(Exception):
     ``code``: the ErrorCode; UNSPECIFIED when the failure carries no ``raftmq-error`` (gRPC
     itself failed, see ``status``) or one newer than this client. ``code_name``: the code as
     received ("" without one). ``meta``: the trailing metadata (``raftmq-leader-address``
-    and the rest, see broker.proto)."""
+    and the rest, see broker.proto). ``tls_refusal``: set when TLS refused the connection
+    (raftmq.client.tls_refusals): then the message says what to change."""
+
+    tls_refusal: TlsRefusal | None = None
 
     def __init__(
         self,
@@ -78,7 +82,21 @@ class ClientError(Exception):
 
 
 def error_of(exc: grpc.RpcError) -> ClientError:
-    """The ClientError a failed gRPC call stands for."""
+    """The ClientError a failed gRPC call stands for. A connection that TLS refused
+    (raftmq.client.tls_refusals) says why in words, with its own label and status."""
     meta = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
     name = str(meta.get("raftmq-error", ""))
-    return ClientError(exc.details() or str(exc.code()), code_of(name), exc.code(), meta, name)
+    details = exc.details() or str(exc.code())
+    if not name and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        refusal = tls_refusal(details)
+        if refusal is not None:
+            err = ClientError(
+                f"{refusal.sentence} ({details})",
+                pb.ERROR_CODE_UNSPECIFIED,
+                refusal.status,
+                meta,
+                refusal.label,
+            )
+            err.tls_refusal = refusal
+            return err
+    return ClientError(details, code_of(name), exc.code(), meta, name)

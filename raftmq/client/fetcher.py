@@ -40,6 +40,7 @@ from typing import Literal
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.backoff import backoff
 from raftmq.client.cluster_view import Leader
@@ -122,6 +123,7 @@ class Fetcher:
         on_data: Callable[[], None],
         client_rack: str | None = None,
         read_committed: bool = False,
+        security: net.Security = net.PLAINTEXT,
     ) -> None:
         self.bootstrap = bootstrap
         self.client_rack = client_rack
@@ -134,7 +136,7 @@ class Fetcher:
         self.lock = threading.Lock()
         self.states: dict[TopicPartition, PartitionState] = {}
         self.total_bytes = 0
-        self.links = Connections(bootstrap)
+        self.links = Connections(bootstrap, security=security)
         self._room = asyncio.Event()
         self._view_at_s = 0.0
 

@@ -31,19 +31,23 @@ class LowLevelClient:
         retries: int = 60,
         backoff: float = 0.05,
         retry_unavailable: bool = False,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
         """Produce retries what proves nothing was written: NOT_LEADER and friends, and a
         connection that never opened. A call that failed after it may have reached the
         broker (UNAVAILABLE mid-call) is raised, not retried, because the write may have
         happened and a retry could store it twice; ``retry_unavailable=True`` accepts
-        that (at-least-once) for callers that prefer it. Idempotent producers lift this."""
+        that (at-least-once) for callers that prefer it. Idempotent producers lift this.
+        ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
         self.retries = retries
         self.backoff = backoff
         self.retry_unavailable = retry_unavailable
-        self._channels = net.Channels()
+        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
 
@@ -85,6 +89,8 @@ class LowLevelClient:
                 )
             except grpc.RpcError as exc:
                 last = error_of(exc)
+        if isinstance(last, ClientError) and last.tls_refusal is not None:
+            raise last  # its own words say what to change
         raise ClientError(
             f"no broker answered Metadata ({last})",
             pb.ERROR_CODE_UNSPECIFIED,

@@ -34,14 +34,15 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, Unpack
 
 import grpc
 
+from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.backoff import backoff
-from raftmq.client.connections import Connections, bootstrap_addresses
+from raftmq.client.connections import Connections, TlsSettings, bootstrap_addresses
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.group_link import OffsetAndMetadata
 from raftmq.client.idempotence import Sequencer
@@ -195,6 +196,13 @@ class ProducerConfig:
     instance with the same id fences the old one. Implies idempotence."""
     transaction_timeout_ms: int = 60_000
     """How long a transaction may stay open before the coordinator aborts it."""
+    ssl_cafile: str | None = None
+    """TLS (docs/security.md): the CA file that signed the brokers' certificates. Setting
+    any ssl_ file turns TLS on (with only a CA: the system's trust is replaced by it)."""
+    ssl_certfile: str | None = None
+    """This client's certificate, for brokers that require one (mutual TLS)."""
+    ssl_keyfile: str | None = None
+    """The key of ``ssl_certfile``."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -270,7 +278,7 @@ class ProducerConfig:
         return codec_named(self.compression)
 
 
-class ProducerSettings(TypedDict, total=False):
+class ProducerSettings(TlsSettings, total=False):
     """The keyword settings of both producers (defaults and meaning: ProducerConfig)."""
 
     acks: Acks
@@ -297,7 +305,10 @@ class _Engine:
     def __init__(self, config: ProducerConfig, accumulator: Accumulator) -> None:
         self.config = config
         self.acc = accumulator
-        self.links = Connections(config.bootstrap)
+        self.links = Connections(
+            config.bootstrap,
+            security=net.Security(config.ssl_cafile, config.ssl_certfile, config.ssl_keyfile),
+        )
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
         self._claimed = 0

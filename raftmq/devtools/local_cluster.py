@@ -24,9 +24,11 @@ from pathlib import Path
 from raftmq.broker import ready_file
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.client import AdminClient, ClientError, LowLevelClient
+from raftmq.client.connections import TlsSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
+from raftmq.devtools.certs import LocalPki
 from raftmq.devtools.ports import PortReservations
 
 CLUSTER_FILE = "cluster.toml"
@@ -68,6 +70,23 @@ def _node(node_id: int, base_port: int) -> BrokerSpec:
     )
 
 
+def tls_broker_args(pki: LocalPki | None, *, client_auth: bool = False) -> list[str]:
+    """A broker's command-line flags for TLS with ``pki``'s broker certificate (none for
+    plaintext): mutual TLS on the Raft transport, and on the client listener with
+    ``client_auth``."""
+    if pki is None:
+        return []
+    return [
+        "--tls-ca",
+        str(pki.ca.cert_file),
+        "--tls-cert",
+        str(pki.broker.cert_file),
+        "--tls-key",
+        str(pki.broker.key_file),
+        "--tls-client-auth" if client_auth else "--no-tls-client-auth",
+    ]
+
+
 def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpec:
     """``spec`` with every broker port reserved in ``ports``: a port 0 becomes one the
     kernel picked, an explicit one is taken as given (:class:`PortInUseError`, naming the
@@ -95,6 +114,8 @@ class LocalCluster:
         nofile: int | tuple[int, int] | None = None,
         ports: PortReservations | None = None,
         dedicated_controllers: bool = False,
+        pki: LocalPki | None = None,
+        client_auth: bool = False,
     ) -> None:
         """``dedicated_controllers``: the spec's voters run as controller-only processes
         (``--roles controller``), the other nodes as brokers (see :func:`local_spec`).
@@ -108,7 +129,12 @@ class LocalCluster:
         raftmq.devtools.ports), so a restarted broker finds its addresses free. Without
         ``ports`` every port of ``spec`` is reserved here (ports 0 replaced by real ones in
         :attr:`spec` and the cluster file); a caller that binds brokers elsewhere (chaos:
-        ``--listen``) passes the reservations it made, and the cluster closes them."""
+        ``--listen``) passes the reservations it made, and the cluster closes them.
+
+        ``pki``: TLS on every listener with these certificates (raftmq.devtools.certs),
+        mutual on the Raft transport, and on the client listener too with ``client_auth``;
+        the cluster's own clients (:meth:`client`, :meth:`admin`) present the client
+        certificate (:attr:`client_tls`)."""
         if ports is None:
             ports = PortReservations()
             try:
@@ -125,7 +151,8 @@ class LocalCluster:
         self.ports = ports
         self.data = data
         self.spec = spec
-        self.broker_args = broker_args or []
+        self.pki = pki
+        self.broker_args = [*(broker_args or []), *tls_broker_args(pki, client_auth=client_auth)]
         self.per_broker_args = per_broker_args or {}
         self.nofile = nofile
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -315,9 +342,21 @@ class LocalCluster:
                 )
             time.sleep(0.02)
 
+    @property
+    def client_tls(self) -> TlsSettings:
+        """The TLS settings of a client of this cluster, as keyword arguments of every
+        client (none for a plaintext cluster)."""
+        if self.pki is None:
+            return {}
+        return {
+            "ssl_cafile": str(self.pki.ca.cert_file),
+            "ssl_certfile": str(self.pki.client.cert_file),
+            "ssl_keyfile": str(self.pki.client.key_file),
+        }
+
     def admin(self) -> AdminClient:
         """A client of the controller's admin API, served by the voters."""
-        return AdminClient(self.controller_addresses)
+        return AdminClient(self.controller_addresses, **self.client_tls)
 
     def create_topics(self, timeout: float = 60.0) -> None:
         """Once per cluster: wait until the controller has a leader and every broker
@@ -361,7 +400,7 @@ class LocalCluster:
         self.topics_created = True
 
     def client(self) -> LowLevelClient:
-        return LowLevelClient(self.addresses)
+        return LowLevelClient(self.addresses, **self.client_tls)
 
     def wait_for_leaders(
         self, timeout: float = 30.0, among: set[int] | None = None, *, preferred: bool = False
@@ -378,7 +417,7 @@ class LocalCluster:
             for p, replicas in enumerate(t.replicas)
         }
         deadline = time.monotonic() + timeout
-        with LowLevelClient(self.addresses, retries=1) as client:
+        with LowLevelClient(self.addresses, retries=1, **self.client_tls) as client:
             while True:
                 leaders = client.refresh_leaders(timeout=1.0)
                 good = {

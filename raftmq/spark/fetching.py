@@ -27,14 +27,17 @@ STALL_S = 60.0
 REPLICA_WAIT_MS = 500
 """Long poll on a follower that has not yet learnt the commit point the range ends at."""
 
-_CLIENTS: dict[tuple[str, ...], LowLevelClient] = {}
+_CLIENTS: dict[tuple[tuple[str, ...], tuple[str | None, ...]], LowLevelClient] = {}
 
 
-def client_for(bootstrap: tuple[str, ...]) -> LowLevelClient:
-    """One client (one channel per broker) per worker process and cluster."""
-    client = _CLIENTS.get(bootstrap)
+def client_for(options: ReadOptions) -> LowLevelClient:
+    """One client (one channel per broker) per worker process, cluster and TLS setting."""
+    found = (options.bootstrap, options.tls)
+    client = _CLIENTS.get(found)
     if client is None:
-        client = _CLIENTS[bootstrap] = LowLevelClient(list(bootstrap), retries=20)
+        client = _CLIENTS[found] = LowLevelClient(
+            list(options.bootstrap), retries=20, **options.client_tls()
+        )
     return client
 
 
@@ -65,7 +68,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
     so only a failover or retention can interrupt it: the first is waited out for STALL_S,
     the second is data loss (failOnDataLoss decides).
     """
-    client = client_for(options.bootstrap)
+    client = client_for(options)
     schema = arrow_schema(options.include_headers)
     target: str | None = None
     if options.read_from_replicas and rng.replicas:

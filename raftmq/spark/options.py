@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from raftmq.client.connections import TlsSettings
+
 EARLIEST = -2
 """In offset JSON, as in Kafka: the partition's first offset still held."""
 LATEST = -1
@@ -43,6 +45,9 @@ KNOWN = {
     "isolationlevel": "read_uncommitted (default) or read_committed: only committed "
     "transactions' records, up to each partition's last stable offset",
     "kafka.isolation.level": "the same as isolationLevel (the Kafka consumer's name)",
+    "ssl_cafile": "TLS: the CA file that signed the brokers' certificates (docs/security.md)",
+    "ssl_certfile": "TLS: the client certificate, for brokers that require one",
+    "ssl_keyfile": "TLS: the key of ssl_certfile",
 }
 
 OffsetSpec = str | dict[str, dict[int, int]]
@@ -71,6 +76,13 @@ class ReadOptions:
     fetch_max_bytes: int = DEFAULT_FETCH_BYTES
     read_committed: bool = False
     """Read up to the last stable offset and drop aborted transactions' records."""
+    tls: tuple[str | None, str | None, str | None] = (None, None, None)
+    """ssl_cafile, ssl_certfile, ssl_keyfile (all None: plaintext)."""
+
+    def client_tls(self) -> TlsSettings:
+        """The TLS keyword settings of this query's clients."""
+        ca, cert, key = self.tls
+        return TlsSettings(ssl_cafile=ca, ssl_certfile=cert, ssl_keyfile=key)
 
     def wants(self, topic: str) -> bool:
         """Whether ``topic`` is one this query reads (assign is checked per partition)."""
@@ -128,7 +140,11 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     timestamp = _int("startingTimestamp", opts.get("startingtimestamp"), minimum=0)
     if timestamp is not None and starting is not None:
         raise SourceError("give startingOffsets or startingTimestamp, not both")
+    tls = (opts.get("ssl_cafile"), opts.get("ssl_certfile"), opts.get("ssl_keyfile"))
+    if (tls[1] is None) != (tls[2] is None):
+        raise SourceError("ssl_certfile and ssl_keyfile go together: give both or neither")
     return ReadOptions(
+        tls=tls,
         bootstrap=bootstrap,
         subscribe=subscribe,
         subscribe_pattern=pattern,

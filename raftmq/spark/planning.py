@@ -141,7 +141,9 @@ class Planner:
     @property
     def client(self) -> LowLevelClient:
         if self._client is None:
-            self._client = LowLevelClient(list(self.options.bootstrap), retries=10)
+            self._client = LowLevelClient(
+                list(self.options.bootstrap), retries=10, **self.options.client_tls()
+            )
         return self._client
 
     def close(self) -> None:

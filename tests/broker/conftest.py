@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,12 +120,17 @@ SHARED_SINGLE = {"solo": 3}
 
 @contextlib.contextmanager
 def module_cluster(
-    data: Path, spec: ClusterSpec, broker_args: list[str], request: pytest.FixtureRequest
+    data: Path,
+    spec: ClusterSpec,
+    broker_args: list[str],
+    request: pytest.FixtureRequest,
+    **cluster_options: Any,
 ) -> Iterator[LocalCluster]:
     """A cluster that serves a whole module: started, every partition led by its preferred
-    replica, stopped gracefully at the end, its brokers' logs shown if a test failed."""
+    replica, stopped gracefully at the end, its brokers' logs shown if a test failed.
+    ``cluster_options`` go to LocalCluster (TLS: ``pki=``, ``client_auth=``)."""
     failed_before = request.session.testsfailed
-    cluster = LocalCluster(data, spec, broker_args=broker_args)
+    cluster = LocalCluster(data, spec, broker_args=broker_args, **cluster_options)
     try:
         cluster.start()
         cluster.wait_for_leaders(timeout=LEADER_TIMEOUT, preferred=True)

@@ -3,54 +3,24 @@ reused on restart, and an explicit port that is taken refused in a sentence, nev
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from raftmq.controller import cluster_file
-
-RAFTMQ = [sys.executable, "-m", "raftmq.cli.main"]
-SMALL = ["--brokers", "1", "--partitions", "1", "--demo-records", "0"]
-
-
-def _run_until_up(data: Path, *args: str) -> str:
-    """Start ``raftmq dev``, wait for "Cluster is up", stop it with Ctrl-C; its output."""
-    proc = subprocess.Popen(
-        [*RAFTMQ, "dev", "--data", str(data), *SMALL, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "Cluster is up" in line:
-                proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = "".join(lines)
-    assert proc.returncode == 0, out
-    assert "Cluster is up" in out, out
-    return out
+from tests.cli.dev_runs import RAFTMQ, SMALL, run_dev_until_up
 
 
 @pytest.mark.timeout(180)
 def test_dev_on_system_ports_comes_back_on_the_same_ones(tmp_path: Path) -> None:
-    _run_until_up(tmp_path, "--base-port", "0")
+    run_dev_until_up(tmp_path, "--base-port", "0")
     first = cluster_file.load(tmp_path / "cluster.toml").brokers[1]
     assert first.port and first.raft_port
     ready = (tmp_path / "broker-1" / "ready.json").read_text()
     assert f"127.0.0.1:{first.port}" in ready and f"127.0.0.1:{first.raft_port}" in ready
-    _run_until_up(tmp_path)
+    run_dev_until_up(tmp_path)
     assert cluster_file.load(tmp_path / "cluster.toml").brokers[1] == first
 
 
@@ -79,7 +49,7 @@ def test_dev_runs_dedicated_controllers_and_restarts_in_that_layout(tmp_path: Pa
     """Three controller-only nodes beside the broker; the demo goes through the broker.
     A restart without the flag is refused in a sentence, with it the cluster comes back."""
     args = ["--base-port", "0", "--dedicated-controllers"]
-    out = _run_until_up(tmp_path, *args, "--demo-records", "20")
+    out = run_dev_until_up(tmp_path, *args, "--demo-records", "20")
     assert "Every record came back" in out, out
     spec = cluster_file.load(tmp_path / "cluster.toml")
     assert spec.controller_voters == (1, 2, 3) and sorted(spec.brokers) == [1, 2, 3, 4]
@@ -93,4 +63,4 @@ def test_dev_runs_dedicated_controllers_and_restarts_in_that_layout(tmp_path: Pa
         timeout=60,
     )
     assert refused.returncode == 2 and "--dedicated-controllers" in refused.stdout, refused
-    _run_until_up(tmp_path, "--dedicated-controllers")
+    run_dev_until_up(tmp_path, "--dedicated-controllers")

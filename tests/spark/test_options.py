@@ -105,3 +105,16 @@ def test_readers_pickle_without_their_channels():
     copy = pickle.loads(pickle.dumps(reader))
     assert copy.options == reader.options and copy.planner._client is None
     reader.stop()
+
+
+def test_tls_options_reach_the_clients():
+    """ssl_cafile, ssl_certfile and ssl_keyfile (Kafka's names) become the clients' TLS
+    settings; a certificate without its key is refused in a sentence."""
+    base = {"bootstrap": "h:1", "subscribe": "t"}
+    plain = parse_options(base, streaming=False)
+    assert plain.client_tls() == {"ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None}
+    tls = {"ssl_cafile": "ca.pem", "ssl_certfile": "c.pem", "ssl_keyfile": "k.pem"}
+    opts = parse_options({**base, **tls}, streaming=True)
+    assert opts.client_tls() == tls
+    with pytest.raises(SourceError, match="ssl_certfile and ssl_keyfile go together"):
+        parse_options({**base, "ssl_certfile": "c.pem"}, streaming=False)

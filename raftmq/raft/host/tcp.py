@@ -69,7 +69,10 @@ class TcpTransport:
         max_queue_bytes: int = 32 * 1024 * 1024,
         ping_interval_s: float = 0.2,
         dead_after_s: float = 1.5,
+        security: net.Security = net.PLAINTEXT,
     ) -> None:
+        """``security``: TLS for the listener and the dials (raftmq.net); with
+        ``require_client_cert`` the nodes authenticate each other by their certificates."""
         assert node_id not in peers, "a node is not its own peer"
         self.node_id = node_id
         self.listen = listen
@@ -77,6 +80,7 @@ class TcpTransport:
         self.max_queue_bytes = max_queue_bytes
         self.ping_interval_s = ping_interval_s
         self.dead_after_s = dead_after_s
+        self.security = security
         self._handler: Handler | None = None
         self._peers = {p: _Peer(p, addr) for p, addr in peers.items()}
         self._server: asyncio.Server | None = None
@@ -187,7 +191,7 @@ class TcpTransport:
         # reuse_port: a local cluster's launcher holds this port reserved for the broker's
         # lifetime (raftmq.devtools.ports); port 0 binds any, see :attr:`port`.
         self._server = await net.serve_tcp(
-            self._accept, self.listen[0], self.listen[1], reuse_port=True
+            self._accept, self.listen[0], self.listen[1], reuse_port=True, security=self.security
         )
         for p in self._peers.values():
             self._start_peer(p)
@@ -230,7 +234,8 @@ class TcpTransport:
                 continue
             try:
                 reader, writer = await asyncio.wait_for(
-                    net.connect_tcp(p.address[0], p.address[1]), timeout=CONNECT_TIMEOUT_S
+                    net.connect_tcp(p.address[0], p.address[1], security=self.security),
+                    timeout=CONNECT_TIMEOUT_S,
                 )
             except (OSError, TimeoutError):
                 await asyncio.sleep(backoff_s * (0.5 + random.random()))

@@ -1,0 +1,177 @@
+"""How the commands that connect to a cluster reach it: ``--config FILE``, ``--tls-ca``,
+``--tls-cert`` and ``--tls-key``, given to every such command in one place.
+
+Why one place: every command that connects takes ``--bootstrap`` (and ``--data``), and
+each would otherwise repeat four options and their help. :func:`add_connection_options`
+gives them to every command that has a ``bootstrap`` parameter, once all are registered
+(as raftmq.cli.helptext does for help texts), and the commands build their clients with
+:func:`client_tls` and find addresses with raftmq.cli.cluster_cmd.cluster_addresses,
+which read what the options said.
+
+The client configuration file is TOML, with Kafka's names (docs/security.md)::
+
+    bootstrap = "127.0.0.1:9091,127.0.0.1:9092"
+    ssl_cafile = "ca.pem"
+    ssl_certfile = "client.pem"
+    ssl_keyfile = "client-key.pem"
+
+Relative paths are taken from the file's folder, so the file can travel with its
+certificates. A ``--tls-*`` flag overrides the file's setting, ``--bootstrap`` its
+addresses.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from raftmq.client.connections import TlsSettings
+
+CONFIG_KEYS = frozenset({"bootstrap", "ssl_cafile", "ssl_certfile", "ssl_keyfile"})
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where a command connects, and with which TLS files."""
+
+    bootstrap: list[str] = field(default_factory=list)
+    tls: TlsSettings = field(default_factory=lambda: TlsSettings())
+
+
+_current: contextvars.ContextVar[ClientConfig | None] = contextvars.ContextVar(
+    "raftmq_client_config", default=None
+)
+
+
+def current() -> ClientConfig:
+    """What this command's ``--config`` and ``--tls-*`` options said."""
+    return _current.get() or ClientConfig()
+
+
+def client_tls() -> TlsSettings:
+    """The TLS keyword settings for this command's clients."""
+    return current().tls
+
+
+def load(path: Path) -> ClientConfig:
+    """A client configuration file (TOML; see the module's doc). Raises ValueError saying
+    what is wrong with it."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read the client configuration {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not TOML: {exc}") from None
+    unknown = sorted(set(data) - CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown setting(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(CONFIG_KEYS))}"
+        )
+    bootstrap = data.get("bootstrap", [])
+    if isinstance(bootstrap, str):
+        bootstrap = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    tls = TlsSettings()
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        if key in data:
+            tls[key] = str(path.parent / str(data[key]))
+    return ClientConfig(list(bootstrap), tls)
+
+
+def _resolve(
+    config: Path | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None
+) -> ClientConfig:
+    base = load(config) if config is not None else ClientConfig()
+    tls = TlsSettings(**base.tls)
+    for key, flag in (("ssl_cafile", tls_ca), ("ssl_certfile", tls_cert), ("ssl_keyfile", tls_key)):
+        if flag is not None:
+            tls[key] = str(flag)  # type: ignore[literal-required]
+    return ClientConfig(base.bootstrap, tls)
+
+
+def _path_option(name: str, option: Any) -> inspect.Parameter:
+    """A keyword parameter ``name`` taking a path, None by default, as typer reads it."""
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[Path | None, option],
+    )
+
+
+def _config_option(flag: str) -> inspect.Parameter:
+    return _path_option(
+        "client_config",
+        typer.Option(
+            flag,
+            help="A client configuration file (TOML: bootstrap, ssl_cafile, ssl_certfile, "
+            "ssl_keyfile), e.g. the one 'raftmq dev --secure' writes.",
+        ),
+    )
+
+
+_TLS_OPTIONS = (
+    _path_option(
+        "tls_ca", typer.Option(help="TLS: the CA file that signed the brokers' certificates.")
+    ),
+    _path_option("tls_cert", typer.Option(help="TLS: this client's certificate, for mutual TLS.")),
+    _path_option("tls_key", typer.Option(help="TLS: the key of --tls-cert.")),
+)
+
+
+def with_connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with the options of this module added; they are read before it runs."""
+    signature = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def run(
+        *args: Any,
+        client_config: Path | None = None,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        try:
+            resolved = _resolve(client_config, tls_ca, tls_cert, tls_key)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        token = _current.set(resolved)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            _current.reset(token)
+
+    # A command with a --config of its own (topic create: topic settings) gets the file as
+    # --client-config.
+    flag = "--client-config" if "config" in signature.parameters else "--config"
+    added = (_config_option(flag), *_TLS_OPTIONS)
+    extended = signature.replace(parameters=[*signature.parameters.values(), *added])
+    run.__signature__ = extended  # type: ignore[attr-defined]
+    del run.__wrapped__  # typer must read the new signature, not the command's
+    # Evaluated already (the command's module may use postponed annotations, whose names
+    # would not resolve here).
+    run.__annotations__ = {p.name: p.annotation for p in extended.parameters.values()}
+    return run
+
+
+def add_connection_options(app: typer.Typer) -> None:
+    """Give every command of ``app`` and its sub-apps that takes ``bootstrap`` (it
+    connects to a cluster) the options of this module. Call once, after every command
+    is added."""
+    for info in app.registered_commands:
+        callback = info.callback
+        if callback is not None and "bootstrap" in inspect.signature(callback).parameters:
+            info.callback = with_connection_options(callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            add_connection_options(group.typer_instance)

@@ -1,0 +1,43 @@
+"""``raftmq dev --secure``: a local CA and certificates, TLS on every listener (mutual), a
+client configuration file, and commands that connect working with ``--config FILE``, while
+one without it is refused in a sentence."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.cli.dev_runs import RAFTMQ, run_dev_until_up
+
+
+def _raftmq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RAFTMQ, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.timeout(240)
+def test_dev_secure_writes_a_client_config_that_commands_use(tmp_path: Path) -> None:
+    data = tmp_path / "dev"
+    config = data / "client.toml"
+
+    def use_it() -> None:
+        settings = tomllib.loads(config.read_text())
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            assert (config.parent / settings[key]).exists()
+        demo = _raftmq("demo", "--config", str(config), "--records", "30")
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        listed = _raftmq("topic", "list", "--config", str(config))
+        assert listed.returncode == 0 and "demo" in listed.stdout, listed.stdout + listed.stderr
+        plain = _raftmq("status", "--data", str(data))
+        assert plain.returncode != 0
+        assert "if its listener uses TLS" in plain.stdout + plain.stderr
+
+    out = run_dev_until_up(
+        data, "--secure", "--demo-records", "20", "--base-port", "0", while_up=use_it
+    )
+    out = " ".join(out.split())  # the notice wraps
+    assert "Cluster is up, with TLS on (mutual)" in out and f"--config {config}" in out, out
