@@ -1,7 +1,8 @@
 """How a raftmq process writes its log: text lines for a person, or (``--log-format
 json``) one JSON object per line for a log pipeline, with the context a line was written
 in as fields: the node, the RPC and its request id, the partition it names, and the
-principal once requests carry one.
+principal (Kafka's ``User:NAME``: the common name of a mutual-TLS client's certificate,
+else ``User:ANONYMOUS``).
 
 The context rides in a ContextVar. The RPC wrappers (raftmq.broker.rpc) bind the call for
 the task that serves it, so every line that call's work writes carries it, in whatever
@@ -17,7 +18,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from typing import Any, Literal
 
@@ -27,20 +28,28 @@ FIELDS = ("rpc", "request_id", "partition", "principal")
 REQUEST_ID_HEADER = "x-request-id"
 """A client's own id for a request (gRPC metadata); else the broker makes one up."""
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+ANONYMOUS = "User:ANONYMOUS"
+COMMON_NAME = "x509_common_name"
+"""gRPC's auth-context key for the peer certificate's common name."""
 
 
 class CallContext:
     """What a line written while serving one call knows about it. ``metadata`` and
     ``request`` are read only when a line asks (never on a quiet request path)."""
 
-    __slots__ = ("_metadata", "_request", "_request_id", "rpc")
+    __slots__ = ("_auth", "_metadata", "_request", "_request_id", "rpc")
 
     def __init__(
-        self, rpc: str, metadata: Callable[[], Any] | None = None, request: object = None
+        self,
+        rpc: str,
+        metadata: Callable[[], Any] | None = None,
+        request: object = None,
+        auth: Callable[[], Mapping[str, Sequence[bytes]]] | None = None,
     ) -> None:
         self.rpc = rpc
         self._metadata = metadata
         self._request = request
+        self._auth = auth
         self._request_id: str | None = None
 
     @property
@@ -63,7 +72,14 @@ class CallContext:
             return f"{topic}/{partition}"
         return None
 
-    principal: str | None = None
+    @property
+    def principal(self) -> str:
+        """``User:`` and the common name of the client's certificate (mutual TLS), else
+        ``User:ANONYMOUS``, as Kafka names an unauthenticated client."""
+        names = (self._auth() or {}).get(COMMON_NAME) if self._auth is not None else None
+        if names:
+            return "User:" + names[0].decode(errors="replace")
+        return ANONYMOUS
 
 
 _call: ContextVar[CallContext | None] = ContextVar("raftmq_call", default=None)

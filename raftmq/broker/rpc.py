@@ -65,7 +65,9 @@ def unary(
     rpc: str, method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
     async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
-        token = bind_call(CallContext(rpc, context.invocation_metadata, request))
+        token = bind_call(
+            CallContext(rpc, context.invocation_metadata, request, context.auth_context)
+        )
         try:
             _well_formed(request)
             return await method(request, context)
@@ -96,7 +98,7 @@ def streaming(
     ) -> AsyncIterator[Message]:
         # A stream's task serves only it: no reset needed (an async generator cannot
         # reset a token across its yields anyway).
-        bind_call(CallContext(rpc, context.invocation_metadata))
+        bind_call(CallContext(rpc, context.invocation_metadata, auth=context.auth_context))
         try:
             async for answer in method(checked(requests), context):
                 yield answer

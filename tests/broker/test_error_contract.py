@@ -181,6 +181,9 @@ class _Context:
     def invocation_metadata(self) -> tuple:
         return ()
 
+    def auth_context(self) -> dict:
+        return {}
+
 
 async def test_a_bug_is_internal_with_one_logged_traceback(
     caplog: pytest.LogCaptureFixture,

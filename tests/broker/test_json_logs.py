@@ -1,7 +1,8 @@
 """``--log-format json``: a broker writes one JSON object per line, with its node and, for a
 line written while it served an RPC, the RPC, its request id (the client's
-``x-request-id``, else one the broker makes) and the partition the request names; the
-formatter itself, with exceptions and ``extra`` fields."""
+``x-request-id``, else one the broker makes), the partition the request names and the
+principal (a mutual-TLS client's certificate's common name); the formatter itself, with
+exceptions and ``extra`` fields."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
+import pytest
 
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
+from raftmq.devtools import certs
 from raftmq.log_records import CallContext, JsonFormatter, bind_call, unbind_call
-from tests.broker.conftest import ClusterFactory
+from tests.broker.conftest import ClusterFactory, cluster_spec, module_cluster
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \S+ (INFO|WARNING|ERROR) ")
 
@@ -47,6 +50,7 @@ def test_the_formatter_writes_the_bound_call_and_the_lines_own_fields() -> None:
             "req-1",
             "orders/3",
         )
+        assert line["principal"] == "User:ANONYMOUS"  # no client certificate
         own = json.loads(formatter.format(record("own", partition="other/0")))
         assert own["partition"] == "other/0"  # a line's own field wins
         try:
@@ -58,6 +62,8 @@ def test_the_formatter_writes_the_bound_call_and_the_lines_own_fields() -> None:
     finally:
         unbind_call(token)
     assert "rpc" not in json.loads(formatter.format(record("after")))
+    certified = CallContext("Fetch", auth=lambda: {"x509_common_name": [b"alice"]})
+    assert certified.principal == "User:alice"
     # Without the client's id the broker makes one, the same for every line of the call.
     made = CallContext("CreateTopic", lambda: ())
     assert made.request_id == made.request_id and re.fullmatch(r"[0-9a-f]{16}", made.request_id)
@@ -92,3 +98,23 @@ def test_a_broker_writes_json_lines_with_the_rpc_and_request_id(
 
 def _lines(path: Path) -> list[str]:
     return [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+
+
+def test_a_mutual_tls_clients_principal_is_its_certificates_common_name(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    pki = certs.local_pki(tmp_path / "pki")
+    args = ["--tick-ms", "20", "--election-ticks", "10", "--log-format", "json"]
+    with module_cluster(
+        tmp_path / "cluster", cluster_spec({"t": 1}), args, request, pki=pki, client_auth=True
+    ) as cluster:
+        with cluster.admin() as admin:
+            admin.create_topic("by-cert", 1, 3)
+        objects = [
+            json.loads(line)
+            for bid in cluster.spec.brokers
+            for line in _lines(cluster.log_path(bid))
+            if line.startswith("{")
+        ]
+    created = [o for o in objects if o["message"].startswith("created topic by-cert ")]
+    assert [o["principal"] for o in created] == ["User:raftmq client"]
