@@ -136,8 +136,8 @@ class PartitionReplica:
         self._host = host
         self._hw_event = asyncio.Event()
         self._marker_event = asyncio.Event()
-        """Set (and replaced) when a marker is proposed or applied: the batches held for
-        one check again."""
+        """Set (and replaced) when a marker is proposed or applied, or the leadership
+        changes: the batches held for a marker check again."""
         self._inflight_bytes = 0
         self._inflight_free = asyncio.Condition()
         self._corrupt_reported: set[tuple[str, int]] = set()
@@ -410,6 +410,9 @@ class PartitionReplica:
         # compare it to tell newer metadata from older.
         if soft.leader:
             self.leader_term = self.group.term
+        # A batch held for a marker checks again now: a leader that lost its term answers
+        # NOT_LEADER at once rather than after MARKER_HOLD_S.
+        self._markers_moved()
 
     # --- produce ----------------------------------------------------------------------
 
