@@ -111,12 +111,7 @@ def _init(
         state, producer_id = _new_producer_id(state)
         txn = Transaction(c.transactional_id, producer_id, 0, TxnState.EMPTY, c.timeout_ms)
         return _with(state, txn), TxnOutcome("", "", producer_id, 0)
-    if txn.pending_markers:
-        raise CommandRefused(
-            Code.CONCURRENT_TRANSACTIONS,
-            f"transactional id {txn.transactional_id}'s last transaction is still being "
-            "ended (its markers are being written); retry shortly",
-        )
+    _check_markers_written(txn)
     if txn.state == TxnState.ONGOING:
         # The transaction an older instance left open is aborted at a new epoch (which
         # fences that instance), and this call is answered once its markers are written.
@@ -299,14 +294,7 @@ def _pending(txn: Transaction, pending: tuple[TopicPartition, ...]) -> Transacti
     if txn.state == TxnState.ONGOING:
         # The next transaction began while these markers were written: the last one is
         # done with, and nothing of it is kept.
-        return dataclasses.replace(
-            txn,
-            pending_markers=(),
-            last_producer_id=-1,
-            last_epoch=-1,
-            ended_by=TxnEndedBy.NONE,
-            last_committed=False,
-        )
+        return _without_last(txn)
     done = TxnState.COMPLETE_COMMIT if txn.state.commits else TxnState.COMPLETE_ABORT
     return dataclasses.replace(txn, state=done, pending_markers=(), started_ms=0)
 
@@ -355,7 +343,19 @@ def _open_for_more(
         # epoch is the one this transaction writes at, so it cannot end this one), and
         # this transaction's EndTxn waits until every marker is recorded.
         return dataclasses.replace(begun, last_committed=txn.state.commits)
-    return dataclasses.replace(begun, last_producer_id=-1, last_epoch=-1, ended_by=TxnEndedBy.NONE)
+    return _without_last(begun)
+
+
+def _without_last(txn: Transaction) -> Transaction:
+    """``txn`` with nothing kept of the transaction before its current one."""
+    return dataclasses.replace(
+        txn,
+        pending_markers=(),
+        last_producer_id=-1,
+        last_epoch=-1,
+        ended_by=TxnEndedBy.NONE,
+        last_committed=False,
+    )
 
 
 def _check_markers_written(txn: Transaction) -> None:

@@ -174,11 +174,15 @@ class AbortedTransactions:
         return len(self._tail)
 
     def add(self, producer_id: int, first_offset: int, last_offset: int) -> None:
-        newest = self._tail.lasts[-1] if self._tail.lasts else None
-        if newest is None and self.runs:
-            newest = self.runs[-1].last_last
+        newest = self._newest_last()
         assert newest is None or last_offset >= newest, (last_offset, newest)
         self._tail.add(producer_id, first_offset, last_offset)
+
+    def _newest_last(self) -> int | None:
+        """The marker offset of the newest aborted transaction held, tail or runs."""
+        if self._tail.lasts:
+            return self._tail.lasts[-1]
+        return self.runs[-1].last_last if self.runs else None
 
     def overlapping(self, lo: int, hi: int) -> list[AbortedTransaction]:
         """The aborted transactions with batches in offsets [lo, hi) (a fetch's range),
@@ -295,9 +299,7 @@ class AbortedTransactions:
         for row in rows:
             if len(row) != 3 or not all(isinstance(x, int) for x in row):
                 raise ValueError(f"an aborted transaction row is malformed: {row[:8]}")
-            newest = out._tail.lasts[-1] if out._tail.lasts else None
-            if newest is None and out.runs:
-                newest = out.runs[-1].last_last
+            newest = out._newest_last()
             if newest is not None and row[2] < newest:
                 raise ValueError(f"aborted transactions out of order at {row}")
             out._tail.add(*row)

@@ -178,9 +178,6 @@ class ProducerStates:
         """Producer id -> first offset of its open transaction, in the order they opened
         (log order, so by first offset: the first one bounds the last stable offset)."""
         self.aborted = AbortedTransactions()
-        self.markers_applied = 0
-        """How many markers :meth:`apply_marker` took (a leader wakes the batches it holds
-        for a marker when this moves)."""
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -339,7 +336,6 @@ class ProducerStates:
         closes the producer's open transaction when that one's epoch is older (an ABORT
         lists it as aborted), and raises the producer's epoch here to the marker's,
         forgetting its sequences."""
-        self.markers_applied += 1
         entry = self._producers.get(producer_id)
         if entry is None:
             entry = ProducerEntry(epoch)

@@ -136,8 +136,10 @@ class PartitionReplica:
         self._host = host
         self._hw_event = asyncio.Event()
         self._marker_event = asyncio.Event()
-        """Set (and replaced) when a marker is proposed or applied, or the leadership
-        changes: the batches held for a marker check again."""
+        """Set (and replaced) when this leader proposes a marker, or the leadership
+        changes: the batches held for a marker check again. (A marker applied but not
+        proposed here is one of an earlier term: a leader checks no batch before it
+        applied those, so no batch can be held for one.)"""
         self._inflight_bytes = 0
         self._inflight_free = asyncio.Condition()
         self._corrupt_reported: set[tuple[str, int]] = set()
@@ -365,14 +367,11 @@ class PartitionReplica:
         group = self.group
         states = self.producers.states
         first_open = states.first_open_offset()
-        markers = states.markers_applied
         if applied_to == group.last_index:
             self._advance_hw(group.next_offset)  # the usual case at low load: no read
         else:
             self._advance_hw(self._offset_after(applied_to))
         self.producers.catch_up(self._log, applied_to)
-        if states.markers_applied != markers:
-            self._markers_moved()
         if states.first_open_offset() != first_open:
             # A marker moved the last stable offset (it takes no offset, so the high
             # watermark stayed): wake the read_committed long polls.
@@ -585,11 +584,11 @@ class PartitionReplica:
         self, producer: tuple[int, int, int, int, bool], deadline_s: float
     ) -> ProduceResult | PendingBatch | None:
         """:meth:`_check_producer`, holding a transactional batch that arrived before its
-        producer's marker of the last transaction (CONCURRENT_TRANSACTIONS) until the marker
-        is proposed or applied here, within the request's deadline and MARKER_HOLD_S. The
-        coordinator lets the next transaction begin while the last one's markers are
-        written, so this is the usual race, not a fault: a refusal would cost the producer
-        a retry backoff."""
+        producer's marker of the last transaction (CONCURRENT_TRANSACTIONS) until this
+        leader proposes the marker (or loses its term), within the request's deadline and
+        MARKER_HOLD_S. The coordinator lets the next transaction begin while the last
+        one's markers are written, so this is the usual race, not a fault: a refusal would
+        cost the producer a retry backoff."""
         give_up_s = min(deadline_s, time.monotonic() + MARKER_HOLD_S)
         while True:
             moved = self._marker_event
