@@ -396,8 +396,10 @@ def test_group_commit_serves_1000_callers_with_few_fsyncs(
 ) -> None:
     policy = FlushPolicy.EVERY_BATCH if mode == "append-every-batch" else FlushPolicy.INTERVAL
     log = Log.open(tmp_path, LogConfig(flush_policy=policy))
-    # 5 ms per simulated fsync: on a loaded machine 1000 appends spread over ~100 ms.
-    counter = FsyncCounter(min_seconds=0.005)
+    # 20 ms per simulated fsync (a slow disk): on a loaded machine 1000 racing appends
+    # spread over 300 ms or more (CI once saw 58 fsyncs of 5 ms), and each fsync should
+    # gather every append that arrived while the previous one ran.
+    counter = FsyncCounter(min_seconds=0.02)
     monkeypatch.setattr(log_module.os, "fdatasync", counter)
     callers = 1000
     barrier = threading.Barrier(callers)
