@@ -37,7 +37,7 @@ class CallContext:
     """What a line written while serving one call knows about it. ``metadata`` and
     ``request`` are read only when a line asks (never on a quiet request path)."""
 
-    __slots__ = ("_auth", "_metadata", "_request", "_request_id", "rpc")
+    __slots__ = ("_auth", "_metadata", "_principal", "_request", "_request_id", "rpc")
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class CallContext:
         self._request = request
         self._auth = auth
         self._request_id: str | None = None
+        self._principal: str | None = None
 
     @property
     def request_id(self) -> str:
@@ -74,12 +75,24 @@ class CallContext:
 
     @property
     def principal(self) -> str:
-        """``User:`` and the common name of the client's certificate (mutual TLS), else
-        ``User:ANONYMOUS``, as Kafka names an unauthenticated client."""
+        """The principal the server's guard authenticated (raftmq.broker.guard); when it
+        established none, ``User:`` and the common name of the client's certificate
+        (mutual TLS), else ``User:ANONYMOUS``, as Kafka names an unauthenticated client."""
+        if self._principal is not None:
+            return self._principal
         names = (self._auth() or {}).get(COMMON_NAME) if self._auth is not None else None
         if names:
             return "User:" + names[0].decode(errors="replace")
         return ANONYMOUS
+
+    @principal.setter
+    def principal(self, value: str) -> None:
+        self._principal = value
+
+
+def current_call() -> CallContext | None:
+    """The call the running task serves (None outside an RPC)."""
+    return _call.get()
 
 
 _call: ContextVar[CallContext | None] = ContextVar("raftmq_call", default=None)

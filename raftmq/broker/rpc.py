@@ -11,6 +11,7 @@ line with the traceback (a bug of ours, never the client's mistake)."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -18,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.guard import OPEN, Guard
 from raftmq.broker.refusals import Refusal
 from raftmq.log_records import CallContext, bind_call, unbind_call
 
@@ -61,15 +63,37 @@ def internal_error(rpc: str, exc: BaseException) -> Refusal:
     )
 
 
+_guards: weakref.WeakKeyDictionary[grpc.aio.Server, Guard] = weakref.WeakKeyDictionary()
+
+
+def guard_server(server: grpc.aio.Server, guard: Guard) -> None:
+    """Every service added to ``server`` from now on admits its calls through ``guard``
+    (before this, or never: :data:`raftmq.broker.guard.OPEN`)."""
+    _guards[server] = guard
+
+
+async def _admitted(
+    guard: Guard, call: CallContext, context: grpc.aio.ServicerContext, request: object
+) -> str | None:
+    principal = await guard.authenticate(call.rpc, context)
+    if principal is not None:
+        call.principal = principal
+    if request is not None:
+        _well_formed(request)
+        guard.authorize(call.rpc, request, principal)
+    return principal
+
+
 def unary(
-    rpc: str, method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]
+    rpc: str,
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]],
+    guard: Guard = OPEN,
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
     async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
-        token = bind_call(
-            CallContext(rpc, context.invocation_metadata, request, context.auth_context)
-        )
+        call = CallContext(rpc, context.invocation_metadata, request, context.auth_context)
+        token = bind_call(call)
         try:
-            _well_formed(request)
+            await _admitted(guard, call, context, request)
             return await method(request, context)
         except Refusal as refusal:
             failure = refusal
@@ -87,10 +111,14 @@ def unary(
 def streaming(
     rpc: str,
     method: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]],
+    guard: Guard = OPEN,
 ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Message]]:
-    async def checked(requests: AsyncIterator[object]) -> AsyncIterator[object]:
+    async def checked(
+        requests: AsyncIterator[object], principal: str | None
+    ) -> AsyncIterator[object]:
         async for request in requests:
             _well_formed(request)
+            guard.authorize(rpc, request, principal)
             yield request
 
     async def handle(
@@ -98,9 +126,11 @@ def streaming(
     ) -> AsyncIterator[Message]:
         # A stream's task serves only it: no reset needed (an async generator cannot
         # reset a token across its yields anyway).
-        bind_call(CallContext(rpc, context.invocation_metadata, auth=context.auth_context))
+        call = CallContext(rpc, context.invocation_metadata, auth=context.auth_context)
+        bind_call(call)
         try:
-            async for answer in method(checked(requests), context):
+            principal = await _admitted(guard, call, context, None)
+            async for answer in method(checked(requests, principal), context):
                 yield answer
             return
         except Refusal as refusal:
@@ -122,6 +152,7 @@ def streaming(
 def server_streaming(
     rpc: str,
     method: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]],
+    guard: Guard = OPEN,
 ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Message]]:
     """One request, a stream of answers: the bidi wrapper over a stream of one request,
     so both kinds of stream end with the same error handling."""
@@ -133,7 +164,7 @@ def server_streaming(
             async for answer in method(request, context):
                 yield answer
 
-    bidi = streaming(rpc, each)
+    bidi = streaming(rpc, each, guard)
 
     async def handle(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
         async def one() -> AsyncIterator[object]:
@@ -149,7 +180,9 @@ def add_service(service: object, server: grpc.aio.Server, module: Any, name: str
     """Register ``service`` as raftmq.v1.``name`` (declared in the generated ``module``)
     on ``server``: one handler per method of the proto's service, with the generated
     message classes (stubs stay unchanged); only the deserializers and the error handling
-    are ours, so every service answers with the same error contract."""
+    are ours, so every service answers with the same error contract, and every call
+    passes the server's guard (:func:`guard_server`) first."""
+    guard = _guards.get(server, OPEN)
     handlers = {}
     for method in module.DESCRIPTOR.services_by_name[name].methods:
         behaviour = getattr(service, method.name)
@@ -157,12 +190,15 @@ def add_service(service: object, server: grpc.aio.Server, module: Any, name: str
         handle: Callable[..., Any]  # a coroutine (unary) or an async generator (stream)
         if method.client_streaming:
             assert method.server_streaming, f"{method.name}: only bidi streams are wrapped"
-            make, handle = grpc.stream_stream_rpc_method_handler, streaming(method.name, behaviour)
+            make, handle = (
+                grpc.stream_stream_rpc_method_handler,
+                streaming(method.name, behaviour, guard),
+            )
         elif method.server_streaming:
             make = grpc.unary_stream_rpc_method_handler
-            handle = server_streaming(method.name, behaviour)
+            handle = server_streaming(method.name, behaviour, guard)
         else:
-            make, handle = grpc.unary_unary_rpc_method_handler, unary(method.name, behaviour)
+            make, handle = grpc.unary_unary_rpc_method_handler, unary(method.name, behaviour, guard)
         handlers[method.name] = make(
             handle,
             request_deserializer=deserializer(getattr(module, method.input_type.name)),
