@@ -24,7 +24,14 @@ Fairness note printed with the results: JetStream acknowledges a replicas=3 publ
 majority holds it in memory (it does not fsync per message; the file store syncs every
 2 minutes by default), while raftmq acknowledges acks=all only once a majority has fsynced.
 
-Usage: ``python -m benchmarks.produce_bench [--quick] [--json]``; ``--json`` prints every
+``--secure`` measures something else: what TLS and authentication cost. It runs two
+raftmq clusters side by side, one plaintext and one as ``raftmq dev --secure`` starts it
+(TLS on every listener, mutual on the client one, clients authenticated by certificate),
+alternating publish windows between them (benchmarks/ab_clusters.py), and gives the
+secure cluster's publish throughput and one-record latency as ratios to the plaintext
+one's (issue 24's target: publish >= 0.8x); JetStream is not run then.
+
+Usage: ``python -m benchmarks.produce_bench [--quick] [--secure] [--json]``; ``--json`` prints every
 figure and ratio as one JSON object on the last line. JetStream needs ``nats-server``
 (``apt-get install nats-server``) and nats-py (``pip install nats-py``); without them that
 half is skipped and the command to install them is printed.
@@ -220,10 +227,12 @@ async def raftmq_produce_worker(
     warmup: float,
     seconds: float,
     stream: bool = False,
+    tls: dict[str, str] | None = None,
 ) -> Json:
     """``inflight`` tasks, each sending acks=all produce requests of ``batch`` records to
     one partition's leader back to back; only replies inside the window are counted. With
-    ``stream`` the requests go over one ProduceStream per leader instead of unary calls."""
+    ``stream`` the requests go over one ProduceStream per leader instead of unary calls;
+    ``tls``: a client's TLS settings (ssl_cafile, ssl_certfile, ssl_keyfile)."""
     import grpc
 
     from raftmq import net
@@ -233,7 +242,8 @@ async def raftmq_produce_worker(
     from raftmq.client.produce_stream import ProduceStream
     from raftmq.format.records import Record, build_batch
 
-    channels = {addr: net.aio_channel(addr) for addr, _ in targets}
+    security = _security(tls)
+    channels = {addr: net.aio_channel(addr, security=security) for addr, _ in targets}
     stubs = {addr: pb_grpc.BrokerStub(ch) for addr, ch in channels.items()}
     now_ms = int(time.time() * 1000)
     value = os.urandom(value_size)
@@ -590,8 +600,22 @@ class Progress:
             print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
+def _security(tls: dict[str, str] | None) -> Any:
+    """The net.Security of a client's TLS settings (plaintext without)."""
+    from raftmq import net
+
+    if not tls:
+        return net.PLAINTEXT
+    return net.Security(tls.get("ssl_cafile"), tls.get("ssl_certfile"), tls.get("ssl_keyfile"))
+
+
 def raftmq_sequential(
-    address: str, count: int, max_seconds: float, value_size: int, mode: str = "all"
+    address: str,
+    count: int,
+    max_seconds: float,
+    value_size: int,
+    mode: str = "all",
+    tls: dict[str, str] | None = None,
 ) -> Json:
     """One request at a time to partition 0's leader: a 1-record Produce with acks=all (the
     figure with a target) or acks=leader, or a ListOffsets ("rpc": the gRPC round trip with
@@ -606,7 +630,7 @@ def raftmq_sequential(
     value = os.urandom(value_size)
     acks = pb.ACKS_LEADER if mode == "leader" else pb.ACKS_ALL
     lats: list[float] = []
-    with net.channel(address) as ch:
+    with net.channel(address, security=_security(tls)) as ch:
         stub = pb_grpc.BrokerStub(ch)
         deadline = time.monotonic() + max_seconds
         for i in range(count + 20):
@@ -1163,6 +1187,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-count", type=int, default=0)
     ap.add_argument("--skip-nats", action="store_true")
     ap.add_argument(
+        "--secure",
+        action="store_true",
+        help="measure TLS and authentication against plaintext instead (two raftmq clusters)",
+    )
+    ap.add_argument(
         "--unary",
         action="store_true",
         help="publish with one unary Produce call per request instead of a ProduceStream",
@@ -1174,6 +1203,8 @@ def main(argv: list[str] | None = None) -> int:
         "(needs py-spy: pip install py-spy)",
     )
     args = ap.parse_args(argv)
+    if args.secure:
+        return run_secure(args.quick, args.json)
     plan = Plan.make(args)
     say = Progress()
     spy = shutil.which("py-spy") or Path(sys.executable).with_name("py-spy")
@@ -1204,6 +1235,62 @@ def main(argv: list[str] | None = None) -> int:
     render(report)
     if args.json:
         print_json_last(report, default=str)
+    return 0
+
+
+SECURE_TARGET_RATIO = 0.8
+
+
+def run_secure(quick: bool, as_json: bool) -> int:
+    """The ``--secure`` comparison: a secure and a plaintext cluster, alternating."""
+    from benchmarks import ab_clusters
+
+    kill_on_exit()
+    rounds, warmup_s, seconds = (3, 1.0, 3.0) if quick else (5, 2.0, 10.0)
+    seq_count, seq_s = (300, 4.0) if quick else (2000, 20.0)
+    env = {"cpus": os.cpu_count(), "load_before": _loadavg()}
+    try:
+        secure = ab_clusters.start_side("secure", [], secure=True)
+        plain = ab_clusters.start_side("plaintext", [])
+        print(
+            f"3 brokers x 2 clusters, {ab_clusters.PARTITIONS} partitions, "
+            f"{ab_clusters.PROCS} load processes, {ab_clusters.INFLIGHT} ProduceStream "
+            f"requests of {ab_clusters.BATCH} x {ab_clusters.VALUE_BYTES} B in flight, "
+            "acks=all; 'secure': TLS on every listener, mutual TLS for clients",
+            flush=True,
+        )
+        latency = {
+            side.name: ab_clusters.one_record_latency(side, seq_count, seq_s)
+            for side in (secure, plain)
+        }
+        ratio = ab_clusters.alternate(secure, plain, rounds, warmup_s, seconds)
+    finally:
+        kill_all()
+    env["load_after"] = _loadavg()
+    p50 = {name: lat["p50_ms"] for name, lat in latency.items()}
+    print("\n" + ab_clusters.table(secure, plain))
+    print(
+        f"one record, acks=all, one in flight: p50 {p50['secure']:.2f} ms secure, "
+        f"{p50['plaintext']:.2f} ms plaintext"
+    )
+    verdict = "met" if ratio >= SECURE_TARGET_RATIO else "MISSED"
+    print(
+        f"target: secure publish >= {SECURE_TARGET_RATIO}x plaintext: {ratio:.3f}x "
+        f"({verdict}); load {env['load_before']} -> {env['load_after']}"
+    )
+    if as_json:
+        print_json_last(
+            {
+                "quick": quick,
+                "env": env,
+                "secure_rec_per_s": secure.rec_per_s,
+                "plaintext_rec_per_s": plain.rec_per_s,
+                "publish_ratio": ratio,
+                "publish_ratio_ok": ratio >= SECURE_TARGET_RATIO,
+                "latency": latency,
+                "latency_p50_ratio": p50["secure"] / p50["plaintext"],
+            }
+        )
     return 0
 
 
