@@ -28,7 +28,7 @@ import collections
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from chaos.history import Op, send_value
@@ -70,8 +70,10 @@ class ClientWorkload:
         partitions: int,
         recorder: Recorder,
         options: ClientWorkloadOptions,
+        client_settings: Mapping[str, str] | None = None,
     ) -> None:
         self.addresses = addresses
+        self.client_settings = dict(client_settings or {})
         self.topic = topic
         self.partitions = partitions
         self.recorder = recorder
@@ -94,6 +96,7 @@ class ClientWorkload:
 
     def _producer(self) -> Producer:
         settings: dict[str, object] = {
+            **self.client_settings,
             "acks": "all",
             "linger_ms": 2,
             "request_timeout_ms": REQUEST_TIMEOUT_MS,

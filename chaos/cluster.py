@@ -23,8 +23,10 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from chaos.toxiproxy.launcher import RunningToxiproxy, start_toxiproxy
+from raftmq import net
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
+from raftmq.devtools.certs import local_pki
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.devtools.ports import PortReservations
 
@@ -58,11 +60,14 @@ class ChaosCluster:
         broker_args: list[str] | None = None,
         racks: bool = False,
         extra_topics: tuple[str, ...] = (),
+        secure: bool = False,
     ) -> None:
         """``voters``: nodes 1..``voters`` are the controller voters (combined mode) and
         the others broker-only; 0: every node is a voter. ``racks``: every broker in a rack
         of its own (:func:`rack_of`). ``extra_topics``: more topics placed like the main
-        one (the transactional workload's output)."""
+        one (the transactional workload's output). ``secure``: TLS on every listener,
+        mutual on the client one too, as ``raftmq dev --secure`` starts a cluster; every
+        client of the run then uses :attr:`client_settings`."""
         if not 0 <= voters <= nodes:
             raise ValueError(f"voters must be 0 to {nodes}, got {voters}")
         self.data = data
@@ -105,8 +110,28 @@ class ChaosCluster:
             for i in self.nodes
         }
         self.cluster = LocalCluster(
-            data, self.spec, broker_args=broker_args, per_broker_args=per_broker, ports=ports
+            data,
+            self.spec,
+            broker_args=broker_args,
+            per_broker_args=per_broker,
+            ports=ports,
+            pki=local_pki(data / "tls") if secure else None,
+            client_auth=secure,
         )
+
+    @property
+    def client_settings(self) -> dict[str, str]:
+        """What every client of this run is given besides its addresses: Kafka's ssl_*
+        settings for a secure cluster, nothing for a plaintext one."""
+        return {k: str(v) for k, v in self.cluster.client_tls.items() if v}
+
+    @property
+    def security(self) -> net.Security:
+        """:attr:`client_settings` as the channel factory takes them."""
+        s = self.client_settings
+        if not s:
+            return net.PLAINTEXT
+        return net.Security(s["ssl_cafile"], s["ssl_certfile"], s["ssl_keyfile"])
 
     def _proxy(self, name: str, upstream_port: int) -> Proxy:
         proxy = self.api.create(

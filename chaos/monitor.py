@@ -45,12 +45,19 @@ RECONNECT_OPTIONS = [
 class Monitor:
     """Polls every broker's Metadata on a thread until :meth:`stop`."""
 
-    def __init__(self, addresses: dict[int, str], topic: str, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        addresses: dict[int, str],
+        topic: str,
+        recorder: Recorder,
+        security: net.Security = net.PLAINTEXT,
+    ) -> None:
         self.addresses = addresses
         self.topic = topic
         self.recorder = recorder
         self._channels = {
-            i: net.channel(a, options=RECONNECT_OPTIONS) for i, a in addresses.items()
+            i: net.channel(a, options=RECONNECT_OPTIONS, security=security)
+            for i, a in addresses.items()
         }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-monitor", daemon=True)

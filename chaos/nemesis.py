@@ -138,7 +138,11 @@ class Nemesis:
         self.chaos = chaos
         self.rng = random.Random(seed)
         self.categories = categories
-        self.direct = LowLevelClient([chaos.direct_address(i) for i in chaos.nodes], retries=1)
+        self.direct = LowLevelClient(
+            [chaos.direct_address(i) for i in chaos.nodes],
+            retries=1,
+            **chaos.client_settings,  # type: ignore[arg-type]
+        )
         self.killed: set[int] = set()
         self.paused: set[int] = set()
         self._decommissioned = False
@@ -173,7 +177,13 @@ class Nemesis:
         DescribeCluster, a read the leader confirms with a quorum; None when there is none
         or no voter answers in time."""
         addresses = [self.chaos.direct_address(i) for i in self.live_nodes]
-        with AdminClient(addresses, attempts=10, backoff_s=0.1, timeout_s=2.0) as admin:
+        with AdminClient(
+            addresses,
+            attempts=10,
+            backoff_s=0.1,
+            timeout_s=2.0,
+            **self.chaos.client_settings,
+        ) as admin:
             try:
                 return admin.describe_cluster().controller_leader_id or None
             except ClientError:
@@ -732,7 +742,8 @@ class Nemesis:
             if voter in self.killed or voter in self.paused:
                 return False
             try:
-                with net.channel(self.chaos.direct_address(voter)) as channel:
+                address = self.chaos.direct_address(voter)
+                with net.channel(address, security=self.chaos.security) as channel:
                     status = cpb_grpc.ControllerStub(channel).DescribeVoter(
                         cpb.DescribeVoterRequest(), timeout=2
                     )

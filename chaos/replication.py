@@ -70,7 +70,13 @@ def wait_healed(
         p: "no answer from the admin API yet" for p in range(chaos.partitions)
     }
     voters: dict[int, tuple[int, ...]] = {p: chaos.replicas(p) for p in range(chaos.partitions)}
-    with AdminClient(addresses, attempts=5, backoff_s=0.1, timeout_s=3.0) as admin:
+    with AdminClient(
+        addresses,
+        attempts=5,
+        backoff_s=0.1,
+        timeout_s=3.0,
+        **chaos.client_settings,
+    ) as admin:
         while True:
             try:
                 status = admin.cluster_status()

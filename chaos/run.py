@@ -8,7 +8,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +69,9 @@ class ChaosOptions:
     follower_reads: bool = False
     """Every broker in a rack of its own and, with the clients, each consumer reading
     from the in-sync replica in one of them (client_rack) rather than from the leader."""
+    secure: bool = False
+    """TLS on every listener, mutual for the clients (chaos/cluster.py); every client of
+    the run presents the client certificate."""
     transactions: bool = False
     """The transactional workload too (chaos/txn_workload.py): a consume-transform-produce
     pipeline from the main topic to an output topic, direct transactional producers, and
@@ -169,6 +172,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         broker_args=options.broker_args(),
         racks=options.follower_reads,
         extra_topics=(OUT_TOPIC,) if options.transactions else (),
+        secure=options.secure,
     )
     nemesis: Nemesis | None = None
     monitor: Monitor | None = None
@@ -181,19 +185,38 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         workload: Workload | ClientWorkload
         if options.clients:
             workload = ClientWorkload(
-                advertised, TOPIC, options.partitions, recorder, options.client_options()
+                advertised,
+                TOPIC,
+                options.partitions,
+                recorder,
+                options.client_options(),
+                chaos.client_settings,
             )
         else:
             workload = Workload(
-                advertised, TOPIC, options.partitions, recorder, producers=options.producers
+                advertised,
+                TOPIC,
+                options.partitions,
+                recorder,
+                producers=options.producers,
+                client_settings=chaos.client_settings,
             )
         txn_workload = (
-            TxnWorkload(advertised, TOPIC, options.partitions, recorder, options.txn_options())
+            TxnWorkload(
+                advertised,
+                TOPIC,
+                options.partitions,
+                recorder,
+                options.txn_options(),
+                client_settings=chaos.client_settings,
+            )
             if options.transactions
             else None
         )
         nemesis = Nemesis(chaos, options.seed, options.faults)
-        monitor = Monitor({i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder)
+        monitor = Monitor(
+            {i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder, chaos.security
+        )
         metrics = MetricsWatch({i: chaos.data / f"broker-{i}" for i in chaos.nodes}, recorder)
         recorder.t0 = time.monotonic()
         monitor.start()
@@ -232,7 +255,7 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         nemesis.heal_everything()
         healed = recorder.now()
         say(f"{healed:6.1f}s  healed everything; measuring recovery")
-        recovery = _measure_recovery(advertised, options, recorder)
+        recovery = _measure_recovery(advertised, options, recorder, chaos.client_settings)
         recorder.add(
             Op(
                 "recovery",
@@ -290,13 +313,23 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
     return result
 
 
-def _measure_recovery(addresses: list[str], options: ChaosOptions, recorder: Recorder) -> float:
+def _measure_recovery(
+    addresses: list[str],
+    options: ChaosOptions,
+    recorder: Recorder,
+    client_settings: Mapping[str, str],
+) -> float:
     """Seconds until every partition has accepted an acks=all write after healing; -1 if
     that did not happen within twice the limit. The probes are sends like any other."""
     start = time.monotonic()
     pending = set(range(options.partitions))
     seq = 0
-    with LowLevelClient(addresses, retries=4, retry_unavailable=False) as client:
+    with LowLevelClient(
+        addresses,
+        retries=4,
+        retry_unavailable=False,
+        **client_settings,  # type: ignore[arg-type]
+    ) as client:
         while pending and time.monotonic() - start < 2 * options.recovery_limit:
             for p in sorted(pending):
                 op = send_one(
@@ -325,7 +358,11 @@ def _final_reads(
     A replica behind is waited for until ``catch_up_until`` (recorder time: healing plus
     the recovery limit), so one the checker finds short was given the whole bound."""
     direct = {i: chaos.direct_address(i) for i in chaos.nodes if i not in gone}
-    with LowLevelClient(list(direct.values()), retries=20) as client:
+    with LowLevelClient(
+        list(direct.values()),
+        retries=20,
+        **chaos.client_settings,  # type: ignore[arg-type]
+    ) as client:
         for p in range(options.partitions):
             target = _leader_hw(client, direct, p)
             reads = {

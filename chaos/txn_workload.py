@@ -29,8 +29,9 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from chaos.client_workload import record_group_offsets
 from chaos.history import Op, txn_value
@@ -286,8 +287,10 @@ class TxnWorkload:
         recorder: Recorder,
         options: TxnWorkloadOptions,
         out_topic: str = OUT_TOPIC,
+        client_settings: Mapping[str, str] | None = None,
     ) -> None:
         self.addresses = addresses
+        self.client_settings: dict[str, Any] = dict(client_settings or {})
         self.in_topic = in_topic
         self.out_topic = out_topic
         self.partitions = partitions
@@ -323,6 +326,7 @@ class TxnWorkload:
             max_block_ms=MAX_BLOCK_MS,
             transactional_id=transactional_id,
             transaction_timeout_ms=TXN_TIMEOUT_MS,
+            **self.client_settings,
         )
 
     def error(self, process: str, error: str) -> None:
@@ -351,6 +355,7 @@ class TxnWorkload:
     def _member(self, process: str) -> Consumer:
         consumer = Consumer(
             self.addresses,
+            **self.client_settings,
             group_id=GROUP,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -459,6 +464,7 @@ class TxnWorkload:
     def _reader(self, isolation: str) -> Consumer:
         consumer = Consumer(
             self.addresses,
+            **self.client_settings,
             isolation_level=isolation,  # type: ignore[arg-type]
             auto_offset_reset="earliest",
             fetch_max_wait_ms=200,
@@ -523,7 +529,9 @@ class TxnWorkload:
     def _read_committed(self) -> None:
         record_group_offsets(
             self.recorder,
-            lambda: Consumer(self.addresses, group_id=GROUP, enable_auto_commit=False),
+            lambda: Consumer(
+                self.addresses, group_id=GROUP, enable_auto_commit=False, **self.client_settings
+            ),
             [(self.in_topic, p) for p in range(self.partitions)],
             "txn-committed",
         )
@@ -572,7 +580,7 @@ class TxnWorkload:
         hosting it reports."""
         starts: dict[int, int] = {}
         hws: dict[int, int] = {}
-        with LowLevelClient(direct, retries=2) as client:
+        with LowLevelClient(direct, retries=2, **self.client_settings) as client:
             for address in direct:
                 for p in range(self.partitions):
                     try:

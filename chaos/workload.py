@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
@@ -113,8 +113,10 @@ class Workload:
         *,
         producers: int = 4,
         timeout_ms: int = 3000,
+        client_settings: Mapping[str, str] | None = None,
     ) -> None:
         self.addresses = addresses
+        self.client_settings = dict(client_settings or {})
         self.topic = topic
         self.partitions = partitions
         self.recorder = recorder
@@ -127,7 +129,13 @@ class Workload:
     def _client(self) -> LowLevelClient:
         # Retry only refusals that prove nothing was written; a connection lost mid-call is
         # recorded as indeterminate instead of retried into a possible duplicate.
-        return LowLevelClient(self.addresses, retries=8, backoff=0.05, retry_unavailable=False)
+        return LowLevelClient(
+            self.addresses,
+            retries=8,
+            backoff=0.05,
+            retry_unavailable=False,
+            **self.client_settings,
+        )
 
     def start(self) -> None:
         for k in range(self.producers):

@@ -112,6 +112,14 @@ def run(
             help="With decommission: how long a fenced broker waits before its replicas move.",
         ),
     ] = 2000,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            help="TLS on every listener (the Raft transport through the proxies too), mutual "
+            "for the clients, as 'raftmq dev --secure' starts a cluster; every client of the "
+            "run presents the client certificate."
+        ),
+    ] = False,
 ) -> None:
     """Run a workload against a proxied cluster while injecting faults, heal, read every
     replica and check that nothing acknowledged was lost, duplicated, reordered or seen
@@ -147,6 +155,7 @@ def run(
             transactions=transactions,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
+            secure=secure,
         )
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")
