@@ -269,6 +269,33 @@ class BrokerCollector(Collector):
                 "too far behind for the leader's log)",
                 value=stats.snapshots_installed,
             ),
+            CounterMetricFamily(
+                "raftmq_repair_damaged_ranges",
+                "Damaged log ranges a repair on this broker set out to mend (found by a "
+                "read, the scrubber or an open)",
+                value=stats.damage_found,
+            ),
+            CounterMetricFamily(
+                "raftmq_repair_repaired_ranges",
+                "Damaged log ranges patched with a peer's copy",
+                value=stats.repaired,
+            ),
+            CounterMetricFamily(
+                "raftmq_repair_unrepaired_ranges",
+                "Damaged log ranges no peer could supply: they stay unreadable here",
+                value=stats.unrepaired,
+            ),
+            CounterMetricFamily(
+                "raftmq_scrub_bytes",
+                "Bytes of sealed segments the background scrubber re-read and checked",
+                value=self.broker.host.scrubbed_bytes,
+            ),
+            CounterMetricFamily(
+                "raftmq_scrub_audited_ranges",
+                "Sealed ranges a leader here compared with its followers' copies (the "
+                "scrubber's audit)",
+                value=self.broker.host.audited_ranges,
+            ),
         ]
 
     def _controller(self) -> list[GaugeMetricFamily]:

@@ -27,6 +27,7 @@ from tests.broker.test_broker_cluster import (
     wait_until,
 )
 from tests.broker.test_disk_loss import fill_and_replicate, stored_entries
+from tests.broker.test_metrics import scrape, value
 from tests.raft import stored
 
 TOPIC = "c"
@@ -126,6 +127,13 @@ def test_a_flipped_bit_is_repaired_from_a_replica_and_the_fetch_then_succeeds(
         _, leader_raw = read_all(client, TOPIC, 0, address=address_of(cluster, leader))
         assert [r.value for r in records] == sent
         assert raw == leader_raw
+        # An operator sees it too: the victim's repair counters (docs/metrics.md).
+        metrics_address = cluster.wait_ready()[victim].metrics
+        assert metrics_address
+        samples = scrape(metrics_address)
+        assert value(samples, "raftmq_repair_damaged_ranges_total") >= 1
+        assert value(samples, "raftmq_repair_repaired_ranges_total") >= 1
+        assert value(samples, "raftmq_repair_unrepaired_ranges_total") == 0
     log_text = cluster.log_path(victim).read_text()
     assert "repaired entries" in log_text and "bytes replaced" in log_text, log_text[-3000:]
     # The failed read itself asked for the repair (not only the scrubber's later pass).

@@ -34,6 +34,7 @@ from raftmq.log.repair import (
 from raftmq.raft.errors import GroupRepairError
 from raftmq.raft.host.group_storage import cut_back_to_rejoin, driven_log_config
 from raftmq.raft.host.state_store import StateStore
+from raftmq.raft.host.stats import HostStats
 from raftmq.raft.host.transport import (
     AuditReply,
     AuditRequest,
@@ -79,6 +80,7 @@ class SelfRepair:
     scrub_bytes_per_s: int
     scrubbed_bytes: int
     audited_ranges: int
+    stats: HostStats
     _pool: ThreadPoolExecutor
     _stopping: bool
     _repairs: dict[str, asyncio.Task[None]]
@@ -316,6 +318,7 @@ class SelfRepair:
                     self.node_id,
                 )
         for damage in damages:
+            self.stats.damage_found += 1
             sources = sorted(
                 group.core.membership.members - {self.node_id},
                 key=lambda n: (n != group.core.lead, n),
@@ -360,8 +363,10 @@ class SelfRepair:
                     peer,
                     found_by,
                 )
+                self.stats.repaired += 1
                 break
             else:
+                self.stats.unrepaired += 1
                 log.error(
                     "group %s on node %d: no replica could supply entries %d..%d to repair "
                     "segment %s; it stays unreadable from byte %d",

@@ -1,7 +1,7 @@
 """What a Raft host counts about itself, for monitoring (the broker exports it:
 raftmq.broker.metrics_collector, docs/metrics.md): how long a round's durable write took,
 how long a local proposal took to commit, how many elections its groups won, how many
-snapshots they installed.
+snapshots they installed, how many damaged ranges its repairs mended or could not.
 
 Updated on the host's event loop only (a round's durable write is timed on the loop
 around it, whether its fsyncs ran there or in the pool), so plain integers and lists, no
@@ -41,6 +41,14 @@ class HostStats:
         """Each local proposal, from :meth:`RaftHost.propose` to its commit here."""
         self.elections_won = 0
         self.snapshots_installed = 0
+        self.damage_found = 0
+        """Damaged ranges a repair set out to mend (found by a read, the scrubber or an
+        open): most end :attr:`repaired`, some :attr:`unrepaired`; the others were
+        released instead (retention had passed them on every peer) or refused."""
+        self.repaired = 0
+        """Damaged ranges patched with a peer's copy."""
+        self.unrepaired = 0
+        """Damaged ranges no peer could supply (they stay unreadable here)."""
 
     def proposed(self, done: asyncio.Future[int]) -> None:
         """Time ``done`` (a proposal's outcome) from now to its commit; a proposal that
