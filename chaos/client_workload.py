@@ -171,6 +171,7 @@ class ClientWorkload:
 
     def _consumer(self, k: int = 0) -> Consumer:
         settings: dict[str, object] = {
+            **self.client_settings,
             "auto_offset_reset": "earliest",
             "fetch_max_wait_ms": 200,
             "max_poll_records": 200,

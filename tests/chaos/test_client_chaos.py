@@ -72,6 +72,43 @@ def test_long_schedule_with_the_real_clients_loses_nothing(tmp_path, seed, group
     _assert_clean(result, out, min_acked=3000, min_consumed=3000)
 
 
+def test_a_secure_cluster_under_faults_loses_nothing(tmp_path):
+    """``--secure``: TLS on every listener (Raft's through the proxies), every client on
+    mutual TLS; kills and partitions reconnect through fresh handshakes."""
+    out = tmp_path / "run"
+    options = ChaosOptions(
+        out=out,
+        duration=20,
+        faults=["partition", "kill", "reset"],
+        seed=11,
+        producers=2,
+        consumers=2,
+        group=True,
+        idempotent=True,
+        secure=True,
+    )
+    result = run(options, say=print)
+    _assert_clean(result, out, min_acked=300, min_consumed=300)
+    assert (out / "data" / "tls" / "ca.pem").exists()  # it did run with TLS
+
+
+@pytest.mark.chaos
+def test_long_secure_schedule_with_every_fault_loses_nothing(tmp_path):
+    out = tmp_path / "run"
+    options = ChaosOptions(
+        out=out,
+        duration=120,
+        faults=["all"],
+        seed=12,
+        clients=True,
+        group=True,
+        idempotent=True,
+        secure=True,
+    )
+    result = run(options, say=print)
+    _assert_clean(result, out, min_acked=3000, min_consumed=3000)
+
+
 def _follower_served(ops: list[dict]) -> int:
     """How many consumed records came from a broker that did not lead their partition
     then (by the monitor's ``leader`` ops)."""
