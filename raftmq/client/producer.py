@@ -865,7 +865,9 @@ class Producer(_Face):
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Send what is queued, wait until it is stored, then commit: the records and
         offsets become visible together. TransactionAbortableError: abort and redo the
-        transaction; ProducerFencedError: close this producer."""
+        transaction; ProducerFencedError: close this producer; another ClientError (no
+        answer: timed out, unreachable, OUTCOME_UNKNOWN): it may have committed, so call
+        commit_transaction() again, which learns the outcome (as Kafka's TimeoutException)."""
         self._on_loop(self._engine.end_transaction(commit=True), timeout)
 
     def abort_transaction(self, timeout: float | None = None) -> None:

@@ -323,9 +323,12 @@ class TransactionManager:
                 if err.code in _FATAL:
                     self._fatal(err)
                     raise self.error or err from None
-                if commit and not err.retriable and not err.unreachable:
+                if commit and not _outcome_unknown(err):
                     self.failed(err)
                     raise self.error or err from None
+                # The commit may have been done: raised as it came, never as abortable (an
+                # application that aborted and redid it would write its outputs twice);
+                # the same commit_transaction() again learns the outcome.
                 raise
             assert isinstance(answer, tpb.EndTxnResponse)
             self.sequencer.start(answer.producer_id, answer.producer_epoch)
@@ -380,3 +383,14 @@ class TransactionManager:
     def _raise_if_fatal(self) -> None:
         if self.state == TransactionState.FATAL_ERROR and self.error is not None:
             raise self.error
+
+
+def _outcome_unknown(err: ClientError) -> bool:
+    """An EndTxn that may or may not have been done: no answer (unreachable, timed out),
+    an explicit OUTCOME_UNKNOWN, or a refusal worth asking again."""
+    return (
+        err.retriable
+        or err.unreachable
+        or err.timed_out
+        or err.code == pb.ERROR_CODE_OUTCOME_UNKNOWN
+    )
