@@ -274,6 +274,29 @@ def broker(
             "certificates (on by default when TLS is)."
         ),
     ] = True,
+    authentication: Annotated[
+        str,
+        typer.Option(
+            help="Who may call the client listener: a comma-separated list of mtls (the "
+            "client certificate's principal), scram-sha-256 and oauthbearer (Kafka's SASL "
+            "mechanisms). Empty: no authentication. Needs --tls-client-auth: brokers "
+            "authenticate each other by certificate (docs/security.md).",
+        ),
+    ] = "",
+    ssl_principal_mapping_rules: Annotated[
+        str,
+        typer.Option(
+            help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[L|U],..., "
+            "DEFAULT, applied to the client certificate's subject DN (RFC 2253).",
+        ),
+    ] = "",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="oauthbearer: the file of accepted bearer tokens, one 'PRINCIPAL SHA256HEX' "
+            "a line (the token's SHA-256, never the token); re-read when it changes.",
+        ),
+    ] = None,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -287,6 +310,7 @@ def broker(
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
+    from raftmq.broker.authentication import AuthenticationSettings, parse_methods
     from raftmq.broker.auto_create import AutoCreate
     from raftmq.broker.process import run
     from raftmq.broker.server import Broker
@@ -296,6 +320,9 @@ def broker(
         security = broker_security(tls_ca, tls_cert, tls_key, require_client_cert=tls_client_auth)
         raft_security = broker_security(
             tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
+        )
+        authentication_settings = AuthenticationSettings(
+            parse_methods(authentication), ssl_principal_mapping_rules, token_file
         )
         spec = cluster_file.load(cluster)
         node = Broker(
@@ -335,6 +362,7 @@ def broker(
             metrics_listen=_parse_address(metrics_listen) if metrics_listen else None,
             security=security,
             raft_security=raft_security,
+            authentication=authentication_settings,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
