@@ -116,6 +116,8 @@ class AuthenticationSettings:
     methods: tuple[str, ...] = ()
     mapping_rules: str = ""
     token_file: Path | None = None
+    session_lifetime_s: float = 3600.0
+    """How long a SCRAM session lasts (Kafka's connections.max.reauth.ms)."""
 
     @property
     def enabled(self) -> bool:
@@ -205,11 +207,11 @@ class ListenerAuthenticator:
         return f"this listener expects {' or '.join(how)}"
 
     async def authenticate(self, rpc: str, context: grpc.aio.ServicerContext) -> str:
+        if rpc in HANDSHAKE_RPCS:
+            return ANONYMOUS
         header = _authorization(context.invocation_metadata())
         if header is not None:
             return self._by_header(header)
-        if rpc in HANDSHAKE_RPCS:
-            return ANONYMOUS
         if MTLS in self.methods or rpc in INTER_BROKER_RPCS:
             auth = context.auth_context()
             principal = self.certificates.of(auth)

@@ -31,7 +31,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from raftmq import net
 from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
-from raftmq.broker.authentication import AuthenticationSettings, listener_authenticator
+from raftmq.broker.authentication import (
+    SCRAM,
+    AuthenticationSettings,
+    listener_authenticator,
+)
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
@@ -50,6 +54,7 @@ from raftmq.broker.registration import Registration, next_incarnation
 from raftmq.broker.retention import Retention
 from raftmq.broker.routing import MAX_FETCH_BYTES, Router
 from raftmq.broker.rpc import guard_server
+from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
 from raftmq.broker.transactions_service import (
     TransactionsService,
@@ -345,9 +350,17 @@ class Broker:
             max_message_bytes=GRPC_MESSAGE_LIMIT,
             interceptors=[metrics.interceptor] if metrics is not None else [],
         )
-        self.authenticator = listener_authenticator(self.authentication)
+        scram_service = None
+        if SCRAM in self.authentication.methods:
+            scram_service = ScramService(
+                lambda: self.metadata.scram_users,
+                session_lifetime_s=self.authentication.session_lifetime_s,
+            )
+        self.authenticator = listener_authenticator(self.authentication, scram_service)
         if self.authenticator is not None:
             guard_server(self._server, Guard(authenticator=self.authenticator))
+        if scram_service is not None:
+            add_scram_service(scram_service, self._server)
         router = Router(
             self,
             lambda count: self.link.allocate_producer_ids(self.id, count),

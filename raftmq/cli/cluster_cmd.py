@@ -297,6 +297,14 @@ def broker(
             "a line (the token's SHA-256, never the token); re-read when it changes.",
         ),
     ] = None,
+    connections_max_reauth_ms: Annotated[
+        int,
+        typer.Option(
+            min=1000,
+            help="scram-sha-256: how long a session lasts before the client must "
+            "authenticate again (Kafka's connections.max.reauth.ms).",
+        ),
+    ] = 3_600_000,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -322,7 +330,10 @@ def broker(
             tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
         )
         authentication_settings = AuthenticationSettings(
-            parse_methods(authentication), ssl_principal_mapping_rules, token_file
+            parse_methods(authentication),
+            ssl_principal_mapping_rules,
+            token_file,
+            connections_max_reauth_ms / 1000,
         )
         spec = cluster_file.load(cluster)
         node = Broker(

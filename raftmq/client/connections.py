@@ -17,6 +17,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
 from raftmq.client.errors import ClientError
+from raftmq.client.sasl import SaslSettings
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -46,6 +47,10 @@ class TlsSettings(TypedDict, total=False):
     ssl_cafile: str | None
     ssl_certfile: str | None
     ssl_keyfile: str | None
+
+
+class SecuritySettings(TlsSettings, SaslSettings, total=False):
+    """The TLS and authentication keyword settings together (docs/security.md)."""
 
 
 class Connections:
