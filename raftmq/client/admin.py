@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
@@ -31,6 +31,7 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
+from raftmq.client.connections import SecuritySettings
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.sasl import client_security
 
@@ -46,33 +47,18 @@ class AdminClient:
         attempts: int = 60,
         backoff_s: float = 0.1,
         timeout_s: float = 15.0,
-        ssl_cafile: str | None = None,
-        ssl_certfile: str | None = None,
-        ssl_keyfile: str | None = None,
-        sasl_mechanism: str | None = None,
-        sasl_username: str | None = None,
-        sasl_password: str | None = None,
-        sasl_oauth_token: str | None = None,
+        **security: Unpack[SecuritySettings],
     ) -> None:
-        """``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, and ``sasl_mechanism``,
-        ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``: authentication, as the
-        Producer's."""
+        """``security``: ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile`` (TLS) and
+        ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``
+        (authentication), as the Producer's."""
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("give at least one controller address host:port")
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        security = client_security(
-            ssl_cafile,
-            ssl_certfile,
-            ssl_keyfile,
-            sasl_mechanism=sasl_mechanism,
-            sasl_username=sasl_username,
-            sasl_password=sasl_password,
-            sasl_oauth_token=sasl_oauth_token,
-        )
-        self._channels = net.Channels(security=security)
+        self._channels = net.Channels(security=client_security(**security))
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:

@@ -29,6 +29,7 @@ from raftmq.devtools.certs import LocalPki
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, module_cluster
+from tests.broker.test_broker_cluster import wait_until
 
 TOPIC = "authn"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -98,11 +99,8 @@ def _end_offset(cluster: LocalCluster) -> int:
         return client.metadata([TOPIC]).topics[0].partitions[0].high_watermark
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    wait_until(condition, 30.0, what)
 
 
 def _produce_refused(cluster: LocalCluster, **settings: str) -> ClientError:
