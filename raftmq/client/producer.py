@@ -364,6 +364,8 @@ class _Engine:
             answered = await self.links.refresh()
             if topic in self.links.view.partitions:
                 break
+            if self.links.refused is not None:
+                raise self.links.refused  # authentication: waiting will not mend it
             now = time.monotonic()
             if answered and unknown_since is None:
                 unknown_since = now

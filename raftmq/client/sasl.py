@@ -104,7 +104,7 @@ class SaslLogin:
 
     # --- sessions -----------------------------------------------------------------------
 
-    def _current(self, address: str) -> str | None:
+    def current(self, address: str) -> str | None:
         if self._bearer:
             return self._bearer
         session = self._sessions.get(address)
@@ -139,11 +139,11 @@ class SaslLogin:
         return header
 
     def header_sync(self, address: str, channel: grpc.Channel) -> str:
-        found = self._current(address)
+        found = self.current(address)
         if found is not None:
             return found
         with self._lock:
-            found = self._current(address)
+            found = self.current(address)
             if found is not None:
                 return found
             stub = apb_grpc.AuthenticationStub(channel)
@@ -159,7 +159,7 @@ class SaslLogin:
             return self._keep(address, answer, expected)
 
     async def header_aio(self, address: str, channel: grpc.aio.Channel) -> str:
-        found = self._current(address)
+        found = self.current(address)
         if found is not None:
             return found
         stub = apb_grpc.AuthenticationStub(channel)
@@ -233,10 +233,7 @@ class _SyncInterceptor(
             if _expired(finished):
                 self.login.forget(self.address)
 
-        if hasattr(call, "add_done_callback"):
-            call.add_done_callback(done)
-        elif hasattr(call, "add_callback"):
-            call.add_callback(lambda: done(call))
+        call.add_done_callback(done)  # a stream's call is a grpc.Future too
         return call
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
@@ -279,7 +276,7 @@ class _AioLink:
 
     async def details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         assert self.channel is not None, "raftmq.net binds the channel once made"
-        header = self.login._current(self.address)
+        header = self.login.current(self.address)
         if header is None:
             if self._handshaking is None:
                 self._handshaking = asyncio.Lock()
