@@ -1,9 +1,10 @@
 """Authentication with real brokers (docs/security.md): a cluster whose client listener
-takes SCRAM-SHA-256 and bearer tokens forms, registers, replicates and elects (the brokers
-authenticate to each other by their certificates, mapped by principal rules); each way a
-caller can fail to authenticate gets UNAUTHENTICATED with its own code and sentence, and
-nothing is written; SCRAM users live in the controller's metadata, survive a controller
-failover, and a SCRAM client produces and consumes, through a broker restart too.
+takes SCRAM-SHA-256 and bearer tokens forms, registers, replicates, elects and heals, in
+the dedicated-controller layout too (the brokers authenticate to each other by their
+certificates, mapped by principal rules); each way a caller can fail to authenticate gets
+UNAUTHENTICATED with its own code and sentence, and nothing is written; SCRAM users live in
+the controller's metadata, survive a controller failover, and a SCRAM client produces and
+consumes, through a broker restart too.
 
 The cluster's own clients (the fixture's topic creation, its waits) authenticate with an
 admin bearer token from the token file.
@@ -31,7 +32,7 @@ from raftmq.client.produce_stream import ProduceStream
 from raftmq.client.sasl import security_of
 from raftmq.devtools import certs
 from raftmq.devtools.certs import LocalPki
-from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import REBALANCE_ARGS, cluster_spec, module_cluster
 from tests.broker.test_broker_cluster import wait_until
@@ -365,3 +366,37 @@ def test_a_stream_after_a_broker_restart_is_told_its_session_expired_then_authen
     assert outcomes[0] == "SESSION_EXPIRED", outcomes
     assert set(outcomes[1:-1]) <= {"SASL_AUTHENTICATION_FAILED"}, outcomes
     cluster.wait_for_leaders(timeout=30)
+
+
+def test_a_dedicated_layout_with_authentication_heals_a_dead_broker(
+    tmp_path: Path, pki: LocalPki, token_file: Path, request: pytest.FixtureRequest
+) -> None:
+    """Controller-only voters and broker-only nodes (the redirects, registration with a
+    remote quorum), with authentication on: a broker killed for longer than the heal delay
+    has its replicas replaced, the learners promoted by their leaders' reports."""
+    spec = local_spec(4, {"healed": 2}, name="raftmq-test", controllers=3)
+    args = [
+        *("--tick-ms", "20", "--heal-delay-ms", "2000"),
+        *("--authentication", "scram-sha-256,oauthbearer", "--token-file", str(token_file)),
+    ]
+    admin = {"sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token": ADMIN_TOKEN}
+    with module_cluster(
+        tmp_path / "dedicated",
+        spec,
+        args,
+        request,
+        dedicated_controllers=True,
+        pki=pki,
+        client_auth=True,
+        client_credentials=admin,
+    ) as cluster:
+        with cluster.admin() as client:
+            victim = client.describe_topic("healed").partitions[0].replicas[1]
+        cluster.kill(victim)
+
+        def healed() -> bool:
+            with cluster.admin() as client:
+                parts = client.describe_topic("healed").partitions
+            return all(victim not in p.replicas and not p.learners for p in parts)
+
+        wait_until(healed, 90.0, f"broker {victim}'s replicas to be replaced")
