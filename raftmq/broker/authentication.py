@@ -4,8 +4,8 @@
 The methods, Kafka's in substance:
 
 - ``mtls``: the principal of the verified client certificate, ``User:`` and its subject DN
-  as the mapping rules make it (raftmq.broker.principal_rules, Kafka's
-  ``ssl.principal.mapping.rules``);
+  (or, when the subject is empty, its first subject alternative name) as the mapping
+  rules make it (raftmq.broker.principal_rules, Kafka's ``ssl.principal.mapping.rules``);
 - ``scram-sha-256``: the client proves a password with the SCRAM-SHA-256 handshake of the
   Authentication service (raftmq.broker.scram_service) and then sends the session token it
   got as ``authorization: Session TOKEN``;
@@ -168,11 +168,28 @@ class CertificatePrincipals:
         return principal
 
     def _map(self, pem: bytes) -> str | None:
-        dn = x509.load_pem_x509_certificate(pem).subject.rfc4514_string()
+        name = certificate_name(x509.load_pem_x509_certificate(pem))
         try:
-            return "User:" + principal_name(self.rules, dn)
+            return "User:" + principal_name(self.rules, name)
         except NoMatchingRule:
             return None
+
+
+def certificate_name(cert: x509.Certificate) -> str:
+    """What the mapping rules apply to: the subject DN in RFC 2253 order, or for a
+    certificate whose subject is empty (SPIFFE's, say) its first subject alternative name
+    that names someone (a URI, an e-mail address or a DNS name), as it is written."""
+    dn = cert.subject.rfc4514_string()
+    if dn:
+        return dn
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return ""
+    for general in names:
+        if isinstance(general, x509.UniformResourceIdentifier | x509.RFC822Name | x509.DNSName):
+            return str(general.value)
+    return ""
 
 
 class ListenerAuthenticator:

@@ -9,12 +9,17 @@ and TLS peer say); everything else is the real code.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from raftmq import scram
 from raftmq.api.v1 import authentication_pb2 as apb
@@ -24,6 +29,7 @@ from raftmq.broker.authentication import (
     AuthenticationSettings,
     CertificatePrincipals,
     ListenerAuthenticator,
+    certificate_name,
     parse_methods,
 )
 from raftmq.broker.principal_rules import (
@@ -91,6 +97,30 @@ def test_a_certificates_subject_is_read_in_rfc_2253_order(tmp_path: Path) -> Non
         is None
     )
     assert default.of({}) is None
+
+
+def test_a_certificate_without_a_subject_is_named_by_its_alternative_name() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")]))
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.UniformResourceIdentifier("spiffe://acme/ns/prod/sa/billing")]
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    assert certificate_name(cert) == "spiffe://acme/ns/prod/sa/billing"
+    rules = parse_rules(r"RULE:^spiffe:\/\/acme\/ns\/([^\/]+)\/sa\/([^\/]+)$/$2.$1/")
+    assert principal_name(rules, certificate_name(cert)) == "billing.prod"
 
 
 # --- the authenticator -----------------------------------------------------------------
