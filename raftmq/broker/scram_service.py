@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -36,6 +37,7 @@ from raftmq.broker.rpc import add_service
 from raftmq.controller.scram_users import ScramCredential
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PENDING_TTL_S = 30.0
 MAX_PENDING = 10_000
@@ -129,13 +131,9 @@ class ScramService:
                 f"mechanism {request.mechanism[:40]!r} is not supported by this handshake; "
                 "use SCRAM-SHA-256",
             )
-        message = _bounded(request.message)
-        try:
-            name, client_nonce, bare = scram.parse_client_first(message)
-        except scram.ScramError as exc:
-            raise Refusal(
-                pb.ERROR_CODE_MALFORMED_REQUEST, f"the SCRAM client-first message: {exc}"
-            ) from None
+        name, client_nonce, bare = _parsed(
+            scram.parse_client_first, request.message, "client-first"
+        )
         known = self.users().get(name)
         stored = None if known is None else _stored(known)
         if stored is not None:
@@ -152,13 +150,9 @@ class ScramService:
     async def ScramClientFinal(
         self, request: apb.ScramClientFinalRequest, context: grpc.aio.ServicerContext
     ) -> apb.ScramClientFinalResponse:
-        message = _bounded(request.message)
-        try:
-            nonce, final_bare, proof = scram.parse_client_final(message)
-        except scram.ScramError as exc:
-            raise Refusal(
-                pb.ERROR_CODE_MALFORMED_REQUEST, f"the SCRAM client-final message: {exc}"
-            ) from None
+        nonce, final_bare, proof = _parsed(
+            scram.parse_client_final, request.message, "client-final"
+        )
         pending = self._pending.live(nonce)
         if not isinstance(pending, _Pending):
             if self._used.live(nonce) is not None:
@@ -198,13 +192,19 @@ class ScramService:
         )
 
 
-def _bounded(message: str) -> str:
+def _parsed(parse: Callable[[str], T], message: str, which: str) -> T:
+    """``parse(message)``, or MALFORMED_REQUEST naming the ``which`` message and why."""
     if len(message) > MAX_MESSAGE_CHARS:
         raise Refusal(
             pb.ERROR_CODE_MALFORMED_REQUEST,
             f"a SCRAM message is at most {MAX_MESSAGE_CHARS} characters, not {len(message)}",
         )
-    return message
+    try:
+        return parse(message)
+    except scram.ScramError as exc:
+        raise Refusal(
+            pb.ERROR_CODE_MALFORMED_REQUEST, f"the SCRAM {which} message: {exc}"
+        ) from None
 
 
 def add_scram_service(service: ScramService, server: grpc.aio.Server) -> None:

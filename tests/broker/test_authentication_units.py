@@ -314,3 +314,24 @@ def test_the_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = [_login(service, "alice", "pw").session_token for _ in range(6)]
     assert len(service._sessions) == 3
     assert service.principal(tokens[0]) is None and service.principal(tokens[-1]) == "User:alice"
+
+
+def test_a_message_that_is_no_scram_message_is_malformed() -> None:
+    service = ScramService(lambda: _users("pw"))
+    for message in ("garbage", "n,,n=alice,r=" + "x" * 2000):
+        with pytest.raises(Refusal) as caught:
+            asyncio.run(
+                service.ScramClientFirst(
+                    apb.ScramClientFirstRequest(mechanism="SCRAM-SHA-256", message=message),
+                    None,  # type: ignore[arg-type]
+                )
+            )
+        assert caught.value.code == pb.ERROR_CODE_MALFORMED_REQUEST
+    with pytest.raises(Refusal) as mechanism:
+        asyncio.run(
+            service.ScramClientFirst(
+                apb.ScramClientFirstRequest(mechanism="PLAIN", message="n,,n=a,r=b"),
+                None,  # type: ignore[arg-type]
+            )
+        )
+    assert mechanism.value.code == pb.ERROR_CODE_UNSUPPORTED_SASL_MECHANISM
