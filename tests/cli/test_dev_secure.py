@@ -17,9 +17,9 @@ from tests.cli.dev_runs import RAFTMQ, run_dev_until_up
 TLS_FLAGS = (("ca", "cafile"), ("cert", "certfile"), ("key", "keyfile"))
 
 
-def _raftmq(*args: str) -> subprocess.CompletedProcess[str]:
+def _raftmq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*RAFTMQ, *args], capture_output=True, text=True, timeout=120, check=False
+        [*RAFTMQ, *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -37,6 +37,13 @@ def test_dev_secure_writes_a_client_config_that_commands_use(tmp_path: Path) -> 
         assert demo.returncode == 0, demo.stdout + demo.stderr
         listed = _raftmq("topic", "list", "--config", str(config))
         assert listed.returncode == 0 and "demo" in listed.stdout, listed.stdout + listed.stderr
+        produced = _raftmq("produce", "demo", "--config", str(config), stdin="tour-1\ntour-2\n")
+        assert produced.returncode == 0, produced.stdout + produced.stderr
+        consumed = _raftmq(
+            *("consume", "demo", "--from-beginning", "--max-messages", "2"),
+            *("--group", "tour", "--config", str(config)),
+        )
+        assert consumed.returncode == 0, consumed.stdout + consumed.stderr
         added = _raftmq("user", "add", "bob", "--password", "bob-pw", "--config", str(config))
         assert added.returncode == 0, added.stdout + added.stderr
         users = _raftmq("user", "list", "--json", "--config", str(config))
