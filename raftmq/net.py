@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -53,6 +53,23 @@ ChannelOptions = Sequence[tuple[str, Any]]
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
+class CallLogin(Protocol):
+    """A client's credentials, added to every call of its channels by an interceptor (one
+    per channel, so a login that holds a session per broker knows which): what
+    raftmq.client.sasl provides for Kafka's ``sasl_mechanism``."""
+
+    def sync_interceptor(self, address: str, channel: grpc.Channel) -> Any:
+        """The interceptor of a synchronous channel to ``address``; ``channel`` is the
+        channel without it (for a handshake of its own)."""
+        ...
+
+    def aio_interceptors(self, address: str) -> Any:
+        """The interceptors of an asyncio channel to ``address`` (``.interceptors``, one
+        per kind of call: grpc.aio files each under one kind), given the channel once made
+        (``.bind(channel)``)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Security:
     """How an endpoint is protected: plaintext (no files), or TLS.
@@ -68,6 +85,9 @@ class Security:
     cert_file: str | None = None
     key_file: str | None = None
     require_client_cert: bool = False
+    login: CallLogin | None = field(default=None, compare=False)
+    """A client's credentials for its calls (None: the calls carry none); a listener
+    ignores it. Not part of equality: the TLS files are shared whatever the login."""
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
@@ -127,18 +147,32 @@ def channel(
     """A synchronous gRPC channel to ``address`` (host:port)."""
     if security.tls:
         creds = _channel_credentials(security)
-        return grpc.secure_channel(address, creds, options=_options(options))
-    return grpc.insecure_channel(address, options=_options(options))
+        made = grpc.secure_channel(address, creds, options=_options(options))
+    else:
+        made = grpc.insecure_channel(address, options=_options(options))
+    if security.login is None:
+        return made
+    return grpc.intercept_channel(made, security.login.sync_interceptor(address, made))
 
 
 def aio_channel(
     address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
 ) -> grpc.aio.Channel:
     """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
+    login = None if security.login is None else security.login.aio_interceptors(address)
+    interceptors = [] if login is None else login.interceptors
     if security.tls:
         creds = _channel_credentials(security)
-        return grpc.aio.secure_channel(address, creds, options=_options(options))
-    return grpc.aio.insecure_channel(address, options=_options(options))
+        made = grpc.aio.secure_channel(
+            address, creds, options=_options(options), interceptors=interceptors
+        )
+    else:
+        made = grpc.aio.insecure_channel(
+            address, options=_options(options), interceptors=interceptors
+        )
+    if login is not None:
+        login.bind(made)
+    return made
 
 
 class Channels:

@@ -38,6 +38,7 @@ _NF, _FP, _UA, _IA = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.INVALID_ARGUMENT,
 )
+_UN = grpc.StatusCode.UNAUTHENTICATED
 RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_UNKNOWN_TOPIC: Rule(_NF, retriable=False),
     pb.ERROR_CODE_UNKNOWN_PARTITION: Rule(_NF, retriable=False),
@@ -99,6 +100,13 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_TOO_MANY_TXN_PARTITIONS: Rule(_IA, retriable=False),
     pb.ERROR_CODE_TRANSACTION_ABORTED: Rule(_FP, retriable=False),
     pb.ERROR_CODE_UNKNOWN_TRANSACTIONAL_ID: Rule(_NF, retriable=False),
+    # authentication
+    pb.ERROR_CODE_SASL_AUTHENTICATION_FAILED: Rule(_UN, retriable=False),
+    pb.ERROR_CODE_UNSUPPORTED_SASL_MECHANISM: Rule(_UN, retriable=False),
+    pb.ERROR_CODE_ILLEGAL_SASL_STATE: Rule(_UN, retriable=False),
+    pb.ERROR_CODE_SESSION_EXPIRED: Rule(_UN, retriable=True),
+    pb.ERROR_CODE_UNACCEPTABLE_CREDENTIAL: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_RESOURCE_NOT_FOUND: Rule(_NF, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

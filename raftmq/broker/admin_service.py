@@ -25,6 +25,7 @@ from raftmq.broker.controller_service import ControllerFace
 from raftmq.broker.live_state import LiveState
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.rpc import add_service
+from raftmq.broker.scram_admin import ScramAdmin
 from raftmq.controller import healing
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, BrokerState, MetadataState, PartitionState, Topic
@@ -146,7 +147,7 @@ def _loads(state: MetadataState) -> list[apb.BrokerLoad]:
     ]
 
 
-class AdminService(ControllerFace):
+class AdminService(ScramAdmin, ControllerFace):
     def __init__(
         self,
         quorum: ControllerQuorum,

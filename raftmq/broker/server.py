@@ -31,10 +31,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from raftmq import net
 from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
+from raftmq.broker.authentication import (
+    SCRAM,
+    AuthenticationSettings,
+    listener_authenticator,
+)
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
+from raftmq.broker.guard import Guard
 from raftmq.broker.history_probe import mark_wiped_voter
 from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.leadership import Leadership
@@ -47,6 +53,8 @@ from raftmq.broker.reconciler import Reconciler
 from raftmq.broker.registration import Registration, next_incarnation
 from raftmq.broker.retention import Retention
 from raftmq.broker.routing import MAX_FETCH_BYTES, Router
+from raftmq.broker.rpc import guard_server
+from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
 from raftmq.broker.transactions_service import (
     TransactionsService,
@@ -106,6 +114,7 @@ class Broker:
         metrics_listen: tuple[str, int] | None = None,
         security: net.Security = net.PLAINTEXT,
         raft_security: net.Security = net.PLAINTEXT,
+        authentication: AuthenticationSettings | None = None,
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -137,7 +146,9 @@ class Broker:
         :attr:`bound`), and count what they report (off: nothing is counted).
         ``security``: TLS of the client listener (mutual with ``require_client_cert``) and of
         this broker's own calls to its peers' client services; ``raft_security``: of the
-        Raft transport, listener and dials (docs/security.md)."""
+        Raft transport, listener and dials (docs/security.md).
+        ``authentication``: who may call the client listener (raftmq.broker.authentication;
+        None: anyone, as without authentication)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -188,6 +199,8 @@ class Broker:
             security=raft_security,
         )
         self.security = security
+        self.authentication = authentication or AuthenticationSettings()
+        self.authentication.check(mutual_tls=security.require_client_cert)
         self.host = RaftHost(
             broker_id,
             self.transport,
@@ -337,6 +350,17 @@ class Broker:
             max_message_bytes=GRPC_MESSAGE_LIMIT,
             interceptors=[metrics.interceptor] if metrics is not None else [],
         )
+        scram_service = None
+        if SCRAM in self.authentication.methods:
+            scram_service = ScramService(
+                lambda: self.metadata.scram_users,
+                session_lifetime_s=self.authentication.session_lifetime_s,
+            )
+        self.authenticator = listener_authenticator(self.authentication, scram_service)
+        if self.authenticator is not None:
+            guard_server(self._server, Guard(authenticator=self.authenticator))
+        if scram_service is not None:
+            add_scram_service(scram_service, self._server)
         router = Router(
             self,
             lambda count: self.link.allocate_producer_ids(self.id, count),

@@ -4,6 +4,7 @@ of real broker processes, and push data through it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -24,10 +25,12 @@ from raftmq.cli.connection import client_tls
 from raftmq.cli.demo_check import RUN_HEADER, check_partition, new_run_id
 from raftmq.client import ClientError, LowLevelClient
 from raftmq.client.partitioner import partition_for_key
+from raftmq.client.sasl import SaslSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
 from raftmq.devtools.certs import LocalPki, local_pki
+from raftmq.devtools.dev_credentials import ADMIN, dev_credentials, store_admin
 from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
@@ -274,6 +277,37 @@ def broker(
             "certificates (on by default when TLS is)."
         ),
     ] = True,
+    authentication: Annotated[
+        str,
+        typer.Option(
+            help="Who may call the client listener: a comma-separated list of mtls (the "
+            "client certificate's principal), scram-sha-256 and oauthbearer (Kafka's SASL "
+            "mechanisms). Empty: no authentication. Needs --tls-client-auth: brokers "
+            "authenticate each other by certificate (docs/security.md).",
+        ),
+    ] = "",
+    ssl_principal_mapping_rules: Annotated[
+        str,
+        typer.Option(
+            help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[L|U],..., "
+            "DEFAULT, applied to the client certificate's subject DN (RFC 2253).",
+        ),
+    ] = "",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="oauthbearer: the file of accepted bearer tokens, one 'PRINCIPAL SHA256HEX' "
+            "a line (the token's SHA-256, never the token); re-read when it changes.",
+        ),
+    ] = None,
+    connections_max_reauth_ms: Annotated[
+        int,
+        typer.Option(
+            min=1000,
+            help="scram-sha-256: how long a session lasts before the client must "
+            "authenticate again (Kafka's connections.max.reauth.ms).",
+        ),
+    ] = 3_600_000,
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -287,6 +321,7 @@ def broker(
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
+    from raftmq.broker.authentication import AuthenticationSettings, parse_methods
     from raftmq.broker.auto_create import AutoCreate
     from raftmq.broker.process import run
     from raftmq.broker.server import Broker
@@ -296,6 +331,12 @@ def broker(
         security = broker_security(tls_ca, tls_cert, tls_key, require_client_cert=tls_client_auth)
         raft_security = broker_security(
             tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
+        )
+        authentication_settings = AuthenticationSettings(
+            parse_methods(authentication),
+            ssl_principal_mapping_rules,
+            token_file,
+            connections_max_reauth_ms / 1000,
         )
         spec = cluster_file.load(cluster)
         node = Broker(
@@ -335,6 +376,7 @@ def broker(
             metrics_listen=_parse_address(metrics_listen) if metrics_listen else None,
             security=security,
             raft_security=raft_security,
+            authentication=authentication_settings,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
@@ -401,9 +443,10 @@ def dev(
         bool,
         typer.Option(
             "--secure",
-            help="TLS on every listener, mutual (client certificates required): makes a local "
-            "CA and certificates under DATA/tls (once), and writes DATA/client.toml for "
-            "clients ('--config DATA/client.toml').",
+            help="TLS on every listener, mutual (client certificates required), and "
+            "authentication (SCRAM-SHA-256 and bearer tokens): makes a local CA, "
+            "certificates and an admin user under DATA/tls (once), and writes "
+            "DATA/client.toml for clients ('--config DATA/client.toml').",
         ),
     ] = False,
 ) -> None:
@@ -443,13 +486,18 @@ def dev(
         where = "pass another --base-port (0: any free ports)"
     try:
         pki = local_pki(data / TLS_FOLDER) if secure else None
+        credentials = dev_credentials(data / TLS_FOLDER) if secure else None
         cluster = LocalCluster(
             data,
             spec,
             dedicated_controllers=dedicated_controllers,
-            broker_args=["--log-format", log_format.value],
+            broker_args=[
+                *("--log-format", log_format.value),
+                *(credentials.broker_args if credentials else ()),
+            ],
             pki=pki,
             client_auth=secure,
+            client_credentials=credentials.bearer if credentials else None,
         )
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None
@@ -498,14 +546,19 @@ def dev(
             with cluster.client() as client:
                 if not _demo(client, demo_records):
                     raise typer.Exit(1)
-        if pki is not None:
-            config = write_client_config(data / CLIENT_CONFIG, cluster.addresses, pki)
+        if pki is not None and credentials is not None:
+            store_admin(cluster, credentials)
+            config = write_client_config(
+                data / CLIENT_CONFIG, cluster.addresses, pki, credentials.scram
+            )
             console.print(
-                f"Cluster is up, with TLS on (mutual): clients need the settings in {config}. "
+                f"Cluster is up, with TLS on (mutual) and authentication (SCRAM-SHA-256 or a "
+                f"bearer token; user '{ADMIN}'): clients need the settings in {config}. "
                 f"Try: raftmq demo "
                 f"--config {config}    (any command that connects takes --config; Python "
-                "clients take ssl_cafile, ssl_certfile and ssl_keyfile, as in that file). "
-                "Stop with Ctrl-C.",
+                "clients take ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism, "
+                "sasl_username and sasl_password, as in that file; add users with "
+                f"'raftmq user add NAME --config {config}'). Stop with Ctrl-C.",
                 highlight=False,
             )
         else:
@@ -530,20 +583,28 @@ TLS_FOLDER = "tls"
 CLIENT_CONFIG = "client.toml"
 
 
-def write_client_config(path: Path, addresses: list[str], pki: LocalPki) -> Path:
+def write_client_config(
+    path: Path, addresses: list[str], pki: LocalPki, sasl: SaslSettings | None = None
+) -> Path:
     """The client configuration file of a secure dev cluster (raftmq.cli.connection reads
-    it): its addresses and the client's TLS files, relative to the file's folder."""
+    it): its addresses, the client's TLS files, relative to the file's folder, and its
+    credentials (``sasl``; it holds a password, so only its owner may read it)."""
 
     def rel(p: Path) -> str:
         return str(p.relative_to(path.parent))
 
-    path.write_text(
-        "# Written by 'raftmq dev --secure': use it with --config on any command.\n"
-        f'bootstrap = "{",".join(addresses)}"\n'
-        f'ssl_cafile = "{rel(pki.ca.cert_file)}"\n'
-        f'ssl_certfile = "{rel(pki.client.cert_file)}"\n'
-        f'ssl_keyfile = "{rel(pki.client.key_file)}"\n'
-    )
+    lines = [
+        "# Written by 'raftmq dev --secure': use it with --config on any command.",
+        f'bootstrap = "{",".join(addresses)}"',
+        f'ssl_cafile = "{rel(pki.ca.cert_file)}"',
+        f'ssl_certfile = "{rel(pki.client.cert_file)}"',
+        f'ssl_keyfile = "{rel(pki.client.key_file)}"',
+        *(f"{key} = {json.dumps(value)}" for key, value in (sasl or {}).items()),
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(path)
     return path
 
 

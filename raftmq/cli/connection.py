@@ -1,5 +1,6 @@
 """How the commands that connect to a cluster reach it: ``--config FILE``, ``--tls-ca``,
-``--tls-cert`` and ``--tls-key``, given to every such command in one place.
+``--tls-cert``, ``--tls-key`` and the ``--sasl-*`` credentials, given to every such
+command in one place.
 
 Why one place: every command that connects takes ``--bootstrap`` (and ``--data``), and
 each would otherwise repeat four options and their help. :func:`add_connection_options`
@@ -14,10 +15,13 @@ The client configuration file is TOML, with Kafka's names (docs/security.md)::
     ssl_cafile = "ca.pem"
     ssl_certfile = "client.pem"
     ssl_keyfile = "client-key.pem"
+    sasl_mechanism = "SCRAM-SHA-256"     # or "OAUTHBEARER" with sasl_oauth_token
+    sasl_username = "admin"
+    sasl_password = "..."
 
 Relative paths are taken from the file's folder, so the file can travel with its
-certificates. A ``--tls-*`` flag overrides the file's setting, ``--bootstrap`` its
-addresses.
+certificates. A ``--tls-*`` or ``--sasl-*`` flag overrides the file's setting,
+``--bootstrap`` its addresses.
 """
 
 from __future__ import annotations
@@ -33,17 +37,20 @@ from typing import Annotated, Any
 
 import typer
 
-from raftmq.client.connections import TlsSettings
+from raftmq.client.connections import SecuritySettings
+from raftmq.client.sasl import client_security
 
-CONFIG_KEYS = frozenset({"bootstrap", "ssl_cafile", "ssl_certfile", "ssl_keyfile"})
+TLS_KEYS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+SASL_KEYS = ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_oauth_token")
+CONFIG_KEYS = frozenset({"bootstrap", *TLS_KEYS, *SASL_KEYS})
 
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Where a command connects, and with which TLS files."""
+    """Where a command connects, with which TLS files and credentials."""
 
     bootstrap: list[str] = field(default_factory=list)
-    tls: TlsSettings = field(default_factory=lambda: TlsSettings())
+    tls: SecuritySettings = field(default_factory=lambda: SecuritySettings())
 
 
 _current: contextvars.ContextVar[ClientConfig | None] = contextvars.ContextVar(
@@ -56,8 +63,8 @@ def current() -> ClientConfig:
     return _current.get() or ClientConfig()
 
 
-def client_tls() -> TlsSettings:
-    """The TLS keyword settings for this command's clients."""
+def client_tls() -> SecuritySettings:
+    """The TLS and authentication keyword settings for this command's clients."""
     return current().tls
 
 
@@ -79,31 +86,35 @@ def load(path: Path) -> ClientConfig:
     bootstrap = data.get("bootstrap", [])
     if isinstance(bootstrap, str):
         bootstrap = [a.strip() for a in bootstrap.split(",") if a.strip()]
-    tls = TlsSettings()
-    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+    tls = SecuritySettings()
+    for key in TLS_KEYS:
         if key in data:
-            tls[key] = str(path.parent / str(data[key]))
+            tls[key] = str(path.parent / str(data[key]))  # type: ignore[literal-required]
+    for key in SASL_KEYS:
+        if key in data:
+            tls[key] = str(data[key])  # type: ignore[literal-required]
     return ClientConfig(list(bootstrap), tls)
 
 
-def _resolve(
-    config: Path | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None
-) -> ClientConfig:
+def _resolve(config: Path | None, flags: dict[str, Any]) -> ClientConfig:
+    """The configuration file's settings with the flags given (``flags``: Kafka's name
+    -> the flag's value, None when not given) on top."""
     base = load(config) if config is not None else ClientConfig()
-    tls = TlsSettings(**base.tls)
-    for key, flag in (("ssl_cafile", tls_ca), ("ssl_certfile", tls_cert), ("ssl_keyfile", tls_key)):
+    tls = SecuritySettings(**base.tls)
+    for key, flag in flags.items():
         if flag is not None:
             tls[key] = str(flag)  # type: ignore[literal-required]
     return ClientConfig(base.bootstrap, tls)
 
 
-def _path_option(name: str, option: Any) -> inspect.Parameter:
-    """A keyword parameter ``name`` taking a path, None by default, as typer reads it."""
+def _path_option(name: str, option: Any, kind: Any = Path) -> inspect.Parameter:
+    """A keyword parameter ``name`` taking a path (or ``kind``), None by default, as typer
+    reads it."""
     return inspect.Parameter(
         name,
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
-        annotation=Annotated[Path | None, option],
+        annotation=Annotated[kind | None, option],
     )
 
 
@@ -113,7 +124,8 @@ def _config_option(flag: str) -> inspect.Parameter:
         typer.Option(
             flag,
             help="A client configuration file (TOML: bootstrap, ssl_cafile, ssl_certfile, "
-            "ssl_keyfile), e.g. the one 'raftmq dev --secure' writes.",
+            "ssl_keyfile, sasl_mechanism, sasl_username, sasl_password, sasl_oauth_token), "
+            "e.g. the one 'raftmq dev --secure' writes.",
         ),
     )
 
@@ -125,6 +137,22 @@ _TLS_OPTIONS = (
     _path_option("tls_cert", typer.Option(help="TLS: this client's certificate, for mutual TLS.")),
     _path_option("tls_key", typer.Option(help="TLS: the key of --tls-cert.")),
 )
+_SASL_OPTIONS = (
+    _path_option(
+        "sasl_mechanism",
+        typer.Option(help="Authentication: SCRAM-SHA-256 or OAUTHBEARER (docs/security.md)."),
+        str,
+    ),
+    _path_option("sasl_username", typer.Option(help="SCRAM-SHA-256: the user."), str),
+    _path_option(
+        "sasl_password",
+        typer.Option(help="SCRAM-SHA-256: the password (better in --config's file)."),
+        str,
+    ),
+    _path_option("sasl_oauth_token", typer.Option(help="OAUTHBEARER: the bearer token."), str),
+)
+_FLAG_KEYS = {"tls_ca": "ssl_cafile", "tls_cert": "ssl_certfile", "tls_key": "ssl_keyfile"}
+"""Each --tls-* flag's parameter -> the setting it overrides (a --sasl-* one: its own)."""
 
 
 def with_connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,16 +160,14 @@ def with_connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(command, eval_str=True)
 
     @functools.wraps(command)
-    def run(
-        *args: Any,
-        client_config: Path | None = None,
-        tls_ca: Path | None = None,
-        tls_cert: Path | None = None,
-        tls_key: Path | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    def run(*args: Any, client_config: Path | None = None, **kwargs: Any) -> Any:
+        flags = {
+            _FLAG_KEYS.get(p.name, p.name): kwargs.pop(p.name, None)
+            for p in (*_TLS_OPTIONS, *_SASL_OPTIONS)
+        }
         try:
-            resolved = _resolve(client_config, tls_ca, tls_cert, tls_key)
+            resolved = _resolve(client_config, flags)
+            client_security(**resolved.tls)  # settings that do not go together: said now
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -154,7 +180,7 @@ def with_connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     # A command with a --config of its own (topic create: topic settings) gets the file as
     # --client-config.
     flag = "--client-config" if "config" in signature.parameters else "--config"
-    added = (_config_option(flag), *_TLS_OPTIONS)
+    added = (_config_option(flag), *_TLS_OPTIONS, *_SASL_OPTIONS)
     extended = signature.replace(parameters=[*signature.parameters.values(), *added])
     run.__signature__ = extended  # type: ignore[attr-defined]
     del run.__wrapped__  # typer must read the new signature, not the command's

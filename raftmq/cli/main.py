@@ -16,6 +16,7 @@ from raftmq.cli import (
     status_cmd,
     topic_cmd,
     txn_cmd,
+    user_cmd,
 )
 from raftmq.cli.connection import add_connection_options
 from raftmq.cli.helptext import unwrap_help
@@ -34,6 +35,7 @@ app.add_typer(group_cmd.app, name="group")
 app.add_typer(txn_cmd.app, name="txn")
 app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
+app.add_typer(user_cmd.app, name="user")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(status_cmd.status)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
-from raftmq import net
+from raftmq import net, scram
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
@@ -31,7 +31,9 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
+from raftmq.client.connections import SecuritySettings
 from raftmq.client.errors import ClientError, error_of
+from raftmq.client.sasl import client_security
 
 _REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
 _TRY_ANOTHER = (pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE,)
@@ -45,18 +47,18 @@ class AdminClient:
         attempts: int = 60,
         backoff_s: float = 0.1,
         timeout_s: float = 15.0,
-        ssl_cafile: str | None = None,
-        ssl_certfile: str | None = None,
-        ssl_keyfile: str | None = None,
+        **security: Unpack[SecuritySettings],
     ) -> None:
-        """``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
+        """``security``: ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile`` (TLS) and
+        ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``
+        (authentication), as the Producer's."""
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("give at least one controller address host:port")
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
+        self._channels = net.Channels(security=client_security(**security))
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:
@@ -250,4 +252,41 @@ class AdminClient:
         TRANSACTION_ABORTED and must abort and begin again."""
         return self._transactions(
             "AbortTransaction", tpb.AbortTransactionRequest(transactional_id=transactional_id)
+        )
+
+    # --- SCRAM users (docs/security.md) -------------------------------------------------
+
+    def upsert_user_scram_credential(
+        self, name: str, password: str, *, iterations: int = scram.DEFAULT_ITERATIONS
+    ) -> apb.ChangeResponse:
+        """Store (or replace) ``name``'s SCRAM-SHA-256 credential: the salt, StoredKey and
+        ServerKey are computed here, so the password never leaves this process."""
+        stored = scram.credential(password, iterations=iterations)
+        upsertion = apb.ScramCredentialUpsertion(
+            name=name,
+            mechanism=scram.MECHANISM,
+            iterations=stored.iterations,
+            salt=stored.salt,
+            stored_key=stored.stored_key,
+            server_key=stored.server_key,
+        )
+        return self._call(
+            "AlterUserScramCredentials",
+            apb.AlterUserScramCredentialsRequest(upsertions=[upsertion]),
+        )
+
+    def delete_user_scram_credential(self, name: str) -> apb.ChangeResponse:
+        """Delete ``name``'s credential (RESOURCE_NOT_FOUND if it has none)."""
+        deletion = apb.ScramCredentialDeletion(name=name, mechanism=scram.MECHANISM)
+        return self._call(
+            "AlterUserScramCredentials", apb.AlterUserScramCredentialsRequest(deletions=[deletion])
+        )
+
+    def describe_user_scram_credentials(
+        self, users: Iterable[str] = ()
+    ) -> apb.DescribeUserScramCredentialsResponse:
+        """The users with credentials (all, or ``users``): names, mechanisms, iterations."""
+        return self._call(
+            "DescribeUserScramCredentials",
+            apb.DescribeUserScramCredentialsRequest(users=list(users)),
         )

@@ -16,7 +16,8 @@ from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
-from raftmq.client.errors import ClientError
+from raftmq.client.errors import ClientError, error_of
+from raftmq.client.sasl import SaslSettings
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -48,6 +49,10 @@ class TlsSettings(TypedDict, total=False):
     ssl_keyfile: str | None
 
 
+class SecuritySettings(TlsSettings, SaslSettings, total=False):
+    """The TLS and authentication keyword settings together (docs/security.md)."""
+
+
 class Connections:
     """Create and use it inside one event loop."""
 
@@ -58,6 +63,10 @@ class Connections:
         self.view = ClusterView()
         self._channels = net.AioChannels(security=security)
         self._refreshing: asyncio.Task[bool] | None = None
+        self.refused: ClientError | None = None
+        """Why the last :meth:`refresh` was refused, when a broker refused to say who the
+        caller is (authentication): no retry mends that, so a caller waiting for metadata
+        raises it rather than wait on."""
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.of(address)
@@ -75,18 +84,29 @@ class Connections:
     async def _refresh(self) -> bool:
         addresses = list(dict.fromkeys([*self.bootstrap, *self.view.brokers.values()]))
 
-        async def ask(address: str) -> pb.MetadataResponse | None:
+        async def ask(address: str) -> pb.MetadataResponse | ClientError:
             try:
                 answer: pb.MetadataResponse = await self.stub(address).Metadata(
                     pb.MetadataRequest(routing_only=True), timeout=METADATA_TIMEOUT_S
                 )
                 return answer
-            except grpc.aio.AioRpcError:
-                return None
+            except grpc.aio.AioRpcError as exc:
+                return error_of(exc)
 
-        answers = [a for a in await asyncio.gather(*map(ask, addresses)) if a is not None]
+        results = await asyncio.gather(*map(ask, addresses))
+        answers = [a for a in results if isinstance(a, pb.MetadataResponse)]
         if answers:
             self.view = merge_metadata(answers)
+        self.refused = next(
+            (
+                e
+                for e in results
+                if isinstance(e, ClientError)
+                and e.status == grpc.StatusCode.UNAUTHENTICATED
+                and not e.retriable
+            ),
+            None,
+        )
         return bool(answers)
 
     async def ask_to_create(self, topic: str) -> None:

@@ -41,7 +41,6 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar, Unpack, overload
 
-from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.connections import TlsSettings, bootstrap_addresses
 from raftmq.client.errors import ClientError
@@ -55,6 +54,7 @@ from raftmq.client.fetcher import (
 )
 from raftmq.client.group_link import Commits, GroupLink, OffsetAndMetadata
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
+from raftmq.client.sasl import SaslSettings, security_of
 from raftmq.format import entry
 from raftmq.format.records import decode_records
 from raftmq.limits import MAX_OFFSET_METADATA_CHARS, RACK
@@ -133,10 +133,17 @@ class ConsumerConfig:
     """This client's certificate, for brokers that require one (mutual TLS)."""
     ssl_keyfile: str | None = None
     """The key of ``ssl_certfile``."""
+    sasl_mechanism: str | None = None
+    """Authentication (docs/security.md): "SCRAM-SHA-256" (with sasl_username and
+    sasl_password) or "OAUTHBEARER" (with sasl_oauth_token); None: no credentials."""
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    sasl_oauth_token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
+        security_of(self)  # raises ValueError for sasl_ settings that do not go together
         if self.auto_offset_reset not in ("earliest", "latest", "error"):
             raise ValueError(
                 "auto_offset_reset must be 'earliest', 'latest' or 'error', not "
@@ -240,7 +247,7 @@ def _records_of(
     return out, True
 
 
-class ConsumerSettings(TlsSettings, total=False):
+class ConsumerSettings(TlsSettings, SaslSettings, total=False):
     """The keyword settings of both consumers (defaults and meaning: ConsumerConfig)."""
 
     auto_offset_reset: OffsetReset
@@ -311,7 +318,7 @@ class _Face:
             on_data=on_data,
             client_rack=c.client_rack,
             read_committed=c.isolation_level == "read_committed",
-            security=net.Security(c.ssl_cafile, c.ssl_certfile, c.ssl_keyfile),
+            security=security_of(c),
         )
 
     def _check_open(self) -> None:

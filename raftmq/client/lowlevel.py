@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,7 +18,9 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.backoff import backoff_s
 from raftmq.client.cluster_view import Leader, merge_metadata
+from raftmq.client.connections import SecuritySettings
 from raftmq.client.errors import ClientError, error_of
+from raftmq.client.sasl import client_security
 
 BROKER_SERVICE = "raftmq.v1.Broker"
 
@@ -31,23 +33,23 @@ class LowLevelClient:
         retries: int = 60,
         backoff: float = 0.05,
         retry_unavailable: bool = False,
-        ssl_cafile: str | None = None,
-        ssl_certfile: str | None = None,
-        ssl_keyfile: str | None = None,
+        **security: Unpack[SecuritySettings],
     ) -> None:
         """Produce retries what proves nothing was written: NOT_LEADER and friends, and a
         connection that never opened. A call that failed after it may have reached the
         broker (UNAVAILABLE mid-call) is raised, not retried, because the write may have
         happened and a retry could store it twice; ``retry_unavailable=True`` accepts
         that (at-least-once) for callers that prefer it. Idempotent producers lift this.
-        ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
+        ``security``: ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile`` (TLS) and
+        ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``
+        (authentication), as the Producer's."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
         self.retries = retries
         self.backoff = backoff
         self.retry_unavailable = retry_unavailable
-        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
+        self._channels = net.Channels(security=client_security(**security))
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
 

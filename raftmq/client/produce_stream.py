@@ -105,7 +105,12 @@ class ProduceStream:
                     if fut is not None and not fut.done():
                         fut.set_result(answer)
         except grpc.aio.AioRpcError as exc:
-            why = error_of(exc).label.lower() + ": " + (exc.details() or "")
+            err = error_of(exc)
+            if err.status == grpc.StatusCode.UNAUTHENTICATED and err.code_name:
+                # Refused at its opening (who calls), so nothing of it was written: the
+                # requests fail with the refusal itself, retried only if it says so.
+                self._ended = err
+            why = err.label.lower() + ": " + (exc.details() or "")
         except asyncio.CancelledError:
             why = "the producer closed it"
             raise

@@ -38,7 +38,6 @@ from typing import Any, Literal, Unpack
 
 import grpc
 
-from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.backoff import backoff
@@ -48,6 +47,7 @@ from raftmq.client.group_link import OffsetAndMetadata
 from raftmq.client.idempotence import Sequencer
 from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
+from raftmq.client.sasl import SaslSettings, security_of
 from raftmq.client.transactions import TransactionManager, TransactionStateError
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
@@ -203,10 +203,17 @@ class ProducerConfig:
     """This client's certificate, for brokers that require one (mutual TLS)."""
     ssl_keyfile: str | None = None
     """The key of ``ssl_certfile``."""
+    sasl_mechanism: str | None = None
+    """Authentication (docs/security.md): "SCRAM-SHA-256" (with sasl_username and
+    sasl_password) or "OAUTHBEARER" (with sasl_oauth_token); None: no credentials."""
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    sasl_oauth_token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
+        security_of(self)  # raises ValueError for sasl_ settings that do not go together
         if self.acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
         for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
@@ -278,7 +285,7 @@ class ProducerConfig:
         return codec_named(self.compression)
 
 
-class ProducerSettings(TlsSettings, total=False):
+class ProducerSettings(TlsSettings, SaslSettings, total=False):
     """The keyword settings of both producers (defaults and meaning: ProducerConfig)."""
 
     acks: Acks
@@ -307,7 +314,7 @@ class _Engine:
         self.acc = accumulator
         self.links = Connections(
             config.bootstrap,
-            security=net.Security(config.ssl_cafile, config.ssl_certfile, config.ssl_keyfile),
+            security=security_of(config),
         )
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
@@ -357,6 +364,8 @@ class _Engine:
             answered = await self.links.refresh()
             if topic in self.links.view.partitions:
                 break
+            if self.links.refused is not None:
+                raise self.links.refused  # authentication: waiting will not mend it
             now = time.monotonic()
             if answered and unknown_since is None:
                 unknown_since = now

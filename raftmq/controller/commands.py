@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Union
 from raftmq.controller import codec
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.model import TopicPartition
+from raftmq.controller.scram_users import AlterScramCredentials
 
 FORMAT_VERSION = 1
 MAX_COMMAND_BYTES = 1024 * 1024
@@ -421,6 +422,7 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     DeleteGroup,
     TransactionCalls,
     RecordTxnMarkers,
+    AlterScramCredentials,
 ]
 
 

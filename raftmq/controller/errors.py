@@ -51,6 +51,9 @@ class RefusalCode(StrEnum):
     TRANSACTION_ABORTED = "TRANSACTION_ABORTED"  # the coordinator aborted it (timeout, operator)
     PRODUCER_FENCED = "PRODUCER_FENCED"  # an older epoch: another instance took the id
     UNKNOWN_TRANSACTIONAL_ID = "UNKNOWN_TRANSACTIONAL_ID"
+    # SCRAM users (raftmq.controller.scram_users)
+    UNACCEPTABLE_CREDENTIAL = "UNACCEPTABLE_CREDENTIAL"
+    RESOURCE_NOT_FOUND = "RESOURCE_NOT_FOUND"  # no credentials for that user
 
 
 class CommandRefused(Exception):

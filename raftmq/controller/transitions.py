@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec, groups, transactions
+from raftmq.controller import codec, groups, scram_users, transactions
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
@@ -58,6 +58,7 @@ from raftmq.controller.errors import RefusalCode as Code
 from raftmq.controller.metadata import TOPIC_NAME
 from raftmq.controller.model import Broker, MetadataState, Partition, PartitionState, Topic
 from raftmq.controller.placement import Candidate, plan
+from raftmq.controller.scram_users import AlterScramCredentials
 from raftmq.controller.topic_config import KEYS, ConfigError, canonical
 from raftmq.limits import RACK
 
@@ -613,4 +614,5 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     DeleteGroup: groups.delete_group,
     TransactionCalls: transactions.apply_calls,
     RecordTxnMarkers: transactions.record_markers,
+    AlterScramCredentials: scram_users.alter,
 }

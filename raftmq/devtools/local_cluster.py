@@ -24,7 +24,8 @@ from pathlib import Path
 from raftmq.broker import ready_file
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.client import AdminClient, ClientError, LowLevelClient
-from raftmq.client.connections import TlsSettings
+from raftmq.client.connections import SecuritySettings
+from raftmq.client.sasl import SaslSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
@@ -116,6 +117,7 @@ class LocalCluster:
         dedicated_controllers: bool = False,
         pki: LocalPki | None = None,
         client_auth: bool = False,
+        client_credentials: SaslSettings | None = None,
     ) -> None:
         """``dedicated_controllers``: the spec's voters run as controller-only processes
         (``--roles controller``), the other nodes as brokers (see :func:`local_spec`).
@@ -134,7 +136,8 @@ class LocalCluster:
         ``pki``: TLS on every listener with these certificates (raftmq.devtools.certs),
         mutual on the Raft transport, and on the client listener too with ``client_auth``;
         the cluster's own clients (:meth:`client`, :meth:`admin`) present the client
-        certificate (:attr:`client_tls`)."""
+        certificate (:attr:`client_tls`). ``client_credentials``: the ``sasl_`` settings
+        those clients authenticate with, when the brokers run with ``--authentication``."""
         if ports is None:
             ports = PortReservations()
             try:
@@ -152,6 +155,7 @@ class LocalCluster:
         self.data = data
         self.spec = spec
         self.pki = pki
+        self.client_credentials = SaslSettings(**(client_credentials or {}))
         self.broker_args = [*(broker_args or []), *tls_broker_args(pki, client_auth=client_auth)]
         self.per_broker_args = per_broker_args or {}
         self.nofile = nofile
@@ -343,16 +347,16 @@ class LocalCluster:
             time.sleep(0.02)
 
     @property
-    def client_tls(self) -> TlsSettings:
-        """The TLS settings of a client of this cluster, as keyword arguments of every
-        client (none for a plaintext cluster)."""
-        if self.pki is None:
-            return {}
-        return {
-            "ssl_cafile": str(self.pki.ca.cert_file),
-            "ssl_certfile": str(self.pki.client.cert_file),
-            "ssl_keyfile": str(self.pki.client.key_file),
-        }
+    def client_tls(self) -> SecuritySettings:
+        """The TLS settings of a client of this cluster, and its credentials when the
+        cluster authenticates, as keyword arguments of every client (none for a plaintext
+        cluster without authentication)."""
+        settings = SecuritySettings(**self.client_credentials)
+        if self.pki is not None:
+            settings["ssl_cafile"] = str(self.pki.ca.cert_file)
+            settings["ssl_certfile"] = str(self.pki.client.cert_file)
+            settings["ssl_keyfile"] = str(self.pki.client.key_file)
+        return settings
 
     def admin(self) -> AdminClient:
         """A client of the controller's admin API, served by the voters."""

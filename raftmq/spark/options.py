@@ -17,7 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from raftmq.client.connections import TlsSettings
+from raftmq.client.connections import SecuritySettings
+from raftmq.client.sasl import client_security
 
 EARLIEST = -2
 """In offset JSON, as in Kafka: the partition's first offset still held."""
@@ -48,7 +49,12 @@ KNOWN = {
     "ssl_cafile": "TLS: the CA file that signed the brokers' certificates (docs/security.md)",
     "ssl_certfile": "TLS: the client certificate, for brokers that require one",
     "ssl_keyfile": "TLS: the key of ssl_certfile",
+    "sasl_mechanism": "authentication: SCRAM-SHA-256 or OAUTHBEARER (docs/security.md)",
+    "sasl_username": "SCRAM-SHA-256: the user",
+    "sasl_password": "SCRAM-SHA-256: the password",
+    "sasl_oauth_token": "OAUTHBEARER: the bearer token",
 }
+SASL_OPTIONS = ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_oauth_token")
 
 OffsetSpec = str | dict[str, dict[int, int]]
 """``"earliest"``, ``"latest"``, or topic -> partition -> offset (EARLIEST/LATEST allowed)."""
@@ -78,11 +84,15 @@ class ReadOptions:
     """Read up to the last stable offset and drop aborted transactions' records."""
     tls: tuple[str | None, str | None, str | None] = (None, None, None)
     """ssl_cafile, ssl_certfile, ssl_keyfile (all None: plaintext)."""
+    sasl: tuple[tuple[str, str], ...] = ()
+    """The sasl_ options given (none: the calls carry no credentials)."""
 
-    def client_tls(self) -> TlsSettings:
-        """The TLS keyword settings of this query's clients."""
+    def client_tls(self) -> SecuritySettings:
+        """The TLS and authentication keyword settings of this query's clients."""
         ca, cert, key = self.tls
-        return TlsSettings(ssl_cafile=ca, ssl_certfile=cert, ssl_keyfile=key)
+        settings = SecuritySettings(ssl_cafile=ca, ssl_certfile=cert, ssl_keyfile=key)
+        settings.update(dict(self.sasl))  # type: ignore[typeddict-item]
+        return settings
 
     def wants(self, topic: str) -> bool:
         """Whether ``topic`` is one this query reads (assign is checked per partition)."""
@@ -143,8 +153,14 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     tls = (opts.get("ssl_cafile"), opts.get("ssl_certfile"), opts.get("ssl_keyfile"))
     if (tls[1] is None) != (tls[2] is None):
         raise SourceError("ssl_certfile and ssl_keyfile go together: give both or neither")
+    sasl = tuple((k, opts[k]) for k in SASL_OPTIONS if k in opts)
+    try:
+        client_security(*tls, **dict(sasl))
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
     return ReadOptions(
         tls=tls,
+        sasl=sasl,
         bootstrap=bootstrap,
         subscribe=subscribe,
         subscribe_pattern=pattern,

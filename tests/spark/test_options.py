@@ -118,3 +118,14 @@ def test_tls_options_reach_the_clients():
     assert opts.client_tls() == tls
     with pytest.raises(SourceError, match="ssl_certfile and ssl_keyfile go together"):
         parse_options({**base, "ssl_certfile": "c.pem"}, streaming=False)
+
+
+def test_sasl_options_become_the_clients_credentials() -> None:
+    """sasl_mechanism and its credentials (Kafka's names) reach every client; settings
+    that do not go together are refused with the client's own sentence."""
+    base = {"bootstrap": "b:1", "subscribe": "t"}
+    scram = {"sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u", "sasl_password": "p"}
+    settings = parse_options({**base, **scram}, streaming=False).client_tls()
+    assert {k: settings.get(k) for k in scram} == scram
+    with pytest.raises(SourceError, match="needs sasl_oauth_token"):
+        parse_options({**base, "sasl_mechanism": "OAUTHBEARER"}, streaming=False)

@@ -27,6 +27,66 @@ PARTITION_STATE_UNSPECIFIED: PartitionState
 PARTITION_STATE_ACTIVE: PartitionState
 PARTITION_STATE_DECOMMISSIONED: PartitionState
 
+class ScramCredentialUpsertion(_message.Message):
+    __slots__ = ("name", "mechanism", "iterations", "salt", "stored_key", "server_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    STORED_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mechanism: str
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    def __init__(self, name: _Optional[str] = ..., mechanism: _Optional[str] = ..., iterations: _Optional[int] = ..., salt: _Optional[bytes] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ...) -> None: ...
+
+class ScramCredentialDeletion(_message.Message):
+    __slots__ = ("name", "mechanism")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mechanism: str
+    def __init__(self, name: _Optional[str] = ..., mechanism: _Optional[str] = ...) -> None: ...
+
+class AlterUserScramCredentialsRequest(_message.Message):
+    __slots__ = ("upsertions", "deletions")
+    UPSERTIONS_FIELD_NUMBER: _ClassVar[int]
+    DELETIONS_FIELD_NUMBER: _ClassVar[int]
+    upsertions: _containers.RepeatedCompositeFieldContainer[ScramCredentialUpsertion]
+    deletions: _containers.RepeatedCompositeFieldContainer[ScramCredentialDeletion]
+    def __init__(self, upsertions: _Optional[_Iterable[_Union[ScramCredentialUpsertion, _Mapping]]] = ..., deletions: _Optional[_Iterable[_Union[ScramCredentialDeletion, _Mapping]]] = ...) -> None: ...
+
+class DescribeUserScramCredentialsRequest(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, users: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScramCredentialInfo(_message.Message):
+    __slots__ = ("mechanism", "iterations")
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    mechanism: str
+    iterations: int
+    def __init__(self, mechanism: _Optional[str] = ..., iterations: _Optional[int] = ...) -> None: ...
+
+class UserScramCredentials(_message.Message):
+    __slots__ = ("name", "credentials")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    credentials: _containers.RepeatedCompositeFieldContainer[ScramCredentialInfo]
+    def __init__(self, name: _Optional[str] = ..., credentials: _Optional[_Iterable[_Union[ScramCredentialInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeUserScramCredentialsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[UserScramCredentials]
+    def __init__(self, results: _Optional[_Iterable[_Union[UserScramCredentials, _Mapping]]] = ...) -> None: ...
+
 class MoveReplicaRequest(_message.Message):
     __slots__ = ("topic", "partition", "from_broker", "to_broker")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

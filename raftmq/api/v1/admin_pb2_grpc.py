@@ -94,6 +94,16 @@ class AdminStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
                 _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/raftmq.v1.Admin/AlterUserScramCredentials',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/raftmq.v1.Admin/DescribeUserScramCredentials',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -211,6 +221,28 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterUserScramCredentials(self, request, context):
+        """--- SCRAM users (docs/security.md, authentication) ---
+        Kafka's AlterUserScramCredentials: store (upsert) or delete SCRAM-SHA-256 credentials,
+        all in one metadata change or none. The client computes the salt, StoredKey and
+        ServerKey, so the password never leaves it. Errors: UNACCEPTABLE_CREDENTIAL (an empty
+        or too long name, fewer than 4096 iterations, a salt or key of the wrong size, a
+        name both stored and deleted), RESOURCE_NOT_FOUND (a deletion of a user without
+        credentials).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """Kafka's DescribeUserScramCredentials: the users with credentials (all, or those
+        named) and their mechanism and iterations; never a key. Errors: RESOURCE_NOT_FOUND (a
+        named user without credentials).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -273,6 +305,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.MoveReplica,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -599,6 +641,60 @@ class Admin:
             '/raftmq.v1.Admin/MoveReplica',
             raftmq_dot_api_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/AlterUserScramCredentials',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/DescribeUserScramCredentials',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,
