@@ -51,6 +51,9 @@ class RefusalCode(StrEnum):
     TRANSACTION_ABORTED = "TRANSACTION_ABORTED"  # the coordinator aborted it (timeout, operator)
     PRODUCER_FENCED = "PRODUCER_FENCED"  # an older epoch: another instance took the id
     UNKNOWN_TRANSACTIONAL_ID = "UNKNOWN_TRANSACTIONAL_ID"
+    # ACLs (raftmq.controller.acls)
+    INVALID_ACL = "INVALID_ACL"  # a bad principal, host, name, pattern or operation
+    TOO_MANY_ACLS = "TOO_MANY_ACLS"  # the cluster holds its limit of bindings
 
 
 class CommandRefused(Exception):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from raftmq.controller.acl_model import AclBinding
 from raftmq.controller.topic_config import TopicConfig, resolve
 
 
@@ -249,3 +250,5 @@ class MetadataState:
     so a controller failover in the middle of a rebalance carries it on."""
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     """Transactional id: its producer and transaction (the coordinator's state)."""
+    acls: tuple[AclBinding, ...] = ()
+    """The access control lists, sorted and distinct (raftmq.controller.acls)."""

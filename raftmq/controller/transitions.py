@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec, groups, transactions
+from raftmq.controller import acls, codec, groups, transactions
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
@@ -26,8 +26,10 @@ from raftmq.controller.commands import (
     BrokerRegistered,
     Command,
     CommitOffsets,
+    CreateAcls,
     CreateTopic,
     DecommissionPartitions,
+    DeleteAcls,
     DeleteGroup,
     DeleteTopic,
     Done,
@@ -613,4 +615,6 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     DeleteGroup: groups.delete_group,
     TransactionCalls: transactions.apply_calls,
     RecordTxnMarkers: transactions.record_markers,
+    CreateAcls: acls.create_acls,
+    DeleteAcls: acls.delete_acls,
 }
