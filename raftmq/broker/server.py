@@ -31,10 +31,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from raftmq import net
 from raftmq.broker.admin_redirect import AdminRedirect, add_admin_redirect
 from raftmq.broker.admin_service import AdminService, add_admin_service
+from raftmq.broker.authorization import AclAuthorizer
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
+from raftmq.broker.guard import Guard
 from raftmq.broker.history_probe import mark_wiped_voter
 from raftmq.broker.leader_reports import LeaderReports
 from raftmq.broker.leadership import Leadership
@@ -47,6 +49,7 @@ from raftmq.broker.reconciler import Reconciler
 from raftmq.broker.registration import Registration, next_incarnation
 from raftmq.broker.retention import Retention
 from raftmq.broker.routing import MAX_FETCH_BYTES, Router
+from raftmq.broker.rpc import guard_server
 from raftmq.broker.service import BrokerService, add_to_server
 from raftmq.broker.transactions_service import (
     TransactionsService,
@@ -106,6 +109,8 @@ class Broker:
         metrics_listen: tuple[str, int] | None = None,
         security: net.Security = net.PLAINTEXT,
         raft_security: net.Security = net.PLAINTEXT,
+        acl_authorizer: bool = False,
+        super_users: frozenset[str] = frozenset(),
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -137,7 +142,10 @@ class Broker:
         :attr:`bound`), and count what they report (off: nothing is counted).
         ``security``: TLS of the client listener (mutual with ``require_client_cert``) and of
         this broker's own calls to its peers' client services; ``raft_security``: of the
-        Raft transport, listener and dials (docs/security.md)."""
+        Raft transport, listener and dials (docs/security.md).
+        ``acl_authorizer``: judge every client-service call by the metadata's ACLs, all
+        allowed to ``super_users`` (the brokers' own principals must be among them;
+        :mod:`raftmq.broker.authorization`)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -291,6 +299,11 @@ class Broker:
         self._admin: AdminService | None = None
         self._transactions: TransactionsService | None = None
         self.bound: BoundAddresses | None = None
+        self.authorizer = (
+            AclAuthorizer(lambda: self.metadata, super_users, auto_create=auto_create is not None)
+            if acl_authorizer
+            else None
+        )
 
     @property
     def metadata(self) -> MetadataState:
@@ -337,6 +350,7 @@ class Broker:
             max_message_bytes=GRPC_MESSAGE_LIMIT,
             interceptors=[metrics.interceptor] if metrics is not None else [],
         )
+        guard_server(self._server, Guard(authorizer=self.authorizer))
         router = Router(
             self,
             lambda count: self.link.allocate_producer_ids(self.id, count),

@@ -28,12 +28,19 @@ from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
 from raftmq.devtools.certs import LocalPki, local_pki
-from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
+from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, acl_broker_args, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
 from raftmq.tls_files import SERVER
+
+
+class AuthorizerChoice(StrEnum):
+    """The broker's authorizer (raftmq.broker.authorization)."""
+
+    NONE = "none"
+    ACL = "acl"
 
 
 class LogFormatChoice(StrEnum):
@@ -274,6 +281,22 @@ def broker(
             "certificates (on by default when TLS is)."
         ),
     ] = True,
+    authorizer: Annotated[
+        AuthorizerChoice,
+        typer.Option(
+            help="acl: judge every request by the ACLs in the controller's metadata ('raftmq "
+            "acl'), denying what none allows (Kafka's authorizer.class.name); none: allow "
+            "everything. With acl, every broker's principal must be in --super-users.",
+        ),
+    ] = AuthorizerChoice.NONE,
+    super_users: Annotated[
+        str,
+        typer.Option(
+            help="Principals the authorizer allows everything, separated by ';' (Kafka's "
+            "super.users), e.g. 'User:admin;User:raftmq broker': the brokers' own "
+            "(User: and their certificate's common name) must be among them.",
+        ),
+    ] = "",
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -287,6 +310,7 @@ def broker(
     """Run one broker in the foreground until SIGTERM or Ctrl-C (then it hands its
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
+    from raftmq.broker.authorization import parse_super_users
     from raftmq.broker.auto_create import AutoCreate
     from raftmq.broker.process import run
     from raftmq.broker.server import Broker
@@ -335,6 +359,8 @@ def broker(
             metrics_listen=_parse_address(metrics_listen) if metrics_listen else None,
             security=security,
             raft_security=raft_security,
+            acl_authorizer=authorizer == AuthorizerChoice.ACL,
+            super_users=parse_super_users(super_users),
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
@@ -447,7 +473,7 @@ def dev(
             data,
             spec,
             dedicated_controllers=dedicated_controllers,
-            broker_args=["--log-format", log_format.value],
+            broker_args=["--log-format", log_format.value, *acl_broker_args(pki)],
             pki=pki,
             client_auth=secure,
         )

@@ -28,7 +28,7 @@ from raftmq.client.connections import TlsSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
-from raftmq.devtools.certs import LocalPki
+from raftmq.devtools.certs import LocalPki, principal
 from raftmq.devtools.ports import PortReservations
 
 CLUSTER_FILE = "cluster.toml"
@@ -85,6 +85,17 @@ def tls_broker_args(pki: LocalPki | None, *, client_auth: bool = False) -> list[
         str(pki.broker.key_file),
         "--tls-client-auth" if client_auth else "--no-tls-client-auth",
     ]
+
+
+def acl_broker_args(pki: LocalPki | None) -> list[str]:
+    """A secure cluster's authorization flags: the ACL authorizer on, with the brokers'
+    certificate principal (they call one another with it) and the operator's client
+    certificate as super users; other principals get what ACLs allow them. None for a
+    plaintext cluster (every caller is anonymous there)."""
+    if pki is None:
+        return []
+    users = ";".join((principal(pki.broker), principal(pki.client)))
+    return ["--authorizer", "acl", "--super-users", users]
 
 
 def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpec:
