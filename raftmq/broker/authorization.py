@@ -111,10 +111,6 @@ def _produce(r: Any, v: View) -> list[Need]:
     return [*needs, _create(r.topic)] if v.creates(r.topic) else needs
 
 
-def _produce_stream(r: Any, v: View) -> list[Need]:
-    return [n for one in r.requests for n in _produce(one, v)]
-
-
 def _metadata(r: Any, v: View) -> list[Need]:
     needs = _topics(r.topics, Op.DESCRIBE)
     if r.allow_auto_create:
@@ -146,7 +142,8 @@ INTERNAL = _const(cluster(Op.CLUSTER_ACTION))
 NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     # Broker service
     "Produce": _produce,
-    "ProduceStream": _produce_stream,
+    "ProduceStream": _const(),  # each request as a Produce, refused in its own answer
+    # (Guard.authorize_each, service.py), so one denied topic does not end the stream
     "Fetch": _one(T, "topic", Op.READ),
     "ListOffsets": _one(T, "topic", Op.DESCRIBE),
     "Metadata": _metadata,

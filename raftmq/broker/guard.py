@@ -15,6 +15,7 @@ nothing on the request path. Without an authorizer every call is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +59,12 @@ class Guard:
         if self.authorizer is None:
             return
         self.authorizer.authorize(rpc, request, _principal(principal))
+
+    def authorize_each(self, rpc: str) -> Callable[[Any], None]:
+        """For a stream whose requests are answered one by one (ProduceStream): the
+        check of one request as ``rpc``, for the current call's principal, so a refused
+        request gets its own answer and the stream goes on."""
+        return lambda request: self.authorize(rpc, request, None)
 
     def shown(self, rpc: str, request: object, response: Any, principal: str | None) -> Any:
         """What a unary call answers once its method returned (streams list nothing)."""

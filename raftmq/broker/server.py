@@ -350,14 +350,16 @@ class Broker:
             max_message_bytes=GRPC_MESSAGE_LIMIT,
             interceptors=[metrics.interceptor] if metrics is not None else [],
         )
-        guard_server(self._server, Guard(authorizer=self.authorizer))
+        guard = Guard(authorizer=self.authorizer)
+        guard_server(self._server, guard)
         router = Router(
             self,
             lambda count: self.link.allocate_producer_ids(self.id, count),
             lambda topic, p, force: self.reconciler.rebuild_replica(topic, p, force=force),
             traffic=metrics.traffic if metrics is not None else None,
         )
-        add_to_server(BrokerService(router), self._server)
+        each = None if self.authorizer is None else guard.authorize_each("Produce")
+        add_to_server(BrokerService(router, each), self._server)
         if self.quorum is not None:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server

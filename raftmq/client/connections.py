@@ -6,7 +6,6 @@ so they route requests alike."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -16,7 +15,7 @@ from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
-from raftmq.client.errors import ClientError
+from raftmq.client.errors import ClientError, error_of
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -91,14 +90,19 @@ class Connections:
 
     async def ask_to_create(self, topic: str) -> None:
         """Ask a bootstrap broker to create ``topic`` if it auto-creates topics (a
-        producer's first send to it); whatever the answer, :meth:`refresh` tells."""
+        producer's first send to it); whatever the answer, :meth:`refresh` tells, but for
+        a refusal by the ACLs (raised: the topic is hidden from this principal, so the
+        listing :meth:`refresh` reads would only say it does not exist)."""
         for address in self.bootstrap:
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 await self.stub(address).Metadata(
                     pb.MetadataRequest(topics=[topic], allow_auto_create=True),
                     timeout=AUTO_CREATE_TIMEOUT_S,
                 )
                 return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise error_of(exc) from None
 
     async def leader(self, topic: str, partition: int) -> str:
         """The leader's address, asking the cluster when none is known; raises
