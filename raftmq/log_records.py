@@ -83,9 +83,9 @@ class CallContext:
         if self._principal is not None:
             return self._principal
         names = (self._auth() or {}).get(COMMON_NAME) if self._auth is not None else None
-        if names:
-            return "User:" + names[0].decode(errors="replace")
-        return ANONYMOUS
+        # kept: an authorizer asks for every request of a stream
+        self._principal = "User:" + names[0].decode(errors="replace") if names else ANONYMOUS
+        return self._principal
 
     @principal.setter
     def principal(self, value: str) -> None:
