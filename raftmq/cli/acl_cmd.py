@@ -171,9 +171,9 @@ def add(
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
-    """Allow (or deny) each principal each operation on each resource, e.g.
-    ``raftmq acl add --allow-principal User:alice --operation Read --operation Write
-    --topic orders``. All or none is stored; storing one that exists changes nothing."""
+    """Allow (or deny) each principal each operation on each resource, e.g. 'raftmq acl
+    add --allow-principal User:alice --operation Read --operation Write --topic orders'.
+    All or none is stored; storing one that exists changes nothing."""
     grants = _grants(allow_principal, deny_principal)
     ops = _operations(operation)
     resources = _resources(topic, group, transactional_id, cluster)
@@ -284,7 +284,7 @@ def remove(
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
-    """Remove the ACLs that match: what ``add`` with the same flags stored, or, with fewer
+    """Remove the ACLs that match: what 'add' with the same flags stored, or, with fewer
     flags, every ACL of those principals or resources (at least one of either)."""
     grants = _grants(allow_principal, deny_principal)
     resources = _resources(topic, group, transactional_id, cluster)
