@@ -4,7 +4,7 @@ same flags (``--allow-principal``, ``--deny-principal``, ``--operation``, ``--to
 ``--group``, ``--cluster``, ``--transactional-id``, ``--resource-pattern-type``), the same
 operation names (``Read``, ``Write``, ``IdempotentWrite``...; any case, with or without
 underscores). One ``add`` stores every combination of its principals, operations and
-resources, all or none. ACLs take effect on brokers started with ``--authorizer on``
+resources, all or none. ACLs take effect on brokers started with ``--authorizer acl``
 (docs/security.md, "ACLs").
 """
 

@@ -321,6 +321,13 @@ def broker(
         raft_security = broker_security(
             tls_ca, tls_cert, tls_key, require_client_cert=raft_tls_client_auth
         )
+        supers = parse_super_users(super_users)
+        if (authorizer == AuthorizerChoice.ACL) != bool(supers):
+            raise ValueError(
+                "--authorizer acl needs --super-users naming at least the brokers' own "
+                "principals (they call one another), and --super-users means nothing without "
+                "--authorizer acl"
+            )
         spec = cluster_file.load(cluster)
         node = Broker(
             id,
@@ -360,7 +367,7 @@ def broker(
             security=security,
             raft_security=raft_security,
             acl_authorizer=authorizer == AuthorizerChoice.ACL,
-            super_users=parse_super_users(super_users),
+            super_users=supers,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
