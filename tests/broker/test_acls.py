@@ -6,7 +6,8 @@ Each denied request is refused with PERMISSION_DENIED, its resource type's code 
 sentence naming the principal, the operation and the resource, and a super user reads
 back that nothing was written or changed. Then: allow then deny (deny wins), prefixed
 patterns, listings that leave out what a principal may not describe, the CLI round trip,
-and (last: it kills a broker) ACLs that outlive the controller leader.
+producers and consumers told why, a broker added and a replica moved with the authorizer
+on, and (last: it kills a broker) ACLs that outlive the controller leader.
 """
 
 from __future__ import annotations
@@ -350,34 +351,6 @@ def test_cli_round_trip(cluster: LocalCluster, pki: LocalPki) -> None:
     assert json.loads(_cli(cluster, pki, "list", "--json").stdout)["acls"] == []
 
 
-def test_acls_survive_a_controller_leader_change(cluster: LocalCluster, pki: LocalPki) -> None:
-    """Last in the module: it stops the controller's leader (and starts it again)."""
-    grant(cluster, acl("bob", apb.ACL_OPERATION_DESCRIBE, name=SECRET))
-    with cluster.admin() as admin:
-        old = admin.describe_cluster().controller_leader_id
-    cluster.kill(old)
-    try:
-        others = [a for b, a in zip(cluster.broker_ids, cluster.addresses, strict=True) if b != old]
-        deadline = time.monotonic() + 60
-        with AdminClient(others, **cluster.client_tls) as admin:
-            while True:
-                try:
-                    new = admin.describe_cluster().controller_leader_id
-                except ClientError:
-                    new = 0
-                if new not in (0, old):
-                    break
-                assert time.monotonic() < deadline, "no new controller leader"
-                time.sleep(0.1)
-            held = admin.describe_acls(apb.AclFilter(principal="User:bob")).acls
-            assert [b.resource_name for b in held] == [SECRET]
-        with LowLevelClient(others, **tls(pki, "bob")) as bob:
-            assert [t.name for t in bob.metadata([SECRET]).topics] == [SECRET]
-    finally:
-        cluster.start(old)
-        cluster.wait_for_leaders(timeout=60)
-
-
 def test_a_producer_and_a_group_consumer_are_told_why(cluster: LocalCluster, pki: LocalPki) -> None:
     before = end_offset(cluster)
     with Producer(cluster.addresses, **tls(pki, "alice")) as producer:
@@ -411,3 +384,52 @@ def test_a_producer_and_a_group_consumer_are_told_why(cluster: LocalCluster, pki
                 consumer.poll(timeout=0.5)
     assert caught.value.status == grpc.StatusCode.PERMISSION_DENIED, caught.value
     assert end_offset(cluster) == before
+
+
+def test_a_new_broker_joins_and_a_replica_moves_with_the_authorizer_on(
+    cluster: LocalCluster,
+) -> None:
+    """Brokers register, follow the metadata, copy a log and report the move done under
+    their own principal, a super user's."""
+    new = cluster.add_broker()
+    deadline = time.monotonic() + 60
+    with cluster.admin() as admin:
+        while new not in {b.id for b in admin.describe_cluster().brokers}:
+            assert time.monotonic() < deadline, f"broker {new} did not register"
+            time.sleep(0.1)
+        admin.move_replica(SECRET, 0, 3, new)
+        while True:
+            part = admin.describe_topic(SECRET).partitions[0]
+            if new in part.replicas and not part.learners:
+                break
+            assert time.monotonic() < deadline, f"the move to broker {new} did not finish"
+            time.sleep(0.1)
+    assert sorted(part.replicas) == [1, 2, new]
+
+
+def test_acls_survive_a_controller_leader_change(cluster: LocalCluster, pki: LocalPki) -> None:
+    """Last in the module: it stops the controller's leader (and starts it again)."""
+    grant(cluster, acl("bob", apb.ACL_OPERATION_DESCRIBE, name=SECRET))
+    with cluster.admin() as admin:
+        old = admin.describe_cluster().controller_leader_id
+    cluster.kill(old)
+    try:
+        others = [a for b, a in zip(cluster.broker_ids, cluster.addresses, strict=True) if b != old]
+        deadline = time.monotonic() + 60
+        with AdminClient(others, **cluster.client_tls) as admin:
+            while True:
+                try:
+                    new = admin.describe_cluster().controller_leader_id
+                except ClientError:
+                    new = 0
+                if new not in (0, old):
+                    break
+                assert time.monotonic() < deadline, "no new controller leader"
+                time.sleep(0.1)
+            held = admin.describe_acls(apb.AclFilter(principal="User:bob")).acls
+            assert [b.resource_name for b in held] == [SECRET]
+        with LowLevelClient(others, **tls(pki, "bob")) as bob:
+            assert [t.name for t in bob.metadata([SECRET]).topics] == [SECRET]
+    finally:
+        cluster.start(old)
+        cluster.wait_for_leaders(timeout=60)
