@@ -37,7 +37,7 @@ class CallContext:
     """What a line written while serving one call knows about it. ``metadata`` and
     ``request`` are read only when a line asks (never on a quiet request path)."""
 
-    __slots__ = ("_auth", "_metadata", "_principal", "_request", "_request_id", "rpc")
+    __slots__ = ("_auth", "_metadata", "_peer", "_principal", "_request", "_request_id", "rpc")
 
     def __init__(
         self,
@@ -45,6 +45,7 @@ class CallContext:
         metadata: Callable[[], Any] | None = None,
         request: object = None,
         auth: Callable[[], Mapping[str, Sequence[bytes]]] | None = None,
+        peer: Callable[[], str] | None = None,
     ) -> None:
         self.rpc = rpc
         self._metadata = metadata
@@ -52,6 +53,7 @@ class CallContext:
         self._auth = auth
         self._request_id: str | None = None
         self._principal: str | None = None
+        self._peer = peer
 
     @property
     def request_id(self) -> str:
@@ -81,13 +83,25 @@ class CallContext:
         if self._principal is not None:
             return self._principal
         names = (self._auth() or {}).get(COMMON_NAME) if self._auth is not None else None
-        if names:
-            return "User:" + names[0].decode(errors="replace")
-        return ANONYMOUS
+        # kept: an authorizer asks for every request of a stream
+        self._principal = "User:" + names[0].decode(errors="replace") if names else ANONYMOUS
+        return self._principal
 
     @principal.setter
     def principal(self, value: str) -> None:
         self._principal = value
+
+    @property
+    def host(self) -> str:
+        """The client's IP address (gRPC's peer ``ipv4:1.2.3.4:port`` or
+        ``ipv6:[::1]:port``), as an ACL's host names it; ``*`` when unknown."""
+        peer = self._peer() if self._peer is not None else ""
+        kind, _, address = (peer or "").partition(":")
+        if kind == "ipv6" and address.startswith("["):
+            return address[1 : address.find("]")]
+        if kind == "ipv4":
+            return address.rpartition(":")[0]
+        return "*"
 
 
 def current_call() -> CallContext | None:

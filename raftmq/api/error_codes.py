@@ -39,6 +39,7 @@ _NF, _FP, _UA, _IA = (
     grpc.StatusCode.INVALID_ARGUMENT,
 )
 _UN = grpc.StatusCode.UNAUTHENTICATED
+_PD = grpc.StatusCode.PERMISSION_DENIED
 RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_UNKNOWN_TOPIC: Rule(_NF, retriable=False),
     pb.ERROR_CODE_UNKNOWN_PARTITION: Rule(_NF, retriable=False),
@@ -107,6 +108,13 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_SESSION_EXPIRED: Rule(_UN, retriable=True),
     pb.ERROR_CODE_UNACCEPTABLE_CREDENTIAL: Rule(_IA, retriable=False),
     pb.ERROR_CODE_RESOURCE_NOT_FOUND: Rule(_NF, retriable=False),
+    # authorization (ACLs)
+    pb.ERROR_CODE_TOPIC_AUTHORIZATION_FAILED: Rule(_PD, retriable=False),
+    pb.ERROR_CODE_GROUP_AUTHORIZATION_FAILED: Rule(_PD, retriable=False),
+    pb.ERROR_CODE_CLUSTER_AUTHORIZATION_FAILED: Rule(_PD, retriable=False),
+    pb.ERROR_CODE_TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Rule(_PD, retriable=False),
+    pb.ERROR_CODE_INVALID_ACL: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_TOO_MANY_ACLS: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

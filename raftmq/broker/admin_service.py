@@ -21,7 +21,7 @@ import grpc
 from raftmq import net
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.broker.controller_service import ControllerFace
+from raftmq.broker.acl_admin import AclAdmin
 from raftmq.broker.live_state import LiveState
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.rpc import add_service
@@ -147,7 +147,10 @@ def _loads(state: MetadataState) -> list[apb.BrokerLoad]:
     ]
 
 
-class AdminService(ScramAdmin, ControllerFace):
+class AdminService(ScramAdmin, AclAdmin):
+    """The Admin service; its SCRAM user calls are :class:`ScramAdmin`'s, its ACL calls
+    :class:`AclAdmin`'s."""
+
     def __init__(
         self,
         quorum: ControllerQuorum,

@@ -15,8 +15,9 @@ nothing on the request path. Without an authorizer every call is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -37,6 +38,11 @@ class Authorizer(Protocol):
         when ``principal`` may not make this ``request``; nothing is changed before."""
         ...
 
+    def shown(self, rpc: str, request: object, response: Any, principal: str) -> Any:
+        """``response`` as ``principal`` may see it: a listing without the resources it
+        may not describe (never leaked); anything else as it is."""
+        ...
+
 
 @dataclass(frozen=True)
 class Guard:
@@ -52,10 +58,27 @@ class Guard:
     def authorize(self, rpc: str, request: object, principal: str | None) -> None:
         if self.authorizer is None:
             return
-        if principal is None:  # no authenticator: the certificate's name, or anonymous
-            call = current_call()
-            principal = call.principal if call is not None else ANONYMOUS
-        self.authorizer.authorize(rpc, request, principal)
+        self.authorizer.authorize(rpc, request, _principal(principal))
+
+    def authorize_each(self, rpc: str) -> Callable[[Any], None]:
+        """For a stream whose requests are answered one by one (ProduceStream): the
+        check of one request as ``rpc``, for the current call's principal, so a refused
+        request gets its own answer and the stream goes on."""
+        return lambda request: self.authorize(rpc, request, None)
+
+    def shown(self, rpc: str, request: object, response: Any, principal: str | None) -> Any:
+        """What a unary call answers once its method returned (streams list nothing)."""
+        if self.authorizer is None:
+            return response
+        return self.authorizer.shown(rpc, request, response, _principal(principal))
+
+
+def _principal(established: str | None) -> str:
+    """The guard's principal, else (no authenticator) the certificate's name or anonymous."""
+    if established is not None:
+        return established
+    call = current_call()
+    return call.principal if call is not None else ANONYMOUS
 
 
 OPEN = Guard()

@@ -90,11 +90,13 @@ def unary(
     guard: Guard = OPEN,
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Message]]:
     async def handle(request: object, context: grpc.aio.ServicerContext) -> Message:
-        call = CallContext(rpc, context.invocation_metadata, request, context.auth_context)
+        call = CallContext(
+            rpc, context.invocation_metadata, request, context.auth_context, context.peer
+        )
         token = bind_call(call)
         try:
-            await _admitted(guard, call, context, request)
-            return await method(request, context)
+            principal = await _admitted(guard, call, context, request)
+            return guard.shown(rpc, request, await method(request, context), principal)
         except Refusal as refusal:
             failure = refusal
         except grpc.aio.AbortError:
@@ -126,7 +128,9 @@ def streaming(
     ) -> AsyncIterator[Message]:
         # A stream's task serves only it: no reset needed (an async generator cannot
         # reset a token across its yields anyway).
-        call = CallContext(rpc, context.invocation_metadata, auth=context.auth_context)
+        call = CallContext(
+            rpc, context.invocation_metadata, auth=context.auth_context, peer=context.peer
+        )
         bind_call(call)
         try:
             principal = await _admitted(guard, call, context, None)

@@ -36,6 +36,7 @@ from raftmq.broker.authentication import (
     AuthenticationSettings,
     listener_authenticator,
 )
+from raftmq.broker.authorization import AclAuthorizer
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
@@ -115,6 +116,8 @@ class Broker:
         security: net.Security = net.PLAINTEXT,
         raft_security: net.Security = net.PLAINTEXT,
         authentication: AuthenticationSettings | None = None,
+        acl_authorizer: bool = False,
+        super_users: frozenset[str] = frozenset(),
     ) -> None:
         """``bootstrap`` names the nodes (id, client and Raft addresses) and the controller
         voters, KRaft's ``controller.quorum.voters``; topics come from the controller only.
@@ -148,7 +151,10 @@ class Broker:
         this broker's own calls to its peers' client services; ``raft_security``: of the
         Raft transport, listener and dials (docs/security.md).
         ``authentication``: who may call the client listener (raftmq.broker.authentication;
-        None: anyone, as without authentication)."""
+        None: anyone, as without authentication).
+        ``acl_authorizer``: judge every client-service call by the metadata's ACLs, all
+        allowed to ``super_users`` (the brokers' own principals must be among them;
+        :mod:`raftmq.broker.authorization`)."""
         if broker_id not in bootstrap.brokers:
             raise ValueError(
                 f"broker id {broker_id} is not in the cluster file "
@@ -304,6 +310,11 @@ class Broker:
         self._admin: AdminService | None = None
         self._transactions: TransactionsService | None = None
         self.bound: BoundAddresses | None = None
+        self.authorizer = (
+            AclAuthorizer(lambda: self.metadata, super_users, auto_create=auto_create is not None)
+            if acl_authorizer
+            else None
+        )
 
     @property
     def metadata(self) -> MetadataState:
@@ -357,8 +368,8 @@ class Broker:
                 session_lifetime_s=self.authentication.session_lifetime_s,
             )
         self.authenticator = listener_authenticator(self.authentication, scram_service)
-        if self.authenticator is not None:
-            guard_server(self._server, Guard(authenticator=self.authenticator))
+        guard = Guard(authenticator=self.authenticator, authorizer=self.authorizer)
+        guard_server(self._server, guard)
         if scram_service is not None:
             add_scram_service(scram_service, self._server)
         router = Router(
@@ -367,7 +378,8 @@ class Broker:
             lambda topic, p, force: self.reconciler.rebuild_replica(topic, p, force=force),
             traffic=metrics.traffic if metrics is not None else None,
         )
-        add_to_server(BrokerService(router), self._server)
+        each = None if self.authorizer is None else guard.authorize_each("Produce")
+        add_to_server(BrokerService(router, each), self._server)
         if self.quorum is not None:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server

@@ -8,7 +8,7 @@ is this module's own: it belongs to the gRPC stream."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -49,8 +49,14 @@ class BrokerService(pb_grpc.BrokerServicer):
     Refusal; :func:`add_to_server` turns that into the call's status (or, in
     ProduceStream, into the request's answer)."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(
+        self, router: Router, authorize: Callable[[pb.ProduceRequest], None] | None = None
+    ) -> None:
+        """``authorize``: raises the Refusal for a ProduceStream request its caller may not
+        make (the server's guard judging it as a Produce), so it is answered on its own
+        and the stream goes on (None: all allowed)."""
         self.router = router
+        self.authorize = authorize
 
     async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         """One produce request, for both Produce and ProduceStream; raises Refusal."""
@@ -102,6 +108,8 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         async def work(request: pb.ProduceRequest) -> None:
             try:
+                if self.authorize is not None:
+                    self.authorize(request)
                 answer = await self._produce(request)
                 answer.request_id = request.request_id
             except Refusal as refusal:

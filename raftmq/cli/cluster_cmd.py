@@ -31,12 +31,19 @@ from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
 from raftmq.devtools.certs import LocalPki, local_pki
 from raftmq.devtools.dev_credentials import ADMIN, dev_credentials, store_admin
-from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
+from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, acl_broker_args, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
 from raftmq.raft.host.repair import SCRUB_BYTES_PER_S
 from raftmq.tls_files import SERVER
+
+
+class AuthorizerChoice(StrEnum):
+    """The broker's authorizer (raftmq.broker.authorization)."""
+
+    NONE = "none"
+    ACL = "acl"
 
 
 class LogFormatChoice(StrEnum):
@@ -308,6 +315,22 @@ def broker(
             "authenticate again (Kafka's connections.max.reauth.ms).",
         ),
     ] = 3_600_000,
+    authorizer: Annotated[
+        AuthorizerChoice,
+        typer.Option(
+            help="acl: judge every request by the ACLs in the controller's metadata ('raftmq "
+            "acl'), denying what none allows (Kafka's authorizer.class.name); none: allow "
+            "everything. With acl, every broker's principal must be in --super-users.",
+        ),
+    ] = AuthorizerChoice.NONE,
+    super_users: Annotated[
+        str,
+        typer.Option(
+            help="Principals the authorizer allows everything, separated by ';' (Kafka's "
+            "super.users), e.g. 'User:admin;User:raftmq broker': the brokers' own "
+            "(User: and their certificate's common name) must be among them.",
+        ),
+    ] = "",
     inject_host_fault_after_ms: Annotated[
         int | None,
         typer.Option(
@@ -322,6 +345,7 @@ def broker(
     leaderships over and stops cleanly). Exits with status 3 if its Raft host fails (not one
     partition: those are quarantined and reopened), so that a supervisor restarts it."""
     from raftmq.broker.authentication import AuthenticationSettings, parse_methods
+    from raftmq.broker.authorization import parse_super_users
     from raftmq.broker.auto_create import AutoCreate
     from raftmq.broker.process import run
     from raftmq.broker.server import Broker
@@ -338,6 +362,13 @@ def broker(
             token_file,
             connections_max_reauth_ms / 1000,
         )
+        supers = parse_super_users(super_users)
+        if (authorizer == AuthorizerChoice.ACL) != bool(supers):
+            raise ValueError(
+                "--authorizer acl needs --super-users naming at least the brokers' own "
+                "principals (they call one another), and --super-users means nothing without "
+                "--authorizer acl"
+            )
         spec = cluster_file.load(cluster)
         node = Broker(
             id,
@@ -377,6 +408,8 @@ def broker(
             security=security,
             raft_security=raft_security,
             authentication=authentication_settings,
+            acl_authorizer=authorizer == AuthorizerChoice.ACL,
+            super_users=supers,
         )
     except (ClusterFileError, ValueError) as exc:
         raise _fail(str(exc), 2) from None
@@ -494,6 +527,7 @@ def dev(
             broker_args=[
                 *("--log-format", log_format.value),
                 *(credentials.broker_args if credentials else ()),
+                *acl_broker_args(pki, operators=(f"User:{ADMIN}",)),
             ],
             pki=pki,
             client_auth=secure,

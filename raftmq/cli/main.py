@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from raftmq.cli import (
+    acl_cmd,
     broker_cmd,
     chaos_cmd,
     cluster_admin_cmd,
@@ -36,6 +37,7 @@ app.add_typer(txn_cmd.app, name="txn")
 app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
 app.add_typer(user_cmd.app, name="user")
+app.add_typer(acl_cmd.app, name="acl")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(status_cmd.status)

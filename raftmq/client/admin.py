@@ -180,6 +180,20 @@ class AdminClient:
     def rebalance_cluster(self) -> apb.RebalanceClusterResponse:
         return self._call("RebalanceCluster", apb.RebalanceClusterRequest())
 
+    # --- ACLs (docs/security.md, "ACLs") --------------------------------------------------
+
+    def create_acls(self, acls: Iterable[apb.AclBinding]) -> apb.ChangeResponse:
+        """Add the bindings, all or none (ClientError INVALID_ACL names what is wrong)."""
+        return self._call("CreateAcls", apb.CreateAclsRequest(acls=list(acls)))
+
+    def describe_acls(self, acl_filter: apb.AclFilter | None = None) -> apb.DescribeAclsResponse:
+        """The bindings ``acl_filter`` matches (None: every one)."""
+        return self._call("DescribeAcls", apb.DescribeAclsRequest(filter=acl_filter))
+
+    def delete_acls(self, filters: Iterable[apb.AclFilter]) -> apb.DeleteAclsResponse:
+        """Remove every binding one of ``filters`` matches; the answer lists them."""
+        return self._call("DeleteAcls", apb.DeleteAclsRequest(filters=list(filters)))
+
     # --- consumer groups ----------------------------------------------------------------
 
     def _groups(self, rpc: str, request: Any) -> Any:

@@ -6,7 +6,6 @@ so they route requests alike."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -111,14 +110,19 @@ class Connections:
 
     async def ask_to_create(self, topic: str) -> None:
         """Ask a bootstrap broker to create ``topic`` if it auto-creates topics (a
-        producer's first send to it); whatever the answer, :meth:`refresh` tells."""
+        producer's first send to it); whatever the answer, :meth:`refresh` tells, but for
+        a refusal by the ACLs (raised: the topic is hidden from this principal, so the
+        listing :meth:`refresh` reads would only say it does not exist)."""
         for address in self.bootstrap:
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 await self.stub(address).Metadata(
                     pb.MetadataRequest(topics=[topic], allow_auto_create=True),
                     timeout=AUTO_CREATE_TIMEOUT_S,
                 )
                 return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise error_of(exc) from None
 
     async def leader(self, topic: str, partition: int) -> str:
         """The leader's address, asking the cluster when none is known; raises

@@ -91,6 +91,8 @@ class LowLevelClient:
                 )
             except grpc.RpcError as exc:
                 last = error_of(exc)
+                if last.status == grpc.StatusCode.PERMISSION_DENIED:
+                    raise last from None  # ACLs: every broker would say the same
         if isinstance(last, ClientError) and last.tls_refusal is not None:
             raise last  # its own words say what to change
         raise ClientError(

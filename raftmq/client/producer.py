@@ -452,6 +452,10 @@ class _Engine:
                 )
             except grpc.aio.AioRpcError as exc:
                 self._session_error = error_of(exc)
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # the ACLs refuse this principal a producer id: no retry would do
+                    self._fail_queued(self._session_error)
+                    break
                 continue
             self.sequencer.start(answer.producer_id, answer.producer_epoch)
             self._session_error = None

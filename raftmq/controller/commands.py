@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from raftmq.controller import codec
+from raftmq.controller.acl_model import AclBinding, AclFilter
 from raftmq.controller.errors import RefusalCode
 from raftmq.controller.model import TopicPartition
 from raftmq.controller.scram_users import AlterScramCredentials
@@ -396,6 +397,23 @@ class RecordTxnMarkers:
     written: tuple[WrittenMarkers, ...]
 
 
+# ACLs (raftmq.controller.acls)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAcls:
+    """Adds the bindings (all or none); ones already held change nothing."""
+
+    bindings: tuple[AclBinding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAcls:
+    """Removes every binding any of the filters matches."""
+
+    filters: tuple[AclFilter, ...]
+
+
 Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     RegisterBroker,
     BrokerHeartbeat,
@@ -423,6 +441,8 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     TransactionCalls,
     RecordTxnMarkers,
     AlterScramCredentials,
+    CreateAcls,
+    DeleteAcls,
 ]
 
 
@@ -534,6 +554,14 @@ class TxnOutcomes:
     ok: ClassVar[bool] = True
 
 
+@dataclass(frozen=True, slots=True)
+class AclsDeleted:
+    deleted: tuple[AclBinding, ...]
+    """The bindings the command removed, sorted."""
+
+    ok: ClassVar[bool] = True
+
+
 Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     Refused,
     Done,
@@ -545,6 +573,7 @@ Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     CommitsApplied,
     LeadersReported,
     TxnOutcomes,
+    AclsDeleted,
 ]
 
 _COMMANDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}

@@ -54,6 +54,9 @@ class RefusalCode(StrEnum):
     # SCRAM users (raftmq.controller.scram_users)
     UNACCEPTABLE_CREDENTIAL = "UNACCEPTABLE_CREDENTIAL"
     RESOURCE_NOT_FOUND = "RESOURCE_NOT_FOUND"  # no credentials for that user
+    # ACLs (raftmq.controller.acls)
+    INVALID_ACL = "INVALID_ACL"  # a bad principal, host, name, pattern or operation
+    TOO_MANY_ACLS = "TOO_MANY_ACLS"  # the cluster holds its limit of bindings
 
 
 class CommandRefused(Exception):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from raftmq.controller.scram_users import ScramCredential
+from raftmq.controller.acl_model import AclBinding
 from raftmq.controller.topic_config import TopicConfig, resolve
 
 
@@ -252,3 +253,5 @@ class MetadataState:
     """Transactional id: its producer and transaction (the coordinator's state)."""
     scram_users: Mapping[str, ScramCredential] = field(default_factory=dict)
     """User name: its SCRAM-SHA-256 credential (raftmq.controller.scram_users)."""
+    acls: tuple[AclBinding, ...] = ()
+    """The access control lists, sorted and distinct (raftmq.controller.acls)."""

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec, groups, scram_users, transactions
+from raftmq.controller import acls, codec, groups, scram_users, transactions
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
@@ -26,8 +26,10 @@ from raftmq.controller.commands import (
     BrokerRegistered,
     Command,
     CommitOffsets,
+    CreateAcls,
     CreateTopic,
     DecommissionPartitions,
+    DeleteAcls,
     DeleteGroup,
     DeleteTopic,
     Done,
@@ -615,4 +617,6 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     TransactionCalls: transactions.apply_calls,
     RecordTxnMarkers: transactions.record_markers,
     AlterScramCredentials: scram_users.alter,
+    CreateAcls: acls.create_acls,
+    DeleteAcls: acls.delete_acls,
 }

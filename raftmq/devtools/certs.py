@@ -165,6 +165,16 @@ def issue(
     return _write(folder, stem, cert, key)
 
 
+def principal(issued: Issued) -> str:
+    """The principal a broker sees for a client presenting this certificate over mutual
+    TLS: ``User:`` and its subject's common name (what a broker without authentication
+    logs, and what ``raftmq dev --secure``'s mapping rule makes of it:
+    raftmq.devtools.dev_credentials.CN_RULE)."""
+    cert = x509.load_pem_x509_certificate(issued.cert_file.read_bytes())
+    (name,) = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return f"User:{name.value!s}"
+
+
 @dataclass(frozen=True)
 class LocalPki:
     """What ``raftmq dev --secure`` makes: a CA, one certificate every broker presents

@@ -29,6 +29,10 @@ from raftmq.devtools.local_cluster import LocalCluster
 
 ADMIN = "admin"
 CLIENT_METHODS = "scram-sha-256,oauthbearer"
+CN_RULE = "RULE:^CN=([^,]+)(,.*)?$/$1/,DEFAULT"
+"""A certificate's principal is ``User:`` and its common name (``User:raftmq broker``), as
+the ACLs' super users name the brokers (raftmq.devtools.local_cluster.acl_broker_args),
+rather than Kafka's default, the whole subject DN."""
 
 
 def _secret(path: Path) -> str:
@@ -54,7 +58,11 @@ class DevCredentials:
     def broker_args(self) -> list[str]:
         """The brokers' flags: SCRAM and tokens for clients (and their certificates among
         themselves)."""
-        return ["--authentication", CLIENT_METHODS, "--token-file", str(self.token_file)]
+        return [
+            *("--authentication", CLIENT_METHODS),
+            *("--token-file", str(self.token_file)),
+            *("--ssl-principal-mapping-rules", CN_RULE),
+        ]
 
     @property
     def bearer(self) -> SaslSettings:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from raftmq.broker import ready_file
@@ -29,7 +30,7 @@ from raftmq.client.sasl import SaslSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
-from raftmq.devtools.certs import LocalPki
+from raftmq.devtools.certs import LocalPki, principal
 from raftmq.devtools.ports import PortReservations
 
 CLUSTER_FILE = "cluster.toml"
@@ -86,6 +87,18 @@ def tls_broker_args(pki: LocalPki | None, *, client_auth: bool = False) -> list[
         str(pki.broker.key_file),
         "--tls-client-auth" if client_auth else "--no-tls-client-auth",
     ]
+
+
+def acl_broker_args(pki: LocalPki | None, operators: Sequence[str] = ()) -> list[str]:
+    """A secure cluster's authorization flags: the ACL authorizer on, with the brokers'
+    certificate principal (they call one another with it) and the operators as super
+    users (by default the client certificate's principal: a cluster that authenticates
+    by certificate alone); other principals get what ACLs allow them. None for a
+    plaintext cluster (every caller is anonymous there)."""
+    if pki is None:
+        return []
+    users = ";".join((principal(pki.broker), *(operators or (principal(pki.client),))))
+    return ["--authorizer", "acl", "--super-users", users]
 
 
 def reserve_spec_ports(spec: ClusterSpec, ports: PortReservations) -> ClusterSpec:

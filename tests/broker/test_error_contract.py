@@ -184,6 +184,9 @@ class _Context:
     def auth_context(self) -> dict:
         return {}
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
 
 async def test_a_bug_is_internal_with_one_logged_traceback(
     caplog: pytest.LogCaptureFixture,

@@ -7,6 +7,41 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AclResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_RESOURCE_TYPE_UNSPECIFIED: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TOPIC: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_GROUP: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_CLUSTER: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: _ClassVar[AclResourceType]
+
+class AclPatternType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_PATTERN_TYPE_UNSPECIFIED: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_LITERAL: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_PREFIXED: _ClassVar[AclPatternType]
+
+class AclOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_OPERATION_UNSPECIFIED: _ClassVar[AclOperation]
+    ACL_OPERATION_READ: _ClassVar[AclOperation]
+    ACL_OPERATION_WRITE: _ClassVar[AclOperation]
+    ACL_OPERATION_CREATE: _ClassVar[AclOperation]
+    ACL_OPERATION_DELETE: _ClassVar[AclOperation]
+    ACL_OPERATION_ALTER: _ClassVar[AclOperation]
+    ACL_OPERATION_DESCRIBE: _ClassVar[AclOperation]
+    ACL_OPERATION_ALTER_CONFIGS: _ClassVar[AclOperation]
+    ACL_OPERATION_DESCRIBE_CONFIGS: _ClassVar[AclOperation]
+    ACL_OPERATION_CLUSTER_ACTION: _ClassVar[AclOperation]
+    ACL_OPERATION_IDEMPOTENT_WRITE: _ClassVar[AclOperation]
+    ACL_OPERATION_ALL: _ClassVar[AclOperation]
+
+class AclPermission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_PERMISSION_UNSPECIFIED: _ClassVar[AclPermission]
+    ACL_PERMISSION_ALLOW: _ClassVar[AclPermission]
+    ACL_PERMISSION_DENY: _ClassVar[AclPermission]
+
 class BrokerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     BROKER_STATE_UNSPECIFIED: _ClassVar[BrokerState]
@@ -19,6 +54,29 @@ class PartitionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARTITION_STATE_UNSPECIFIED: _ClassVar[PartitionState]
     PARTITION_STATE_ACTIVE: _ClassVar[PartitionState]
     PARTITION_STATE_DECOMMISSIONED: _ClassVar[PartitionState]
+ACL_RESOURCE_TYPE_UNSPECIFIED: AclResourceType
+ACL_RESOURCE_TYPE_TOPIC: AclResourceType
+ACL_RESOURCE_TYPE_GROUP: AclResourceType
+ACL_RESOURCE_TYPE_CLUSTER: AclResourceType
+ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: AclResourceType
+ACL_PATTERN_TYPE_UNSPECIFIED: AclPatternType
+ACL_PATTERN_TYPE_LITERAL: AclPatternType
+ACL_PATTERN_TYPE_PREFIXED: AclPatternType
+ACL_OPERATION_UNSPECIFIED: AclOperation
+ACL_OPERATION_READ: AclOperation
+ACL_OPERATION_WRITE: AclOperation
+ACL_OPERATION_CREATE: AclOperation
+ACL_OPERATION_DELETE: AclOperation
+ACL_OPERATION_ALTER: AclOperation
+ACL_OPERATION_DESCRIBE: AclOperation
+ACL_OPERATION_ALTER_CONFIGS: AclOperation
+ACL_OPERATION_DESCRIBE_CONFIGS: AclOperation
+ACL_OPERATION_CLUSTER_ACTION: AclOperation
+ACL_OPERATION_IDEMPOTENT_WRITE: AclOperation
+ACL_OPERATION_ALL: AclOperation
+ACL_PERMISSION_UNSPECIFIED: AclPermission
+ACL_PERMISSION_ALLOW: AclPermission
+ACL_PERMISSION_DENY: AclPermission
 BROKER_STATE_UNSPECIFIED: BrokerState
 BROKER_STATE_ALIVE: BrokerState
 BROKER_STATE_FENCED: BrokerState
@@ -86,6 +144,76 @@ class DescribeUserScramCredentialsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[UserScramCredentials]
     def __init__(self, results: _Optional[_Iterable[_Union[UserScramCredentials, _Mapping]]] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("principal", "host", "resource_type", "resource_name", "pattern_type", "operation", "permission")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    host: str
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: AclPatternType
+    operation: AclOperation
+    permission: AclPermission
+    def __init__(self, principal: _Optional[str] = ..., host: _Optional[str] = ..., resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission: _Optional[_Union[AclPermission, str]] = ...) -> None: ...
+
+class AclFilter(_message.Message):
+    __slots__ = ("principal", "host", "resource_type", "resource_name", "pattern_type", "operation", "permission")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    host: str
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: AclPatternType
+    operation: AclOperation
+    permission: AclPermission
+    def __init__(self, principal: _Optional[str] = ..., host: _Optional[str] = ..., resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission: _Optional[_Union[AclPermission, str]] = ...) -> None: ...
+
+class CreateAclsRequest(_message.Message):
+    __slots__ = ("acls",)
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class DescribeAclsRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: AclFilter
+    def __init__(self, filter: _Optional[_Union[AclFilter, _Mapping]] = ...) -> None: ...
+
+class DescribeAclsResponse(_message.Message):
+    __slots__ = ("acls", "metadata_version")
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    metadata_version: int
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class DeleteAclsRequest(_message.Message):
+    __slots__ = ("filters",)
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    filters: _containers.RepeatedCompositeFieldContainer[AclFilter]
+    def __init__(self, filters: _Optional[_Iterable[_Union[AclFilter, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsResponse(_message.Message):
+    __slots__ = ("deleted", "metadata_version")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    metadata_version: int
+    def __init__(self, deleted: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
 
 class MoveReplicaRequest(_message.Message):
     __slots__ = ("topic", "partition", "from_broker", "to_broker")

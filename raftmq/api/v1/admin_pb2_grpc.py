@@ -104,6 +104,21 @@ class AdminStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/raftmq.v1.Admin/CreateAcls',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/raftmq.v1.Admin/DescribeAcls',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/raftmq.v1.Admin/DeleteAcls',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -243,6 +258,32 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """ACLs (docs/security.md, "ACLs"), Kafka's three calls. Each binding allows or denies
+        one principal an operation on the resources a pattern names; a broker started with
+        --authorizer on judges every RPC by them.
+        Add bindings, all or none (one already held changes nothing). Errors: INVALID_ACL
+        (the message names the field), TOO_MANY_ACLS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """The bindings the filter matches (an empty filter: all of them), sorted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Remove every binding any filter matches; answers with what it removed (none is no
+        error). Errors: INVALID_ACL (no filter, or too many).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -315,6 +356,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeUserScramCredentials,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.CreateAclsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -695,6 +751,87 @@ class Admin:
             '/raftmq.v1.Admin/DescribeUserScramCredentials',
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/CreateAcls',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.CreateAclsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/DescribeAcls',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/DeleteAcls',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
