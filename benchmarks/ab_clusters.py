@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.harness import add_cleanup, disk_tempdir
 from benchmarks.produce_bench import TOPIC, raftmq_sequential, run_workers, split
-from raftmq.devtools.certs import LocalPki, local_pki
+from raftmq.devtools.dev_credentials import secure_cluster
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
 PARTITIONS = 6
@@ -50,15 +50,15 @@ class Side:
 
 def start_side(name: str, broker_args: list[str], *, secure: bool = False) -> Side:
     """A 3-broker cluster of PARTITIONS partitions with ``broker_args``; with ``secure``,
-    TLS on every listener, mutual on the client one too (as ``raftmq dev --secure``)."""
+    as ``raftmq dev --secure`` runs one: TLS everywhere (mutual), clients authenticated
+    (the load by bearer token), the ACL authorizer judging every request."""
     data = disk_tempdir(f"ab-{name.replace(' ', '-')}-", None)
-    pki: LocalPki | None = local_pki(data / "tls") if secure else None
+    protected = secure_cluster(data / "tls") if secure else None
     cluster = LocalCluster(
         data,
         local_spec(3, {TOPIC: PARTITIONS}),
-        broker_args=broker_args,
-        pki=pki,
-        client_auth=secure,
+        broker_args=[*broker_args, *(protected.broker_args if protected else ())],
+        **(protected.cluster_settings() if protected else {}),
     )
     add_cleanup(cluster.close)
     cluster.start()

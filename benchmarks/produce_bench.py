@@ -232,7 +232,7 @@ async def raftmq_produce_worker(
     """``inflight`` tasks, each sending acks=all produce requests of ``batch`` records to
     one partition's leader back to back; only replies inside the window are counted. With
     ``stream`` the requests go over one ProduceStream per leader instead of unary calls;
-    ``tls``: a client's TLS settings (ssl_cafile, ssl_certfile, ssl_keyfile)."""
+    ``tls``: a client's ssl_ and sasl_ settings (Kafka's names)."""
     import grpc
 
     from raftmq import net
@@ -601,12 +601,10 @@ class Progress:
 
 
 def _security(tls: dict[str, str] | None) -> Any:
-    """The net.Security of a client's TLS settings (plaintext without)."""
-    from raftmq import net
+    """The net.Security of a client's ssl_ and sasl_ settings (plaintext without)."""
+    from raftmq.client.sasl import client_security
 
-    if not tls:
-        return net.PLAINTEXT
-    return net.Security(tls.get("ssl_cafile"), tls.get("ssl_certfile"), tls.get("ssl_keyfile"))
+    return client_security(**(tls or {}))
 
 
 def raftmq_sequential(

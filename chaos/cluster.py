@@ -24,9 +24,10 @@ from toxiproxy.proxy import Proxy
 
 from chaos.toxiproxy.launcher import RunningToxiproxy, start_toxiproxy
 from raftmq import net
+from raftmq.client.sasl import client_security
 from raftmq.controller.cluster_file import BrokerSpec, ClusterSpec, TopicSpec
 from raftmq.controller.placement import round_robin
-from raftmq.devtools.certs import local_pki
+from raftmq.devtools.dev_credentials import secure_cluster
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.devtools.ports import PortReservations
 
@@ -65,9 +66,10 @@ class ChaosCluster:
         """``voters``: nodes 1..``voters`` are the controller voters (combined mode) and
         the others broker-only; 0: every node is a voter. ``racks``: every broker in a rack
         of its own (:func:`rack_of`). ``extra_topics``: more topics placed like the main
-        one (the transactional workload's output). ``secure``: TLS on every listener,
-        mutual on the client one too, as ``raftmq dev --secure`` starts a cluster; every
-        client of the run then uses :attr:`client_settings`."""
+        one (the transactional workload's output). ``secure``: as ``raftmq dev --secure``
+        starts a cluster (TLS everywhere, authentication, ACLs:
+        raftmq.devtools.dev_credentials.SecureCluster); every client of the run then uses
+        :attr:`client_settings`."""
         if not 0 <= voters <= nodes:
             raise ValueError(f"voters must be 0 to {nodes}, got {voters}")
         self.data = data
@@ -109,29 +111,27 @@ class ChaosCluster:
             ]
             for i in self.nodes
         }
+        protected = secure_cluster(data / "tls") if secure else None
         self.cluster = LocalCluster(
             data,
             self.spec,
-            broker_args=broker_args,
+            broker_args=[*(broker_args or []), *(protected.broker_args if protected else ())],
             per_broker_args=per_broker,
             ports=ports,
-            pki=local_pki(data / "tls") if secure else None,
-            client_auth=secure,
+            **(protected.cluster_settings() if protected else {}),
         )
 
     @property
     def client_settings(self) -> dict[str, str]:
         """What every client of this run is given besides its addresses: Kafka's ssl_*
-        settings for a secure cluster, nothing for a plaintext one."""
+        and sasl_* settings for a secure cluster (it logs in as the cluster's admin),
+        nothing for a plaintext one."""
         return {k: str(v) for k, v in self.cluster.client_tls.items() if v}
 
     @property
     def security(self) -> net.Security:
         """:attr:`client_settings` as the channel factory takes them."""
-        s = self.client_settings
-        if not s:
-            return net.PLAINTEXT
-        return net.Security(s["ssl_cafile"], s["ssl_certfile"], s["ssl_keyfile"])
+        return client_security(**self.client_settings)
 
     def _proxy(self, name: str, upstream_port: int) -> Proxy:
         proxy = self.api.create(

@@ -29,9 +29,9 @@ from raftmq.client.sasl import SaslSettings
 from raftmq.controller import cluster_file
 from raftmq.controller.cluster_file import ClusterFileError, ClusterSpec
 from raftmq.controller.healing import HEAL_DELAY_MS, MOVES_PER_BROKER, MOVES_TOTAL, Limits
-from raftmq.devtools.certs import LocalPki, local_pki
-from raftmq.devtools.dev_credentials import ADMIN, dev_credentials, store_admin
-from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, acl_broker_args, local_spec
+from raftmq.devtools.certs import LocalPki
+from raftmq.devtools.dev_credentials import ADMIN, secure_cluster, store_admin
+from raftmq.devtools.local_cluster import CLUSTER_FILE, LocalCluster, local_spec
 from raftmq.devtools.ports import PortInUseError
 from raftmq.format.records import Record, build_batch, iter_records
 from raftmq.log.config import LogConfig
@@ -518,20 +518,18 @@ def dev(
         spec = demo
         where = "pass another --base-port (0: any free ports)"
     try:
-        pki = local_pki(data / TLS_FOLDER) if secure else None
-        credentials = dev_credentials(data / TLS_FOLDER) if secure else None
+        protected = secure_cluster(data / TLS_FOLDER) if secure else None
+        pki = protected.pki if protected else None
+        credentials = protected.credentials if protected else None
         cluster = LocalCluster(
             data,
             spec,
             dedicated_controllers=dedicated_controllers,
             broker_args=[
                 *("--log-format", log_format.value),
-                *(credentials.broker_args if credentials else ()),
-                *acl_broker_args(pki, operators=(f"User:{ADMIN}",)),
+                *(protected.broker_args if protected else ()),
             ],
-            pki=pki,
-            client_auth=secure,
-            client_credentials=credentials.bearer if credentials else None,
+            **(protected.cluster_settings() if protected else {}),
         )
     except PortInUseError as exc:
         raise _fail(f"{exc.strerror}. Is another 'raftmq dev' using it? Else {where}.", 2) from None

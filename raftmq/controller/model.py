@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from raftmq.controller.scram_users import ScramCredential
 from raftmq.controller.acl_model import AclBinding
+from raftmq.controller.scram_users import ScramCredential
 from raftmq.controller.topic_config import TopicConfig, resolve
 
 

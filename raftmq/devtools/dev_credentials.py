@@ -18,6 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -25,7 +26,8 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.token_file import token_line
 from raftmq.client import LowLevelClient
 from raftmq.client.sasl import SaslSettings
-from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.devtools.certs import LocalPki, local_pki
+from raftmq.devtools.local_cluster import LocalCluster, acl_broker_args
 
 ADMIN = "admin"
 CLIENT_METHODS = "scram-sha-256,oauthbearer"
@@ -112,3 +114,33 @@ def store_admin(
                             f"{timeout_s:.0f} s: {exc.details()}"
                         ) from None
                     time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class SecureCluster:
+    """Everything a cluster needs to run as ``raftmq dev --secure`` runs one (what the chaos
+    harness's ``--secure`` and ``produce_bench --secure`` start too, so that what they
+    measure is what a user gets): TLS on every listener, mutual; clients authenticated by
+    SCRAM-SHA-256 or bearer token, brokers by certificate; the ACL authorizer on, with the
+    brokers and ``User:admin`` as super users."""
+
+    pki: LocalPki
+    credentials: DevCredentials
+
+    @property
+    def broker_args(self) -> list[str]:
+        return [
+            *self.credentials.broker_args,
+            *acl_broker_args(self.pki, operators=(f"User:{ADMIN}",)),
+        ]
+
+    def cluster_settings(self) -> dict[str, Any]:
+        """LocalCluster's keyword arguments besides ``broker_args``: its own clients log in
+        as ``User:admin`` with the bearer token (no SCRAM user exists before one is
+        stored: :func:`store_admin`)."""
+        return {"pki": self.pki, "client_auth": True, "client_credentials": self.credentials.bearer}
+
+
+def secure_cluster(folder: Path) -> SecureCluster:
+    """The certificates and credentials under ``folder`` (``DATA/tls``), made once."""
+    return SecureCluster(local_pki(folder), dev_credentials(folder))
