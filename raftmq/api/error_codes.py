@@ -99,6 +99,9 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_TOO_MANY_TXN_PARTITIONS: Rule(_IA, retriable=False),
     pb.ERROR_CODE_TRANSACTION_ABORTED: Rule(_FP, retriable=False),
     pb.ERROR_CODE_UNKNOWN_TRANSACTIONAL_ID: Rule(_NF, retriable=False),
+    # client quotas
+    pb.ERROR_CODE_INVALID_CLIENT_QUOTA: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

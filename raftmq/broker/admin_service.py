@@ -23,6 +23,7 @@ from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.controller_service import ControllerFace
 from raftmq.broker.live_state import LiveState
+from raftmq.broker.quota_admin import QuotaAdmin
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.rpc import add_service
 from raftmq.controller import healing
@@ -146,7 +147,7 @@ def _loads(state: MetadataState) -> list[apb.BrokerLoad]:
     ]
 
 
-class AdminService(ControllerFace):
+class AdminService(QuotaAdmin, ControllerFace):
     def __init__(
         self,
         quorum: ControllerQuorum,

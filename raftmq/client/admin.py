@@ -251,3 +251,36 @@ class AdminClient:
         return self._transactions(
             "AbortTransaction", tpb.AbortTransactionRequest(transactional_id=transactional_id)
         )
+
+    # --- client quotas ------------------------------------------------------------------
+
+    def alter_client_quotas(
+        self,
+        user: str = "",
+        client_id: str = "",
+        *,
+        set_values: Mapping[str, int] | None = None,
+        remove: Iterable[str] = (),
+    ) -> apb.ChangeResponse:
+        """Kafka's AlterClientQuotas for one entity (docs/quotas.md): ``user`` and
+        ``client_id`` each a name, ``<default>``, or "" when the entity does not name it;
+        ``set_values`` sets quotas (``producer_byte_rate``, ``consumer_byte_rate``,
+        ``request_percentage``), ``remove`` drops them (all dropped: the entity goes)."""
+        alteration = apb.ClientQuotaAlteration(
+            entity=apb.ClientQuotaEntity(user=user, client_id=client_id),
+            set=dict(set_values or {}),
+            remove=list(remove),
+        )
+        return self._call(
+            "AlterClientQuotas", apb.AlterClientQuotasRequest(alterations=[alteration])
+        )
+
+    def describe_client_quotas(
+        self, user: str = "", client_id: str = ""
+    ) -> apb.DescribeClientQuotasResponse:
+        """Every quota entity with its values; only those naming ``user`` or
+        ``client_id`` exactly, when given."""
+        return self._call(
+            "DescribeClientQuotas",
+            apb.DescribeClientQuotasRequest(user=user, client_id=client_id),
+        )

@@ -51,6 +51,9 @@ class RefusalCode(StrEnum):
     TRANSACTION_ABORTED = "TRANSACTION_ABORTED"  # the coordinator aborted it (timeout, operator)
     PRODUCER_FENCED = "PRODUCER_FENCED"  # an older epoch: another instance took the id
     UNKNOWN_TRANSACTIONAL_ID = "UNKNOWN_TRANSACTIONAL_ID"
+    # Client quotas (raftmq.controller.quotas)
+    INVALID_CLIENT_QUOTA = "INVALID_CLIENT_QUOTA"  # a bad entity, key or value
+    TOO_MANY_CLIENT_QUOTAS = "TOO_MANY_CLIENT_QUOTAS"
 
 
 class CommandRefused(Exception):

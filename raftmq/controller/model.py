@@ -234,6 +234,19 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientQuota:
+    """The quota values set for one entity, Kafka's model (raftmq.controller.quotas;
+    docs/quotas.md): a user, a client id, or both; each part is a name, ``<default>``
+    (every user, or client id, with no entity of its own) or "" (the entity does not
+    name that part)."""
+
+    user: str
+    client_id: str
+    values: Mapping[str, int]
+    """``producer_byte_rate``, ``consumer_byte_rate``, ``request_percentage``: the ones set."""
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataState:
     cluster_name: str
     version: int = 0
@@ -249,3 +262,5 @@ class MetadataState:
     so a controller failover in the middle of a rebalance carries it on."""
     transactions: Mapping[str, Transaction] = field(default_factory=dict)
     """Transactional id: its producer and transaction (the coordinator's state)."""
+    client_quotas: tuple[ClientQuota, ...] = ()
+    """Every quota entity with its values, sorted by (user, client id)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from raftmq.controller import codec
+from raftmq.controller import codec, quotas
 from raftmq.controller.commands import (
     MalformedCommand,
     Refused,
@@ -128,6 +128,7 @@ def _check(state: MetadataState) -> None:
     ]
     for key, txn in state.transactions.items():
         problems += [f"transaction {key!r}: {p}" for p in _transaction_problems(state, key, txn)]
+    problems += quotas.problems(state)
     if problems:
         raise SnapshotError("the metadata snapshot is inconsistent: " + "; ".join(problems))
 

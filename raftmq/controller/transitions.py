@@ -15,12 +15,13 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import codec, groups, transactions
+from raftmq.controller import codec, groups, quotas, transactions
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
     AddReplica,
     AllocateProducerIds,
+    AlterClientQuotas,
     AlterTopicConfig,
     BrokerHeartbeat,
     BrokerRegistered,
@@ -613,4 +614,5 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     DeleteGroup: groups.delete_group,
     TransactionCalls: transactions.apply_calls,
     RecordTxnMarkers: transactions.record_markers,
+    AlterClientQuotas: quotas.alter,
 }
