@@ -31,6 +31,7 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
+from raftmq.client.connections import checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
 
 _REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
@@ -48,15 +49,21 @@ class AdminClient:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        client_id: str | None = None,
     ) -> None:
-        """``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
+        """``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's;
+        ``client_id``: Kafka's ``client.id``, as the Producer's (None: ``adminclient-N``)."""
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("give at least one controller address host:port")
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
+        self.client_id = checked_client_id(client_id, "adminclient")
+        self._channels = net.Channels(
+            security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile),
+            headers=client_id_headers(self.client_id),
+        )
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:

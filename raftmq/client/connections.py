@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -17,6 +18,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
 from raftmq.client.errors import ClientError
+from raftmq.limits import CLIENT_ID, CLIENT_ID_HEADER
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -38,6 +40,27 @@ def no_leader(topic: str, partition: int) -> ClientError:
     )
 
 
+_instances = itertools.count(1)
+
+
+def checked_client_id(client_id: str | None, kind: str) -> str:
+    """A client's id (Kafka's ``client.id``; quotas may be set per client id,
+    docs/quotas.md): ``client_id``, or for None one made as Kafka's clients make theirs
+    (``producer-1``, ``consumer-2``: ``kind`` and a number counting this process's
+    clients), so that each instance has its own. Raises ValueError for one gRPC metadata
+    cannot carry."""
+    if client_id is None:
+        return f"{kind}-{next(_instances)}"
+    if not CLIENT_ID.fullmatch(client_id):
+        raise ValueError(f"client_id {client_id[:64]!r} must be 1-255 printable ASCII characters")
+    return client_id
+
+
+def client_id_headers(client_id: str) -> net.Headers:
+    """The metadata every call of a client carries: its id."""
+    return ((CLIENT_ID_HEADER, client_id),)
+
+
 class TlsSettings(TypedDict, total=False):
     """The TLS keyword settings every client takes, by Kafka's names (docs/security.md):
     the CA file that signed the brokers' certificates, and this client's certificate and
@@ -52,11 +75,16 @@ class Connections:
     """Create and use it inside one event loop."""
 
     def __init__(
-        self, bootstrap: tuple[str, ...], *, security: net.Security = net.PLAINTEXT
+        self,
+        bootstrap: tuple[str, ...],
+        *,
+        security: net.Security = net.PLAINTEXT,
+        headers: net.Headers = (),
     ) -> None:
+        """``headers``: sent on every call (:func:`client_id_headers`)."""
         self.bootstrap = bootstrap
         self.view = ClusterView()
-        self._channels = net.AioChannels(security=security)
+        self._channels = net.AioChannels(security=security, headers=headers)
         self._refreshing: asyncio.Task[bool] | None = None
 
     def channel(self, address: str) -> grpc.aio.Channel:

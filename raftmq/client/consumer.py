@@ -43,7 +43,12 @@ from typing import Any, Literal, NamedTuple, TypeVar, Unpack, overload
 
 from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.connections import TlsSettings, bootstrap_addresses
+from raftmq.client.connections import (
+    TlsSettings,
+    bootstrap_addresses,
+    checked_client_id,
+    client_id_headers,
+)
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import (
     Chunk,
@@ -133,10 +138,14 @@ class ConsumerConfig:
     """This client's certificate, for brokers that require one (mutual TLS)."""
     ssl_keyfile: str | None = None
     """The key of ``ssl_certfile``."""
+    client_id: str | None = None
+    """Kafka's ``client.id``, sent on every call: quotas may be set per client id
+    (docs/quotas.md). None: ``consumer-N``, one per consumer of the process."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
+        object.__setattr__(self, "client_id", checked_client_id(self.client_id, "consumer"))
         if self.auto_offset_reset not in ("earliest", "latest", "error"):
             raise ValueError(
                 "auto_offset_reset must be 'earliest', 'latest' or 'error', not "
@@ -256,6 +265,7 @@ class ConsumerSettings(TlsSettings, total=False):
     session_timeout_ms: int
     group_instance_id: str | None
     assignor: str
+    client_id: str | None
 
 
 class ConsumerGroupMetadata(NamedTuple):
@@ -312,6 +322,7 @@ class _Face:
             client_rack=c.client_rack,
             read_committed=c.isolation_level == "read_committed",
             security=net.Security(c.ssl_cafile, c.ssl_certfile, c.ssl_keyfile),
+            headers=client_id_headers(c.client_id or ""),
         )
 
     def _check_open(self) -> None:

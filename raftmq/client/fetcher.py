@@ -124,6 +124,7 @@ class Fetcher:
         client_rack: str | None = None,
         read_committed: bool = False,
         security: net.Security = net.PLAINTEXT,
+        headers: net.Headers = (),
     ) -> None:
         self.bootstrap = bootstrap
         self.client_rack = client_rack
@@ -136,7 +137,7 @@ class Fetcher:
         self.lock = threading.Lock()
         self.states: dict[TopicPartition, PartitionState] = {}
         self.total_bytes = 0
-        self.links = Connections(bootstrap, security=security)
+        self.links = Connections(bootstrap, security=security, headers=headers)
         self._room = asyncio.Event()
         self._view_at_s = 0.0
 

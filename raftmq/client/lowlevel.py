@@ -18,6 +18,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.backoff import backoff_s
 from raftmq.client.cluster_view import Leader, merge_metadata
+from raftmq.client.connections import checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
 
 BROKER_SERVICE = "raftmq.v1.Broker"
@@ -34,20 +35,26 @@ class LowLevelClient:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        client_id: str | None = None,
     ) -> None:
         """Produce retries what proves nothing was written: NOT_LEADER and friends, and a
         connection that never opened. A call that failed after it may have reached the
         broker (UNAVAILABLE mid-call) is raised, not retried, because the write may have
         happened and a retry could store it twice; ``retry_unavailable=True`` accepts
         that (at-least-once) for callers that prefer it. Idempotent producers lift this.
-        ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's."""
+        ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``: TLS, as the Producer's;
+        ``client_id``: Kafka's ``client.id``, as the Producer's (None: ``client-N``)."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
         self.retries = retries
         self.backoff = backoff
         self.retry_unavailable = retry_unavailable
-        self._channels = net.Channels(security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile))
+        self.client_id = checked_client_id(client_id, "client")
+        self._channels = net.Channels(
+            security=net.Security(ssl_cafile, ssl_certfile, ssl_keyfile),
+            headers=client_id_headers(self.client_id),
+        )
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
 

@@ -42,7 +42,13 @@ from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.backoff import backoff
-from raftmq.client.connections import Connections, TlsSettings, bootstrap_addresses
+from raftmq.client.connections import (
+    Connections,
+    TlsSettings,
+    bootstrap_addresses,
+    checked_client_id,
+    client_id_headers,
+)
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.group_link import OffsetAndMetadata
 from raftmq.client.idempotence import Sequencer
@@ -203,10 +209,14 @@ class ProducerConfig:
     """This client's certificate, for brokers that require one (mutual TLS)."""
     ssl_keyfile: str | None = None
     """The key of ``ssl_certfile``."""
+    client_id: str | None = None
+    """Kafka's ``client.id``, sent on every call: quotas may be set per client id
+    (docs/quotas.md). None: ``producer-N``, one per producer of the process."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
+        object.__setattr__(self, "client_id", checked_client_id(self.client_id, "producer"))
         if self.acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
         for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
@@ -297,6 +307,7 @@ class ProducerSettings(TlsSettings, total=False):
     max_request_size: int
     transactional_id: str | None
     transaction_timeout_ms: int
+    client_id: str | None
 
 
 class _Engine:
@@ -308,6 +319,7 @@ class _Engine:
         self.links = Connections(
             config.bootstrap,
             security=net.Security(config.ssl_cafile, config.ssl_certfile, config.ssl_keyfile),
+            headers=client_id_headers(config.client_id or ""),
         )
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
