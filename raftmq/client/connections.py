@@ -86,6 +86,8 @@ class Connections:
         self.view = ClusterView()
         self._channels = net.AioChannels(security=security, headers=headers)
         self._refreshing: asyncio.Task[bool] | None = None
+        self._throttled_until: dict[str, float] = {}
+        """Broker address -> when (loop time) its client-quota throttle ends."""
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.of(address)
@@ -148,6 +150,26 @@ class Connections:
             self.view.leaders[key] = Leader(int(error.meta.get("raftmq-leader-id", 0)), hinted)
         else:
             self.view.leaders.pop(key, None)
+
+    def hold_back(self, address: str, throttle_time_ms: int) -> None:
+        """The broker at ``address`` answered with ``throttle_time_ms``: this client is over
+        a quota there (docs/quotas.md), so nothing more goes to it until the time passes,
+        as Kafka's clients do (the broker would hold the calls anyway)."""
+        if throttle_time_ms > 0:
+            until = asyncio.get_running_loop().time() + throttle_time_ms / 1000
+            if until > self._throttled_until.get(address, 0.0):
+                self._throttled_until[address] = until
+
+    async def throttle(self, address: str) -> None:
+        """Wait until a throttle the broker at ``address`` gave has passed."""
+        until = self._throttled_until.get(address)
+        if until is None:
+            return
+        wait_s = until - asyncio.get_running_loop().time()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        if self._throttled_until.get(address) == until:
+            del self._throttled_until[address]
 
     async def close(self) -> None:
         await self._channels.close()

@@ -290,10 +290,12 @@ class Fetcher:
             replica_read=follower is not None,
             isolation_level=self.isolation,
         )
+        await self.links.throttle(address)
         try:
             answer: pb.FetchResponse = await self.links.stub(address).Fetch(
                 request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
             )
+            self.links.hold_back(address, answer.throttle_time_ms)
             return answer
         except grpc.aio.AioRpcError as exc:
             err = error_of(exc)

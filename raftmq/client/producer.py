@@ -564,6 +564,7 @@ class _Engine:
             acks=_ACKS[self.config.acks],
             timeout_ms=self.config.request_timeout_ms,
         )
+        await self.links.throttle(address)  # over a quota there: Kafka's client holds back
         try:
             # Not wait_for: on 3.11 it runs the request in a task of its own, a loop turn
             # each way on every send's path.
@@ -581,6 +582,7 @@ class _Engine:
                 {},
                 "TIMEOUT",
             )
+        self.links.hold_back(address, answer.throttle_time_ms)
         self.acc.release(batch)
         self.room.set()
         self.sequencer.settled(batch, failed=False)
