@@ -168,7 +168,11 @@ class ClientQuotas:
         now_s = self._clock()
         hold_s = max(b.debt_s(now_s) for _, b in charged)
         if hold_s > 0:
-            await asyncio.sleep(min(hold_s, MAX_THROTTLE_S))
+            try:
+                await asyncio.sleep(min(hold_s, MAX_THROTTLE_S))
+            except BaseException:  # the client went away while held: the work never ran
+                work.close()
+                raise
         if busy is None:
             result = await work
         else:
