@@ -99,7 +99,10 @@ class ClientQuotas:
         self.buckets: OrderedDict[tuple[str, str, str], Bucket] = OrderedDict()
         """(kind, user, client id) -> bucket, least recently used first."""
         self.throttle_s = dict.fromkeys(KINDS, 0.0)
-        """Per kind, the throttle time given in answers (the metric)."""
+        """Per kind, the throttle time given in answers (a metric)."""
+        self.held_s = dict.fromkeys(KINDS, 0.0)
+        """Per kind of call, the time calls of callers in debt were held (a metric: a
+        client that ignores throttle_time_ms shows here)."""
 
     def _quotas(self) -> Index | None:
         quotas = self._metadata().client_quotas
@@ -150,12 +153,16 @@ class ClientQuotas:
         return max(1, min(max_bytes, int(bucket.rate * WINDOW_S)))
 
     async def call(
-        self, kind: str, work: Coroutine[Any, Any, T], size: Callable[[T], int] | None = None
+        self,
+        kind: str,
+        work: Coroutine[Any, Any, T],
+        size: int | Callable[[T], int] = 0,
     ) -> tuple[T, int]:
         """Serve one call of the caller: held first while it is in debt, then ``work``,
-        charged with what ``size`` says it moved (for PRODUCE and FETCH) and the time it
-        kept the event loop busy (for a request quota). Returns the result and its
-        throttle_time_ms."""
+        charged with the bytes it moved (PRODUCE and FETCH) and the time it kept the event
+        loop busy (a request quota). ``size``: the bytes, known before the work (a
+        produce's, charged at once, so that calls arriving meanwhile are held), or computed
+        from its result (a fetch's). Returns the result and its throttle_time_ms."""
         quotas = self._quotas()
         if quotas is None:
             return await work, 0
@@ -168,11 +175,15 @@ class ClientQuotas:
         now_s = self._clock()
         hold_s = max(b.debt_s(now_s) for _, b in charged)
         if hold_s > 0:
+            hold_s = min(hold_s, MAX_THROTTLE_S)
+            self.held_s[kind] += hold_s
             try:
-                await asyncio.sleep(min(hold_s, MAX_THROTTLE_S))
+                await asyncio.sleep(hold_s)
             except BaseException:  # the client went away while held: the work never ran
                 work.close()
                 raise
+        if data is not None and isinstance(size, int):
+            data.tokens -= size
         if busy is None:
             result = await work
         else:
@@ -181,7 +192,7 @@ class ClientQuotas:
                 result = await timed
             finally:
                 busy.tokens -= timed.busy_s
-        if data is not None and size is not None:
+        if data is not None and not isinstance(size, int):
             data.tokens -= size(result)
         now_s = self._clock()
         throttle_s = 0.0

@@ -1,5 +1,6 @@
 """The client quotas' figures in a broker's Prometheus registry (docs/metrics.md): the
-throttle time given, per quota type, and how many buckets are kept. Read at scrape time
+throttle time given, per quota type, the time calls were held, and how many buckets are
+kept. Read at scrape time
 from :class:`~raftmq.broker.client_quotas.ClientQuotas`' plain counters, so enforcing a
 quota costs no metric update on the request path. Three label values, whatever the
 number of clients."""
@@ -27,6 +28,17 @@ class QuotaCollector:
         for kind in KINDS:
             throttle.add_metric((kind,), self.quotas.throttle_s[kind])
         yield throttle
+        held = CounterMetricFamily(
+            "raftmq_quota_held_seconds",
+            "Time calls were held before being served because their caller was still over a "
+            "client quota, by the call's kind (produce: Produce and ProduceStream requests, "
+            "fetch: Fetch, request: the others): clients that do not honour "
+            "throttle_time_ms, or had calls in flight when throttled",
+            labels=("kind",),
+        )
+        for kind in KINDS:
+            held.add_metric((kind,), self.quotas.held_s[kind])
+        yield held
         yield GaugeMetricFamily(
             "raftmq_quota_buckets",
             "Token buckets kept for callers under a client quota (bounded)",

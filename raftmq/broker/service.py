@@ -71,7 +71,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.router.produce(
                 request.topic, request.partition, request.entries, request.acks, request.timeout_ms
             ),
-            lambda _: len(request.entries),
+            len(request.entries),
         )
         return pb.ProduceResponse(
             base_offset=done.base_offset,

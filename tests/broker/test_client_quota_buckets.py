@@ -39,7 +39,7 @@ async def _as(user: str, client_id: str, quotas: ClientQuotas, kind: str, size: 
         async def work() -> int:
             return size
 
-        _, throttle_ms = await quotas.call(kind, work(), lambda n: n)
+        _, throttle_ms = await quotas.call(kind, work(), size if kind == PRODUCE else lambda n: n)
         return throttle_ms
     finally:
         unbind_call(token)

@@ -106,11 +106,19 @@ def _read_all(cluster: LocalCluster, topic: str, client_id: str) -> tuple[float,
         return time.monotonic() - started, values
 
 
-def _throttle_given(cluster: LocalCluster, kind: str) -> float:
+def _seconds(cluster: LocalCluster, metric: str, kind: str) -> float:
+    """``metric``{kind} summed over the brokers."""
     return sum(
-        value(scrape(bound.metrics), "raftmq_quota_throttle_seconds_total", kind=kind)
-        for bound in cluster.wait_ready().values()
+        value(scrape(bound.metrics), metric, kind=kind) for bound in cluster.wait_ready().values()
     )
+
+
+def _throttle_given(cluster: LocalCluster, kind: str) -> float:
+    return _seconds(cluster, "raftmq_quota_throttle_seconds_total", kind)
+
+
+def _held(cluster: LocalCluster, kind: str) -> float:
+    return _seconds(cluster, "raftmq_quota_held_seconds_total", kind)
 
 
 def _expected(values: list[bytes]) -> None:
@@ -148,13 +156,18 @@ def test_a_consumer_is_held_to_its_fetch_quota(cluster: LocalCluster) -> None:
     _expected(fast_values)
 
     _set(cluster, client_id="slow-consumer", consumer_byte_rate=RATE)
-    throttled_before = _throttle_given(cluster, "fetch")
+    throttled_before, held_before = _throttle_given(cluster, "fetch"), _held(cluster, "fetch")
     elapsed, values = _read_all(cluster, "read", "slow-consumer")
     _expected(values)
     rate = RECORDS * RECORD / elapsed
     assert RATE * 0.3 < rate < RATE * 2.5, f"{rate:.0f} B/s under a {RATE} B/s quota"
     assert fast_elapsed < elapsed / 2, (fast_elapsed, elapsed)
-    assert _throttle_given(cluster, "fetch") > throttled_before
+    throttled = _throttle_given(cluster, "fetch") - throttled_before
+    assert throttled > 1.0, throttled
+    # The fetcher honoured each throttle (one fetch at a time): its calls were never held
+    # at the broker for long, the way a client ignoring the throttle is (below).
+    held = _held(cluster, "fetch") - held_before
+    assert held < throttled / 4, (held, throttled)
     _delete(cluster, client_id="slow-consumer")
 
 
@@ -178,6 +191,7 @@ def test_request_percentage_slows_a_client_spinning_on_metadata(cluster: LocalCl
     assert free_ms == 0
     assert most_ms > 0
     assert calls < free_calls / 2, (calls, free_calls)
+    assert _held(cluster, "request") > 0.5  # it ignored the throttle: the broker held it
     _delete(cluster, client_id="spinner")
 
 
