@@ -236,3 +236,13 @@ def test_the_cli_sets_lists_and_deletes_quotas(cluster: LocalCluster, tmp_path: 
     assert refused.exit_code == 1 and "INVALID_CLIENT_QUOTA" in refused.output
     unnamed = runner.invoke(app, ["quota", "set", "--producer-byte-rate", "5", *bootstrap])
     assert unnamed.exit_code == 2 and "Name the entity" in unnamed.output
+
+    # The records commands take a client id too, checked as the clients check it.
+    produced = runner.invoke(
+        app, ["produce", "fast", "--client-id", "cli-tool", *bootstrap], input="one\ntwo\n"
+    )
+    assert produced.exit_code == 0, produced.output
+    bad = runner.invoke(
+        app, ["produce", "fast", "--client-id", "tab\there", *bootstrap], input="x\n"
+    )
+    assert bad.exit_code == 2 and "client_id" in bad.output
