@@ -15,12 +15,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from typer.testing import CliRunner
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.main import app
-from raftmq.client import Consumer, LowLevelClient, Producer
+from raftmq.client import ClientError, Consumer, LowLevelClient, Producer
 from raftmq.controller.quotas import DEFAULT, KEYS
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format.records import Record, build_batch
@@ -246,3 +247,19 @@ def test_the_cli_sets_lists_and_deletes_quotas(cluster: LocalCluster, tmp_path: 
         app, ["produce", "fast", "--client-id", "tab\there", *bootstrap], input="x\n"
     )
     assert bad.exit_code == 2 and "client_id" in bad.output
+
+
+def test_bad_quotas_are_refused_quoted_short(cluster: LocalCluster) -> None:
+    with cluster.admin() as admin:
+        for user, client_id, values in (
+            ("x" * 100_000, "", {"producer_byte_rate": 1}),
+            ("", "app", {"k" * 100_000: 1}),
+            ("", "", {"producer_byte_rate": 1}),
+            ("", "app", {"request_percentage": 0}),
+        ):
+            with pytest.raises(ClientError) as refused:
+                admin.alter_client_quotas(user, client_id, set_values=values)
+            assert refused.value.code == pb.ERROR_CODE_INVALID_CLIENT_QUOTA, refused.value
+            assert refused.value.status == grpc.StatusCode.INVALID_ARGUMENT
+            assert len(str(refused.value)) < 500, str(refused.value)
+        assert not admin.describe_client_quotas().quotas
