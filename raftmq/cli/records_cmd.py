@@ -59,6 +59,15 @@ def _lines(source: BinaryIO) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
+ClientIdOption = Annotated[
+    str | None,
+    typer.Option(
+        "--client-id",
+        help="Kafka's client.id, sent on every call (quotas may be set per client id).",
+    ),
+]
+
+
 def _acks(text: str) -> Acks:
     if text == "all":
         return "all"
@@ -87,13 +96,7 @@ def produce(
         str | None, typer.Option(help="Compress batches: gzip, lz4 or zstd.")
     ] = None,
     linger_ms: Annotated[int, typer.Option(min=0, help="How long a batch waits to fill.")] = 5,
-    client_id: Annotated[
-        str | None,
-        typer.Option(
-            "--client-id",
-            help="Kafka's client.id, sent on every call (quotas may be set per client id).",
-        ),
-    ] = None,
+    client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
@@ -244,13 +247,7 @@ def consume(
             "stable offset; read_uncommitted (the default): every record.",
         ),
     ] = "read_uncommitted",
-    client_id: Annotated[
-        str | None,
-        typer.Option(
-            "--client-id",
-            help="Kafka's client.id, sent on every call (quotas may be set per client id).",
-        ),
-    ] = None,
+    client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
