@@ -23,3 +23,9 @@ KEPT_BATCHES = 5
 """The batches a partition remembers per idempotent producer (raftmq.partition.producer_state),
 so a resent batch among them is recognised as a duplicate. A producer keeps at most this many
 in flight per partition: any more and a resent one could be forgotten and stored twice."""
+
+CLIENT_ID_HEADER = "raftmq-client-id"
+"""The gRPC metadata key that carries a client's id (Kafka's ``client.id``) on every call:
+quotas may be set per client id (docs/quotas.md)."""
+CLIENT_ID = re.compile(r"\A[\x20-\x7e]{1,255}\Z")
+"""A client id: 1-255 printable ASCII characters (what gRPC metadata may carry)."""

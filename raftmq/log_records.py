@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from typing import Any, Literal
 
+from raftmq.limits import CLIENT_ID_HEADER
+
 LogFormat = Literal["text", "json"]
 FIELDS = ("rpc", "request_id", "partition", "principal")
 """The context fields a JSON line carries when they are known, in this order."""
@@ -37,7 +39,16 @@ class CallContext:
     """What a line written while serving one call knows about it. ``metadata`` and
     ``request`` are read only when a line asks (never on a quiet request path)."""
 
-    __slots__ = ("_auth", "_metadata", "_peer", "_principal", "_request", "_request_id", "rpc")
+    __slots__ = (
+        "_auth",
+        "_client_id",
+        "_metadata",
+        "_peer",
+        "_principal",
+        "_request",
+        "_request_id",
+        "rpc",
+    )
 
     def __init__(
         self,
@@ -54,6 +65,7 @@ class CallContext:
         self._request_id: str | None = None
         self._principal: str | None = None
         self._peer = peer
+        self._client_id: str | None = None
 
     @property
     def request_id(self) -> str:
@@ -66,6 +78,20 @@ class CallContext:
                         break
             self._request_id = given or secrets.token_hex(8)
         return self._request_id
+
+    @property
+    def client_id(self) -> str:
+        """The client's id (Kafka's ``client.id``) from the call's metadata, at most 255
+        characters; "" when it sent none. Client quotas are set per client id."""
+        if self._client_id is None:
+            found = ""
+            if self._metadata is not None:
+                for key, value in self._metadata() or ():
+                    if key == CLIENT_ID_HEADER and isinstance(value, str):
+                        found = value[:255]
+                        break
+            self._client_id = found
+        return self._client_id
 
     @property
     def partition(self) -> str | None:

@@ -141,26 +141,46 @@ def _options(extra: ChannelOptions) -> list[tuple[str, Any]]:
     return list({**dict(CHANNEL_OPTIONS), **dict(extra)}.items())
 
 
+Headers = tuple[tuple[str, str], ...]
+"""gRPC metadata a client sends on every call of a channel (its client id, say)."""
+
+
 def channel(
-    address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
+    address: str,
+    *,
+    options: ChannelOptions = (),
+    security: Security = PLAINTEXT,
+    headers: Headers = (),
 ) -> grpc.Channel:
-    """A synchronous gRPC channel to ``address`` (host:port)."""
+    """A synchronous gRPC channel to ``address`` (host:port), sending ``headers`` on every
+    call."""
     if security.tls:
         creds = _channel_credentials(security)
         made = grpc.secure_channel(address, creds, options=_options(options))
     else:
         made = grpc.insecure_channel(address, options=_options(options))
+    if headers:
+        made = grpc.intercept_channel(made, _SyncHeaders(headers))
     if security.login is None:
         return made
     return grpc.intercept_channel(made, security.login.sync_interceptor(address, made))
 
 
 def aio_channel(
-    address: str, *, options: ChannelOptions = (), security: Security = PLAINTEXT
+    address: str,
+    *,
+    options: ChannelOptions = (),
+    security: Security = PLAINTEXT,
+    headers: Headers = (),
 ) -> grpc.aio.Channel:
-    """An asyncio gRPC channel to ``address`` (host:port); use it in one event loop."""
+    """An asyncio gRPC channel to ``address`` (host:port), sending ``headers`` on every
+    call, and the login's credentials when ``security`` has one; use it in one event
+    loop."""
     login = None if security.login is None else security.login.aio_interceptors(address)
-    interceptors = [] if login is None else login.interceptors
+    interceptors = [
+        *(_aio_headers(headers) if headers else ()),
+        *(login.interceptors if login is not None else ()),
+    ]
     if security.tls:
         creds = _channel_credentials(security)
         made = grpc.aio.secure_channel(
@@ -175,19 +195,108 @@ def aio_channel(
     return made
 
 
+def _with_headers(metadata: Any, headers: Headers) -> tuple[tuple[str, Any], ...]:
+    """A call's own metadata (None, a tuple or gRPC's Metadata) with ``headers`` added."""
+    return (*tuple(metadata or ()), *headers)
+
+
+class _SyncHeaders(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the same headers to every call of a synchronous channel."""
+
+    def __init__(self, headers: Headers) -> None:
+        self.headers = headers
+
+    def _details(self, details: Any) -> Any:
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            _with_headers(details.metadata, self.headers),
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    """A synchronous call's details with other metadata (gRPC gives no constructor)."""
+
+    def __init__(
+        self,
+        method: str,
+        timeout: float | None,
+        metadata: Any,
+        credentials: Any,
+        wait_for_ready: bool | None,
+        compression: Any,
+    ) -> None:
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
+def _aio_headers(headers: Headers) -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors adding the same headers to every call of an asyncio channel."""
+
+    def details(d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        return grpc.aio.ClientCallDetails(
+            d.method, d.timeout, _with_headers(d.metadata, headers), d.credentials, d.wait_for_ready
+        )
+
+    class UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
+            return await continuation(details(d), request)
+
+    class UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, continuation: Any, d: Any, request: Any) -> Any:
+            return await continuation(details(d), request)
+
+    class StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(self, continuation: Any, d: Any, requests: Any) -> Any:
+            return await continuation(details(d), requests)
+
+    class StreamStream(grpc.aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(self, continuation: Any, d: Any, requests: Any) -> Any:
+            return await continuation(details(d), requests)
+
+    return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]
+
+
 class Channels:
     """One synchronous channel per address, opened on first use and kept (gRPC reconnects
     a channel by itself): the synchronous clients' twin of :class:`AioChannels`."""
 
-    def __init__(self, *, security: Security = PLAINTEXT) -> None:
+    def __init__(self, *, security: Security = PLAINTEXT, headers: Headers = ()) -> None:
         self.security = security
+        self.headers = headers
         self._channels: dict[str, grpc.Channel] = {}
 
     def of(self, address: str) -> grpc.Channel:
         """The channel to ``address``."""
         found = self._channels.get(address)
         if found is None:
-            found = self._channels[address] = channel(address, security=self.security)
+            found = self._channels[address] = channel(
+                address, security=self.security, headers=self.headers
+            )
         return found
 
     def close(self) -> None:
@@ -204,9 +313,16 @@ class AioChannels:
     ``max_channels``, reaching it closes them all first (addresses change only when
     brokers move, so the set is rebuilt from those in use). Use it in one event loop."""
 
-    def __init__(self, *, max_channels: int | None = None, security: Security = PLAINTEXT) -> None:
+    def __init__(
+        self,
+        *,
+        max_channels: int | None = None,
+        security: Security = PLAINTEXT,
+        headers: Headers = (),
+    ) -> None:
         self.max_channels = max_channels
         self.security = security
+        self.headers = headers
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def get(self, address: str) -> grpc.aio.Channel:
@@ -223,7 +339,9 @@ class AioChannels:
         """The channel to ``address``, without a bound (for callers that name few)."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = aio_channel(address, security=self.security)
+            channel = self._channels[address] = aio_channel(
+                address, security=self.security, headers=self.headers
+            )
         return channel
 
     async def close(self) -> None:

@@ -115,6 +115,9 @@ RULES: dict[pb.ErrorCode, Rule] = {
     pb.ERROR_CODE_TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Rule(_PD, retriable=False),
     pb.ERROR_CODE_INVALID_ACL: Rule(_IA, retriable=False),
     pb.ERROR_CODE_TOO_MANY_ACLS: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
+    # client quotas
+    pb.ERROR_CODE_INVALID_CLIENT_QUOTA: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

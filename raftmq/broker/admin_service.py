@@ -23,6 +23,7 @@ from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.acl_admin import AclAdmin
 from raftmq.broker.live_state import LiveState
+from raftmq.broker.quota_admin import QuotaAdmin
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.rpc import add_service
 from raftmq.broker.scram_admin import ScramAdmin
@@ -147,9 +148,9 @@ def _loads(state: MetadataState) -> list[apb.BrokerLoad]:
     ]
 
 
-class AdminService(ScramAdmin, AclAdmin):
+class AdminService(ScramAdmin, AclAdmin, QuotaAdmin):
     """The Admin service; its SCRAM user calls are :class:`ScramAdmin`'s, its ACL calls
-    :class:`AclAdmin`'s."""
+    :class:`AclAdmin`'s, its client quota calls :class:`QuotaAdmin`'s."""
 
     def __init__(
         self,

@@ -169,6 +169,8 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "DeleteAcls": _const(cluster(Op.ALTER)),
     "AlterUserScramCredentials": _const(cluster(Op.ALTER)),
     "DescribeUserScramCredentials": _const(cluster(Op.DESCRIBE)),
+    "AlterClientQuotas": _const(cluster(Op.ALTER_CONFIGS)),
+    "DescribeClientQuotas": _const(cluster(Op.DESCRIBE_CONFIGS)),
     # Groups service
     "ConsumerGroupHeartbeat": lambda r, v: [
         Need(G, r.group_id, Op.READ),

@@ -38,6 +38,7 @@ from raftmq.broker.authentication import (
 )
 from raftmq.broker.authorization import AclAuthorizer
 from raftmq.broker.auto_create import AutoCreate, TopicCreator
+from raftmq.broker.client_quotas import ClientQuotas
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
@@ -49,6 +50,7 @@ from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.open_files import open_files_note
+from raftmq.broker.quota_metrics import QuotaCollector
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.reconciler import Reconciler
 from raftmq.broker.registration import Registration, next_incarnation
@@ -285,7 +287,10 @@ class Broker:
             retention_check_seconds,
         )
         self.listen = listen or (me.host, me.port)
+        self.quotas = ClientQuotas(lambda: self.metadata)
         self.metrics = BrokerMetrics(self, metrics_listen or (me.host, 0)) if metrics else None
+        if self.metrics is not None:
+            self.metrics.registry.register(QuotaCollector(self.quotas))
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.health = health.aio.HealthServicer()
@@ -379,7 +384,7 @@ class Broker:
             traffic=metrics.traffic if metrics is not None else None,
         )
         each = None if self.authorizer is None else guard.authorize_each("Produce")
-        add_to_server(BrokerService(router, each), self._server)
+        add_to_server(BrokerService(router, self.quotas, each), self._server)
         if self.quorum is not None:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server

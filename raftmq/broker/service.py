@@ -14,8 +14,16 @@ import grpc
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.broker.client_quotas import FETCH, PRODUCE, REQUEST, ClientQuotas
 from raftmq.broker.refusals import Refusal
-from raftmq.broker.routing import OPENING, MarkerRequest, ReplicaInfo, Router
+from raftmq.broker.routing import (
+    DEFAULT_FETCH_BYTES,
+    OPENING,
+    MarkerRequest,
+    Offsets,
+    ReplicaInfo,
+    Router,
+)
 from raftmq.broker.rpc import add_service, internal_error
 
 MAX_STREAM_INFLIGHT = 1024
@@ -47,27 +55,39 @@ class BrokerService(pb_grpc.BrokerServicer):
     """The RPCs, each a translation of its messages to a call of the request layer
     (:class:`~raftmq.broker.routing.Router`) and back. Each returns its answer or raises
     Refusal; :func:`add_to_server` turns that into the call's status (or, in
-    ProduceStream, into the request's answer)."""
+    ProduceStream, into the request's answer). The clients' calls pass the client quotas
+    (``quotas.call``: held while the caller is in debt, charged, and answered with
+    throttle_time_ms); RebuildReplica and WriteTxnMarkers, an operator's and the
+    coordinator's, do not."""
 
     def __init__(
-        self, router: Router, authorize: Callable[[pb.ProduceRequest], None] | None = None
+        self,
+        router: Router,
+        quotas: ClientQuotas,
+        authorize: Callable[[pb.ProduceRequest], None] | None = None,
     ) -> None:
         """``authorize``: raises the Refusal for a ProduceStream request its caller may not
         make (the server's guard judging it as a Produce), so it is answered on its own
         and the stream goes on (None: all allowed)."""
         self.router = router
+        self.quotas = quotas
         self.authorize = authorize
 
     async def _produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         """One produce request, for both Produce and ProduceStream; raises Refusal."""
-        done = await self.router.produce(
-            request.topic, request.partition, request.entries, request.acks, request.timeout_ms
+        done, throttle_ms = await self.quotas.call(
+            PRODUCE,
+            self.router.produce(
+                request.topic, request.partition, request.entries, request.acks, request.timeout_ms
+            ),
+            len(request.entries),
         )
         return pb.ProduceResponse(
             base_offset=done.base_offset,
             last_offset=done.last_offset,
             high_watermark=done.high_watermark,
             log_start_offset=done.log_start_offset,
+            throttle_time_ms=throttle_ms,
         )
 
     async def Produce(
@@ -183,17 +203,22 @@ class BrokerService(pb_grpc.BrokerServicer):
                 f"unknown isolation_level {request.isolation_level}; use READ_UNCOMMITTED (0) "
                 "or READ_COMMITTED (1)",
             )
-        got = await self.router.fetch(
-            request.topic,
-            request.partition,
-            request.offset,
-            max_bytes=request.max_bytes,
-            max_wait_ms=request.max_wait_ms,
-            min_bytes=request.min_bytes,
-            replica_read=request.replica_read,
-            read_committed=request.isolation_level == pb.READ_COMMITTED,
+        got, throttle_ms = await self.quotas.call(
+            FETCH,
+            self.router.fetch(
+                request.topic,
+                request.partition,
+                request.offset,
+                max_bytes=self.quotas.fetch_limit_bytes(request.max_bytes or DEFAULT_FETCH_BYTES),
+                max_wait_ms=request.max_wait_ms,
+                min_bytes=request.min_bytes,
+                replica_read=request.replica_read,
+                read_committed=request.isolation_level == pb.READ_COMMITTED,
+            ),
+            lambda fetched: len(fetched.entries),
         )
         return pb.FetchResponse(
+            throttle_time_ms=throttle_ms,
             entries=got.entries,
             next_offset=got.next_offset,
             high_watermark=got.high_watermark,
@@ -231,26 +256,35 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
         which = request.WhichOneof("spec")
-        found = self.router.list_offsets(
-            request.topic,
-            request.partition,
-            position=request.position if which == "position" else None,
-            timestamp_ms=request.timestamp_ms if which == "timestamp_ms" else None,
-        )
+
+        async def list_offsets() -> Offsets:
+            return self.router.list_offsets(
+                request.topic,
+                request.partition,
+                position=request.position if which == "position" else None,
+                timestamp_ms=request.timestamp_ms if which == "timestamp_ms" else None,
+            )
+
+        found, throttle_ms = await self.quotas.call(REQUEST, list_offsets())
         return pb.ListOffsetsResponse(
             offset=found.offset,
             log_start_offset=found.log_start_offset,
             high_watermark=found.high_watermark,
             last_stable_offset=found.last_stable_offset,
+            throttle_time_ms=throttle_ms,
         )
 
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:
-        info = await self.router.metadata(
-            list(request.topics), request.allow_auto_create, routing_only=request.routing_only
+        info, throttle_ms = await self.quotas.call(
+            REQUEST,
+            self.router.metadata(
+                list(request.topics), request.allow_auto_create, routing_only=request.routing_only
+            ),
         )
         return pb.MetadataResponse(
+            throttle_time_ms=throttle_ms,
             cluster=info.cluster,
             brokers=[
                 pb.BrokerInfo(id=b.id, host=b.host, port=b.port, rack=b.rack) for b in info.brokers
@@ -287,8 +321,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
-        producer_id = await self.router.init_producer_id()
-        return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+        producer_id, throttle_ms = await self.quotas.call(REQUEST, self.router.init_producer_id())
+        return pb.InitProducerIdResponse(
+            producer_id=producer_id, producer_epoch=0, throttle_time_ms=throttle_ms
+        )
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

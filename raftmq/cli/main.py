@@ -13,6 +13,7 @@ from raftmq.cli import (
     cluster_cmd,
     group_cmd,
     log_cmd,
+    quota_cmd,
     records_cmd,
     status_cmd,
     topic_cmd,
@@ -38,6 +39,7 @@ app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
 app.add_typer(user_cmd.app, name="user")
 app.add_typer(acl_cmd.app, name="acl")
+app.add_typer(quota_cmd.app, name="quota")
 app.command()(cluster_cmd.dev)
 app.command()(cluster_cmd.demo)
 app.command()(status_cmd.status)

@@ -59,6 +59,15 @@ def _lines(source: BinaryIO) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
+ClientIdOption = Annotated[
+    str | None,
+    typer.Option(
+        "--client-id",
+        help="Kafka's client.id, sent on every call (quotas may be set per client id).",
+    ),
+]
+
+
 def _acks(text: str) -> Acks:
     if text == "all":
         return "all"
@@ -87,6 +96,7 @@ def produce(
         str | None, typer.Option(help="Compress batches: gzip, lz4 or zstd.")
     ] = None,
     linger_ms: Annotated[int, typer.Option(min=0, help="How long a batch waits to fill.")] = 5,
+    client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
@@ -99,6 +109,7 @@ def produce(
             acks=_acks(acks),
             compression=compression,
             linger_ms=linger_ms,
+            client_id=client_id,
             **client_tls(),
         )
     except ValueError as exc:
@@ -236,6 +247,7 @@ def consume(
             "stable offset; read_uncommitted (the default): every record.",
         ),
     ] = "read_uncommitted",
+    client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
@@ -267,6 +279,7 @@ def consume(
             group_id=group,
             enable_auto_commit=False,
             isolation_level=isolation,
+            client_id=client_id,
             **client_tls(),
         )
     except ValueError as exc:

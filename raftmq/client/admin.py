@@ -31,7 +31,7 @@ from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
-from raftmq.client.connections import SecuritySettings
+from raftmq.client.connections import SecuritySettings, checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.sasl import client_security
 
@@ -47,18 +47,23 @@ class AdminClient:
         attempts: int = 60,
         backoff_s: float = 0.1,
         timeout_s: float = 15.0,
+        client_id: str | None = None,
         **security: Unpack[SecuritySettings],
     ) -> None:
         """``security``: ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile`` (TLS) and
         ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``
-        (authentication), as the Producer's."""
+        (authentication), as the Producer's; ``client_id``: Kafka's ``client.id``, as the
+        Producer's (None: ``adminclient-N``)."""
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("give at least one controller address host:port")
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        self._channels = net.Channels(security=client_security(**security))
+        self.client_id = checked_client_id(client_id, "adminclient")
+        self._channels = net.Channels(
+            security=client_security(**security), headers=client_id_headers(self.client_id)
+        )
         self._leader: str | None = None  # the controller leader's address, once known
 
     def __enter__(self) -> AdminClient:
@@ -303,4 +308,37 @@ class AdminClient:
         return self._call(
             "DescribeUserScramCredentials",
             apb.DescribeUserScramCredentialsRequest(users=list(users)),
+        )
+
+    # --- client quotas ------------------------------------------------------------------
+
+    def alter_client_quotas(
+        self,
+        user: str = "",
+        client_id: str = "",
+        *,
+        set_values: Mapping[str, int] | None = None,
+        remove: Iterable[str] = (),
+    ) -> apb.ChangeResponse:
+        """Kafka's AlterClientQuotas for one entity (docs/quotas.md): ``user`` and
+        ``client_id`` each a name, ``<default>``, or "" when the entity does not name it;
+        ``set_values`` sets quotas (``producer_byte_rate``, ``consumer_byte_rate``,
+        ``request_percentage``), ``remove`` drops them (all dropped: the entity goes)."""
+        alteration = apb.ClientQuotaAlteration(
+            entity=apb.ClientQuotaEntity(user=user, client_id=client_id),
+            set=dict(set_values or {}),
+            remove=list(remove),
+        )
+        return self._call(
+            "AlterClientQuotas", apb.AlterClientQuotasRequest(alterations=[alteration])
+        )
+
+    def describe_client_quotas(
+        self, user: str = "", client_id: str = ""
+    ) -> apb.DescribeClientQuotasResponse:
+        """Every quota entity with its values; only those naming ``user`` or
+        ``client_id`` exactly, when given."""
+        return self._call(
+            "DescribeClientQuotas",
+            apb.DescribeClientQuotasRequest(user=user, client_id=client_id),
         )

@@ -6,6 +6,7 @@ so they route requests alike."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -17,6 +18,7 @@ from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.cluster_view import ClusterView, Leader, merge_metadata
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.sasl import SaslSettings
+from raftmq.limits import CLIENT_ID, CLIENT_ID_HEADER
 
 AUTO_CREATE_TIMEOUT_S = 12.0
 """A broker waits up to 10 s for a topic it auto-creates (raftmq.broker.auto_create)."""
@@ -38,6 +40,27 @@ def no_leader(topic: str, partition: int) -> ClientError:
     )
 
 
+_instances = itertools.count(1)
+
+
+def checked_client_id(client_id: str | None, kind: str) -> str:
+    """A client's id (Kafka's ``client.id``; quotas may be set per client id,
+    docs/quotas.md): ``client_id``, or for None one made as Kafka's clients make theirs
+    (``producer-1``, ``consumer-2``: ``kind`` and a number counting this process's
+    clients), so that each instance has its own. Raises ValueError for one gRPC metadata
+    cannot carry."""
+    if client_id is None:
+        return f"{kind}-{next(_instances)}"
+    if not CLIENT_ID.fullmatch(client_id):
+        raise ValueError(f"client_id {client_id[:64]!r} must be 1-255 printable ASCII characters")
+    return client_id
+
+
+def client_id_headers(client_id: str) -> net.Headers:
+    """The metadata every call of a client carries: its id."""
+    return ((CLIENT_ID_HEADER, client_id),)
+
+
 class TlsSettings(TypedDict, total=False):
     """The TLS keyword settings every client takes, by Kafka's names (docs/security.md):
     the CA file that signed the brokers' certificates, and this client's certificate and
@@ -56,16 +79,23 @@ class Connections:
     """Create and use it inside one event loop."""
 
     def __init__(
-        self, bootstrap: tuple[str, ...], *, security: net.Security = net.PLAINTEXT
+        self,
+        bootstrap: tuple[str, ...],
+        *,
+        security: net.Security = net.PLAINTEXT,
+        headers: net.Headers = (),
     ) -> None:
+        """``headers``: sent on every call (:func:`client_id_headers`)."""
         self.bootstrap = bootstrap
         self.view = ClusterView()
-        self._channels = net.AioChannels(security=security)
+        self._channels = net.AioChannels(security=security, headers=headers)
         self._refreshing: asyncio.Task[bool] | None = None
         self.refused: ClientError | None = None
         """Why the last :meth:`refresh` was refused, when a broker refused to say who the
         caller is (authentication): no retry mends that, so a caller waiting for metadata
         raises it rather than wait on."""
+        self._throttled_until: dict[str, float] = {}
+        """Broker address -> when (loop time) its client-quota throttle ends."""
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.of(address)
@@ -144,6 +174,26 @@ class Connections:
             self.view.leaders[key] = Leader(int(error.meta.get("raftmq-leader-id", 0)), hinted)
         else:
             self.view.leaders.pop(key, None)
+
+    def hold_back(self, address: str, throttle_time_ms: int) -> None:
+        """The broker at ``address`` answered with ``throttle_time_ms``: this client is over
+        a quota there (docs/quotas.md), so nothing more goes to it until the time passes,
+        as Kafka's clients do (the broker would hold the calls anyway)."""
+        if throttle_time_ms > 0:
+            until = asyncio.get_running_loop().time() + throttle_time_ms / 1000
+            if until > self._throttled_until.get(address, 0.0):
+                self._throttled_until[address] = until
+
+    async def throttle(self, address: str) -> None:
+        """Wait until a throttle the broker at ``address`` gave has passed."""
+        until = self._throttled_until.get(address)
+        if until is None:
+            return
+        wait_s = until - asyncio.get_running_loop().time()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        if self._throttled_until.get(address) == until:
+            del self._throttled_until[address]
 
     async def close(self) -> None:
         await self._channels.close()

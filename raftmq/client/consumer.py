@@ -42,7 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar, Unpack, overload
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client.connections import TlsSettings, bootstrap_addresses
+from raftmq.client.connections import (
+    TlsSettings,
+    bootstrap_addresses,
+    checked_client_id,
+    client_id_headers,
+)
 from raftmq.client.errors import ClientError
 from raftmq.client.fetcher import (
     Chunk,
@@ -139,11 +144,15 @@ class ConsumerConfig:
     sasl_username: str | None = None
     sasl_password: str | None = None
     sasl_oauth_token: str | None = None
+    client_id: str | None = None
+    """Kafka's ``client.id``, sent on every call: quotas may be set per client id
+    (docs/quotas.md). None: ``consumer-N``, one per consumer of the process."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
         security_of(self)  # raises ValueError for sasl_ settings that do not go together
+        object.__setattr__(self, "client_id", checked_client_id(self.client_id, "consumer"))
         if self.auto_offset_reset not in ("earliest", "latest", "error"):
             raise ValueError(
                 "auto_offset_reset must be 'earliest', 'latest' or 'error', not "
@@ -263,6 +272,7 @@ class ConsumerSettings(TlsSettings, SaslSettings, total=False):
     session_timeout_ms: int
     group_instance_id: str | None
     assignor: str
+    client_id: str | None
 
 
 class ConsumerGroupMetadata(NamedTuple):
@@ -319,6 +329,7 @@ class _Face:
             client_rack=c.client_rack,
             read_committed=c.isolation_level == "read_committed",
             security=security_of(c),
+            headers=client_id_headers(c.client_id or ""),
         )
 
     def _check_open(self) -> None:

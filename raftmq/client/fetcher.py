@@ -124,6 +124,7 @@ class Fetcher:
         client_rack: str | None = None,
         read_committed: bool = False,
         security: net.Security = net.PLAINTEXT,
+        headers: net.Headers = (),
     ) -> None:
         self.bootstrap = bootstrap
         self.client_rack = client_rack
@@ -136,7 +137,7 @@ class Fetcher:
         self.lock = threading.Lock()
         self.states: dict[TopicPartition, PartitionState] = {}
         self.total_bytes = 0
-        self.links = Connections(bootstrap, security=security)
+        self.links = Connections(bootstrap, security=security, headers=headers)
         self._room = asyncio.Event()
         self._view_at_s = 0.0
 
@@ -289,10 +290,12 @@ class Fetcher:
             replica_read=follower is not None,
             isolation_level=self.isolation,
         )
+        await self.links.throttle(address)
         try:
             answer: pb.FetchResponse = await self.links.stub(address).Fetch(
                 request, timeout=self.fetch_max_wait_ms / 1000 + RPC_SLACK_S
             )
+            self.links.hold_back(address, answer.throttle_time_ms)
             return answer
         except grpc.aio.AioRpcError as exc:
             err = error_of(exc)

@@ -18,7 +18,7 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.client.backoff import backoff_s
 from raftmq.client.cluster_view import Leader, merge_metadata
-from raftmq.client.connections import SecuritySettings
+from raftmq.client.connections import SecuritySettings, checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.sasl import client_security
 
@@ -33,6 +33,7 @@ class LowLevelClient:
         retries: int = 60,
         backoff: float = 0.05,
         retry_unavailable: bool = False,
+        client_id: str | None = None,
         **security: Unpack[SecuritySettings],
     ) -> None:
         """Produce retries what proves nothing was written: NOT_LEADER and friends, and a
@@ -42,14 +43,18 @@ class LowLevelClient:
         that (at-least-once) for callers that prefer it. Idempotent producers lift this.
         ``security``: ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile`` (TLS) and
         ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``sasl_oauth_token``
-        (authentication), as the Producer's."""
+        (authentication), as the Producer's; ``client_id``: Kafka's ``client.id``, as the
+        Producer's (None: ``client-N``)."""
         if not bootstrap:
             raise ValueError("give at least one broker address host:port")
         self.bootstrap = list(bootstrap)
         self.retries = retries
         self.backoff = backoff
         self.retry_unavailable = retry_unavailable
-        self._channels = net.Channels(security=client_security(**security))
+        self.client_id = checked_client_id(client_id, "client")
+        self._channels = net.Channels(
+            security=client_security(**security), headers=client_id_headers(self.client_id)
+        )
         self._leaders: dict[tuple[str, int], Leader] = {}
         self._brokers: dict[int, str] = {}
 

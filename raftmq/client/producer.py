@@ -41,7 +41,13 @@ import grpc
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.accumulator import Accumulator, Batch, BufferFullError, Outcome
 from raftmq.client.backoff import backoff
-from raftmq.client.connections import Connections, TlsSettings, bootstrap_addresses
+from raftmq.client.connections import (
+    Connections,
+    TlsSettings,
+    bootstrap_addresses,
+    checked_client_id,
+    client_id_headers,
+)
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.group_link import OffsetAndMetadata
 from raftmq.client.idempotence import Sequencer
@@ -209,11 +215,15 @@ class ProducerConfig:
     sasl_username: str | None = None
     sasl_password: str | None = None
     sasl_oauth_token: str | None = None
+    client_id: str | None = None
+    """Kafka's ``client.id``, sent on every call: quotas may be set per client id
+    (docs/quotas.md). None: ``producer-N``, one per producer of the process."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ValueError("give at least one broker address host:port in bootstrap")
         security_of(self)  # raises ValueError for sasl_ settings that do not go together
+        object.__setattr__(self, "client_id", checked_client_id(self.client_id, "producer"))
         if self.acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
         for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
@@ -304,6 +314,7 @@ class ProducerSettings(TlsSettings, SaslSettings, total=False):
     max_request_size: int
     transactional_id: str | None
     transaction_timeout_ms: int
+    client_id: str | None
 
 
 class _Engine:
@@ -315,6 +326,7 @@ class _Engine:
         self.links = Connections(
             config.bootstrap,
             security=security_of(config),
+            headers=client_id_headers(config.client_id or ""),
         )
         self._streams: dict[str, ProduceStream] = {}
         self._in_flight: dict[tuple[str, int], int] = {}
@@ -565,6 +577,7 @@ class _Engine:
             acks=_ACKS[self.config.acks],
             timeout_ms=self.config.request_timeout_ms,
         )
+        await self.links.throttle(address)  # over a quota there: Kafka's client holds back
         try:
             # Not wait_for: on 3.11 it runs the request in a task of its own, a loop turn
             # each way on every send's path.
@@ -582,6 +595,7 @@ class _Engine:
                 {},
                 "TIMEOUT",
             )
+        self.links.hold_back(address, answer.throttle_time_ms)
         self.acc.release(batch)
         self.room.set()
         self.sequencer.settled(batch, failed=False)

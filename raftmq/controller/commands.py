@@ -412,6 +412,23 @@ class DeleteAcls:
     """Removes every binding any of the filters matches."""
 
     filters: tuple[AclFilter, ...]
+@dataclass(frozen=True, slots=True)
+class QuotaAlteration:
+    """One entity's change: ``updates`` set, ``removals`` dropped (an entity left with no
+    value is deleted). Entity parts as in :class:`~raftmq.controller.model.ClientQuota`."""
+
+    user: str
+    client_id: str
+    updates: Mapping[str, int] = field(default_factory=dict)
+    removals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotas:
+    """Kafka's AlterClientQuotas: every alteration applies, or none (raftmq.controller
+    .quotas)."""
+
+    alterations: tuple[QuotaAlteration, ...]
 
 
 Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
@@ -443,6 +460,7 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     AlterScramCredentials,
     CreateAcls,
     DeleteAcls,
+    AlterClientQuotas,
 ]
 
 

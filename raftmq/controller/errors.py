@@ -57,6 +57,9 @@ class RefusalCode(StrEnum):
     # ACLs (raftmq.controller.acls)
     INVALID_ACL = "INVALID_ACL"  # a bad principal, host, name, pattern or operation
     TOO_MANY_ACLS = "TOO_MANY_ACLS"  # the cluster holds its limit of bindings
+    # Client quotas (raftmq.controller.quotas)
+    INVALID_CLIENT_QUOTA = "INVALID_CLIENT_QUOTA"  # a bad entity, key or value
+    TOO_MANY_CLIENT_QUOTAS = "TOO_MANY_CLIENT_QUOTAS"
 
 
 class CommandRefused(Exception):

@@ -236,6 +236,19 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientQuota:
+    """The quota values set for one entity, Kafka's model (raftmq.controller.quotas;
+    docs/quotas.md): a user, a client id, or both; each part is a name, ``<default>``
+    (every user, or client id, with no entity of its own) or "" (the entity does not
+    name that part)."""
+
+    user: str
+    client_id: str
+    values: Mapping[str, int]
+    """``producer_byte_rate``, ``consumer_byte_rate``, ``request_percentage``: the ones set."""
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataState:
     cluster_name: str
     version: int = 0
@@ -255,3 +268,5 @@ class MetadataState:
     """User name: its SCRAM-SHA-256 credential (raftmq.controller.scram_users)."""
     acls: tuple[AclBinding, ...] = ()
     """The access control lists, sorted and distinct (raftmq.controller.acls)."""
+    client_quotas: tuple[ClientQuota, ...] = ()
+    """Every quota entity with its values, sorted by (user, client id)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from raftmq.controller import acls, codec
+from raftmq.controller import acls, codec, quotas
 from raftmq.controller.commands import (
     MalformedCommand,
     Refused,
@@ -129,6 +129,7 @@ def _check(state: MetadataState) -> None:
     for key, txn in state.transactions.items():
         problems += [f"transaction {key!r}: {p}" for p in _transaction_problems(state, key, txn)]
     problems += acls.problems(state)
+    problems += quotas.problems(state)
     if problems:
         raise SnapshotError("the metadata snapshot is inconsistent: " + "; ".join(problems))
 

@@ -15,12 +15,13 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import acls, codec, groups, scram_users, transactions
+from raftmq.controller import acls, codec, groups, quotas, scram_users, transactions
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
     AddReplica,
     AllocateProducerIds,
+    AlterClientQuotas,
     AlterTopicConfig,
     BrokerHeartbeat,
     BrokerRegistered,
@@ -619,4 +620,5 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     AlterScramCredentials: scram_users.alter,
     CreateAcls: acls.create_acls,
     DeleteAcls: acls.delete_acls,
+    AlterClientQuotas: quotas.alter,
 }

@@ -538,3 +538,65 @@ class RebalanceClusterResponse(_message.Message):
     leader_changes: _containers.RepeatedCompositeFieldContainer[PreferredLeaderChange]
     metadata_version: int
     def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ..., leader_changes: _Optional[_Iterable[_Union[PreferredLeaderChange, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class ClientQuotaEntity(_message.Message):
+    __slots__ = ("user", "client_id")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    client_id: str
+    def __init__(self, user: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class ClientQuotaAlteration(_message.Message):
+    __slots__ = ("entity", "set", "remove")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    entity: ClientQuotaEntity
+    set: _containers.ScalarMap[str, int]
+    remove: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entity: _Optional[_Union[ClientQuotaEntity, _Mapping]] = ..., set: _Optional[_Mapping[str, int]] = ..., remove: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AlterClientQuotasRequest(_message.Message):
+    __slots__ = ("alterations",)
+    ALTERATIONS_FIELD_NUMBER: _ClassVar[int]
+    alterations: _containers.RepeatedCompositeFieldContainer[ClientQuotaAlteration]
+    def __init__(self, alterations: _Optional[_Iterable[_Union[ClientQuotaAlteration, _Mapping]]] = ...) -> None: ...
+
+class DescribeClientQuotasRequest(_message.Message):
+    __slots__ = ("user", "client_id")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    client_id: str
+    def __init__(self, user: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class ClientQuota(_message.Message):
+    __slots__ = ("entity", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    entity: ClientQuotaEntity
+    values: _containers.ScalarMap[str, int]
+    def __init__(self, entity: _Optional[_Union[ClientQuotaEntity, _Mapping]] = ..., values: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DescribeClientQuotasResponse(_message.Message):
+    __slots__ = ("quotas", "metadata_version")
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[ClientQuota]
+    metadata_version: int
+    def __init__(self, quotas: _Optional[_Iterable[_Union[ClientQuota, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...

@@ -119,6 +119,16 @@ class AdminStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/raftmq.v1.Admin/AlterClientQuotas',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/raftmq.v1.Admin/DescribeClientQuotas',
+                request_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -284,6 +294,25 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClientQuotas(self, request, context):
+        """Client quotas, Kafka's AlterClientQuotas (docs/quotas.md): set and remove quota values
+        of entities (a user, a client id, or both). Every alteration applies, or none does;
+        an entity left with no value is deleted; removing a value that is not set changes
+        nothing. Every broker enforces the change once it has the metadata version answered.
+        Errors: INVALID_CLIENT_QUOTA, TOO_MANY_CLIENT_QUOTAS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Kafka's DescribeClientQuotas: the entities and their values, optionally only those
+        naming one user or client id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +400,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -832,6 +871,60 @@ class Admin:
             '/raftmq.v1.Admin/DeleteAcls',
             raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_admin__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/AlterClientQuotas',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.AlterClientQuotasRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Admin/DescribeClientQuotas',
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_admin__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

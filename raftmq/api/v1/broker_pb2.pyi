@@ -77,6 +77,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_ACL: _ClassVar[ErrorCode]
     ERROR_CODE_TOO_MANY_ACLS: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_CLIENT_QUOTA: _ClassVar[ErrorCode]
+    ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -169,6 +171,8 @@ ERROR_CODE_CLUSTER_AUTHORIZATION_FAILED: ErrorCode
 ERROR_CODE_TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 ERROR_CODE_INVALID_ACL: ErrorCode
 ERROR_CODE_TOO_MANY_ACLS: ErrorCode
+ERROR_CODE_INVALID_CLIENT_QUOTA: ErrorCode
+ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
@@ -223,20 +227,22 @@ class ProduceError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("base_offset", "last_offset", "high_watermark", "log_start_offset", "request_id", "error")
+    __slots__ = ("base_offset", "last_offset", "high_watermark", "log_start_offset", "request_id", "error", "throttle_time_ms")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     last_offset: int
     high_watermark: int
     log_start_offset: int
     request_id: int
     error: ProduceError
-    def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read", "isolation_level")
@@ -269,7 +275,7 @@ class AbortedTransaction(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("entries", "next_offset", "high_watermark", "log_start_offset", "broker_id", "last_stable_offset", "aborted_transactions")
+    __slots__ = ("entries", "next_offset", "high_watermark", "log_start_offset", "broker_id", "last_stable_offset", "aborted_transactions", "throttle_time_ms")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +283,7 @@ class FetchResponse(_message.Message):
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     ABORTED_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     entries: bytes
     next_offset: int
     high_watermark: int
@@ -284,7 +291,8 @@ class FetchResponse(_message.Message):
     broker_id: int
     last_stable_offset: int
     aborted_transactions: _containers.RepeatedCompositeFieldContainer[AbortedTransaction]
-    def __init__(self, entries: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, entries: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., broker_id: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
     __slots__ = ("topic", "partition", "position", "timestamp_ms")
@@ -299,16 +307,18 @@ class ListOffsetsRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., position: _Optional[_Union[OffsetPosition, str]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsResponse(_message.Message):
-    __slots__ = ("offset", "log_start_offset", "high_watermark", "last_stable_offset")
+    __slots__ = ("offset", "log_start_offset", "high_watermark", "last_stable_offset", "throttle_time_ms")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     offset: int
     log_start_offset: int
     high_watermark: int
     last_stable_offset: int
-    def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
     __slots__ = ("topics", "allow_auto_create", "routing_only")
@@ -371,18 +381,20 @@ class TopicInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("cluster", "brokers", "topics", "broker_id", "metadata_version")
+    __slots__ = ("cluster", "brokers", "topics", "broker_id", "metadata_version", "throttle_time_ms")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
     topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
     broker_id: int
     metadata_version: int
-    def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ..., broker_id: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, cluster: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ..., broker_id: _Optional[int] = ..., metadata_version: _Optional[int] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
     __slots__ = ()
@@ -407,12 +419,14 @@ class RebuildReplicaResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., deleted_bytes: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch")
+    __slots__ = ("producer_id", "producer_epoch", "throttle_time_ms")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
     __slots__ = ("topic", "partition", "producer_id", "producer_epoch", "commit")
