@@ -15,7 +15,14 @@ brokers, topic ``demo`` with 3 partitions, data in ``./raftmq-data``).
 Two rewrites keep the run off shared state, and nothing else is changed: the README's
 broker addresses ``127.0.0.1:9091``-``9093`` (``make dev``'s ports) become the ports the
 test cluster bound (fixed ports could clash with a ``raftmq dev`` or another test run on
-this machine), and ``/tmp/`` becomes the test's own temporary folder."""
+this machine), and ``/tmp/`` becomes the test's own temporary folder.
+
+The tour runs twice: against a plaintext cluster, and against one started as ``raftmq dev
+--secure`` starts it (TLS, authentication, ACLs; ``raftmq-data/client.toml`` written as it
+writes it). The shell commands run unchanged there (a command that finds the cluster in
+``raftmq-data`` uses that folder's client configuration); a Python block's clients get
+the file's settings as keyword arguments (``Producer(address, **settings, ...)``, the one
+more rewrite), as the README says Python clients take them."""
 
 from __future__ import annotations
 
@@ -29,6 +36,9 @@ from pathlib import Path
 
 import pytest
 
+from raftmq.cli import connection
+from raftmq.cli.cluster_cmd import CLIENT_CONFIG, TLS_FOLDER, write_client_config
+from raftmq.devtools.dev_credentials import secure_cluster, store_admin
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 from tests.broker.conftest import SHARED_BROKER_ARGS, module_cluster
 
@@ -102,22 +112,31 @@ def shell_lines(block: Block) -> list[str]:
 BLOCKS = [b for b in fenced_blocks(README.read_text()) if b.language in PYTHON | SHELL]
 
 
+CLIENT = re.compile(r"\b(Producer|Consumer|LowLevelClient|AdminClient)\(([^,)]*)")
+"""A client constructed with its addresses first (the README's way)."""
+
+
 @dataclass
 class Tour:
     cluster: LocalCluster
     home: Path
     """The reader's working folder: raftmq-data/ and .venv/bin/raftmq are here."""
+    settings: dict[str, str] | None = None
+    """A secure cluster's client settings (client.toml's), given to every Python client."""
 
-    def rewrite(self, text: str) -> str:
+    def rewrite(self, text: str, python: bool = False) -> str:
         addresses = self.cluster.addresses
         text = ADDRESS.sub(lambda m: addresses[int(m.group(1)) - 1], text)
-        return text.replace("/tmp/", f"{self.home}/tmp/")
+        text = text.replace("/tmp/", f"{self.home}/tmp/")
+        if python and self.settings is not None:
+            text = f"_SECURE = {self.settings!r}\n" + CLIENT.sub(r"\1(\2, **_SECURE", text)
+        return text
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["plaintext", "secure"])
 def tour(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Tour]:
@@ -129,8 +148,20 @@ def tour(
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m raftmq.cli.main "$@"\n')
     wrapper.chmod(0o755)
     spec = local_spec(3, {"demo": 3})  # what `raftmq dev` creates
-    with module_cluster(home / "raftmq-data", spec, SHARED_BROKER_ARGS, request) as cluster:
-        yield Tour(cluster, home)
+    data = home / "raftmq-data"
+    if request.param == "plaintext":
+        with module_cluster(data, spec, SHARED_BROKER_ARGS, request) as cluster:
+            yield Tour(cluster, home)
+        return
+    secure = secure_cluster(data / TLS_FOLDER)  # as `raftmq dev --secure`
+    args = [*SHARED_BROKER_ARGS, *secure.broker_args]
+    with module_cluster(data, spec, args, request, **secure.cluster_settings()) as cluster:
+        store_admin(cluster, secure.credentials)
+        config = write_client_config(
+            data / CLIENT_CONFIG, cluster.addresses, secure.pki, secure.credentials.scram
+        )
+        settings = connection.load(config).tls
+        yield Tour(cluster, home, {k: str(v) for k, v in settings.items()})
 
 
 def test_the_readme_has_a_tour_to_run() -> None:
@@ -146,7 +177,7 @@ def test_block_runs_as_pasted(block: Block, tour: Tour) -> None:
     if block.not_run is not None:
         pytest.skip(f"README marks it not run: {block.not_run}")
     if block.language in PYTHON:
-        runs = [[sys.executable, "-c", tour.rewrite(block.text)]]
+        runs = [[sys.executable, "-c", tour.rewrite(block.text, python=True)]]
     else:
         runs = [["bash", "-o", "pipefail", "-c", tour.rewrite(c)] for c in shell_lines(block)]
         assert runs, f"README.md:{block.line}: a shell block with no command"

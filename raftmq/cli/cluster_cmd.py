@@ -612,7 +612,7 @@ def dev(
 
 
 TLS_FOLDER = "tls"
-CLIENT_CONFIG = "client.toml"
+CLIENT_CONFIG = connection.LOCAL_CONFIG
 
 
 def write_client_config(

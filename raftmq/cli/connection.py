@@ -151,6 +151,10 @@ _SASL_OPTIONS = (
     ),
     _path_option("sasl_oauth_token", typer.Option(help="OAUTHBEARER: the bearer token."), str),
 )
+LOCAL_CONFIG = "client.toml"
+"""The client configuration ``raftmq dev --secure`` writes into its data folder: a command
+that finds the local cluster through ``--data`` (no ``--bootstrap``) and is given no
+connection settings uses it, as it uses that folder's cluster file."""
 _FLAG_KEYS = {"tls_ca": "ssl_cafile", "tls_cert": "ssl_certfile", "tls_key": "ssl_keyfile"}
 """Each --tls-* flag's parameter -> the setting it overrides (a --sasl-* one: its own)."""
 
@@ -165,6 +169,9 @@ def with_connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
             _FLAG_KEYS.get(p.name, p.name): kwargs.pop(p.name, None)
             for p in (*_TLS_OPTIONS, *_SASL_OPTIONS)
         }
+        if client_config is None and not kwargs.get("bootstrap") and not any(flags.values()):
+            local = Path(kwargs.get("data") or ".") / LOCAL_CONFIG
+            client_config = local if "data" in kwargs and local.exists() else None
         try:
             resolved = _resolve(client_config, flags)
             client_security(**resolved.tls)  # settings that do not go together: said now

@@ -1,7 +1,8 @@
 """``raftmq dev --secure``: a local CA and certificates, TLS on every listener (mutual),
 authentication (an admin SCRAM user), a client configuration file, and commands that
-connect working with ``--config FILE`` (users added and listed too), while one without it,
-or with certificates but no credentials, is refused in a sentence."""
+connect working with ``--config FILE`` (users added and listed too) or finding it in the
+data folder, while one without it, or with certificates but no credentials, is refused in
+a sentence."""
 
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ def test_dev_secure_writes_a_client_config_that_commands_use(tmp_path: Path) -> 
         anonymous = _raftmq("topic", "list", "--bootstrap", settings["bootstrap"], *tls)
         assert anonymous.returncode != 0
         assert "this listener expects SCRAM-SHA-256" in " ".join(anonymous.stdout.split())
-        plain = _raftmq("status", "--data", str(data))
+        # The data folder's client.toml serves a command that finds the cluster there...
+        found = _raftmq("topic", "list", "--data", str(data))
+        assert found.returncode == 0 and "demo" in found.stdout, found.stdout + found.stderr
+        # ...but not one told where the brokers are: plaintext then, refused.
+        plain = _raftmq("status", "--bootstrap", settings["bootstrap"])
         assert plain.returncode != 0
         assert "if its listener uses TLS" in plain.stdout + plain.stderr
 
