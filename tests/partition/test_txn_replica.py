@@ -281,6 +281,38 @@ def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+def test_an_open_transaction_past_the_log_s_end_sets_no_retention_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose producer state is ahead of its log (a snapshot just installed, or a
+    log cut back under a newer checkpoint) names an open transaction the log does not hold
+    yet: retention has nothing of it to keep, and must neither fail nor stop (it failed on
+    every pass in chaos seed 7422). The state is set ahead here: producing it takes a
+    snapshot race no test can time."""
+
+    async def main() -> None:
+        host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.01, election_tick=3)
+        config = LogConfig(segment_bytes=1024, retention_bytes=0)
+        replica = PartitionReplica(host, "t", 0, tmp_path, [1], config)
+        await host.start()
+        try:
+            for _ in range(500):
+                if replica.is_leader and replica.producers.ready(replica.led_term):
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(5):
+                await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
+            ahead = replica._log.next_offset + 100
+            monkeypatch.setattr(replica.producers.states, "first_open_offset", lambda: ahead)
+            assert replica.retention_floor() is None
+            host.compact(replica.group.name, keep_from=replica.retention_floor())
+            assert replica.log_start_offset > 0  # retention went on
+        finally:
+            await host.stop()
+
+    asyncio.run(main())
+
+
 def test_aborted_transactions_past_the_tail_go_to_run_files_and_come_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
