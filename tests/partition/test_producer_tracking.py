@@ -33,9 +33,11 @@ def batch(pid: int, epoch: int, seq: int, *values: bytes) -> bytes:
     return build_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
 
-async def open_leader(directory: Path) -> tuple[RaftHost, PartitionReplica]:
+async def open_leader(
+    directory: Path, config: LogConfig | None = None
+) -> tuple[RaftHost, PartitionReplica]:
     host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.01, election_tick=3)
-    replica = PartitionReplica(host, "t", 0, directory, [1], LogConfig())
+    replica = PartitionReplica(host, "t", 0, directory, [1], config or LogConfig())
     await host.start()
     for _ in range(500):
         if replica.is_leader and replica.producers.ready(replica.led_term):

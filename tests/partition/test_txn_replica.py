@@ -27,8 +27,6 @@ from raftmq.partition.errors import (
     ProducerFencedError,
 )
 from raftmq.partition.replica import Acks, PartitionReplica
-from raftmq.raft.host.host import RaftHost
-from raftmq.raft.host.transport import MemoryNetwork
 from tests.partition.test_producer_tracking import open_leader
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,9 +69,17 @@ def data_offsets(replica: PartitionReplica, *, read_committed: bool) -> list[int
     return [h.base_offset for h in entry.iter_headers(data) if h.type == entry.EntryType.DATA]
 
 
-def run(tmp_path: Path, body: Callable[[PartitionReplica], Awaitable[None]]) -> None:
+SMALL_SEGMENTS = LogConfig(segment_bytes=1024, retention_bytes=0)
+"""Segments of about one 600-byte batch, and retention that would delete every one."""
+
+
+def run(
+    tmp_path: Path,
+    body: Callable[[PartitionReplica], Awaitable[None]],
+    config: LogConfig | None = None,
+) -> None:
     async def main() -> None:
-        host, replica = await open_leader(tmp_path)
+        host, replica = await open_leader(tmp_path, config)
         try:
             await body(replica)
         finally:
@@ -254,31 +260,21 @@ def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> Non
     """Retention would delete every sealed segment; it stops at the one holding the open
     transaction's first batch, and goes on once a marker ends the transaction."""
 
-    async def main() -> None:
-        host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.01, election_tick=3)
-        config = LogConfig(segment_bytes=1024, retention_bytes=0)
-        replica = PartitionReplica(host, "t", 0, tmp_path, [1], config)
-        await host.start()
-        try:
-            for _ in range(500):
-                if replica.is_leader and replica.producers.ready(replica.led_term):
-                    break
-                await asyncio.sleep(0.01)
-            for _ in range(5):
-                await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
-            opened = await replica.produce(txn_batch(P, 0, 0, b"t" * 600), Acks.ALL, 5)
-            for _ in range(5):
-                await replica.produce(plain(b"y" * 600), Acks.ALL, 5)
-            host.compact(replica.group.name, keep_from=replica.retention_floor())
-            assert 0 < replica.log_start_offset <= opened.base_offset
-            await replica.write_marker(P, 1, True, 5)
-            assert replica.retention_floor() is None
-            host.compact(replica.group.name, keep_from=replica.retention_floor())
-            assert replica.log_start_offset > opened.base_offset
-        finally:
-            await host.stop()
+    async def body(replica: PartitionReplica) -> None:
+        host = replica._host
+        for _ in range(5):
+            await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
+        opened = await replica.produce(txn_batch(P, 0, 0, b"t" * 600), Acks.ALL, 5)
+        for _ in range(5):
+            await replica.produce(plain(b"y" * 600), Acks.ALL, 5)
+        host.compact(replica.group.name, keep_from=replica.retention_floor())
+        assert 0 < replica.log_start_offset <= opened.base_offset
+        await replica.write_marker(P, 1, True, 5)
+        assert replica.retention_floor() is None
+        host.compact(replica.group.name, keep_from=replica.retention_floor())
+        assert replica.log_start_offset > opened.base_offset
 
-    asyncio.run(main())
+    run(tmp_path, body, SMALL_SEGMENTS)
 
 
 def test_an_open_transaction_past_the_log_s_end_sets_no_retention_floor(
@@ -290,27 +286,16 @@ def test_an_open_transaction_past_the_log_s_end_sets_no_retention_floor(
     every pass in chaos seed 7422). The state is set ahead here: producing it takes a
     snapshot race no test can time."""
 
-    async def main() -> None:
-        host = RaftHost(1, MemoryNetwork().transport(1), tick_s=0.01, election_tick=3)
-        config = LogConfig(segment_bytes=1024, retention_bytes=0)
-        replica = PartitionReplica(host, "t", 0, tmp_path, [1], config)
-        await host.start()
-        try:
-            for _ in range(500):
-                if replica.is_leader and replica.producers.ready(replica.led_term):
-                    break
-                await asyncio.sleep(0.01)
-            for _ in range(5):
-                await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
-            ahead = replica._log.next_offset + 100
-            monkeypatch.setattr(replica.producers.states, "first_open_offset", lambda: ahead)
-            assert replica.retention_floor() is None
-            host.compact(replica.group.name, keep_from=replica.retention_floor())
-            assert replica.log_start_offset > 0  # retention went on
-        finally:
-            await host.stop()
+    async def body(replica: PartitionReplica) -> None:
+        for _ in range(5):
+            await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
+        ahead = replica._log.next_offset + 100
+        monkeypatch.setattr(replica.producers.states, "first_open_offset", lambda: ahead)
+        assert replica.retention_floor() is None
+        replica._host.compact(replica.group.name, keep_from=replica.retention_floor())
+        assert replica.log_start_offset > 0  # retention went on
 
-    asyncio.run(main())
+    run(tmp_path, body, SMALL_SEGMENTS)
 
 
 def test_aborted_transactions_past_the_tail_go_to_run_files_and_come_back(
