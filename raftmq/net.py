@@ -211,15 +211,8 @@ class _SyncHeaders(
     def __init__(self, headers: Headers) -> None:
         self.headers = headers
 
-    def _details(self, details: Any) -> Any:
-        return _CallDetails(
-            details.method,
-            details.timeout,
-            _with_headers(details.metadata, self.headers),
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
+    def _details(self, details: Any) -> grpc.ClientCallDetails:
+        return with_metadata(details, _with_headers(details.metadata, self.headers))
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
@@ -232,6 +225,19 @@ class _SyncHeaders(
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._details(details), requests)
+
+
+def with_metadata(details: Any, metadata: Any) -> grpc.ClientCallDetails:
+    """A synchronous call's ``details`` with ``metadata`` in place of its own: what a
+    synchronous client interceptor passes on (this module's, and the logins')."""
+    return _CallDetails(
+        details.method,
+        details.timeout,
+        metadata,
+        details.credentials,
+        getattr(details, "wait_for_ready", None),
+        getattr(details, "compression", None),
+    )
 
 
 class _CallDetails(grpc.ClientCallDetails):

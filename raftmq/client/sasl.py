@@ -192,15 +192,6 @@ def _with_header(metadata: Any, header: str) -> list[tuple[str, Any]]:
     return [*kept, (AUTHORIZATION, header)]
 
 
-class _SyncDetails(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
 class _SyncInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
@@ -214,14 +205,7 @@ class _SyncInterceptor(
 
     def _details(self, details: Any) -> Any:
         header = self.login.header_sync(self.address, self.channel)
-        return _SyncDetails(
-            details.method,
-            details.timeout,
-            _with_header(details.metadata, header),
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
+        return net.with_metadata(details, _with_header(details.metadata, header))
 
     def _call(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
         if _handshake(details.method):
