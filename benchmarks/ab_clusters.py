@@ -12,6 +12,7 @@ partition's leader.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ class Side:
     name: str
     cluster: LocalCluster
     targets: list[tuple[str, int]]
-    tls: dict[str, str]
+    client_settings: dict[str, str]
     metrics_urls: list[str]
     rec_per_s: list[float] = field(default_factory=list)
 
@@ -65,14 +66,12 @@ def start_side(name: str, broker_args: list[str], *, secure: bool = False) -> Si
     leaders = cluster.wait_for_leaders(timeout=60, preferred=True)
     targets = [(leaders[(TOPIC, p)].address, p) for p in range(PARTITIONS)]
     urls = [f"http://{a.metrics}/metrics" for a in cluster.wait_ready().values() if a.metrics]
-    tls = {k: str(v) for k, v in cluster.client_tls.items() if v}
-    return Side(name, cluster, targets, tls, urls)
+    settings = {k: str(v) for k, v in cluster.client_tls.items() if v}
+    return Side(name, cluster, targets, settings, urls)
 
 
 def publish(side: Side, warmup_s: float, seconds: float) -> float:
     """Records per second ``side`` acknowledged inside the measured window."""
-    import time
-
     start_at = time.monotonic() + SPAWN_S
     targets = side.targets
     kwargs = [
@@ -85,7 +84,7 @@ def publish(side: Side, warmup_s: float, seconds: float) -> float:
             "warmup": warmup_s,
             "seconds": seconds,
             "stream": True,
-            "tls": side.tls,
+            "client_settings": side.client_settings,
         }
         for i, n in enumerate(split(INFLIGHT, PROCS))
     ]
@@ -122,7 +121,7 @@ def alternate(
 def one_record_latency(side: Side, count: int, max_seconds: float) -> dict[str, Any]:
     """Sequential acks=all one-record produces to partition 0's leader (produce_bench's)."""
     return raftmq_sequential(
-        side.targets[0][0], count, max_seconds, VALUE_BYTES, tls=side.tls or None
+        side.targets[0][0], count, max_seconds, VALUE_BYTES, client_settings=side.client_settings
     )
 
 

@@ -227,12 +227,12 @@ async def raftmq_produce_worker(
     warmup: float,
     seconds: float,
     stream: bool = False,
-    tls: dict[str, str] | None = None,
+    client_settings: dict[str, str] | None = None,
 ) -> Json:
     """``inflight`` tasks, each sending acks=all produce requests of ``batch`` records to
     one partition's leader back to back; only replies inside the window are counted. With
     ``stream`` the requests go over one ProduceStream per leader instead of unary calls;
-    ``tls``: a client's ssl_ and sasl_ settings (Kafka's names)."""
+    ``client_settings``: a client's ssl_ and sasl_ settings (Kafka's names)."""
     import grpc
 
     from raftmq import net
@@ -242,7 +242,7 @@ async def raftmq_produce_worker(
     from raftmq.client.produce_stream import ProduceStream
     from raftmq.format.records import Record, build_batch
 
-    security = _security(tls)
+    security = _security(client_settings)
     channels = {addr: net.aio_channel(addr, security=security) for addr, _ in targets}
     stubs = {addr: pb_grpc.BrokerStub(ch) for addr, ch in channels.items()}
     now_ms = int(time.time() * 1000)
@@ -600,11 +600,11 @@ class Progress:
             print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def _security(tls: dict[str, str] | None) -> Any:
+def _security(client_settings: dict[str, str] | None) -> Any:
     """The net.Security of a client's ssl_ and sasl_ settings (plaintext without)."""
     from raftmq.client.sasl import client_security
 
-    return client_security(**(tls or {}))
+    return client_security(**(client_settings or {}))
 
 
 def raftmq_sequential(
@@ -613,7 +613,7 @@ def raftmq_sequential(
     max_seconds: float,
     value_size: int,
     mode: str = "all",
-    tls: dict[str, str] | None = None,
+    client_settings: dict[str, str] | None = None,
 ) -> Json:
     """One request at a time to partition 0's leader: a 1-record Produce with acks=all (the
     figure with a target) or acks=leader, or a ListOffsets ("rpc": the gRPC round trip with
@@ -628,7 +628,7 @@ def raftmq_sequential(
     value = os.urandom(value_size)
     acks = pb.ACKS_LEADER if mode == "leader" else pb.ACKS_ALL
     lats: list[float] = []
-    with net.channel(address, security=_security(tls)) as ch:
+    with net.channel(address, security=_security(client_settings)) as ch:
         stub = pb_grpc.BrokerStub(ch)
         deadline = time.monotonic() + max_seconds
         for i in range(count + 20):
