@@ -8,12 +8,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import grpc
 import pytest
 
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import delay
-from raftmq.format.records import Record
+from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import read_all
 
@@ -88,3 +91,89 @@ def test_delayed_records_arrive_no_earlier_than_due(make_cluster: ClusterFactory
                 if r.value != b"past":
                     late.append(seen - due)
     assert max(late) <= LATENESS_BOUND_MS, late
+
+
+def test_bad_delays_are_refused_in_the_client_and_by_the_broker(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"d": 1})
+    cluster.admin().create_topic("short", 1, 3, config={"delivery.max.delay.ms": "1000"})
+    now = _now_ms()
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        for kwargs, words in [
+            ({"delay_ms": -1}, "negative"),
+            ({"deliver_at": -5}, "negative"),
+            ({"delay_ms": 5, "deliver_at": now}, "not both"),
+            ({"delay_ms": delay.MAX_DELIVERY_DELAY_MS + 60_000}, "no topic allows"),
+            ({"delay_ms": 10, "headers": {delay.HOP_AT: b"1"}}, "reserved"),
+        ]:
+            with pytest.raises(ValueError, match=words):
+                producer.send("d", b"x", **kwargs)  # type: ignore[arg-type]
+        too_far = producer.send("short", b"x", delay_ms=60_000)
+        with pytest.raises(ClientError) as refused:
+            too_far.result(timeout=20)
+        assert refused.value.code == pb.ERROR_CODE_DELAY_TOO_LONG
+        assert refused.value.status == grpc.StatusCode.INVALID_ARGUMENT
+        assert "delivery.max.delay.ms" in str(refused.value)
+        producer.send("short", b"ok", delay_ms=500).result(timeout=20)  # within the maximum
+
+    # Never trust the client: records produced to __delay by hand must carry a route.
+    with cluster.client() as client:
+        hand_made = [
+            ((), "lacks"),
+            (delay.route_headers("nope", 0, now + 1_000, now + 100), "does not exist"),
+            (delay.route_headers("d", 7, now + 1_000, now + 100), "partition 7"),
+            (delay.route_headers("d", 0, now + 1_000, now + 2_000), "after its deliver-at"),
+            (delay.route_headers("d", 0, now + 9_999_000, now + 9_000_000), "level 0"),
+        ]
+        for headers, words in hand_made:
+            batch = build_batch([Record(None, b"x", now, tuple(headers))])
+            with pytest.raises(ClientError) as bad:
+                client.produce(delay.DELAY_TOPIC, 0, batch)
+            assert bad.value.code == pb.ERROR_CODE_INVALID_DELAY, bad.value
+            assert words in str(bad.value)
+        too_long = delay.route_headers("short", 0, now + 3_600_000, now + 100)
+        with pytest.raises(ClientError) as bad:
+            client.produce(
+                delay.DELAY_TOPIC, 0, build_batch([Record(None, b"x", now, tuple(too_long))])
+            )
+        assert bad.value.code == pb.ERROR_CODE_DELAY_TOO_LONG
+
+
+def _delay_leaders(cluster: LocalCluster) -> dict[int, int]:
+    """Level -> the broker leading it."""
+    with cluster.client() as client:
+        answer = client.metadata([delay.DELAY_TOPIC])
+    (topic,) = answer.topics
+    return {p.partition: p.leader_id for p in topic.partitions}
+
+
+def test_a_killed_level_leader_loses_none_duplicates_none_and_is_never_early(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"d": 4})
+    count = 3_000
+    with Producer(cluster.addresses, linger_ms=5, acks="all") as producer:
+        futures = [
+            producer.send(
+                "d", f"m{i}".encode(), key=f"k{i}".encode(), delay_ms=2_000 + (i * 7919) % 6_000
+            )
+            for i in range(count)
+        ]
+        producer.flush()
+        for f in futures:
+            f.result(timeout=30)
+    leaders = _delay_leaders(cluster)
+    victim = max(set(leaders.values()), key=list(leaders.values()).count)
+    cluster.kill(victim)  # SIGKILL, with thousands pending
+    time.sleep(1.5)
+    cluster.start(victim)
+    records, seen_by = watch_until(cluster, "d", 4, lambda rs: len(rs) >= count, 90)
+    values = [r.value for r in records]
+    assert len(values) == len(set(values)), "a delayed record was delivered twice"
+    assert set(values) == {f"m{i}".encode() for i in range(count)}, "a delayed record was lost"
+    by_offset = {(p, o): s for (p, o), s in seen_by.items()}
+    with cluster.client() as client:
+        for p in range(4):
+            for r in read_all(client, "d", p)[0]:
+                assert by_offset[(p, r.offset)] >= _deliver_at(r), f"{r.value!r} early"
