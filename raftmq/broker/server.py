@@ -301,7 +301,7 @@ class Broker:
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.health = health.aio.HealthServicer()
-        self.registration = Registration(
+        self.registration: Registration = Registration(
             broker_id,
             self.link,
             (me.host, me.port),

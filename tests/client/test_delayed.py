@@ -10,8 +10,10 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.cli.main import app
 from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
@@ -177,3 +179,38 @@ def test_a_killed_level_leader_loses_none_duplicates_none_and_is_never_early(
         for p in range(4):
             for r in read_all(client, "d", p)[0]:
                 assert by_offset[(p, r.offset)] >= _deliver_at(r), f"{r.value!r} early"
+
+
+def test_topic_describe_shows_pending_delayed_messages_and_the_next_due(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"later": 2, "other": 1})
+    with cluster.admin() as admin:
+        assert admin.describe_delayed("later").pending == 0  # before __delay exists
+    now = _now_ms()
+    dues = [now + 600_000 + 1_000 * i for i in range(40)] + [now + 5_000_000]
+    with Producer(cluster.addresses) as producer:
+        for i, due in enumerate(dues):
+            producer.send("later", f"m{i}".encode(), deliver_at=due)
+        producer.send("other", b"x", delay_ms=30_000)
+        producer.flush()
+    with cluster.admin() as admin:
+        deadline = time.monotonic() + 20
+        while not (summary := admin.describe_delayed("later")).complete:
+            assert time.monotonic() < deadline, "some level has no mover after 20 s"
+            time.sleep(0.1)
+        assert (summary.pending, summary.next_due_ms, summary.complete) == (41, dues[0], True)
+        assert admin.describe_delayed("other").pending == 1
+        listed = [t.name for t in admin.list_topics().topics]
+        assert delay.DELAY_TOPIC in listed
+        with pytest.raises(ClientError, match="internal"):
+            admin.delete_topic(delay.DELAY_TOPIC)
+    bootstrap = ["--bootstrap", cluster.addresses[0]]
+    shown = CliRunner().invoke(app, ["topic", "describe", "later", *bootstrap])
+    assert shown.exit_code == 0, shown.output
+    assert "delayed messages pending: 41; next due" in shown.output
+    assert f"({dues[0]} ms since the epoch)" in shown.output
+    listed_cli = CliRunner().invoke(app, ["topic", "list", *bootstrap])
+    assert delay.DELAY_TOPIC not in listed_cli.output and "later" in listed_cli.output
+    listed_all = CliRunner().invoke(app, ["topic", "list", "--internal", *bootstrap])
+    assert delay.DELAY_TOPIC in listed_all.output
