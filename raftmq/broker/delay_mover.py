@@ -44,9 +44,11 @@ from raftmq.partition.replica import Acks, PartitionReplica
 
 log = logging.getLogger(__name__)
 
-DELAY_CONFIG = {"retention.ms": "-1"}
-"""The delay topic's settings: pending records are never deleted by time (a record may
-wait 40 days and more)."""
+DELAY_CONFIG = {"retention.ms": "-1", "retention.bytes": "0", "segment.bytes": str(16 << 20)}
+"""The delay topic's settings: never deleted by time (a record may wait 40 days and more),
+every sealed segment by size, but retention keeps everything from the segment holding
+the level's last durable cursor (:meth:`DelayMovers.retention_index`), so only records
+already moved go, a 16 MiB segment at a time."""
 POLL_S = 0.05
 """How often a mover with nothing due looks again (bounded by the head's due time)."""
 CHECK_LEADERS_S = 0.1
@@ -389,6 +391,15 @@ class LevelMover:
             await asyncio.sleep(RETRY_S)
         return True
 
+    def durable_index(self) -> int:
+        """The Raft index of the entry holding the last cursor this mover wrote or
+        loaded: everything before it is moved, and a successor starts at or after it."""
+        try:
+            data = self.replica.read(self._cursor_at, 1).data
+        except (PartitionError, FormatError):
+            return 0
+        return entry.parse_header(data).index if data else 0
+
     async def pending_for(self, topic: str) -> tuple[int, int, bool]:
         """(pending, earliest deliver-at or -1, complete) of ``topic``'s records in this
         level: a scan from the cursor, of at most MAX_SCAN_RECORDS records, yielding to the
@@ -480,6 +491,18 @@ class DelayMovers:
             pending, next_due, complete = await mover.pending_for(topic)
             out.append(LevelPending(level, pending, next_due, complete))
         return out
+
+    def retention_index(self, topic: str, partition: int) -> int | None:
+        """The Raft index retention must keep from in a replica of the delay topic (None
+        for other topics): the entry holding the offset of the level's last cursor record
+        when this broker moves the level, else 0, which keeps everything (a follower does
+        not know what is moved; it deletes once it leads)."""
+        if topic != delay.DELAY_TOPIC:
+            return None
+        mover = self.movers.get(partition)
+        if mover is None or not (mover.ready and mover.leading):
+            return 0
+        return mover.durable_index()
 
     async def _guarded(self, mover: LevelMover) -> None:
         try:

@@ -214,3 +214,31 @@ def test_topic_describe_shows_pending_delayed_messages_and_the_next_due(
     assert delay.DELAY_TOPIC not in listed_cli.output and "later" in listed_cli.output
     listed_all = CliRunner().invoke(app, ["topic", "list", "--internal", *bootstrap])
     assert delay.DELAY_TOPIC in listed_all.output
+
+
+def test_retention_deletes_only_what_the_movers_moved(make_cluster: ClusterFactory) -> None:
+    """__delay is deleted a sealed segment at a time below each level's last cursor: what
+    was moved goes, what is pending stays and is still delivered."""
+    cluster = make_cluster({"r": 1}, extra_args=["--retention-check-ms", "200"])
+    value = b"x" * 200
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        producer.send("r", b"first", delay_ms=300).result(timeout=20)  # creates __delay
+        with cluster.admin() as admin:
+            admin.alter_topic_config(delay.DELAY_TOPIC, {"segment.bytes": "1024"})
+        for i in range(200):
+            producer.send("r", value + b"%d" % i, delay_ms=300)  # level 1
+        pending = [producer.send("r", b"late%d" % i, delay_ms=20_000) for i in range(5)]
+        producer.flush()
+        for f in pending:
+            f.result(timeout=20)
+    records, _ = watch_until(cluster, "r", 1, lambda rs: len(rs) >= 201, 30)
+    assert len(records) == 201
+    deadline = time.monotonic() + 30
+    with cluster.client() as client:
+        while client.list_offsets(delay.DELAY_TOPIC, 1, position=pb.EARLIEST).offset == 0:
+            assert time.monotonic() < deadline, "retention deleted nothing of level 1"
+            time.sleep(0.2)
+    records, _ = watch_until(cluster, "r", 1, lambda rs: len(rs) >= 206, 60)
+    values = [r.value or b"" for r in records]
+    assert {b"late%d" % i for i in range(5)} <= set(values)
+    assert len(values) == len(set(values)) == 206
