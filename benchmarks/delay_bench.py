@@ -59,6 +59,7 @@ class Arrivals:
 
     def __init__(self, bootstrap: tuple[str, ...]) -> None:
         self.lateness_s: list[float] = []
+        self.due_ms: list[int] = []
         self.early = 0
         self.seen: set[bytes] = set()
         self.duplicates = 0
@@ -76,6 +77,7 @@ class Arrivals:
                 if now_ms < due:
                     self.early += 1
                 self.lateness_s.append((now_ms - due) / 1000)
+                self.due_ms.append(due)
                 value = r.value or b""
                 if value in self.seen:
                     self.duplicates += 1
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     add_cleanup(arrivals.close)
     say("delayed produce")
     delayed_s = produce_run(bootstrap, TARGET, delays_ms, n)
+    produced_ms = time.time_ns() // 1_000_000
     rss_peak = dict(rss_before)
     deadline = time.monotonic() + max_delay_ms / 1000 + 120
     say("waiting for every delayed record")
@@ -142,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     arrivals.close()
 
     lateness = latency_summary([max(0.0, x) for x in arrivals.lateness_s])
+    # Records due once every send was stored: their lateness is the movers' alone, not
+    # the wait of records queued behind the producer's (a loaded machine's ingest).
+    after = [
+        max(0.0, x)
+        for x, due in zip(arrivals.lateness_s, arrivals.due_ms, strict=True)
+        if due > produced_ms + 1_000
+    ]
+    lateness_after = latency_summary(after)
     figures: dict[str, Any] = {
         "messages": n,
         "max_delay_ms": max_delay_ms,
@@ -150,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "duplicates": arrivals.duplicates,
         "early": arrivals.early,
         "lateness": lateness,
+        "lateness_due_after_produce": lateness_after,
         "p99_ok": lateness["p99_ms"] <= TARGET_P99_S * 1000,
         "plain_rec_per_s": n / plain_s,
         "delayed_rec_per_s": n / delayed_s,
@@ -165,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         f"lateness p50 {lateness['p50_ms']:.0f} ms, p99 {lateness['p99_ms']:.0f} ms, "
         f"max {lateness['max_ms']:.0f} ms (target p99 <= {TARGET_P99_S * 1000:.0f} ms: "
         f"{'met' if figures['p99_ok'] else 'MISSED'})"
+    )
+    print(
+        f"  of the {lateness_after['count']:,} due after the last send was stored: p50 "
+        f"{lateness_after['p50_ms']:.0f} ms, p99 {lateness_after['p99_ms']:.0f} ms"
     )
     print(
         f"produce: plain {n / plain_s:,.0f} rec/s, delayed {n / delayed_s:,.0f} rec/s "
