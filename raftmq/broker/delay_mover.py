@@ -158,6 +158,8 @@ class LevelMover:
         self._read_to = 0
         self._cursor_written_s = 0.0
         self._cursor_at = -1
+        self._unrecorded = False
+        """Records moved since the last cursor record."""
         self.moved = 0
         self.dropped = 0
         self.ready = False
@@ -270,6 +272,7 @@ class LevelMover:
         await asyncio.gather(*sends)
         if self.leading:
             self.cursor.offset = chunk[-1].offset + 1
+            self._unrecorded = self._unrecorded or bool(by_destination)
 
     async def _send_all(self, destination: Destination, moves: list[Move], first: int) -> None:
         """Send ``moves`` to ``destination`` in order, one batch at a time, numbered from
@@ -373,8 +376,8 @@ class LevelMover:
 
     async def _maybe_write_cursor(self) -> None:
         now_s = time.monotonic()
-        if self.cursor.offset == self._cursor_at or now_s - self._cursor_written_s < CURSOR_EVERY_S:
-            return
+        if not self._unrecorded or now_s - self._cursor_written_s < CURSOR_EVERY_S:
+            return  # passing cursor records alone is no progress worth a new one
         if not self.leading:
             return
         self._cursor_written_s = now_s
@@ -384,6 +387,7 @@ class LevelMover:
         try:
             await self.replica.produce(build_batch([record]), Acks.ALL, SEND_TIMEOUT_MS / 1000)
             self._cursor_at = self.cursor.offset
+            self._unrecorded = False
         except PartitionError as exc:
             log.info("%s/%d: cursor not written: %s", delay.DELAY_TOPIC, self.level, exc)
 

@@ -94,6 +94,20 @@ def test_delayed_records_arrive_no_earlier_than_due(make_cluster: ClusterFactory
                     late.append(seen - due)
     assert max(late) <= LATENESS_BOUND_MS, late
 
+    # Idle levels stay idle: a mover writes a cursor after moving records, not after
+    # passing its own cursor records (which would append one a second for ever).
+    def delay_ends() -> list[int]:
+        with cluster.client() as client:
+            return [
+                client.list_offsets(delay.DELAY_TOPIC, level, position=pb.LATEST).offset
+                for level in range(delay.LEVELS)
+            ]
+
+    time.sleep(2.5)  # the last cursors (one a second at most) are written
+    ends = delay_ends()
+    time.sleep(2.5)
+    assert delay_ends() == ends
+
 
 def test_bad_delays_are_refused_in_the_client_and_by_the_broker(
     make_cluster: ClusterFactory,
