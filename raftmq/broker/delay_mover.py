@@ -49,7 +49,10 @@ every sealed segment by size, but retention keeps everything from the segment ho
 the level's last durable cursor (:meth:`DelayMovers.retention_index`), so only records
 already moved go, a 16 MiB segment at a time."""
 POLL_S = 0.05
-"""How often a mover with nothing due looks again (bounded by the head's due time)."""
+"""How long a mover waits between the head's checks at most (its due time bounds it)."""
+IDLE_WAIT_S = 1.0
+"""How long a mover that has read its whole level waits for new records (it wakes as
+soon as one commits) before it looks again."""
 CHECK_LEADERS_S = 0.1
 """How often the broker looks for levels it started or stopped leading."""
 READ_BYTES = 1024 * 1024
@@ -188,8 +191,10 @@ class LevelMover:
             chunk, wait_s = self._due(time.time_ns() // 1_000_000)
             if chunk:
                 await self._move(chunk)
+            elif self._window:
+                await asyncio.sleep(wait_s)  # the head is not due yet
             else:
-                await asyncio.sleep(wait_s)
+                await self.replica.wait_for_records(self._read_to, IDLE_WAIT_S)
             await self._maybe_write_cursor()
 
     def _entries_from(self, offset: int) -> tuple[list[Record], int]:
