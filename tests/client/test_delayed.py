@@ -5,6 +5,8 @@ broker; a SIGKILLed level leader loses none, duplicates none and delivers none e
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -15,7 +17,8 @@ from typer.testing import CliRunner
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.main import app
 from raftmq.client.errors import ClientError
-from raftmq.client.producer import Producer
+from raftmq.client.partitioner import partition_for_key
+from raftmq.client.producer import AsyncProducer, Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import delay
 from raftmq.format.records import Record, build_batch
@@ -77,9 +80,20 @@ def test_delayed_records_arrive_no_earlier_than_due(make_cluster: ClusterFactory
         metas = [f.result(timeout=10) for f in futures]
     assert all(m.topic == "d" and m.offset == -1 for m in metas[:20])
     assert metas[20].offset >= 0, "a deliver_at in the past is delivered at once"
-    records, seen_by = watch_until(cluster, "d", 3, lambda rs: len(rs) >= 22, 30)
+
+    async def send_async() -> list[int]:
+        async with AsyncProducer(cluster.addresses) as producer:
+            later = await producer.send("d", b"async", key=b"k1", delay_ms=1_200)
+            meta = await later
+            assert (meta.topic, meta.offset) == ("d", -1)
+            with pytest.raises(ValueError, match="negative"):
+                await producer.send("d", b"x", delay_ms=-3)
+            return [meta.partition]
+
+    asyncio.run(send_async())
+    records, seen_by = watch_until(cluster, "d", 3, lambda rs: len(rs) >= 23, 30)
     assert sorted(r.value or b"" for r in records) == sorted(
-        [f"v{i}".encode() for i in range(20)] + [b"past", b"at"]
+        [f"v{i}".encode() for i in range(20)] + [b"past", b"at", b"async"]
     )
     for r in records:
         assert not any(h[0] in delay.INTERNAL_HEADERS for h in r.headers), r.headers
@@ -90,6 +104,7 @@ def test_delayed_records_arrive_no_earlier_than_due(make_cluster: ClusterFactory
                 seen = seen_by[(p, r.offset)]
                 due = _deliver_at(r)
                 assert seen >= due, f"{r.value!r} visible at {seen}, before due {due}"
+                assert r.key is not None and p == partition_for_key(r.key, 3), "not its key's"
                 if r.value != b"past":
                     late.append(seen - due)
     assert max(late) <= LATENESS_BOUND_MS, late
@@ -240,6 +255,12 @@ def test_topic_describe_shows_pending_delayed_messages_and_the_next_due(
     assert shown.exit_code == 0, shown.output
     assert "delayed messages pending: 41; next due" in shown.output
     assert f"({dues[0]} ms since the epoch)" in shown.output
+    as_json = CliRunner().invoke(app, ["topic", "describe", "later", "--json", *bootstrap])
+    assert json.loads(as_json.output)["delayed"] == {
+        "pending": 41,
+        "next_due_ms": dues[0],
+        "complete": True,
+    }
     listed_cli = CliRunner().invoke(app, ["topic", "list", *bootstrap])
     assert delay.DELAY_TOPIC not in listed_cli.output and "later" in listed_cli.output
     listed_all = CliRunner().invoke(app, ["topic", "list", "--internal", *bootstrap])
