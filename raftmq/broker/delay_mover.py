@@ -80,7 +80,9 @@ def _code(exc: grpc.aio.AioRpcError) -> str:
     return exc.code().name
 
 
-_DUPLICATE_LIKE = {"OUT_OF_ORDER_SEQUENCE"}
+_ONE_BY_ONE = {"OUT_OF_ORDER_SEQUENCE", "BATCH_TOO_LARGE"}
+"""Refusals of a batch that its records may pass one by one: it overlaps what the
+destination holds, or it is over the destination topic's max.message.bytes."""
 _DROP = {
     "UNKNOWN_TOPIC",
     "UNKNOWN_PARTITION",
@@ -299,7 +301,8 @@ class LevelMover:
         self, destination: Destination, moves: list[Move], sequence: int, *, single: bool = False
     ) -> bool:
         """One batch, retried until stored; False when it overlaps what the destination
-        holds (send its records one by one)."""
+        holds or is too large for it (send its records one by one; a record alone too
+        large for its target is dropped)."""
         topic, partition = destination
         batch = build_batch(
             [m.record for m in moves],
@@ -326,9 +329,9 @@ class LevelMover:
             if not code:
                 self.moved += len(moves)
                 return True
-            if code in _DUPLICATE_LIKE and not single:
+            if code in _ONE_BY_ONE and not single:
                 return False
-            if code in _DROP:
+            if code in _DROP or (code == "BATCH_TOO_LARGE" and single):
                 self.dropped += len(moves)
                 log.warning(
                     "%s/%d: dropped %d delayed records for %s/%d (offsets %d-%d): %s",

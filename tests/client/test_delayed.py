@@ -293,3 +293,24 @@ def test_retention_deletes_only_what_the_movers_moved(make_cluster: ClusterFacto
     values = [r.value or b"" for r in records]
     assert {b"late%d" % i for i in range(5)} <= set(values)
     assert len(values) == len(set(values)) == 206
+
+
+def test_a_target_with_small_entries_gets_them_one_by_one_and_a_level_never_blocks(
+    make_cluster: ClusterFactory,
+) -> None:
+    """Moved batches over the target's max.message.bytes are resent record by record; a
+    record alone too large for its target is dropped (with a warning), and the records
+    behind it in its level are still delivered."""
+    cluster = make_cluster({"x": 1})
+    cluster.admin().create_topic("small", 1, 3, config={"max.message.bytes": "1024"})
+    due = _now_ms() + 1_500
+    with Producer(cluster.addresses, linger_ms=20) as producer:
+        fits = [producer.send("small", b"%03d" % i + b"." * 500, deliver_at=due) for i in range(20)]
+        producer.send("small", b"too-large" + b"." * 2_000, deliver_at=due).result(timeout=20)
+        after = producer.send("small", b"after", deliver_at=due + 200)
+        producer.flush()
+        for f in [*fits, after]:
+            f.result(timeout=20)
+    records, _ = watch_until(cluster, "small", 1, lambda rs: len(rs) >= 21, 30)
+    values = {(r.value or b"")[:9] for r in records}
+    assert values == {b"%03d" % i + b"......" for i in range(20)} | {b"after"}
