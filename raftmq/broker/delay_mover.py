@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 import grpc
@@ -159,7 +160,8 @@ class LevelMover:
         self.producer_id = delay.MOVER_PRODUCER_ID_BASE + self.level
         self._sender = sender
         self.cursor = Cursor(0)
-        self._window: list[Record] = []
+        self._window: deque[Record] = deque()
+        """Records read and not yet moved, in offset order (popped from the left)."""
         self._read_to = 0
         self._cursor_written_s = 0.0
         self._cursor_at = -1
@@ -240,12 +242,13 @@ class LevelMover:
             if not self._window:
                 if self._read_to >= self.replica.high_watermark:
                     break
-                self._window, self._read_to = self._entries_from(self._read_to)
+                records, self._read_to = self._entries_from(self._read_to)
+                self._window = deque(records)
                 if not self._window:
                     break
             head = self._window[0]
             if delay.is_cursor(head.headers):
-                self._window.pop(0)
+                self._window.popleft()
                 chunk.append(head)  # moves nothing, but the cursor passes it
                 continue
             hop_at = hop_at_of(head)
@@ -253,7 +256,7 @@ class LevelMover:
                 if chunk:
                     break
                 return [], min(POLL_S * 4, (hop_at - now_ms) / 1000)
-            chunk.append(self._window.pop(0))
+            chunk.append(self._window.popleft())
         return chunk, POLL_S
 
     async def _move(self, chunk: list[Record]) -> None:
