@@ -18,7 +18,7 @@ from raftmq.format.entry import HEADER_SIZE, EntryHeader
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log import preallocate
 from raftmq.log.atomic_file import fsync_dir
-from raftmq.log.handles import HANDLES
+from raftmq.log.handles import HANDLES, open_fd
 from raftmq.log.index import SegmentIndex
 
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
@@ -145,7 +145,7 @@ class Segment:
         it are not lost with the name."""
         seg = cls(directory, base_offset, first_index, 0)
         seg.pacer = pacer
-        fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_fd(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             if durable:
                 os.fsync(fd)
