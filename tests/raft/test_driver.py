@@ -701,3 +701,24 @@ def _held(flush, release: threading.Event):
         flush()
 
     return held
+
+
+async def test_a_connection_that_never_says_hello_is_closed(monkeypatch):
+    """A link that connects and then passes nothing (a hung proxy) must not hold a
+    descriptor for good: only greeted connections are pinged and closed when silent."""
+    from raftmq.raft.host import tcp
+
+    monkeypatch.setattr(tcp, "HELLO_TIMEOUT_S", 0.3)
+    transports = tcp_transports((1, 2))
+    for transport in transports.values():
+        await transport.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", transports[2].port)
+        hello = await asyncio.wait_for(reader.read(1 << 16), 5)
+        assert hello, "the acceptor speaks first"
+        tail = await asyncio.wait_for(reader.read(1 << 16), 5)  # we say nothing back
+        assert tail == b"", "closed for want of a HELLO"
+        writer.close()
+    finally:
+        for t in transports.values():
+            await t.close()
