@@ -255,6 +255,11 @@ class TcpTransport:
         try:
             writer.write(wire.hello(self.node_id, self.cluster))
             await self._serve(None, reader, writer)
+        except asyncio.CancelledError:
+            # The process is stopping (asyncio.run cancels what is left). Ending quietly
+            # matters: asyncio's own callback reads a cancelled handler's exception and
+            # logged a traceback per inbound connection at every broker stop.
+            writer.close()
         except Exception:  # pragma: no cover - logged, the connection is simply gone
             log.exception("node %d: inbound connection failed", self.node_id)
 
