@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftmq.format.entry import CODEC_MASK, HEADER_SIZE, EntryHeader, EntryType
+from raftmq.format.entry import HEADER_SIZE, EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
 from raftmq.format.records import check_payload
 from raftmq.log.atomic_file import read_atomic
@@ -194,7 +194,7 @@ def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[Entr
             payload = os.pread(fd, h.payload_length, h.position + HEADER_SIZE)
             try:
                 check_payload(
-                    h.attributes & CODEC_MASK,
+                    h.attributes,
                     payload,
                     0,
                     len(payload),

@@ -201,6 +201,8 @@ def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
 
     def observe(position: int, h: EntryHeader) -> str | None:
         idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
         return None
 
     result = seg.scan(verify=False, on_entry=observe)
@@ -211,17 +213,18 @@ def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
         )
     if result.last is not None:
         idx.seal(result.last.base_offset)
-    idx.write(seg.index_path, seg.time_index_path)
     seg.index = idx
+    seg.write_index()
     log.recovery.rebuilt_indexes.append(seg.name)
     logger.warning(
-        "log %s: index of segment %s not used: %s; rebuilt %s and %s from the segment "
+        "log %s: index of segment %s not used: %s; rebuilt %s, %s and %s from the segment "
         "(%d entries scanned)",
         log.directory,
         seg.name,
         reason,
         seg.index_path.name,
         seg.time_index_path.name,
+        seg.tag_index_path.name,
         result.entries,
     )
 
@@ -295,6 +298,8 @@ def _rescan(log: Log, seg: Segment) -> tuple[bool, int]:
         if position == 0:
             born_ms[0] = h.max_timestamp
         idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
         expect[:] = [h.index + 1, h.next_offset, h.term]
         return None
 
