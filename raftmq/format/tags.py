@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
 
 from raftmq.format import entry
 from raftmq.format.entry import EntryHeader
 from raftmq.format.errors import InvalidEntryError
+
+if TYPE_CHECKING:
+    from raftmq.format.records import Record
 
 TAG_HEADER = "tag"
 """The header name that makes a header's value a tag."""
@@ -158,6 +162,13 @@ def entry_tags(buf: bytes | bytearray | memoryview, header: EntryHeader) -> list
         return []
     payload = entry.payload_of(buf, header)
     return [t.decode() for t in read_block(payload, 0, len(payload))[0]]
+
+
+def record_tags(record: Record) -> frozenset[str]:
+    """A decoded record's tags (its headers named ``tag``), for a filter's exact match."""
+    if not record.headers:
+        return frozenset()
+    return frozenset(v.decode() for n, v in record.headers if n == TAG_HEADER and v is not None)
 
 
 def _show(tag: bytes) -> str:
