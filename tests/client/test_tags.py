@@ -7,37 +7,26 @@ on; the CLI's --tags; and the tag index on a restarted broker and a new leader."
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client.consumer import Consumer, ConsumerRecord
+from raftmq.client.errors import ClientError
 from raftmq.client.lowlevel import LowLevelClient
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import entry, tags
 from raftmq.format.records import Record, build_batch, encode_records
 from raftmq.format.tag_filter import parse
-from tests.broker.conftest import SHARED_BROKER_ARGS, ClusterFactory, cluster_spec, module_cluster
-from tests.broker.test_broker_cluster import assert_error, rpc_error
+from tests.broker.conftest import ClusterFactory
+from tests.broker.test_broker_cluster import assert_error, rpc_error, wait_until
+from tests.client.test_records_cli import raftmq as run_cli
 
 pytestmark = pytest.mark.timeout(180)
-
-TOPICS = {"tg": 1, "tgbad": 1, "tgpoll": 1, "tgcli": 1}
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[LocalCluster]:
-    with module_cluster(
-        tmp_path_factory.mktemp("tags-cluster"), cluster_spec(TOPICS), SHARED_BROKER_ARGS, request
-    ) as cluster:
-        yield cluster
 
 
 def tags_for(i: int) -> list[str] | None:
@@ -232,20 +221,7 @@ def entries_records(data: bytes) -> list[Record]:
 
 def test_the_cli_produces_and_consumes_with_tags(cluster: LocalCluster) -> None:
     def raftmq(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raftmq.cli.main",
-                *args,
-                "--bootstrap",
-                ",".join(cluster.addresses),
-            ],
-            input=stdin,
-            capture_output=True,
-            timeout=90,
-            check=False,
-        )
+        return run_cli(cluster, *args, stdin=stdin)
 
     assert raftmq("produce", "tgcli", stdin=b"a\nb\n").returncode == 0
     done = raftmq("produce", "tgcli", "--tags", "paid,eu", stdin=b"c\nd\n")
@@ -288,25 +264,22 @@ def test_the_tag_index_survives_a_restart_and_serves_from_a_new_leader(
         assert filtered(client, None) == want
         old = client.refresh_leaders()["tr", 0].broker_id
         cluster.kill(old)
-        deadline = time.monotonic() + 30
-        while True:  # a follower elected leader serves from the index it built on append
-            try:
-                assert filtered(client, None) == want
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        # A follower elected leader serves from the tag index it built on append.
+        wait_until(lambda: answers(lambda: filtered(client, None)) == want, 30, "a new leader")
         cluster.start(old)  # recovery rebuilds the active segment's tag slots
         cluster.wait_ready(timeout=60)
         address = cluster.spec.brokers[old].address
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert filtered(client, address) == want
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        wait_until(
+            lambda: answers(lambda: filtered(client, address)) == want, 30, "the restarted broker"
+        )
+
+
+def answers(call: Callable[[], list[int]]) -> list[int] | None:
+    """``call()``, or None while the cluster cannot answer it yet (an election, a start)."""
+    try:
+        return call()
+    except ClientError:
+        return None
 
 
 def _t(r: Record) -> set[str]:
