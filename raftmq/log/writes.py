@@ -168,7 +168,7 @@ def _index_tags(
 
 def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Validated]:
     """Check every entry of an append; (position, index, term, base offset, max
-    timestamp, next offset) of each. Plain tuples: this runs once per entry on the
+    timestamp, next offset, size when tagged) of each. Plain tuples: this runs once per entry on the
     write path.
 
     Framing, size and contiguity always; the CRC unless the caller checked it at its
@@ -187,23 +187,8 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
     view = memoryview(data)
     decode = entry.decode_header
     while position < end:
-        (
-            length,
-            crc,
-            _,
-            _,
-            attributes,
-            e_index,
-            e_term,
-            e_offset,
-            count,
-            _,
-            max_ts_ms,
-            _,
-            _,
-            _,
-            _,
-        ) = decode(view, position)
+        (length, crc, _, _, attributes, e_index, e_term, e_offset, count, _, max_ts_ms,
+         _, _, _, _) = decode(view, position)  # fmt: skip
         size_bytes = length + 4
         if size_bytes > limit_bytes:
             raise EntryTooLargeError(
@@ -232,17 +217,8 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
                 f"entry at byte {position} has term {e_term}, below the log's term {term}"
             )
         index, offset, term = e_index + 1, e_offset + count, e_term
-        out.append(
-            (
-                position,
-                e_index,
-                e_term,
-                e_offset,
-                max_ts_ms,
-                offset,
-                size_bytes if attributes & _TAGGED else 0,
-            )
-        )
+        tagged_bytes = size_bytes if attributes & _TAGGED else 0
+        out.append((position, e_index, e_term, e_offset, max_ts_ms, offset, tagged_bytes))
         position += size_bytes
     log._validated_next = (index, offset)
     return out

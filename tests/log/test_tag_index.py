@@ -161,3 +161,17 @@ def test_random_plans_agree_with_the_definition(tmp_path: Path) -> None:
         fill(log, plan)
         for expression in ["a", "a && b", "!a", "a || !b", "(a || b) && !c", "*", "d && !d"]:
             assert tagged_offsets(log, expression) == expected(plan, expression), expression
+
+
+def test_log_verify_checks_the_tag_index_against_the_entries(tmp_path: Path) -> None:
+    from raftmq.log.atomic_file import write_atomic
+    from raftmq.log.inspect import verify_folder
+
+    with Log.open(tmp_path, CONFIG) as log:
+        fill(log, PLAN)
+    report = verify_folder(tmp_path)
+    assert not any(r.problems for r in report.segments) and not report.problems
+    victim = sorted(tmp_path.glob("*.tagindex"))[0]
+    write_atomic(victim, b"")  # a sound file that lists nothing
+    problems = [p for r in verify_folder(tmp_path).segments for p in r.problems]
+    assert len(problems) == 1 and "does not list the segment's" in problems[0]
