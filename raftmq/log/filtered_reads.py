@@ -28,7 +28,7 @@ from raftmq.format.entry import HEADER_SIZE
 from raftmq.format.errors import InvalidEntryError
 from raftmq.format.tag_filter import TagFilter
 from raftmq.format.tags import MAX_BLOCK_BYTES
-from raftmq.log import reads
+from raftmq.log import reads, recovery
 from raftmq.log.segment import Segment
 
 if TYPE_CHECKING:
@@ -111,6 +111,8 @@ def _indexed(log: Log, offset: int, max_bytes: int, upper: int, flt: TagFilter) 
         if seg is not segments[-1]:
             log._cache_touch(seg)
         idx = log._index_of(seg)
+        if not idx.tags_known:
+            recovery.build_tag_index(log, seg)
         rel = idx.tag_offsets
         # The entry holding ``offset`` may start before it: begin one slot back.
         k = (

@@ -56,6 +56,7 @@ class SegmentIndex:
         "tag_offsets",
         "tag_positions",
         "tag_sizes",
+        "tags_known",
         "time_offsets",
         "timestamps_ms",
     )
@@ -72,6 +73,9 @@ class SegmentIndex:
         self.tag_positions = array("I")
         self.tag_sizes = array("I")
         self.tag_blooms = array("Q")
+        self.tags_known = True
+        """False for a segment sealed before tag indexes existed (it has no .tagindex):
+        a filtered read builds its tag slots first (``recovery.build_tag_index``)."""
         self.last_slot_position = -1
         self.max_timestamp_ms = -1
         # Loaded from files (not built by this process from the segment): a lookup checks
@@ -171,13 +175,16 @@ class SegmentIndex:
 
     def write(self, offset_path: Path, time_path: Path, tag_path: Path) -> None:
         # The tag index first: the other two mark the segment sealed (docs/format.md).
-        write_atomic(tag_path, self._tag_bytes())
+        self.write_tags(tag_path)
         write_atomic(offset_path, _interleave_words(self.offsets, self.indexes, self.positions))
         # A big-endian i64 is two big-endian u32 words, high word first.
         stamps = array("I")
         stamps.frombytes(self.timestamps_ms.tobytes())
         low, high = (stamps[0::2], stamps[1::2]) if _SWAP else (stamps[1::2], stamps[0::2])
         write_atomic(time_path, _interleave_words(high, low, self.time_offsets))
+
+    def write_tags(self, tag_path: Path) -> None:
+        write_atomic(tag_path, self._tag_bytes())
 
     def _tag_bytes(self) -> bytes:
         return b"".join(
@@ -188,7 +195,12 @@ class SegmentIndex:
         )
 
     def _load_tags(self, tag_path: Path, size_bytes: int) -> str | None:
-        """Read the tag index file into this index; why it cannot be trusted, or None."""
+        """Read the tag index file into this index; why it cannot be trusted, or None. A
+        missing one leaves the tags unknown (a segment sealed before tag indexes existed:
+        every other read goes on without it, a filtered one builds it first)."""
+        if not tag_path.exists():
+            self.tags_known = False
+            return None
         raw = _read_slots(tag_path, _TAG_SLOT.size)
         if isinstance(raw, str):
             return raw

@@ -229,6 +229,32 @@ def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
     )
 
 
+def build_tag_index(log: Log, seg: Segment) -> None:
+    """Fill in the tag slots of a sealed segment whose index has none (sealed before tag
+    indexes existed) from its entries' headers and tag blocks, and write its .tagindex.
+    An upgrade step, done once per segment by the first filtered read that needs it, so
+    unfiltered reads of old segments never pay for it."""
+    idx = seg.index
+    assert idx is not None and not idx.tags_known
+
+    def observe(position: int, h: EntryHeader) -> str | None:
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
+        return None
+
+    result = seg.scan(verify=False, on_entry=observe)
+    idx.tags_known = True
+    if result.error is None:
+        idx.write_tags(seg.tag_index_path)
+    logger.info(
+        "log %s: built %s for segment %s, sealed before tag indexes existed (%d tagged entries)",
+        log.directory,
+        seg.tag_index_path.name,
+        seg.name,
+        len(idx.tag_offsets),
+    )
+
+
 def recover_tail(log: Log, first: int) -> None:
     """Scan the segments from ``first`` on with CRCs and contiguity checks, rebuild their
     indexes, cut at the first torn or corrupt entry and delete every segment after the cut
