@@ -79,7 +79,8 @@ _NO_TAGS: frozenset[bytes | None] = frozenset()
 
 
 def _tags_of(record: Record) -> frozenset[bytes | None]:
-    return frozenset(v for n, v in record.headers if n == TAG_HEADER)
+    """A record's tag set; the one empty set when it has none (``is`` compares them)."""
+    return frozenset(v for n, v in record.headers if n == TAG_HEADER) or _NO_TAGS
 
 
 class BufferFullError(TimeoutError):
@@ -131,13 +132,13 @@ class Accumulator:
             # it, so each batch's tag block (docs/format.md, "Tags") is exactly every one
             # of its records' tags and a filtered fetch gets only matching batches.
             record_tags = _tags_of(record) if record.headers else _NO_TAGS
-            wake = False
             if batch is not None and batch.size_bytes + size > self.batch_size_bytes:
                 self._close(key, batch)  # full: this record starts the next one
-                batch, rolled, wake = None, True, True
-            elif batch is not None and batch.tags != record_tags:
+                batch, rolled = None, True
+            elif batch is not None and batch.tags is not record_tags and batch.tags != record_tags:
                 self._close(key, batch)  # other tags: ready now, not a full batch
-                batch, wake = None, True
+                batch = None
+            wake = rolled
             if batch is None:
                 now = time.monotonic()
                 batch = Batch(topic, partition, now, now + self.delivery_s, self.new_outcome())
