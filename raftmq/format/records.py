@@ -256,17 +256,20 @@ def check_payload(
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
+    *,
+    check_tags: bool = True,
 ) -> None:
     """Check the payload ``buf[start:end]`` of a DATA entry with ``attributes``: its tag
     block when the tagged bit is set, then its records (:func:`check_records`, or
     :func:`check_compressed_records` as the codec bits say), and that the block is exactly
     the union of the records' tags, every tag within the limits (docs/format.md, "Tags").
     The check for a payload read from a request or a segment; raises InvalidTagsError for
-    a rule about tags, InvalidEntryError for any other."""
+    a rule about tags, InvalidEntryError for any other. ``check_tags`` False (an untagged
+    entry stored before tag blocks existed): the tag rules are left out."""
     block: list[bytes] = []
     if attributes & entry.TAGGED:
         block, start = tags.read_block(buf, start, end)
-    found: set[bytes] = set()
+    found: set[bytes] | None = set() if check_tags else None
     codec = attributes & entry.CODEC_MASK
     if codec:
         payload = memoryview(buf)[start:end]
@@ -275,6 +278,8 @@ def check_payload(
         )
     else:
         check_records(buf, start, end, record_count, first_timestamp, max_timestamp, found)
+    if found is None:
+        return
     if attributes & entry.TAGGED:
         if found != set(block):
             raise InvalidTagsError(

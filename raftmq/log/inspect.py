@@ -207,6 +207,8 @@ def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[Entr
                     h.record_count,
                     h.first_timestamp,
                     h.max_timestamp,
+                    # Tag headers of an untagged entry predate tag blocks: readable as they are.
+                    check_tags=bool(h.attributes & TAGGED),
                 )
             except InvalidEntryError as exc:
                 bad += 1

@@ -177,3 +177,22 @@ def test_log_verify_checks_the_tag_index_against_the_entries(tmp_path: Path) -> 
     write_atomic(victim, b"")  # a sound file that lists nothing
     problems = [p for r in verify_folder(tmp_path).segments for p in r.problems]
     assert len(problems) == 1 and "does not list the segment's" in problems[0]
+
+
+def test_log_verify_reads_tag_headers_of_entries_from_before_tag_blocks(tmp_path: Path) -> None:
+    """An untagged entry whose records carry headers named tag (what producers sent before
+    tag blocks existed) is readable as it is: verify does not call it undecodable."""
+    from raftmq.format.records import encode_records
+    from raftmq.log.inspect import verify_folder
+
+    legacy = entry.encode(
+        encode_records([Record(None, b"v", 5, (("tag", b"not a tag!"),))], base_timestamp=5),
+        index=1,
+        term=1,
+        record_count=1,
+        first_timestamp=5,
+        max_timestamp=5,
+    )
+    with Log.open(tmp_path, CONFIG) as log:
+        log.append(legacy)
+    assert verify_folder(tmp_path).ok
