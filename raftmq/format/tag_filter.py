@@ -35,11 +35,16 @@ from typing import Any
 from crc32c import crc32c
 
 from raftmq.format.errors import InvalidEntryError
-from raftmq.format.tags import MAX_TAG_BYTES, TAG_CHARACTERS, read_block, tag_problem
+from raftmq.format.tags import (
+    MAX_TAG_BYTES,
+    TAG_ALPHABET,
+    TAG_CHARACTERS,
+    read_block,
+    tag_problem,
+)
 
 MAX_EXPRESSION_CHARS = 1024
 MAX_DEPTH = 32
-_TAG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/-")
 
 # Three values: False (0), unknown (1), True (2).
 _F, _U, _T = 0, 1, 2
@@ -215,7 +220,7 @@ class _Parser:
         if self.take("*"):
             return ("any",)
         start = self.pos
-        while self.pos < len(self.text) and self.text[self.pos] in _TAG_CHARS:
+        while self.pos < len(self.text) and self.text[self.pos] in TAG_ALPHABET:
             self.pos += 1
         if self.pos == start:
             if self.pos >= len(self.text):

@@ -20,6 +20,7 @@ sentence that names the limit): at most :data:`MAX_TAGS_PER_RECORD` tags per rec
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,10 @@ MAX_TAG_BYTES = 64
 MAX_TAGS_PER_BATCH = 255
 TAG_CHARACTERS = "A-Z a-z 0-9 _ . : / -"
 """The characters a tag may use, as the error sentences name them."""
+TAG_ALPHABET = frozenset(string.ascii_letters + string.digits + "_.:/-")
+"""Those characters, for a parser that reads a tag one character at a time."""
 _TAG = re.compile(rb"[A-Za-z0-9_.:/-]{1,%d}\Z" % MAX_TAG_BYTES)
+assert {chr(c) for c in range(128) if _TAG.match(bytes((c,)))} == TAG_ALPHABET
 MAX_BLOCK_BYTES = 1 + MAX_TAGS_PER_BATCH * (1 + MAX_TAG_BYTES)
 """The largest tag block: what a reader fetches to be sure it holds a whole one."""
 
