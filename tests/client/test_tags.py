@@ -284,3 +284,36 @@ def answers(call: Callable[[], list[int]]) -> list[int] | None:
 
 def _t(r: Record) -> set[str]:
     return set(tags.record_tags(r))
+
+
+def test_read_committed_and_a_followers_replica_read_filter_alike(cluster: LocalCluster) -> None:
+    with Producer(cluster.addresses, linger_ms=1) as producer:
+        for i in range(300):
+            producer.send("tgpoll", b"x%d" % i, tags=["paid"] if i % 50 == 7 else None, partition=0)
+    with cluster.client() as client:
+        end = high_watermark(client, "tgpoll")
+        leader = client.refresh_leaders()["tgpoll", 0].broker_id
+        follower = next(b for b in cluster.spec.brokers if b != leader)
+        plain = client.fetch("tgpoll", 0, 0, tag_filter="paid", max_bytes=1 << 22)
+        committed = client.fetch(
+            "tgpoll", 0, 0, tag_filter="paid", max_bytes=1 << 22, read_committed=True
+        )
+        assert committed.entries == plain.entries and committed.next_offset == end
+
+        def at_follower() -> pb.FetchResponse | None:
+            request = pb.FetchRequest(
+                topic="tgpoll", partition=0, offset=0, max_bytes=1 << 22, replica_read=True,
+                tag_filter="paid",
+            )  # fmt: skip
+            try:
+                return client.stub(cluster.spec.brokers[follower].address).Fetch(
+                    request, timeout=10
+                )
+            except grpc.RpcError:
+                return None  # not in sync yet
+
+        answer = wait_until(
+            lambda: (a := at_follower()) is not None and a.next_offset == end and a, 30, "follower"
+        )
+        assert isinstance(answer, pb.FetchResponse) and answer.entries == plain.entries
+        assert len([r for r in entries_records(plain.entries) if tags.record_tags(r)]) >= 6
