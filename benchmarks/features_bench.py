@@ -86,7 +86,7 @@ def read_to_end(ctx: Context, end: int, tag_filter: str | None) -> tuple[float, 
 
 
 def tags_section(ctx: Context) -> dict[str, Any]:
-    records = 60_000 if ctx.quick else 400_000
+    records = 100_000 if ctx.quick else 400_000
     value = os.urandom(512)
     say(f"tags: producing {records:,} records of {len(value)} B, 1 in {MATCH_EVERY} tagged")
     with Producer(ctx.cluster.addresses, linger_ms=5) as producer:

@@ -40,6 +40,9 @@ MAX_SCAN_BYTES = 32 * 1024 * 1024
 """Bytes one filtered read reads from segment files, at most, past its first entry."""
 _HEAD_BYTES = HEADER_SIZE + 256
 """What an indexed read reads first of a candidate: its header and (usually) its block."""
+_WHOLE_READ_BYTES = 4096
+"""A candidate at most this large is read whole at once: one read costs about the same as
+a header read, and a match then needs no second one."""
 _SEQUENTIAL_CHUNK_BYTES = 1024 * 1024
 
 
@@ -158,7 +161,7 @@ def _candidate(
     ``offset``, else None; with the bytes read to decide."""
     if seg.corrupt_at is not None and position >= seg.corrupt_at:
         raise reads.corrupt(seg, seg.corrupt_at, "found when its index was rebuilt")
-    want = min(size, _HEAD_BYTES)
+    want = size if size <= _WHOLE_READ_BYTES else _HEAD_BYTES
     head = seg.pread(want, position)
     read_bytes = want
     try:
