@@ -1160,6 +1160,9 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
       retention had deleted it on a healthy replica (below the largest log start the
       healthy replicas report): a consumer reaching it then was reset past it.
     - A consumer that raised out of poll (it must ride out faults with its retries).
+    - Records were acknowledged but no consumer (nor low-level reader) polled a single
+      one in the whole run (``nothing-read``): consumers that never reached the cluster
+      (seed 7411's, under TLS) otherwise passed every check above with nothing to check.
     """
     f = _Findings(
         "consumer-skip",
@@ -1170,8 +1173,19 @@ def check_consumer_groups(h: _History, opts: CheckOptions) -> CheckReport:
         "committed-unread",
         "unconsumed-below-commit",
         "consumer-broke",
+        "nothing-read",
     )
-    applicable = bool(h.consumes or h.commits or h.committed or h.consumer_errors)
+    read_nothing = bool(h.acks) and not h.consumes and not h.reads
+    applicable = bool(h.consumes or h.commits or h.committed or h.consumer_errors or read_nothing)
+    if read_nothing:
+        f.add(
+            "nothing-read",
+            {
+                "acked": len(h.acks),
+                "explanation": f"{len(h.acks)} records were acknowledged, but no consumer "
+                "or reader polled any record in the whole run",
+            },
+        )
     committing = {op.process for op in h.commits}
     steps = _check_fixed_consumers(h, f, committing)
     ends = _final_ends(h)

@@ -358,22 +358,37 @@ class AioChannels:
                 await channel.close()
 
 
+SERVER_HANDSHAKE_TIMEOUT_MS = 10_000
+"""How long a new connection may take to finish its handshake (TLS and HTTP/2 settings);
+gRPC's default is two minutes, during which a connection stuck in a hung link holds a
+descriptor, and clients that retry through such a link open a new one each time."""
+SERVER_MAX_IDLE_MS = 600_000
+"""A connection with no call for this long is closed (Kafka's connections.max.idle.ms):
+clients reconnect on their next call, and descriptors of clients gone quiet come back."""
+
+
 def aio_server(
     *,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    max_connections: int | None = None,
 ) -> grpc.aio.Server:
     """An asyncio gRPC server whose messages may be up to ``max_message_bytes`` both ways.
     Every server raftmq runs is made here, so what every request must pass through (the
     interceptors that count, and later authenticate, authorize and throttle) is added
-    once; ``interceptors`` run in order, the first outermost."""
-    return grpc.aio.server(
-        interceptors=list(interceptors),
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ],
-    )
+    once; ``interceptors`` run in order, the first outermost. ``max_connections`` bounds
+    the connections it accepts at once (a broker derives it from its open-file limit);
+    one more is closed as it arrives, and its client retries."""
+    options: list[tuple[str, int]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.server_handshake_timeout_ms", SERVER_HANDSHAKE_TIMEOUT_MS),
+        ("grpc.max_connection_idle_ms", SERVER_MAX_IDLE_MS),
+    ]
+    if max_connections is not None:
+        assert max_connections > 0, max_connections
+        options.append(("grpc.max_allowed_incoming_connections", max_connections))
+    return grpc.aio.server(interceptors=list(interceptors), options=options)
 
 
 def add_port(

@@ -284,3 +284,37 @@ def test_files_that_do_not_load_are_refused_at_start_and_skipped_on_reload(tmp_p
     assert files.refresh() and files.version == version + 1
     with pytest.raises(ValueError, match="needs its key file"):
         net.Security(None, str(server_cert.cert_file))
+
+
+async def test_a_server_accepts_at_most_its_connection_cap():
+    """A broker's server bounds the connections it holds at once (derived from its
+    open-file limit): one over the cap is closed as it arrives, and its client is served
+    once a connection goes away. Unbounded, a burst of connections took the descriptors
+    persists needed."""
+    server = net.aio_server(max_connections=2)
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = net.add_port(server, "127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    held = []
+    try:
+        for _ in range(2):
+            held.append(await asyncio.open_connection("127.0.0.1", port))
+        assert await _check(address, net.PLAINTEXT) == "UNAVAILABLE"
+        for _, writer in held:
+            writer.close()
+        held.clear()
+
+        async def served() -> bool:
+            return await _check(address, net.PLAINTEXT) == "SERVING"
+
+        for _ in range(50):
+            if await served():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the server never took a connection again")
+    finally:
+        for _, writer in held:
+            writer.close()
+        await server.stop(None)

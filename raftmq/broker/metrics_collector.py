@@ -213,6 +213,7 @@ class BrokerCollector(Collector):
                 "Records in the entries this broker returned to Fetch requests",
                 traffic.fetched_records,
             ),
+            _fetch_read_bytes(traffic),
         ]
 
     def _groups(self) -> list[GaugeMetricFamily]:
@@ -376,3 +377,14 @@ def _histogram(name: str, documentation: str, histogram: Histogram) -> Histogram
         buckets=list(zip(bounds, buckets, strict=True)),
         sum_value=histogram.sum_s,
     )
+
+
+def _fetch_read_bytes(traffic: TopicTraffic) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        "raftmq_fetch_read_bytes",
+        "Bytes Fetch requests read from segment files, by whether they had a tag filter",
+        labels=["filtered"],
+    )
+    for filtered, value in traffic.fetch_read_bytes.items():
+        family.add_metric([filtered], value)
+    return family

@@ -4,7 +4,30 @@ cap is too low for the replicas hosted here (segment files would be reopened con
 
 from __future__ import annotations
 
-from raftmq.log.handles import HANDLES, HANDLES_PER_REPLICA, cap_for_limit, raise_nofile_limit
+import resource
+
+from raftmq.log.handles import (
+    HANDLES,
+    HANDLES_PER_REPLICA,
+    MAX_CAP,
+    cap_for_limit,
+    raise_nofile_limit,
+)
+
+MIN_CONNECTIONS = 16
+"""The fewest client connections a broker accepts at once, however low its limit."""
+
+
+def connection_cap(limit: int) -> int | None:
+    """Client connections a broker with open-file limit ``limit`` accepts at once (None: no
+    cap worth setting): half of what the segment cap leaves, the other half kept for its
+    own channels to other brokers, Raft peers and the short-lived files of persists.
+    Without a cap, a burst of connections (clients retrying through a hung link, TLS
+    handshakes that never finish) took the descriptors a persist needed, and EMFILE
+    failed durable writes of every replica on the broker."""
+    if limit == resource.RLIM_INFINITY or limit <= 0 or cap_for_limit(limit) >= MAX_CAP:
+        return None
+    return max(MIN_CONNECTIONS, (limit - cap_for_limit(limit)) // 2)
 
 
 def open_files_note(replicas: int) -> tuple[str, bool]:
@@ -15,7 +38,11 @@ def open_files_note(replicas: int) -> tuple[str, bool]:
     cap = cap_for_limit(soft)
     HANDLES.set_cap(cap)
     hard_text = "unlimited" if hard < 0 else str(hard)
-    note = f"open files: limit {soft} (hard {hard_text}), segment handle cap {cap}"
+    connections = connection_cap(soft)
+    note = (
+        f"open files: limit {soft} (hard {hard_text}), segment handle cap {cap}, "
+        f"client connections {'unbounded' if connections is None else connections}"
+    )
     if cap < HANDLES_PER_REPLICA * replicas:
         return (
             f"{note}: TOO LOW for {replicas} replicas (under {HANDLES_PER_REPLICA} per "

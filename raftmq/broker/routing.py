@@ -31,9 +31,11 @@ from raftmq.broker.topic_traffic import TopicTraffic
 from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened, UnopenedReplicas
 from raftmq.controller.metadata import TOPIC_NAME, broker_addresses
 from raftmq.controller.model import MetadataState, Partition
-from raftmq.format import entry
+from raftmq.format import entry, tag_filter
 from raftmq.format.delay import DELAY_TOPIC
+from raftmq.format.tag_filter import TagFilter
 from raftmq.log.config import LogConfig
+from raftmq.log.filtered_reads import FilteredRead
 from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import Acks, PartitionReplica
@@ -395,10 +397,13 @@ class Router:
         min_bytes: int,
         replica_read: bool,
         read_committed: bool = False,
+        tag_filter: str = "",
     ) -> Fetched:
         """Read from ``offset``, waiting up to ``max_wait_ms`` for ``min_bytes``
         (``max_bytes`` 0: the default); ``read_committed``: below the last stable offset,
-        with the aborted transactions of the range."""
+        with the aborted transactions of the range; ``tag_filter``: only entries that may
+        match it, and a next offset past all that was looked at (docs/tags.md)."""
+        flt = _parse_filter(tag_filter)
         try:
             replica = self.replica(topic, partition)
         except Refusal as refusal:
@@ -421,12 +426,18 @@ class Router:
                         wait,
                         replica_read=replica_read,
                         read_committed=read_committed,
+                        tag_filter=flt,
                     )
             else:
                 result = replica.read(
-                    offset, max_bytes, replica_read=replica_read, read_committed=read_committed
+                    offset,
+                    max_bytes,
+                    replica_read=replica_read,
+                    read_committed=read_committed,
+                    tag_filter=flt,
                 )
-            next_offset = result.next_offset if result.entries else offset
+            # A filtered read moves on past what it looked at even when nothing matched.
+            next_offset = result.next_offset if result.entries or flt else offset
             aborted = (
                 replica.aborted_transactions(offset, next_offset)
                 if read_committed and result.entries
@@ -434,6 +445,11 @@ class Router:
             )
         except PartitionError as exc:
             raise self.refusal(exc) from None
+        if self.traffic is not None:
+            self.traffic.fetch_read(
+                result.read_bytes if isinstance(result, FilteredRead) else len(result.data),
+                filtered=flt is not None,
+            )
         if self.traffic is not None and result.entries:
             # Offsets count records (a control entry holds none): the records returned are
             # those from the first entry's base offset, read from its header, to the next.
@@ -622,3 +638,14 @@ class Router:
             ) from None
         except LinkRefusal as exc:
             raise Refusal(exc.code, str(exc)) from None
+
+
+def _parse_filter(expression: str) -> TagFilter | None:
+    """FetchRequest.tag_filter parsed; None when empty. A mistake is the client's:
+    INVALID_TAG_FILTER with the parser's sentence, which names the position."""
+    if not expression:
+        return None
+    try:
+        return tag_filter.parse(expression)
+    except tag_filter.TagFilterError as exc:
+        raise Refusal(ErrorCode.ERROR_CODE_INVALID_TAG_FILTER, str(exc)) from None

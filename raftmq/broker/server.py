@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 from pathlib import Path
 
 import grpc
@@ -50,7 +51,7 @@ from raftmq.broker.leadership import Leadership
 from raftmq.broker.membership_driver import MembershipDriver
 from raftmq.broker.metadata_cache import MetadataCache, without_lost_topics
 from raftmq.broker.metrics import BrokerMetrics
-from raftmq.broker.open_files import open_files_note
+from raftmq.broker.open_files import connection_cap, open_files_note
 from raftmq.broker.quota_metrics import QuotaCollector
 from raftmq.broker.ready_file import BoundAddresses
 from raftmq.broker.reconciler import Reconciler
@@ -377,6 +378,7 @@ class Broker:
         self._server = net.aio_server(
             max_message_bytes=GRPC_MESSAGE_LIMIT,
             interceptors=[metrics.interceptor] if metrics is not None else [],
+            max_connections=connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
         )
         scram_service = None
         if SCRAM in self.authentication.methods:

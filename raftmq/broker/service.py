@@ -233,6 +233,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 min_bytes=request.min_bytes,
                 replica_read=request.replica_read,
                 read_committed=request.isolation_level == pb.READ_COMMITTED,
+                tag_filter=request.tag_filter,
             ),
             lambda fetched: len(fetched.entries),
         )

@@ -17,13 +17,21 @@ from collections.abc import Container
 class TopicTraffic:
     """Counters per topic name, from zero at the broker's start (Prometheus counters)."""
 
-    __slots__ = ("fetched_bytes", "fetched_records", "produced_bytes", "produced_records")
+    __slots__ = (
+        "fetch_read_bytes",
+        "fetched_bytes",
+        "fetched_records",
+        "produced_bytes",
+        "produced_records",
+    )
 
     def __init__(self) -> None:
         self.produced_bytes: dict[str, int] = {}
         self.produced_records: dict[str, int] = {}
         self.fetched_bytes: dict[str, int] = {}
         self.fetched_records: dict[str, int] = {}
+        self.fetch_read_bytes = {"false": 0, "true": 0}
+        """Bytes fetches read from segment files, by whether they had a tag filter."""
 
     def produced(self, topic: str, size_bytes: int, records: int) -> None:
         """A produce request appended ``records`` records in ``size_bytes`` bytes of
@@ -35,6 +43,11 @@ class TopicTraffic:
         """A fetch returned ``records`` records in ``size_bytes`` bytes of entries."""
         self.fetched_bytes[topic] = self.fetched_bytes.get(topic, 0) + size_bytes
         self.fetched_records[topic] = self.fetched_records.get(topic, 0) + records
+
+    def fetch_read(self, size_bytes: int, *, filtered: bool) -> None:
+        """A fetch read ``size_bytes`` from segment files (an unfiltered one: what it
+        returned; a filtered one: its index walk's header, block and entry reads too)."""
+        self.fetch_read_bytes["true" if filtered else "false"] += size_bytes
 
     def forget_except(self, topics: Container[str]) -> None:
         """Drop the counters of topics not in ``topics`` (deleted ones), so that the series

@@ -19,6 +19,7 @@ from raftmq.format import entry
 from raftmq.format.entry import EntryType
 from raftmq.format.errors import InvalidEntryError
 from raftmq.format.records import Record, build_batch, decode_records, iter_records
+from raftmq.format.tags import entry_tags
 from raftmq.log.config import FlushPolicy, LogConfig
 from raftmq.log.inspect import describe, iter_entries, segment_files, verify_folder
 from raftmq.log.log import Log
@@ -104,13 +105,16 @@ def _record_lines(data: bytes, segment: str, position: int) -> list[str]:
     """One line per record of a DATA entry, or one problem line when they cannot be decoded
     (a dump shows what is there; ``raftmq log verify`` reports it as a problem)."""
     try:
-        decoded = decode_records(data, entry.parse_header(data))
+        header = entry.parse_header(data)
+        decoded = decode_records(data, header)
+        block = entry_tags(data, header)
     except InvalidEntryError as exc:
         return [
             f"  [red]problem:[/] the records of the entry at byte {position} of {segment} "
             f"cannot be decoded: {escape(str(exc))}"
         ]
-    return [
+    shown = [f"  tag block {escape(str(block))}"] if block else []
+    return shown + [
         f"  offset {rec.offset} ts {rec.timestamp} key {rec.key!r} "
         f"value {_short(rec.value)} headers {list(rec.headers)}"
         for rec in decoded

@@ -44,6 +44,7 @@ from raftmq.client import (
 )
 from raftmq.client.fetcher import OffsetReset
 from raftmq.client.producer import Acks, RecordFuture
+from raftmq.format.tags import check_record_tags
 
 PROGRESS_EVERY_S = 0.5
 MAX_PENDING = 10_000
@@ -96,6 +97,13 @@ def produce(
         str | None, typer.Option(help="Compress batches: gzip, lz4 or zstd.")
     ] = None,
     linger_ms: Annotated[int, typer.Option(min=0, help="How long a batch waits to fill.")] = 5,
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            "--tags",
+            help="Tag every record with these comma-separated tags (docs/tags.md), e.g. paid,eu.",
+        ),
+    ] = None,
     client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
@@ -103,7 +111,10 @@ def produce(
     """Write one record per input line to TOPIC, batched, and report each failure."""
     addresses = cluster_addresses(data, bootstrap)
     separator = key_separator.encode()
+    tag_list = [t.strip() for t in tags.split(",")] if tags is not None else None
     try:
+        if tag_list is not None:
+            check_record_tags(tag_list)
         producer = Producer(
             addresses,
             acks=_acks(acks),
@@ -133,7 +144,7 @@ def produce(
             key = None
             if separator and separator in line:
                 key, line = line.split(separator, 1)
-            pending.append(producer.send(topic, line, key=key, partition=partition))
+            pending.append(producer.send(topic, line, key=key, partition=partition, tags=tag_list))
             sent += 1
             if len(pending) >= MAX_PENDING:
                 settle(pending.pop(0))
@@ -247,6 +258,14 @@ def consume(
             "stable offset; read_uncommitted (the default): every record.",
         ),
     ] = "read_uncommitted",
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            "--tags",
+            help="Only records whose tags match this expression (docs/tags.md), e.g. "
+            "'paid && (eu || us)'; the brokers send only batches that may match.",
+        ),
+    ] = None,
     client_id: ClientIdOption = None,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
@@ -279,6 +298,7 @@ def consume(
             group_id=group,
             enable_auto_commit=False,
             isolation_level=isolation,
+            tag_filter=tags,
             client_id=client_id,
             **client_tls(),
         )

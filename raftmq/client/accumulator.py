@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raftmq.format.records import Record
+from raftmq.format.tags import TAG_HEADER
 
 RECORD_OVERHEAD_BYTES = 24
 """What a record costs beyond its key, value and header bytes: framing varints, and the
@@ -62,6 +63,8 @@ class Batch:
     producer_epoch: int = -1
     sequence: int = -1
     """With idempotence: the sequence of its first record, given on its first send."""
+    tags: frozenset[bytes | None] = frozenset()
+    """The tags of every record in the batch: a batch is tag-uniform (see ``append``)."""
 
     def finish(self, base_offset: int, error: BaseException | None) -> None:
         if self.outcome.done():
@@ -70,6 +73,14 @@ class Batch:
             self.outcome.set_exception(error)
         else:
             self.outcome.set_result(base_offset)
+
+
+_NO_TAGS: frozenset[bytes | None] = frozenset()
+
+
+def _tags_of(record: Record) -> frozenset[bytes | None]:
+    """A record's tag set; the one empty set when it has none (``is`` compares them)."""
+    return frozenset(v for n, v in record.headers if n == TAG_HEADER) or _NO_TAGS
 
 
 class BufferFullError(TimeoutError):
@@ -117,13 +128,21 @@ class Accumulator:
             key = (topic, partition)
             batch = self._open.get(key)
             rolled = False
+            # Tag-uniform batches: a record whose tags differ from the open batch's closes
+            # it, so each batch's tag block (docs/format.md, "Tags") is exactly every one
+            # of its records' tags and a filtered fetch gets only matching batches.
+            record_tags = _tags_of(record) if record.headers else _NO_TAGS
             if batch is not None and batch.size_bytes + size > self.batch_size_bytes:
                 self._close(key, batch)  # full: this record starts the next one
                 batch, rolled = None, True
+            elif batch is not None and batch.tags is not record_tags and batch.tags != record_tags:
+                self._close(key, batch)  # other tags: ready now, not a full batch
+                batch = None
             wake = rolled
             if batch is None:
                 now = time.monotonic()
                 batch = Batch(topic, partition, now, now + self.delivery_s, self.new_outcome())
+                batch.tags = record_tags
                 self._open[key] = batch
                 wake = True
             batch.records.append(record)

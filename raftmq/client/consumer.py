@@ -60,8 +60,10 @@ from raftmq.client.fetcher import (
 from raftmq.client.group_link import Commits, GroupLink, OffsetAndMetadata
 from raftmq.client.group_session import CommitFailedError, GroupEvent, GroupSession, positions
 from raftmq.client.sasl import SaslSettings, security_of
-from raftmq.format import entry
+from raftmq.format import entry, tag_filter
 from raftmq.format.records import decode_records
+from raftmq.format.tag_filter import TagFilter
+from raftmq.format.tags import record_tags
 from raftmq.limits import MAX_OFFSET_METADATA_CHARS, RACK
 
 __all__ = [
@@ -118,6 +120,11 @@ class ConsumerConfig:
     client_rack: str | None = None
     """This consumer's rack: each partition is read from its in-sync replica in that
     rack when it has one (less cross-rack traffic), else from its leader."""
+    tag_filter: str | None = None
+    """A tag expression (docs/tags.md), e.g. ``"paid && (eu || us)"``: ``poll`` returns
+    only records whose tags match it, and the brokers send only the batches that may
+    hold one. Positions and commits still move past the records it filters out. One
+    that does not parse is a ValueError naming the position of the mistake."""
     group_id: str | None = None
     """The consumer group: needed by ``subscribe`` and by ``commit``/``committed``."""
     enable_auto_commit: bool = True
@@ -174,6 +181,8 @@ class ConsumerConfig:
                 f"client_rack {self.client_rack!r} is not a rack name: brokers' racks are "
                 "1-64 characters of A-Z a-z 0-9 . _ - (or leave it None to read from leaders)"
             )
+        if self.tag_filter is not None:
+            tag_filter.parse(self.tag_filter)  # raises TagFilterError, a ValueError
         if self.max_buffer_bytes < self.fetch_max_bytes:
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must hold at least one fetch "
@@ -212,7 +221,9 @@ def _take(fetcher: Fetcher, max_records: int) -> tuple[list[ConsumerRecord], int
                 continue
             while state.buffered and len(out) < max_records:
                 chunk = state.buffered[0]
-                taken, done = _records_of(tp, state, chunk, max_records - len(out))
+                taken, done = _records_of(
+                    tp, state, chunk, max_records - len(out), fetcher.tag_filter
+                )
                 out += taken
                 if done:
                     state.buffered.popleft()
@@ -227,10 +238,11 @@ def _take(fetcher: Fetcher, max_records: int) -> tuple[list[ConsumerRecord], int
 
 
 def _records_of(
-    tp: TopicPartition, state: PartitionState, chunk: Chunk, limit: int
+    tp: TopicPartition, state: PartitionState, chunk: Chunk, limit: int, flt: TagFilter | None
 ) -> tuple[list[ConsumerRecord], bool]:
     """The records of ``chunk`` at or after the position (at most ``limit``), and whether
-    the chunk is used up."""
+    the chunk is used up. With a tag filter, only the records that match it: the broker
+    sends whole batches that may hold one (a batch mixing tags comes whole)."""
     out: list[ConsumerRecord] = []
     position = state.position if state.position is not None else 0
     for header in entry.iter_headers(chunk.entries):
@@ -242,12 +254,18 @@ def _records_of(
             and chunk.drops(header.producer_id, header.base_offset)
         ):
             continue  # an aborted transaction's: read_committed never returns it
+        if flt is not None and not header.attributes & entry.TAGGED and not flt.matches_untagged:
+            position = max(position, header.next_offset)  # no record of it can match
+            continue
         for r in decode_records(chunk.entries, header):
             if r.offset < position:
                 continue
             if len(out) == limit:
                 state.position = position
                 return out, False
+            if flt is not None and not flt.matches(record_tags(r)):
+                position = r.offset + 1
+                continue
             out.append(
                 ConsumerRecord(tp[0], tp[1], r.offset, r.key, r.value, r.timestamp, r.headers)
             )
@@ -266,6 +284,7 @@ class ConsumerSettings(TlsSettings, SaslSettings, total=False):
     max_buffer_bytes: int
     isolation_level: IsolationLevel
     client_rack: str | None
+    tag_filter: str | None
     group_id: str | None
     enable_auto_commit: bool
     auto_commit_interval_ms: int
@@ -328,6 +347,7 @@ class _Face:
             on_data=on_data,
             client_rack=c.client_rack,
             read_committed=c.isolation_level == "read_committed",
+            tag_filter=None if c.tag_filter is None else tag_filter.parse(c.tag_filter),
             security=security_of(c),
             headers=client_id_headers(c.client_id or ""),
         )

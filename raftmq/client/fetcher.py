@@ -46,6 +46,7 @@ from raftmq.client.backoff import backoff
 from raftmq.client.cluster_view import Leader
 from raftmq.client.connections import Connections
 from raftmq.client.errors import ClientError, error_of
+from raftmq.format.tag_filter import TagFilter
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,13 @@ class Fetcher:
         on_data: Callable[[], None],
         client_rack: str | None = None,
         read_committed: bool = False,
+        tag_filter: TagFilter | None = None,
         security: net.Security = net.PLAINTEXT,
         headers: net.Headers = (),
     ) -> None:
         self.bootstrap = bootstrap
+        self.tag_filter = tag_filter
+        """Sent with every fetch; ``poll`` drops the records of a batch that do not match."""
         self.client_rack = client_rack
         self.isolation = pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED
         self.auto_offset_reset = auto_offset_reset
@@ -289,6 +293,7 @@ class Fetcher:
             min_bytes=1,
             replica_read=follower is not None,
             isolation_level=self.isolation,
+            tag_filter="" if self.tag_filter is None else self.tag_filter.expression,
         )
         await self.links.throttle(address)
         try:
@@ -343,16 +348,26 @@ class Fetcher:
             state.floor = max(state.floor, answer.high_watermark)
             state.served_by = answer.broker_id
             if not answer.entries:
-                return
-            aborted: dict[int, list[tuple[int, int]]] | None = None
-            for txn in answer.aborted_transactions:
-                aborted = aborted or {}
-                aborted.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
-            state.buffered.append(Chunk(generation, answer.entries, answer.next_offset, aborted))
-            state.buffered_bytes += len(answer.entries)
-            self.total_bytes += len(answer.entries)
-            state.fetch_offset = answer.next_offset
+                if state.fetch_offset is None or answer.next_offset <= state.fetch_offset:
+                    return
+                # A filtered fetch that matched nothing moves on past what the broker
+                # looked at: an empty chunk takes the position there when it is polled.
+                state.buffered.append(Chunk(generation, b"", answer.next_offset))
+                state.fetch_offset = answer.next_offset
+            else:
+                self._buffer(state, generation, answer)
         self.on_data()
+
+    def _buffer(self, state: PartitionState, generation: int, answer: pb.FetchResponse) -> None:
+        """Keep the entries of ``answer`` for ``poll`` (the caller holds the lock)."""
+        aborted: dict[int, list[tuple[int, int]]] | None = None
+        for txn in answer.aborted_transactions:
+            aborted = aborted or {}
+            aborted.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        state.buffered.append(Chunk(generation, answer.entries, answer.next_offset, aborted))
+        state.buffered_bytes += len(answer.entries)
+        self.total_bytes += len(answer.entries)
+        state.fetch_offset = answer.next_offset
 
     async def _reset_offset(self, tp: TopicPartition, state: PartitionState) -> int | None:
         if self.auto_offset_reset == "error":

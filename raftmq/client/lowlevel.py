@@ -192,6 +192,7 @@ class LowLevelClient:
         min_bytes: int = 0,
         address: str | None = None,
         read_committed: bool = False,
+        tag_filter: str = "",
     ) -> pb.FetchResponse:
         """Fetch from ``address`` (any replica), or from the leader when None.
 
@@ -201,7 +202,8 @@ class LowLevelClient:
         (CORRUPT_DATA) included: at the leader the answer points to when there is one,
         else at the partition's leader once it has restored the range from a peer.
         ``read_committed``: only below the last stable offset, with the aborted
-        transactions of the range listed (docs/transactions.md)."""
+        transactions of the range listed (docs/transactions.md). ``tag_filter``: only the
+        entries that may match it (FetchRequest.tag_filter, docs/tags.md)."""
         request = pb.FetchRequest(
             topic=topic,
             partition=partition,
@@ -210,6 +212,7 @@ class LowLevelClient:
             max_wait_ms=max_wait_ms,
             min_bytes=min_bytes,
             isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
+            tag_filter=tag_filter,
         )
         return self._read(topic, partition, "Fetch", request, max_wait_ms / 1000 + 10, address)
 

@@ -59,6 +59,7 @@ from raftmq.format import delay
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
 from raftmq.format.records import Record, build_batch
+from raftmq.format.tags import TAG_HEADER, check_record_tags
 from raftmq.limits import KEPT_BATCHES
 
 Acks = Literal["all", 1, 0]
@@ -747,7 +748,14 @@ def _record(
     if headers is None and tags is None:  # the common case, without building lists
         return Record(key, value, timestamp)
     pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
-    pairs += [("tag", t.encode()) for t in tags or ()]
+    if isinstance(tags, str):
+        raise ValueError(f"tags={tags!r} is a str; pass a list of tags, e.g. [{tags!r}]")
+    pairs += [(TAG_HEADER, t.encode() if isinstance(t, str) else t) for t in tags or ()]
+    # The broker's limits (docs/tags.md), refused here with the same sentence, whether the
+    # tags came as tags= or as headers named "tag".
+    check_record_tags(
+        [v.decode("utf-8", "replace") if v is not None else "" for n, v in pairs if n == TAG_HEADER]
+    )
     return Record(key, value, timestamp, tuple(pairs))
 
 

@@ -61,7 +61,8 @@ CODEC_MASK = (
 )
 TIMESTAMP_LOG_APPEND = 0x08  # timestamps were set by the broker, not the producer
 TRANSACTIONAL = 0x10  # the DATA entry belongs to an open transaction of its producer
-_KNOWN_ATTRIBUTES = CODEC_MASK | TIMESTAMP_LOG_APPEND | TRANSACTIONAL
+TAGGED = 0x20  # the DATA entry's payload starts with a tag block (raftmq/format/tags.py)
+_KNOWN_ATTRIBUTES = CODEC_MASK | TIMESTAMP_LOG_APPEND | TRANSACTIONAL | TAGGED
 
 MAX_ENTRY_BYTES = 64 * 1024 * 1024
 """Hard cap of the format. ``max.message.bytes`` is configured below it, and a scan treats a
@@ -327,6 +328,8 @@ def stamp(
 
 
 def payload_of(buf: bytes | bytearray | memoryview, header: EntryHeader) -> memoryview:
+    """The whole payload (a DATA entry's tag block included: readers of records use
+    ``tags.records_region``)."""
     return memoryview(buf)[header.position + HEADER_SIZE : header.end]
 
 

@@ -4,7 +4,9 @@ tools. The broker never decodes them, but checks their framing on produce
 
 Layout (docs/format.md, "Records"): each record is a varint length followed by attributes,
 timestamp delta and offset delta (relative to the entry header), key, value and headers.
-Tags are headers named ``tag``; a delayed message carries a ``deliver-at`` header.
+Tags are headers named ``tag`` (raftmq/format/tags.py: a tagged entry's payload starts
+with their union, the tag block, before the records); a delayed message carries a
+``deliver-at`` header.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from raftmq.format import compression, entry
+from raftmq.format import compression, entry, tags
 from raftmq.format.compression import Codec
 from raftmq.format.entry import EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
+from raftmq.format.tags import InvalidTagsError
 
 MAX_HEADERS = 1024
 
@@ -159,30 +162,56 @@ def _refuse_record_start(
     )
 
 
-def _walk_headers(buf: bytes | bytearray | memoryview, pos: int, stop: int, n: int) -> int:
+def _walk_headers(
+    buf: bytes | bytearray | memoryview, pos: int, stop: int, n: int, found: set[bytes] | None
+) -> int:
     """Check the header count and headers of record ``n`` starting at ``pos``; the position
-    after them."""
+    after them. ``found``: collect the record's tags (headers named ``tag``) into it and
+    check them against the limits of docs/format.md, "Tags" (the broker's produce check)."""
     count, pos = _uvarint_at(buf, pos, stop)
     if count > MAX_HEADERS:
         raise InvalidEntryError(
             f"record {n} declares {count} headers; a record carries at most {MAX_HEADERS}"
         )
+    record_tags = 0
     for _ in range(count):
         size, pos = _uvarint_at(buf, pos, stop)
         if pos + size > stop:
             raise InvalidEntryError(f"record {n}'s header name runs past its end")
+        name = buf[pos : pos + size]
         try:
-            str(buf[pos : pos + size], "utf-8")
+            str(name, "utf-8")
         except UnicodeDecodeError:
             raise InvalidEntryError(f"record {n} has a header name that is not UTF-8") from None
         raw, pos = _uvarint_at(buf, pos + size, stop)
         if raw & 1:
+            if found is not None and name == tags.TAG_HEADER_BYTES and raw == 1:
+                raise InvalidTagsError(
+                    f"record {n} has a tag header with a null value; a tag is 1 to "
+                    f"{tags.MAX_TAG_BYTES} bytes of {tags.TAG_CHARACTERS}"
+                )
             _refuse_length(raw, n, "header value")
         else:
+            value_at = pos
             pos += raw >> 1
             if pos > stop:
                 raise InvalidEntryError(f"record {n}'s header value runs past its end")
+            if found is not None and name == tags.TAG_HEADER_BYTES:
+                _collect_tag(bytes(buf[value_at:pos]), n, found)
+                record_tags += 1
+                if record_tags > tags.MAX_TAGS_PER_RECORD:
+                    raise InvalidTagsError(
+                        f"record {n} carries more than {tags.MAX_TAGS_PER_RECORD} tags; a "
+                        f"record carries at most {tags.MAX_TAGS_PER_RECORD}"
+                    )
     return pos
+
+
+def _collect_tag(tag: bytes, n: int, found: set[bytes]) -> None:
+    problem = tags.tag_problem(tag)
+    if problem is not None:
+        raise InvalidTagsError(f"record {n}: {problem}")
+    found.add(tag)
 
 
 def check_records(
@@ -192,6 +221,7 @@ def check_records(
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
+    found: set[bytes] | None = None,
 ) -> None:
     """Check that ``buf[start:end]``, the payload of a DATA entry whose header declares
     ``record_count``, ``first_timestamp`` and ``max_timestamp``, holds exactly that many
@@ -209,27 +239,66 @@ def check_records(
     (``first_timestamp`` is its timestamp); ``max_timestamp`` equals the largest record
     timestamp; no record timestamp is negative; record attributes are 0; key and value
     lengths are -1 (null) or more; at most MAX_HEADERS headers; header names are UTF-8.
+    ``found``: also collect the records' tags into it, checking each (the broker's check,
+    :func:`check_payload`).
     """
-    n, top, _, low = _walk_records(buf, start, end, record_count, (0, 0, 0), partial=False)
+    n, top, _, low = _walk_records(
+        buf, start, end, record_count, (0, 0, 0), partial=False, found=found
+    )
     _check_totals(n, top, low, record_count, first_timestamp, max_timestamp)
 
 
 def check_payload(
-    codec: int,
+    attributes: int,
     buf: bytes | bytearray | memoryview,
     start: int,
     end: int,
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
+    *,
+    check_tags: bool = True,
 ) -> None:
-    """:func:`check_records` or :func:`check_compressed_records`, as the entry's attribute
-    bits ``codec`` say: the check for a payload read from a request or a segment."""
+    """Check the payload ``buf[start:end]`` of a DATA entry with ``attributes``: its tag
+    block when the tagged bit is set, then its records (:func:`check_records`, or
+    :func:`check_compressed_records` as the codec bits say), and that the block is exactly
+    the union of the records' tags, every tag within the limits (docs/format.md, "Tags").
+    The check for a payload read from a request or a segment; raises InvalidTagsError for
+    a rule about tags, InvalidEntryError for any other. ``check_tags`` False (an untagged
+    entry stored before tag blocks existed): the tag rules are left out."""
+    block: list[bytes] = []
+    if attributes & entry.TAGGED:
+        block, start = tags.read_block(buf, start, end)
+    found: set[bytes] | None = set() if check_tags else None
+    codec = attributes & entry.CODEC_MASK
     if codec:
         payload = memoryview(buf)[start:end]
-        check_compressed_records(codec, payload, record_count, first_timestamp, max_timestamp)
+        check_compressed_records(
+            codec, payload, record_count, first_timestamp, max_timestamp, found
+        )
     else:
-        check_records(buf, start, end, record_count, first_timestamp, max_timestamp)
+        check_records(buf, start, end, record_count, first_timestamp, max_timestamp, found)
+    if found is None:
+        return
+    if attributes & entry.TAGGED:
+        if found != set(block):
+            raise InvalidTagsError(
+                f"the tag block lists {_names(block)} but the records carry the tags "
+                f"{_names(found)}; the block is exactly the union of the records' tags"
+            )
+    elif found:
+        raise InvalidTagsError(
+            f"the records carry tags {_names(found)} but the tagged bit (0x20) is unset; an "
+            "entry whose records carry tags sets it and starts its payload with their tag "
+            'block (docs/format.md, "Tags")'
+        )
+
+
+def _names(found: Iterable[bytes]) -> str:
+    """Tags for an error sentence: sorted, at most 8 named."""
+    ordered = sorted(found)
+    shown = ", ".join(repr(t.decode()) for t in ordered[:8])
+    return f"[{shown}{', ...' if len(ordered) > 8 else ''}]"
 
 
 def check_compressed_records(
@@ -238,6 +307,7 @@ def check_compressed_records(
     record_count: int,
     first_timestamp: int,
     max_timestamp: int,
+    found: set[bytes] | None = None,
 ) -> None:
     """:func:`check_records` for a compressed payload, decompressed a chunk at a time: the
     memory it takes is a chunk plus the largest record, not the payload, so a small request
@@ -246,10 +316,14 @@ def check_compressed_records(
     state = (0, 0, 0)  # records seen, largest and smallest timestamp delta
     for chunk in compression.iter_decompressed(codec, payload):
         window += chunk
-        n, top, used, low = _walk_records(window, 0, len(window), record_count, state, partial=True)
+        n, top, used, low = _walk_records(
+            window, 0, len(window), record_count, state, partial=True, found=found
+        )
         state = (n, top, low)
         del window[:used]
-    n, top, _, low = _walk_records(window, 0, len(window), record_count, state, partial=False)
+    n, top, _, low = _walk_records(
+        window, 0, len(window), record_count, state, partial=False, found=found
+    )
     _check_totals(n, top, low, record_count, first_timestamp, max_timestamp)
 
 
@@ -264,6 +338,7 @@ def _walk_records(
     state: tuple[int, int, int],
     *,
     partial: bool,
+    found: set[bytes] | None = None,
 ) -> tuple[int, int, int, int]:
     """Walk the records of ``buf[start:end]`` that follow the ``state`` (records seen,
     largest and smallest timestamp delta) of a walk so far; return the new state with the
@@ -337,7 +412,7 @@ def _walk_records(
                 pos += raw >> 1
             b = buf[pos]
             if b:  # headers: rare, so read carefully
-                pos = _walk_headers(buf, pos, stop, n)
+                pos = _walk_headers(buf, pos, stop, n, found)
             else:
                 pos += 1
             if pos != stop:
@@ -375,8 +450,11 @@ def _check_totals(
         )
 
 
-def encode_records(records: Sequence[Record], *, base_timestamp: int) -> bytes:
-    """The payload for ``records``; timestamps are stored as deltas from ``base_timestamp``."""
+def encode_records(
+    records: Sequence[Record], *, base_timestamp: int, found: set[bytes] | None = None
+) -> bytes:
+    """The records region for ``records``; timestamps are stored as deltas from
+    ``base_timestamp``. ``found``: collect the records' tags into it (build_batch's block)."""
     out = bytearray()
     body = bytearray()
     for delta, rec in enumerate(records):
@@ -394,6 +472,13 @@ def encode_records(records: Sequence[Record], *, base_timestamp: int) -> bytes:
             _put_uvarint(body, len(encoded))
             body += encoded
             _put_bytes(body, value)
+            if name == tags.TAG_HEADER and found is not None:
+                if value is None or tags.tag_problem(value) is not None:
+                    raise ValueError(
+                        f"record {delta}: "
+                        + ("a tag is not null" if value is None else str(tags.tag_problem(value)))
+                    )
+                found.add(value)
         _put_uvarint(out, len(body))
         out += body
     return bytes(out)
@@ -411,14 +496,17 @@ def build_batch(
     """A producer's DATA entry for ``records`` (index, term and offset left for the leader),
     its records payload compressed with ``compression_codec`` (docs/format.md, "Codecs");
     ``transactional`` sets the attribute bit of a batch inside a transaction of its
-    producer (docs/format.md, "Transaction markers")."""
+    producer (docs/format.md, "Transaction markers"). Records with tags (headers named
+    ``tag``) make a tagged entry: their union goes first, in the tag block (docs/format.md,
+    "Tags")."""
     if not records:
         raise ValueError("a batch needs at least one record")
     stamps = [r.timestamp for r in records]
     if min(stamps) < 0:
         raise ValueError(f"record timestamp {min(stamps)} is negative; use ms since the epoch")
     first = stamps[0]
-    payload = encode_records(records, base_timestamp=first)
+    found: set[bytes] = set()
+    payload = encode_records(records, base_timestamp=first, found=found)
     if compression_codec != Codec.NONE:
         if len(payload) > compression.MAX_UNCOMPRESSED_PAYLOAD_BYTES:
             raise ValueError(
@@ -426,12 +514,19 @@ def build_batch(
                 f"{compression.MAX_UNCOMPRESSED_PAYLOAD_BYTES}: build smaller batches"
             )
         payload = compression.compress(compression_codec, payload)
+    attributes = int(compression_codec) | (entry.TRANSACTIONAL if transactional else 0)
+    if found:
+        try:
+            payload = tags.encode_block(found) + payload
+        except InvalidTagsError as exc:
+            raise ValueError(str(exc)) from None
+        attributes |= entry.TAGGED
     return entry.encode(
         payload,
         record_count=len(records),
         first_timestamp=first,
         max_timestamp=max(stamps),
-        attributes=int(compression_codec) | (entry.TRANSACTIONAL if transactional else 0),
+        attributes=attributes,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
@@ -446,7 +541,7 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
     decode every record they fetch, and this loop is most of their CPU."""
     if header.type != EntryType.DATA:
         return []
-    payload = entry.payload_of(buf, header)
+    payload = tags.records_region(buf, header)
     codec = header.attributes & entry.CODEC_MASK
     if codec:
         # The consumer takes the whole entry at once; the broker checked it inflates to
@@ -460,7 +555,7 @@ def decode_records(buf: bytes | bytearray | memoryview, header: EntryHeader) -> 
         data, pos, end = payload.obj, 0, len(payload)
         assert isinstance(data, bytes)
     elif isinstance(buf, bytes):
-        data, pos, end = buf, header.position + entry.HEADER_SIZE, header.end
+        data, pos, end = buf, header.end - len(payload), header.end
     else:
         data, pos, end = bytes(payload), 0, len(payload)
     uv = _uvarint_at

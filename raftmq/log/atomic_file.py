@@ -22,6 +22,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from raftmq.log.handles import open_fd
+
 _TRAILER = struct.Struct(">I")  # CRC32C of the payload, after it
 _HEAD = struct.Struct(">II")  # payload length, CRC32C of the payload, before it
 
@@ -37,7 +39,7 @@ def replace_durably(path: Path, data: bytes) -> None:
     the new one survives power loss. For files that frame their own checks; others use
     :func:`write_atomic`, which adds a CRC."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -52,7 +54,7 @@ def replace_durably(path: Path, data: bytes) -> None:
 def read_atomic(path: Path) -> bytes | None:
     """The payload, or None when the file is missing or fails its CRC."""
     try:
-        data = path.read_bytes()
+        data = read_whole(path)
     except FileNotFoundError:
         return None
     if len(data) < _TRAILER.size:
@@ -65,7 +67,7 @@ def overwrite_in_place(path: Path, payload: bytes) -> None:
     """Write ``payload`` over the start of ``path`` (created if missing), without fsync: after
     a crash the file may hold the old payload, the new one, or a torn mix that reads as None.
     Opened and closed each time, so a caller with many such files holds no descriptors."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = open_fd(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         data = _HEAD.pack(len(payload), crc32c(payload)) + payload
         written = os.pwrite(fd, data, 0)
@@ -78,7 +80,7 @@ def read_in_place(path: Path) -> bytes | None:
     """The payload ``overwrite_in_place`` last wrote, or None when the file is missing,
     unreadable, torn or corrupt (callers treat all of these as: no saved value)."""
     try:
-        raw = path.read_bytes()
+        raw = read_whole(path)
     except OSError:
         return None
     if len(raw) < _HEAD.size:
@@ -90,8 +92,21 @@ def read_in_place(path: Path) -> bytes | None:
     return payload
 
 
+def read_whole(path: Path) -> bytes:
+    """The file's bytes, opened through :func:`~raftmq.log.handles.open_fd` (which makes room
+    when the process is out of descriptors)."""
+    fd = open_fd(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = open_fd(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

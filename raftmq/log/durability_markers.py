@@ -16,6 +16,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from raftmq.log.handles import open_fd
+
 DURABLE_SUFFIX = ".durable"
 _DURABLE = struct.Struct(">q")
 _MARKERS_KEPT = 64
@@ -36,7 +38,7 @@ class _MarkerFiles:
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
-                fd = os.open(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = open_fd(path + DURABLE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
                 self._fds[path] = fd
                 while len(self._fds) > self._kept:
                     os.close(self._fds.popitem(last=False)[1])

@@ -22,6 +22,7 @@ the rest for sockets, gRPC, index and checkpoint files and the like.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import threading
@@ -44,6 +45,11 @@ peers, the event loop, checkpoint and index files opened for a moment."""
 MAX_CAP = 1 << 20
 """Where an unlimited (or huge) limit stops mattering."""
 HANDLES_PER_REPLICA = 2
+EMFILE_ROOM = 8
+"""Idle segment descriptors closed to make room when an open fails with EMFILE. The limit
+is shared with sockets the cap cannot see (a burst of client connections, TLS handshakes
+through a hung link): a durable write must not fail for want of a descriptor while the
+cache holds idle ones it can reopen later."""
 """Below this many per hosted log (its active segment and one read handle), a broker
 warns at start that segment files will be reopened constantly."""
 
@@ -111,7 +117,13 @@ class HandleCache:
                 seg.pins += 1
                 return fd
             self._evict(1)
-            fd = os.open(seg.path, os.O_RDWR if seg.writable else os.O_RDONLY)
+            flags = os.O_RDWR if seg.writable else os.O_RDONLY
+            try:
+                fd = os.open(seg.path, flags)
+            except OSError as exc:
+                if exc.errno != errno.EMFILE or not self._shed(EMFILE_ROOM):
+                    raise
+                fd = os.open(seg.path, flags)
             self._add(seg, fd)
             seg.pins += 1
             return fd
@@ -148,6 +160,18 @@ class HandleCache:
             seg.fd = None
             os.close(fd)
 
+    def shed(self, count: int) -> int:
+        """Close up to ``count`` idle descriptors, least recently used first, to give their
+        room to another open; how many it closed (0: none was idle)."""
+        with self._lock:
+            return self._shed(count)
+
+    def _shed(self, count: int) -> int:
+        victims = [seg for seg in self._open if not seg.pins][:count]
+        for seg in victims:
+            self._close_evicted(seg)
+        return len(victims)
+
     def _add(self, seg: Segment, fd: int) -> None:
         seg.fd = fd
         self._open[seg] = None
@@ -166,21 +190,39 @@ class HandleCache:
                 if len(self._open) - len(victims) <= target:
                     break
         for seg in victims:
-            fd = seg.fd
-            del self._open[seg]
-            seg.fd = None
-            self.evictions += 1
-            if fd is not None:
-                os.close(fd)
+            self._close_evicted(seg)
+
+    def _close_evicted(self, seg: Segment) -> None:
+        fd = seg.fd
+        del self._open[seg]
+        seg.fd = None
+        self.evictions += 1
+        if fd is not None:
+            os.close(fd)
 
 
 HANDLES = HandleCache()
 """The one cache of this process."""
+
+
+def open_fd(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """``os.open`` for the log's other files (index and checkpoint files, their temporary
+    copies, directories to fsync): a process out of descriptors (EMFILE) first closes up
+    to :data:`EMFILE_ROOM` idle segment descriptors and tries once more, so a persist
+    fails only when nothing idle is left to close."""
+    try:
+        return os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno != errno.EMFILE or not HANDLES.shed(EMFILE_ROOM):
+            raise
+    return os.open(path, flags, mode)
+
 
 __all__ = [
     "HANDLES",
     "HANDLES_PER_REPLICA",
     "HandleCache",
     "cap_for_limit",
+    "open_fd",
     "raise_nofile_limit",
 ]

@@ -1,4 +1,4 @@
-"""The sparse offset index and time index of one segment.
+"""The sparse offset index, time index and tag index of one segment.
 
 Both hold one slot per ``index.interval.bytes`` of log, so a lookup is a binary search
 followed by a scan of at most one interval. Slots are relative to the segment's base
@@ -6,6 +6,10 @@ offset and first Raft index and stored as u32, which is why a segment stays unde
 
 In memory the slots stay relative too, as arrays of u32: then loading a file is a
 byte swap and three slices in C, not a loop over tens of thousands of slots.
+
+The tag index is not sparse: one slot per tagged DATA entry (relative base offset,
+position, size and a 64-bit bloom of its tag block, docs/format.md "Index files"), so a
+filtered fetch finds the entries that may match without reading any other.
 
 The active segment's indexes live only in memory (it is rescanned on open anyway); a
 segment's index files are written once, atomically and with a CRC, when it is closed. A
@@ -26,15 +30,17 @@ from raftmq.log.atomic_file import read_atomic, write_atomic
 
 _OFFSET_SLOT = struct.Struct(">III")  # relative offset, relative Raft index, byte position
 _TIME_SLOT = struct.Struct(">qI")  # max timestamp so far, relative offset
+_TAG_SLOT = struct.Struct(">IIIQ")  # relative base offset, position, size, bloom
 _SWAP = sys.byteorder == "little"  # the files are big-endian
-assert array("I").itemsize == 4 and array("q").itemsize == 8
+assert array("I").itemsize == 4 and array("q").itemsize == 8 and array("Q").itemsize == 8
 
 
 class SegmentIndex:
     """Offset and time slots of one segment, with the running state needed to extend them.
 
     ``offsets``, ``indexes`` and ``time_offsets`` are relative to the segment's base offset
-    and first index; ``positions`` are byte positions; ``timestamps_ms`` are absolute."""
+    and first index; ``positions`` are byte positions; ``timestamps_ms`` are absolute.
+    ``tag_*``: one slot per tagged entry (relative base offset, position, size, bloom)."""
 
     __slots__ = (
         "base_offset",
@@ -46,6 +52,11 @@ class SegmentIndex:
         "max_timestamp_ms",
         "offsets",
         "positions",
+        "tag_blooms",
+        "tag_offsets",
+        "tag_positions",
+        "tag_sizes",
+        "tags_known",
         "time_offsets",
         "timestamps_ms",
     )
@@ -58,6 +69,13 @@ class SegmentIndex:
         self.positions = array("I")
         self.timestamps_ms = array("q")
         self.time_offsets = array("I")
+        self.tag_offsets = array("I")
+        self.tag_positions = array("I")
+        self.tag_sizes = array("I")
+        self.tag_blooms = array("Q")
+        self.tags_known = True
+        """False for a segment sealed before tag indexes existed (it has no .tagindex):
+        a filtered read builds its tag slots first (``recovery.build_tag_index``)."""
         self.last_slot_position = -1
         self.max_timestamp_ms = -1
         # Loaded from files (not built by this process from the segment): a lookup checks
@@ -89,6 +107,14 @@ class SegmentIndex:
         if not self.timestamps_ms or self.max_timestamp_ms > self.timestamps_ms[-1]:
             self.timestamps_ms.append(self.max_timestamp_ms)
             self.time_offsets.append(base_offset - self.base_offset)
+
+    def observe_tagged(self, position: int, base_offset: int, size: int, bloom: int) -> None:
+        """Account for a tagged DATA entry appended at ``position`` (after ``observe``)."""
+        assert not self.tag_positions or position > self.tag_positions[-1]
+        self.tag_offsets.append(base_offset - self.base_offset)
+        self.tag_positions.append(position)
+        self.tag_sizes.append(size)
+        self.tag_blooms.append(bloom)
 
     def position_for_offset(self, offset: int) -> int:
         """Byte position of a slot at or before the entry holding ``offset``."""
@@ -131,6 +157,11 @@ class SegmentIndex:
         del self.offsets[keep:]
         del self.indexes[keep:]
         del self.positions[keep:]
+        keep = bisect_left(self.tag_positions, position)
+        del self.tag_offsets[keep:]
+        del self.tag_positions[keep:]
+        del self.tag_sizes[keep:]
+        del self.tag_blooms[keep:]
 
     def seal(self, last_base_offset: int) -> None:
         """Record the segment's final max timestamp so retention can read it from the file."""
@@ -142,7 +173,9 @@ class SegmentIndex:
 
     # --- files -------------------------------------------------------------------------
 
-    def write(self, offset_path: Path, time_path: Path) -> None:
+    def write(self, offset_path: Path, time_path: Path, tag_path: Path) -> None:
+        # The tag index first: the other two mark the segment sealed (docs/format.md).
+        self.write_tags(tag_path)
         write_atomic(offset_path, _interleave_words(self.offsets, self.indexes, self.positions))
         # A big-endian i64 is two big-endian u32 words, high word first.
         stamps = array("I")
@@ -150,18 +183,52 @@ class SegmentIndex:
         low, high = (stamps[0::2], stamps[1::2]) if _SWAP else (stamps[1::2], stamps[0::2])
         write_atomic(time_path, _interleave_words(high, low, self.time_offsets))
 
-    @classmethod
-    def load(
-        cls, offset_path: Path, time_path: Path, base_offset: int, first_index: int, size_bytes: int
-    ) -> SegmentIndex | None:
-        """The index from its files, or None when either is missing, damaged or inconsistent
-        with a segment of ``size_bytes`` (the caller then rebuilds it)."""
-        found = cls.load_checked(offset_path, time_path, base_offset, first_index, size_bytes)
-        return found if isinstance(found, SegmentIndex) else None
+    def write_tags(self, tag_path: Path) -> None:
+        write_atomic(tag_path, self._tag_bytes())
+
+    def _tag_bytes(self) -> bytes:
+        return b"".join(
+            _TAG_SLOT.pack(*slot)
+            for slot in zip(
+                self.tag_offsets, self.tag_positions, self.tag_sizes, self.tag_blooms, strict=True
+            )
+        )
+
+    def _load_tags(self, tag_path: Path, size_bytes: int) -> str | None:
+        """Read the tag index file into this index; why it cannot be trusted, or None. A
+        missing one leaves the tags unknown (a segment sealed before tag indexes existed:
+        every other read goes on without it, a filtered one builds it first)."""
+        if not tag_path.exists():
+            self.tags_known = False
+            return None
+        raw = _read_slots(tag_path, _TAG_SLOT.size)
+        if isinstance(raw, str):
+            return raw
+        rows = list(_TAG_SLOT.iter_unpack(raw))
+        end = -1
+        last_offset = -1
+        for rel, position, size, _ in rows:
+            if position < end or position + size > size_bytes or rel < last_offset or not size:
+                return (
+                    f"{tag_path.name} has slots that do not fit its segment of {size_bytes} "
+                    "bytes (overlapping, not ascending, or past its end)"
+                )
+            end, last_offset = position + size, rel
+        self.tag_offsets = array("I", (r[0] for r in rows))
+        self.tag_positions = array("I", (r[1] for r in rows))
+        self.tag_sizes = array("I", (r[2] for r in rows))
+        self.tag_blooms = array("Q", (r[3] for r in rows))
+        return None
 
     @classmethod
     def load_checked(
-        cls, offset_path: Path, time_path: Path, base_offset: int, first_index: int, size_bytes: int
+        cls,
+        offset_path: Path,
+        time_path: Path,
+        tag_path: Path,
+        base_offset: int,
+        first_index: int,
+        size_bytes: int,
     ) -> SegmentIndex | str:
         """The index from its files, or why they cannot be trusted (a sentence naming the
         file, for the warning the rebuild logs).
@@ -173,20 +240,12 @@ class SegmentIndex:
         the segment's first byte and entry, ascend, and stay inside the segment. A slot
         pointing past its entry would make a read skip records, which is why nothing less
         than all of this is trusted."""
-        if not offset_path.exists():
-            return f"{offset_path.name} is missing"
-        if not time_path.exists():
-            return f"{time_path.name} is missing"
-        raw = read_atomic(offset_path)
-        if raw is None:
-            return f"{offset_path.name} fails its CRC (damaged on disk)"
-        traw = read_atomic(time_path)
-        if traw is None:
-            return f"{time_path.name} fails its CRC (damaged on disk)"
-        if len(raw) % _OFFSET_SLOT.size:
-            return f"{offset_path.name} holds a partial slot ({len(raw)} bytes)"
-        if len(traw) % _TIME_SLOT.size:
-            return f"{time_path.name} holds a partial slot ({len(traw)} bytes)"
+        raw = _read_slots(offset_path, _OFFSET_SLOT.size)
+        if isinstance(raw, str):
+            return raw
+        traw = _read_slots(time_path, _TIME_SLOT.size)
+        if isinstance(traw, str):
+            return traw
         offsets, indexes, positions = _split_words(raw)
         if positions and (
             positions[-1] >= size_bytes
@@ -223,7 +282,20 @@ class SegmentIndex:
         idx.max_timestamp_ms = stamps[-1] if stamps else -1
         idx.from_file = True
         idx.checked_slots = bytearray(len(positions))
-        return idx
+        problem = idx._load_tags(tag_path, size_bytes)
+        return idx if problem is None else problem
+
+
+def _read_slots(path: Path, slot_bytes: int) -> bytes | str:
+    """The slots of an index file, or why it cannot be trusted (missing, damaged, torn)."""
+    if not path.exists():
+        return f"{path.name} is missing"
+    raw = read_atomic(path)
+    if raw is None:
+        return f"{path.name} fails its CRC (damaged on disk)"
+    if len(raw) % slot_bytes:
+        return f"{path.name} holds a partial slot ({len(raw)} bytes)"
+    return raw
 
 
 def _interleave_words(a: array, b: array, c: array) -> bytes:

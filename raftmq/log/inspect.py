@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftmq.format.entry import CODEC_MASK, HEADER_SIZE, EntryHeader, EntryType
+from raftmq.format.entry import HEADER_SIZE, TAGGED, EntryHeader, EntryType
 from raftmq.format.errors import InvalidEntryError
 from raftmq.format.records import check_payload
 from raftmq.log.atomic_file import read_atomic
@@ -27,6 +27,7 @@ MAX_RECORD_PROBLEMS = 10
 
 _OFFSET_SLOT = struct.Struct(">III")
 _TIME_SLOT = struct.Struct(">qI")
+_TAG_SLOT = struct.Struct(">IIIQ")
 
 
 @dataclass(slots=True)
@@ -147,6 +148,7 @@ def _verify_segment(
         )
     positions = array("q")
     data_entries: list[EntryHeader] = []
+    tag_slots: list[tuple[int, int, int, int]] = []  # what the tag index must hold
     state = [seg.first_index, seg.base_offset, expect[2] if expect else 0]
 
     def check(position: int, h: EntryHeader) -> str | None:
@@ -162,6 +164,9 @@ def _verify_segment(
         positions.append(position)
         if h.type == EntryType.DATA:
             data_entries.append(h)
+            if h.attributes & TAGGED:
+                bloom = seg.tag_bloom_at(position, h.size)
+                tag_slots.append((h.base_offset - seg.base_offset, position, h.size, bloom))
         report.entries += 1
         report.records += h.record_count
         report.max_timestamp = max(report.max_timestamp, h.max_timestamp)
@@ -180,6 +185,7 @@ def _verify_segment(
     _verify_records(seg, report, data_entries)
     if closed:
         _verify_index_files(seg, report, positions, result.valid_end)
+        _verify_tag_index(seg, report, tag_slots)
     return report
 
 
@@ -194,13 +200,15 @@ def _verify_records(seg: Segment, report: SegmentReport, data_entries: list[Entr
             payload = os.pread(fd, h.payload_length, h.position + HEADER_SIZE)
             try:
                 check_payload(
-                    h.attributes & CODEC_MASK,
+                    h.attributes,
                     payload,
                     0,
                     len(payload),
                     h.record_count,
                     h.first_timestamp,
                     h.max_timestamp,
+                    # Tag headers of an untagged entry predate tag blocks: readable as they are.
+                    check_tags=bool(h.attributes & TAGGED),
                 )
             except InvalidEntryError as exc:
                 bad += 1
@@ -242,6 +250,24 @@ def _verify_index_files(
         report.problems.append(
             f"time index ends at {stamps[-1]}, the segment's max timestamp is "
             f"{report.max_timestamp}"
+        )
+
+
+def _verify_tag_index(
+    seg: Segment, report: SegmentReport, tag_slots: list[tuple[int, int, int, int]]
+) -> None:
+    """The tag index must hold one slot per tagged entry, as the entries say. A missing
+    file is no problem (a segment sealed before tags existed has none: the log builds it
+    on first use); one that disagrees is."""
+    if not seg.tag_index_path.exists() or not report.complete:
+        return
+    raw = read_atomic(seg.tag_index_path)
+    if raw is None or len(raw) % _TAG_SLOT.size:
+        report.problems.append(f"{seg.tag_index_path.name} is damaged (the log rebuilds it)")
+    elif list(_TAG_SLOT.iter_unpack(raw)) != tag_slots:
+        report.problems.append(
+            f"{seg.tag_index_path.name} does not list the segment's {len(tag_slots)} tagged "
+            "entries as they are; delete it and the log rebuilds it"
         )
 
 

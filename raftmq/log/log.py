@@ -40,11 +40,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from raftmq.format.entry import EntryHeader
-from raftmq.log import checkpoints, reads, recovery, truncation, writes
+from raftmq.format.tag_filter import TagFilter
+from raftmq.log import checkpoints, filtered_reads, reads, recovery, truncation, writes
 from raftmq.log.atomic_file import fsync_dir
 from raftmq.log.checkpoints import START_CHECKPOINT, TERMS_CHECKPOINT
 from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogClosedError, OutOfRangeError
+from raftmq.log.filtered_reads import FilteredRead
 from raftmq.log.index import SegmentIndex
 from raftmq.log.preallocate import BUDGET, Pacer
 from raftmq.log.reads import READ_SLACK_BYTES, ReadResult
@@ -289,6 +291,15 @@ class Log:
         with self._lock:
             self._check_open()
             return reads.read_from_offset(self, offset, max_bytes, upper_offset)
+
+    def read_filtered(
+        self, offset: int, max_bytes: int, flt: TagFilter, *, upper_offset: int | None = None
+    ) -> FilteredRead:
+        """:meth:`read` with a tag filter: only the entries that may hold a record matching
+        ``flt``, and ``next_offset`` past everything looked at (filtered_reads.py)."""
+        with self._lock:
+            self._check_open()
+            return filtered_reads.read_filtered(self, offset, max_bytes, upper_offset, flt)
 
     def read_entries(self, lo: int, max_bytes: int, hi: int | None = None) -> bytes:
         """Concatenated whole entries with Raft index in [lo, hi), at most ``max_bytes`` but

@@ -96,15 +96,7 @@ class ReadResult:
 
 def read_from_offset(log: Log, offset: int, max_bytes: int, upper_offset: int | None) -> ReadResult:
     """``Log.read``: from the entry holding ``offset``, below ``upper_offset``."""
-    check_max_bytes(max_bytes)
-    if not log.start_offset <= offset <= log.next_offset:
-        raise OutOfRangeError(
-            f"offset {offset} is out of range: the log holds offsets "
-            f"{log.start_offset} to {log.next_offset - 1} (next is {log.next_offset})",
-            start=log.start_offset,
-            end=log.next_offset,
-        )
-    upper = log.next_offset if upper_offset is None else min(upper_offset, log.next_offset)
+    upper = offset_bounds(log, offset, max_bytes, upper_offset)
     if offset >= upper:
         return ReadResult(b"", 0, log.next_index, log.next_index, offset)
     pos = log._segment_at(offset, BASE_OFFSET)
@@ -121,6 +113,20 @@ def read_from_offset(log: Log, offset: int, max_bytes: int, upper_offset: int | 
             stop_offset=upper,
         ),
     )
+
+
+def offset_bounds(log: Log, offset: int, max_bytes: int, upper_offset: int | None) -> int:
+    """Check a read by offset's arguments (OutOfRangeError names the log's range); the
+    offset it must stop before."""
+    check_max_bytes(max_bytes)
+    if not log.start_offset <= offset <= log.next_offset:
+        raise OutOfRangeError(
+            f"offset {offset} is out of range: the log holds offsets "
+            f"{log.start_offset} to {log.next_offset - 1} (next is {log.next_offset})",
+            start=log.start_offset,
+            end=log.next_offset,
+        )
+    return log.next_offset if upper_offset is None else min(upper_offset, log.next_offset)
 
 
 def read_from_index(log: Log, lo: int, max_bytes: int, hi: int | None) -> ReadResult:

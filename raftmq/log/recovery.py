@@ -201,6 +201,8 @@ def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
 
     def observe(position: int, h: EntryHeader) -> str | None:
         idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
         return None
 
     result = seg.scan(verify=False, on_entry=observe)
@@ -211,18 +213,45 @@ def rebuild_index(log: Log, seg: Segment, reason: str) -> None:
         )
     if result.last is not None:
         idx.seal(result.last.base_offset)
-    idx.write(seg.index_path, seg.time_index_path)
     seg.index = idx
+    seg.write_index()
     log.recovery.rebuilt_indexes.append(seg.name)
     logger.warning(
-        "log %s: index of segment %s not used: %s; rebuilt %s and %s from the segment "
+        "log %s: index of segment %s not used: %s; rebuilt %s, %s and %s from the segment "
         "(%d entries scanned)",
         log.directory,
         seg.name,
         reason,
         seg.index_path.name,
         seg.time_index_path.name,
+        seg.tag_index_path.name,
         result.entries,
+    )
+
+
+def build_tag_index(log: Log, seg: Segment) -> None:
+    """Fill in the tag slots of a sealed segment whose index has none (sealed before tag
+    indexes existed) from its entries' headers and tag blocks, and write its .tagindex.
+    An upgrade step, done once per segment by the first filtered read that needs it, so
+    unfiltered reads of old segments never pay for it."""
+    idx = seg.index
+    assert idx is not None and not idx.tags_known
+
+    def observe(position: int, h: EntryHeader) -> str | None:
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
+        return None
+
+    result = seg.scan(verify=False, on_entry=observe)
+    idx.tags_known = True
+    if result.error is None:
+        idx.write_tags(seg.tag_index_path)
+    logger.info(
+        "log %s: built %s for segment %s, sealed before tag indexes existed (%d tagged entries)",
+        log.directory,
+        seg.tag_index_path.name,
+        seg.name,
+        len(idx.tag_offsets),
     )
 
 
@@ -295,6 +324,8 @@ def _rescan(log: Log, seg: Segment) -> tuple[bool, int]:
         if position == 0:
             born_ms[0] = h.max_timestamp
         idx.observe(position, h.index, h.base_offset, h.max_timestamp, interval_bytes)
+        if h.attributes & entry.TAGGED:
+            idx.observe_tagged(position, h.base_offset, h.size, seg.tag_bloom_at(position, h.size))
         expect[:] = [h.index + 1, h.next_offset, h.term]
         return None
 

@@ -28,6 +28,7 @@ from raftmq.format import entry
 from raftmq.format.entry import EntryHeader
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log.errors import LogError
+from raftmq.log.handles import open_fd
 from raftmq.log.log import Log
 from raftmq.log.segment import Segment
 
@@ -146,7 +147,7 @@ def patch(log: Log, damage: Damage, data: bytes) -> Patch:
         lo = next((i for i in range(len(data)) if data[i] != local[i]), len(data))
         hi = next((i for i in range(len(data), lo, -1) if data[i - 1] != local[i - 1]), lo)
         if hi > lo:
-            fd = os.open(seg.path, os.O_WRONLY)
+            fd = open_fd(seg.path, os.O_WRONLY)
             try:
                 view = memoryview(data)[lo:hi]
                 at = damage.position + lo

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftmq.format import entry
+from raftmq.format import entry, tag_filter, tags
 from raftmq.format.entry import HEADER_SIZE, EntryHeader
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log import preallocate
 from raftmq.log.atomic_file import fsync_dir
-from raftmq.log.handles import HANDLES
+from raftmq.log.handles import HANDLES, open_fd
 from raftmq.log.index import SegmentIndex
 
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
@@ -27,6 +27,7 @@ MAX_PENDING_WRITES = 256
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TAG_INDEX_SUFFIX = ".tagindex"
 
 
 def segment_name(base_offset: int, first_index: int) -> str:
@@ -127,6 +128,15 @@ class Segment:
     def time_index_path(self) -> Path:
         return self.directory / (self.name + TIME_INDEX_SUFFIX)
 
+    @property
+    def tag_index_path(self) -> Path:
+        return self.directory / (self.name + TAG_INDEX_SUFFIX)
+
+    def write_index(self) -> None:
+        """Write the index files (the tag index first: the other two mark it sealed)."""
+        assert self.index is not None
+        self.index.write(self.index_path, self.time_index_path, self.tag_index_path)
+
     def has_index_files(self) -> bool:
         return self.index_path.exists() and self.time_index_path.exists()
 
@@ -145,7 +155,7 @@ class Segment:
         it are not lost with the name."""
         seg = cls(directory, base_offset, first_index, 0)
         seg.pacer = pacer
-        fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_fd(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             if durable:
                 os.fsync(fd)
@@ -293,12 +303,12 @@ class Segment:
         self.pending.clear()  # the file goes: nothing of it needs writing
         HANDLES.close(self)
         self._give_back()
-        for path in (self.path, self.index_path, self.time_index_path):
+        for path in (self.path, self.index_path, self.time_index_path, self.tag_index_path):
             path.unlink(missing_ok=True)
         fsync_dir(self.directory)
 
     def remove_index_files(self) -> None:
-        for path in (self.index_path, self.time_index_path):
+        for path in (self.index_path, self.time_index_path, self.tag_index_path):
             path.unlink(missing_ok=True)
 
     def scan(
@@ -368,12 +378,28 @@ class Segment:
     def load_index(self) -> str | None:
         """Load the index files; None when loaded, else why they must be rebuilt."""
         found = SegmentIndex.load_checked(
-            self.index_path, self.time_index_path, self.base_offset, self.first_index, self.size
+            self.index_path,
+            self.time_index_path,
+            self.tag_index_path,
+            self.base_offset,
+            self.first_index,
+            self.size,
         )
         if isinstance(found, str):
             return found
         self.index = found
         return None
+
+    def tag_bloom_at(self, position: int, size: int) -> int:
+        """The bloom of the tag block of the tagged entry of ``size`` bytes at ``position``
+        (for indexing an entry found by a scan): reads its header and block only."""
+        want = min(size, HEADER_SIZE + 256)
+        head = self.pread(want, position)
+        bloom = tag_filter.bloom_of_block(head, HEADER_SIZE, want)
+        if bloom is None:  # a long block: read all of it
+            end = min(size, HEADER_SIZE + tags.MAX_BLOCK_BYTES)
+            bloom = tag_filter.bloom_of_block(self.pread(end, position), HEADER_SIZE, end)
+        return tag_filter.ALL_BITS if bloom is None else bloom
 
     def release(self) -> None:
         """Drop what a closed segment holds in memory; it reloads lazily."""

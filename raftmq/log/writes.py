@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
-from raftmq.format import entry
+from raftmq.format import entry, tag_filter, tags
 from raftmq.format.entry import EntryHeader
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.log import checkpoints
 from raftmq.log.config import FlushPolicy
 from raftmq.log.errors import EntryTooLargeError, NotContiguousError
 from raftmq.log.handles import HANDLES
+from raftmq.log.index import SegmentIndex
 from raftmq.log.segment import Segment
 
 if TYPE_CHECKING:
@@ -38,11 +39,12 @@ class AppendInfo(NamedTuple):
     entries: int
 
 
+_TAGGED = entry.TAGGED
 _U32_SPAN = 1 << 32  # index slots hold offsets and indexes relative to the segment as u32
 
-_Validated = tuple[int, int, int, int, int, int]
+_Validated = tuple[int, int, int, int, int, int, int]
 """One checked entry of an append: (position in the append, index, term, base offset, max
-timestamp in ms, next offset)."""
+timestamp in ms, next offset, size in bytes when it is tagged else 0)."""
 
 
 def _fitting(seg: Segment, headers: list[_Validated], start: int) -> int:
@@ -135,10 +137,13 @@ def _write_entries(
     shift = base - headers[start][0]  # chunk positions are relative to the append
     observe = index.observe
     last_term = terms[-1][1] if terms else None
-    for position, e_index, e_term, e_offset, max_ts_ms, _ in (
+    first = headers[start][0]
+    for position, e_index, e_term, e_offset, max_ts_ms, _, tagged_bytes in (
         headers if start == 0 and stop == len(headers) else headers[start:stop]
     ):
         observe(shift + position, e_index, e_offset, max_ts_ms, interval_bytes)
+        if tagged_bytes:
+            _index_tags(index, chunk, position - first, shift + position, e_offset, tagged_bytes)
         if e_term != last_term:
             terms.append((e_index, e_term))
             last_term = e_term
@@ -149,9 +154,21 @@ def _write_entries(
     log.next_index, log.next_offset = last[1] + 1, last[5]
 
 
+def _index_tags(
+    index: SegmentIndex, chunk: bytes, at: int, position: int, base_offset: int, size: int
+) -> None:
+    """Add the tag index slot of the tagged entry at ``chunk[at:]`` (now at ``position`` of
+    the segment): its block follows the header, in bytes the append holds already."""
+    end = at + min(size, entry.HEADER_SIZE + tags.MAX_BLOCK_BYTES)
+    bloom = tag_filter.bloom_of_block(chunk, at + entry.HEADER_SIZE, end)
+    index.observe_tagged(
+        position, base_offset, size, tag_filter.ALL_BITS if bloom is None else bloom
+    )
+
+
 def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Validated]:
     """Check every entry of an append; (position, index, term, base offset, max
-    timestamp, next offset) of each. Plain tuples: this runs once per entry on the
+    timestamp, next offset, size when tagged) of each. Plain tuples: this runs once per entry on the
     write path.
 
     Framing, size and contiguity always; the CRC unless the caller checked it at its
@@ -170,9 +187,8 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
     view = memoryview(data)
     decode = entry.decode_header
     while position < end:
-        length, crc, _, _, _, e_index, e_term, e_offset, count, _, max_ts_ms, _, _, _, _ = decode(
-            view, position
-        )
+        (length, crc, _, _, attributes, e_index, e_term, e_offset, count, _, max_ts_ms,
+         _, _, _, _) = decode(view, position)  # fmt: skip
         size_bytes = length + 4
         if size_bytes > limit_bytes:
             raise EntryTooLargeError(
@@ -201,7 +217,8 @@ def _validate(log: Log, data: bytes, *, crc_checked: bool = False) -> list[_Vali
                 f"entry at byte {position} has term {e_term}, below the log's term {term}"
             )
         index, offset, term = e_index + 1, e_offset + count, e_term
-        out.append((position, e_index, e_term, e_offset, max_ts_ms, offset))
+        tagged_bytes = size_bytes if attributes & _TAGGED else 0
+        out.append((position, e_index, e_term, e_offset, max_ts_ms, offset, tagged_bytes))
         position += size_bytes
     log._validated_next = (index, offset)
     return out
@@ -240,7 +257,7 @@ def seal(log: Log, seg: Segment) -> None:
     if log.on_durable is not None:
         log.on_durable(str(seg.path), seg.size)  # a sealed segment is wholly durable
     seg.index.seal(last_header(seg).base_offset)
-    seg.index.write(seg.index_path, seg.time_index_path)
+    seg.write_index()
     seg.release_reserved()
 
 

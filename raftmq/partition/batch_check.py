@@ -21,6 +21,8 @@ from raftmq.format import compression, entry
 from raftmq.format.entry import EntryType
 from raftmq.format.errors import CorruptEntryError, InvalidEntryError
 from raftmq.format.records import check_payload
+from raftmq.format.tags import InvalidTagsError
+from raftmq.partition import errors
 from raftmq.partition.errors import BatchTooLargeError, CorruptBatchError, InvalidBatchError
 
 MAX_ENTRIES_PER_PRODUCE = 10_000
@@ -146,9 +148,14 @@ def _check_entry(
             )
     # record_count and timestamps against the records themselves: only the length
     # prefixes are read, keys and values are skipped (check_records); a compressed payload
-    # is inflated a chunk at a time to do so (check_compressed_records).
+    # is inflated a chunk at a time to do so (check_compressed_records). Tags too: the
+    # tag block must be the union of the records' tag headers (docs/format.md, "Tags").
     start = position + entry.HEADER_SIZE
     try:
-        check_payload(codec, buf, start, start + payload_length, record_count, first_ts, max_ts)
+        check_payload(
+            attributes, buf, start, start + payload_length, record_count, first_ts, max_ts
+        )
+    except InvalidTagsError as exc:
+        raise errors.InvalidTagsError(f"{where}: {exc}") from None
     except InvalidEntryError as exc:
         raise refuse(str(exc)) from None

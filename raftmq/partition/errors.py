@@ -17,6 +17,12 @@ class InvalidBatchError(PartitionError):
     code = "INVALID_BATCH"
 
 
+class InvalidTagsError(InvalidBatchError):
+    """A produced entry's tags break a rule of docs/format.md, "Tags"."""
+
+    code = "INVALID_TAGS"
+
+
 class CorruptBatchError(PartitionError):
     code = "CORRUPT_BATCH"
 

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from raftmq.format import entry
 from raftmq.format.errors import CorruptEntryError, FormatError, InvalidEntryError
+from raftmq.format.tag_filter import TagFilter
 from raftmq.log.config import LogConfig
 from raftmq.log.errors import LogError
+from raftmq.log.filtered_reads import FilteredRead
 from raftmq.log.log import ReadResult
 from raftmq.partition.aborted_transactions import AbortedIndexError, AbortedTransaction
 from raftmq.partition.batch_check import check_produce
@@ -730,12 +732,15 @@ class PartitionReplica:
         *,
         replica_read: bool = False,
         read_committed: bool = False,
-    ) -> ReadResult:
+        tag_filter: TagFilter | None = None,
+    ) -> ReadResult | FilteredRead:
         """Committed entries from ``offset``; OffsetOutOfRangeError names the valid range.
         ``replica_read``: a consumer's read of the closest replica; a follower that may not
         serve it (:meth:`follower_read_refusal`) refuses with NotLeaderError.
         ``read_committed``: only entries below the last stable offset (an offset between it
-        and the high watermark is valid and reads nothing yet)."""
+        and the high watermark is valid and reads nothing yet).
+        ``tag_filter``: only the entries that may match it, and a next offset past all that
+        was looked at (Log.read_filtered)."""
         self.check_serving()
         if replica_read:
             refusal = self.follower_read_refusal(offset)
@@ -756,6 +761,8 @@ class PartitionReplica:
         assert hw <= log_.next_offset, (hw, log_.next_offset)
         upper = self.last_stable_offset if read_committed else hw
         try:
+            if tag_filter is not None:
+                return log_.read_filtered(offset, max_bytes, tag_filter, upper_offset=upper)
             return log_.read(offset, max_bytes, upper_offset=upper)
         except CorruptEntryError as exc:
             self._host.request_repair(self.group.name, "a client read")  # restore it from a replica
@@ -822,19 +829,35 @@ class PartitionReplica:
         *,
         replica_read: bool = False,
         read_committed: bool = False,
-    ) -> ReadResult:
+        tag_filter: TagFilter | None = None,
+    ) -> ReadResult | FilteredRead:
         """Long poll: answer once ``min_bytes`` of committed data are there (below the last
         stable offset for ``read_committed``), or at the end of ``max_wait_s`` with
         whatever there is (maybe nothing). A replica read on a follower whose commit is
         still below ``offset`` (it trails the leader's by about a heartbeat) waits for it
-        within the same time before refusing."""
+        within the same time before refusing. With a ``tag_filter``, matching data counts;
+        each wake-up reads on from where the last read stopped looking (only the new
+        range), and the answer's next offset is past all that was looked at."""
         deadline_s = time.monotonic() + max_wait_s
+        gathered: list[FilteredRead] = []
         while True:
             commit_behind = replica_read and offset > self.high_watermark and not self.is_leader
             if not commit_behind or time.monotonic() >= deadline_s:
                 result = self.read(
-                    offset, max_bytes, replica_read=replica_read, read_committed=read_committed
+                    offset,
+                    max_bytes,
+                    replica_read=replica_read,
+                    read_committed=read_committed,
+                    tag_filter=tag_filter,
                 )
+                if isinstance(result, FilteredRead):
+                    gathered.append(result)
+                    result = _joined(gathered)
+                    offset = result.next_offset
+                    max_bytes -= len(gathered[-1].data)
+                    upper = self.last_stable_offset if read_committed else self.high_watermark
+                    if max_bytes <= 0 or offset < upper:
+                        return result  # full, or the read stopped at its work bound
                 if len(result.data) >= max(min_bytes, 1) or time.monotonic() >= deadline_s:
                     return result
             event = self._hw_event
@@ -854,6 +877,18 @@ class PartitionReplica:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await event.wait()
+
+
+def _joined(reads: list[FilteredRead]) -> FilteredRead:
+    """The filtered reads of one long poll, one after the other, as one answer."""
+    if len(reads) == 1:
+        return reads[0]
+    return FilteredRead(
+        b"".join(r.data for r in reads),
+        sum(r.entries for r in reads),
+        reads[-1].next_offset,
+        sum(r.read_bytes for r in reads),
+    )
 
 
 def _replicated(log_config: LogConfig) -> LogConfig:

@@ -16,9 +16,11 @@ import pyarrow as pa
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import ClientError, ErrorCode, LowLevelClient
-from raftmq.format import entry
+from raftmq.format import entry, tag_filter
 from raftmq.format.entry import EntryType
 from raftmq.format.records import Record, decode_records
+from raftmq.format.tag_filter import TagFilter
+from raftmq.format.tags import record_tags
 from raftmq.spark.options import ReadOptions, SourceError
 from raftmq.spark.planning import OffsetRange, data_lost
 
@@ -76,6 +78,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
         target = rng.replicas[pick % len(rng.replicas)]
     cur = rng.start
     stalled_since = time.monotonic()
+    flt = tag_filter.parse(options.tag_filter) if options.tag_filter else None
     while cur < rng.end:
         try:
             resp = client.fetch(
@@ -87,6 +90,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
                 min_bytes=1,
                 address=target,
                 read_committed=options.read_committed,
+                tag_filter=options.tag_filter,
             )
         except ClientError as err:
             log_start = int(err.meta.get("raftmq-log-start-offset", -1))
@@ -112,7 +116,9 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
                 ) from None
             time.sleep(0.1)
             continue
-        batch, after = decode_batch(resp.entries, rng, cur, schema, aborted_of(resp))
+        batch, after = decode_batch(resp.entries, rng, cur, schema, aborted_of(resp), flt)
+        if flt is not None:
+            after = max(after, min(resp.next_offset, rng.end))  # past what the broker looked at
         if batch is not None:
             yield batch
         if after > cur:
@@ -144,12 +150,15 @@ def decode_batch(
     cur: int,
     schema: pa.Schema,
     aborted: dict[int, list[tuple[int, int]]] | None = None,
+    flt: TagFilter | None = None,
 ) -> tuple[pa.RecordBatch | None, int]:
     """The records of ``entries`` with offsets in [cur, rng.end) as one Arrow batch (None if
     there are none), and the offset to fetch next. Offsets must run on from ``cur`` without a
     gap, except over the entries of an aborted transaction (``aborted``, read_committed),
     which are skipped: any other gap means the answer is not what was asked for, and the
-    task fails. Markers take no offset, so they leave no gap."""
+    task fails. Markers take no offset, so they leave no gap. With a tag filter ``flt``
+    the broker skips batches (gaps are expected) and the records that do not match are
+    dropped here."""
     recs: list[Record] = []
     types: list[int] = []
     nxt = cur
@@ -158,6 +167,8 @@ def decode_batch(
             continue
         if header.base_offset >= rng.end:
             break
+        if header.base_offset > nxt and flt is not None:
+            nxt = header.base_offset  # the broker skipped batches that cannot match
         if header.base_offset > nxt:
             raise SourceError(
                 f"{rng.topic}/{rng.partition}: expected offset {nxt}, the broker "
@@ -171,9 +182,11 @@ def decode_batch(
         # Offsets within an entry run on from its base (check_records proves it).
         first = nxt - header.base_offset
         taken = decode_records(entries, header)[first : rng.end - header.base_offset]
+        nxt += len(taken)
+        if flt is not None:
+            taken = [r for r in taken if flt.matches(record_tags(r))]
         recs += taken
         types += [1 if header.attributes & entry.TIMESTAMP_LOG_APPEND else 0] * len(taken)
-        nxt += len(taken)
     if not recs:
         # Nothing committed there yet, only control entries, or only aborted writes.
         return None, nxt
@@ -190,5 +203,5 @@ def decode_batch(
     if len(schema) > len(columns):
         headers = [[{"key": k, "value": v} for k, v in r.headers] for r in recs]
         columns.append(pa.array(headers, schema.field("headers").type))
-    assert recs[-1].offset == nxt - 1, "offsets out of order"
+    assert recs[-1].offset == nxt - 1 or flt is not None, "offsets out of order"
     return pa.RecordBatch.from_arrays(columns, schema=schema), nxt

@@ -7,7 +7,8 @@ name and the broker list: ``bootstrap`` (or ``kafka.bootstrap.servers``), ``subs
 ``latest`` or JSON ``{"topic": {"0": 42}}`` with -2 for earliest and -1 for latest),
 ``startingTimestamp``, ``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``,
 ``includeHeaders``, ``kafka.isolation.level`` (or ``isolationLevel``); plus
-``readFromReplicas`` and ``fetchMaxBytes``.
+``readFromReplicas``, ``fetchMaxBytes`` and ``tagFilter`` (a tag expression,
+docs/tags.md: only the records whose tags match it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from raftmq.client.connections import SecuritySettings
 from raftmq.client.sasl import client_security
+from raftmq.format import tag_filter
 
 EARLIEST = -2
 """In offset JSON, as in Kafka: the partition's first offset still held."""
@@ -46,6 +48,8 @@ KNOWN = {
     "isolationlevel": "read_uncommitted (default) or read_committed: only committed "
     "transactions' records, up to each partition's last stable offset",
     "kafka.isolation.level": "the same as isolationLevel (the Kafka consumer's name)",
+    "tagfilter": "a tag expression (docs/tags.md), e.g. paid && (eu || us): only records "
+    "whose tags match it; the brokers send only the batches that may hold one",
     "ssl_cafile": "TLS: the CA file that signed the brokers' certificates (docs/security.md)",
     "ssl_certfile": "TLS: the client certificate, for brokers that require one",
     "ssl_keyfile": "TLS: the key of ssl_certfile",
@@ -82,6 +86,8 @@ class ReadOptions:
     fetch_max_bytes: int = DEFAULT_FETCH_BYTES
     read_committed: bool = False
     """Read up to the last stable offset and drop aborted transactions' records."""
+    tag_filter: str = ""
+    """A tag expression (checked by parsing it here); empty: every record."""
     tls: tuple[str | None, str | None, str | None] = (None, None, None)
     """ssl_cafile, ssl_certfile, ssl_keyfile (all None: plaintext)."""
     sasl: tuple[tuple[str, str], ...] = ()
@@ -180,7 +186,18 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         )
         or DEFAULT_FETCH_BYTES,
         read_committed=_isolation(opts),
+        tag_filter=_tag_filter(opts.get("tagfilter")),
     )
+
+
+def _tag_filter(raw: str | None) -> str:
+    if raw is None or not raw.strip():
+        return ""
+    try:
+        tag_filter.parse(raw)
+    except tag_filter.TagFilterError as exc:
+        raise SourceError(f"tagFilter: {exc}") from None
+    return raw
 
 
 def _isolation(opts: dict[str, str]) -> bool:

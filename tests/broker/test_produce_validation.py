@@ -40,7 +40,7 @@ def honest_fields() -> tuple[bytes, dict[str, int]]:
     """Two records (one with a key and a header, one without) and the header fields that
     describe them truthfully."""
     now = int(time.time() * 1000)
-    records = [Record(b"k", b"first", now, (("tag", b"t"),)), Record(None, b"second", now + 3)]
+    records = [Record(b"k", b"first", now, (("src", b"t"),)), Record(None, b"second", now + 3)]
     fields = {"record_count": 2, "first_timestamp": now, "max_timestamp": now + 3}
     return encode_records(records, base_timestamp=now), fields
 

@@ -164,3 +164,12 @@ def test_a_coordinator_that_forgets_a_partition_goes_back_on_the_coordinator_sid
     assert example["side"] == "coordinator" and example["partition"] == 1
     assert "answered no committed offset" in example["explanation"]
     assert_only(result, "consumer-groups")
+
+
+def test_consumers_that_read_nothing_in_the_whole_run_are_a_violation() -> None:
+    """Seed 7411's consumers never reached the cluster (TLS) and every check passed with
+    nothing to check."""
+    ops = [op for op in clean() if op.kind != "read"]
+    result = check(ops)
+    assert_only(result, "consumer-groups")
+    assert count(result, "consumer-groups", "nothing-read") == 1

@@ -34,6 +34,10 @@ CLIENT_TOPICS = {
     "cli": 2,
     "clig": 2,
     "clit": 2,
+    "tg": 1,
+    "tgbad": 1,
+    "tgpoll": 1,
+    "tgcli": 1,
 }
 
 

@@ -95,3 +95,22 @@ def test_a_batch_is_settled_once_for_all_its_records() -> None:
     batch.finish(40, None)
     batch.finish(-1, RuntimeError("too late"))  # settled already: ignored
     assert placed[0][0].result() == 40  # type: ignore[attr-defined]
+
+
+def test_batches_are_tag_uniform() -> None:
+    """A record whose tags differ from its partition's open batch's closes it (without
+    counting as a full batch: the sticky partitioner stays), so every batch's tag block is
+    exactly each of its records' tags."""
+    a = acc(batch_size_bytes=100_000, buffer_bytes=100_000)
+
+    def tagged(*tags: bytes) -> Record:
+        return Record(None, b"v", NOW, (*(("tag", t) for t in tags), ("other", b"x")))
+
+    plan = [rec(1), rec(1), tagged(b"a"), tagged(b"a"), tagged(b"a", b"b"), tagged(b"b", b"a")]
+    plan += [Record(None, b"v", NOW, (("other", b"x"),)), rec(1)]
+    wakes = [a.append("t", 0, r, 0)[2:] for r in plan]
+    new, joined = (True, False), (False, False)  # (wake, rolled) of each append
+    assert wakes == [new, joined] * 4
+    out, _ = a.drain(time.monotonic(), always, flush=True)
+    assert [len(b.records) for b in out] == [2, 2, 2, 2]
+    assert [sorted(t for t in b.tags if t) for b in out] == [[], [b"a"], [b"a", b"b"], []]

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.cli.main import app
+from raftmq.client.consumer import Consumer
 from raftmq.client.errors import ClientError
 from raftmq.client.partitioner import partition_for_key
 from raftmq.client.producer import AsyncProducer, Producer
@@ -314,3 +315,23 @@ def test_a_target_with_small_entries_gets_them_one_by_one_and_a_level_never_bloc
     records, _ = watch_until(cluster, "small", 1, lambda rs: len(rs) >= 21, 30)
     values = {(r.value or b"")[:9] for r in records}
     assert values == {b"%03d" % i + b"......" for i in range(20)} | {b"after"}
+
+
+def test_delayed_records_keep_their_tags_for_filtered_consumers(
+    make_cluster: ClusterFactory,
+) -> None:
+    """A moved batch carries its records' tags as any producer's (docs/tags.md): a
+    consumer filtering by tag gets the delayed records that match, and no other."""
+    cluster = make_cluster({"tg": 1})
+    with Producer(cluster.addresses) as producer:
+        for i in range(10):
+            producer.send("tg", b"m%d" % i, tags=["paid" if i % 2 else "open"], delay_ms=400)
+        producer.flush()
+    watch_until(cluster, "tg", 1, lambda rs: len(rs) >= 10, 30)
+    with Consumer(cluster.addresses, auto_offset_reset="earliest", tag_filter="paid") as consumer:
+        consumer.assign([("tg", 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += [r.value or b"" for r in consumer.poll(0.5)]
+    assert sorted(got) == [b"m%d" % i for i in (1, 3, 5, 7, 9)]

@@ -115,3 +115,13 @@ def test_verify_reports_one_flipped_bit_as_one_problem(tmp_path: Path):
     problems = report.problems + [p for s in report.segments for p in s.problems]
     assert len(problems) == 1, problems
     assert "CRC mismatch" in problems[0] and segments[0].stem in problems[0]
+
+
+def test_dump_shows_a_tagged_entry_s_block_and_verify_passes(tmp_path: Path):
+    folder = tmp_path / "p0"
+    with Log.open(folder, LogConfig()) as log:
+        tagged = build_batch([Record(None, b"v", 5, (("tag", b"paid"), ("tag", b"eu")))])
+        log.append(entry.stamp(tagged, index=1, term=1, base_offset=0))
+    assert run("log", "verify", str(folder)).returncode == 0
+    dump = run("log", "dump", str(folder), "--records")
+    assert "tag block ['eu', 'paid']" in dump.stdout, dump.stdout

@@ -90,3 +90,23 @@ def test_zigzag_varint_table() -> None:
         raw = bytes.fromhex(hex_bytes)
         cursor = _Cursor(memoryview(raw), 0, len(raw))
         assert _get_varint(cursor) == int(value) and cursor.pos == len(raw)
+
+
+def test_tagged_entry_is_what_build_batch_makes_and_its_block_is_the_union() -> None:
+    from raftmq.format.records import check_payload
+    from raftmq.format.tags import entry_tags, records_region
+
+    tagged = hex_block("hex entry-tagged")
+    records = [
+        Record(b"o-1", b"10", 1_700_000_000_000, (("tag", b"paid"), ("tag", b"eu"))),
+        Record(b"o-2", b"20", 1_700_000_000_000, (("tag", b"paid"),)),
+    ]
+    assert build_batch(records) == tagged
+    h = entry.parse_header(tagged)
+    assert (h.attributes, h.payload_length, h.size) == (entry.TAGGED, 58, 132)
+    assert entry_tags(tagged, h) == ["eu", "paid"]
+    assert bytes(records_region(tagged, h))[:1] == b"\x1b"  # record 0's length
+    check_payload(
+        h.attributes, tagged, entry.HEADER_SIZE, h.size, 2, h.first_timestamp, h.max_timestamp
+    )
+    assert [r.value for r in decode_records(tagged, h)] == [b"10", b"20"]

@@ -49,6 +49,22 @@ def append_one(log: Log, size: int = 100) -> bytes:
     return e
 
 
+def run_child(code: str, directory: Path, *, timeout_s: float) -> list[int]:
+    """The integers a child process running ``code`` on ``directory`` printed: the tests
+    that lower the open-file limit do it in a process of their own."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [int(word) for word in proc.stdout.split()]
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -258,17 +274,53 @@ CHILD = textwrap.dedent(
 def test_a_thousand_groups_under_a_256_file_limit(tmp_path: Path) -> None:
     """1,000 Raft groups (logs rolling segments, hard state, commit hints) in one process
     whose soft open-file limit is 256: no EMFILE, and open files stay under the limit."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cap, peak, cache_peak, evictions = map(int, proc.stdout.split())
+    cap, peak, cache_peak, evictions = run_child(CHILD, tmp_path, timeout_s=300)
     assert cap == cap_for_limit(256)
     assert cache_peak <= cap
     assert peak < 256 - 32, (peak, cap)
     assert evictions > 0
+
+
+SHED_CHILD = textwrap.dedent(
+    """
+    import os, resource, sys
+    from pathlib import Path
+    from raftmq.log.config import LogConfig
+    from raftmq.log.handles import HANDLES, open_fd
+    from raftmq.log.log import Log
+    from tests.log.test_handles import append_one
+
+    root = Path(sys.argv[1])
+    logs = [Log.open(root / f"l{i}", LogConfig()) for i in range(6)]
+    for log in logs:
+        append_one(log)
+    held = HANDLES.open_count
+    assert held >= 6, held
+    # Use up every other descriptor, as a burst of sockets would.
+    in_use = len(os.listdir("/proc/self/fd"))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2, hard))
+    hogs = []
+    try:
+        while True:
+            hogs.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    fd = open_fd(root / "persisted.tmp", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"kept")
+    os.fsync(fd)
+    os.close(fd)
+    print(held, HANDLES.open_count)
+    """
+)
+
+
+def test_a_persist_out_of_descriptors_takes_the_room_of_idle_segment_files(
+    tmp_path: Path,
+) -> None:
+    """With every descriptor taken (sockets the segment cap cannot see), opening a file to
+    persist closes idle segment descriptors and succeeds, instead of failing with EMFILE
+    while the cache holds descriptors it can reopen later."""
+    held, after = run_child(SHED_CHILD, tmp_path, timeout_s=60)
+    assert after < held
+    assert (tmp_path / "persisted.tmp").read_bytes() == b"kept"

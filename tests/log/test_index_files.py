@@ -23,7 +23,7 @@ def built() -> SegmentIndex:
 
 def test_index_files_hold_big_endian_relative_rows(tmp_path: Path) -> None:
     idx = built()
-    idx.write(tmp_path / "s.index", tmp_path / "s.timeindex")
+    idx.write(tmp_path / "s.index", tmp_path / "s.timeindex", tmp_path / "s.tagindex")
     rows = b"".join(struct.pack(">III", 10 * k, 2 * k, 100 * k) for k in range(7))
     assert read_atomic(tmp_path / "s.index") == rows
     times = [(-1, 0), (5, 20), (1_700_000_000_000, 40), (1_700_000_000_003, 50)]
@@ -32,13 +32,27 @@ def test_index_files_hold_big_endian_relative_rows(tmp_path: Path) -> None:
     )
 
 
+def load(folder: Path, base_offset: int, first_index: int, size_bytes: int) -> SegmentIndex | None:
+    """The index from the three files in ``folder`` (an empty tag index when it has none),
+    or None when load_checked refuses them."""
+    if not (folder / "s.tagindex").exists():
+        write_atomic(folder / "s.tagindex", b"")
+    found = SegmentIndex.load_checked(
+        folder / "s.index",
+        folder / "s.timeindex",
+        folder / "s.tagindex",
+        base_offset,
+        first_index,
+        size_bytes,
+    )
+    return found if isinstance(found, SegmentIndex) else None
+
+
 def test_a_loaded_index_answers_like_the_one_that_wrote_it(tmp_path: Path) -> None:
     idx = built()
-    idx.write(tmp_path / "s.index", tmp_path / "s.timeindex")
-    got = SegmentIndex.load(
-        tmp_path / "s.index", tmp_path / "s.timeindex", BASE_OFFSET, FIRST_INDEX, 700
-    )
-    assert got is not None
+    idx.write(tmp_path / "s.index", tmp_path / "s.timeindex", tmp_path / "s.tagindex")
+    got = load(tmp_path, BASE_OFFSET, FIRST_INDEX, 700)
+    assert isinstance(got, SegmentIndex)
     for offset in range(BASE_OFFSET - 5, BASE_OFFSET + 80):
         assert got.position_for_offset(offset) == idx.position_for_offset(offset)
     for index in range(FIRST_INDEX - 3, FIRST_INDEX + 16):
@@ -64,9 +78,7 @@ def test_index_files_that_contradict_themselves_or_the_segment_are_refused(
     for what, rows in cases.items():
         write_atomic(tmp_path / "s.index", rows)
         write_atomic(tmp_path / "s.timeindex", times)
-        assert (
-            SegmentIndex.load(tmp_path / "s.index", tmp_path / "s.timeindex", 0, 1, 700) is None
-        ), what
+        assert load(tmp_path, 0, 1, 700) is None, what
     write_atomic(tmp_path / "s.index", good)
     write_atomic(tmp_path / "s.timeindex", struct.pack(">qI", 5, 0) + struct.pack(">qI", 5, 10))
-    assert SegmentIndex.load(tmp_path / "s.index", tmp_path / "s.timeindex", 0, 1, 700) is None
+    assert load(tmp_path, 0, 1, 700) is None

@@ -701,3 +701,62 @@ def _held(flush, release: threading.Event):
         flush()
 
     return held
+
+
+async def test_a_connection_that_never_says_hello_is_closed(monkeypatch):
+    """A link that connects and then passes nothing (a hung proxy) must not hold a
+    descriptor for good: only greeted connections are pinged and closed when silent."""
+    from raftmq.raft.host import tcp
+
+    monkeypatch.setattr(tcp, "HELLO_TIMEOUT_S", 0.3)
+    transports = tcp_transports((1, 2))
+    for transport in transports.values():
+        await transport.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", transports[2].port)
+        hello = await asyncio.wait_for(reader.read(1 << 16), 5)
+        assert hello, "the acceptor speaks first"
+        tail = await asyncio.wait_for(reader.read(1 << 16), 5)  # we say nothing back
+        assert tail == b"", "closed for want of a HELLO"
+        writer.close()
+    finally:
+        for t in transports.values():
+            await t.close()
+
+
+STOP_WITH_A_PEER_CONNECTED = """
+import asyncio
+from raftmq.raft.host.tcp import TcpTransport
+
+async def main():
+    a = TcpTransport(1, ("127.0.0.1", 0), {2: None}, ping_interval_s=0.05, dead_after_s=0.5)
+    b = TcpTransport(2, ("127.0.0.1", 0), {1: None}, ping_interval_s=0.05, dead_after_s=0.5)
+    await a.start()
+    await b.start()
+    a.set_peer_address(2, ("127.0.0.1", b.port))
+    while not b.peer_alive(1):
+        await asyncio.sleep(0.01)
+    # return without closing: asyncio.run cancels the inbound connection's handler
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_that_stops_with_peers_connected_logs_no_traceback() -> None:
+    """Every broker stop logged one asyncio traceback per inbound Raft connection (the
+    cancelled handler's exception read by asyncio's own callback): noise that hides real
+    errors in a chaos run's logs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_WITH_A_PEER_CONNECTED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

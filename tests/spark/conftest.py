@@ -31,6 +31,7 @@ SPARK_TOPICS = {
     "added": 1,
     "spread": 1,
     "txn": 2,
+    "tagged": 2,
 }
 SEGMENT_BYTES = 32 * 1024
 RETENTION_BYTES = 256 * 1024

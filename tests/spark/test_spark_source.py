@@ -424,3 +424,35 @@ def test_read_committed_skips_aborted_and_open_transactions(spark, cluster: Loca
         everything = reader(spark, cluster, "txn", **{"kafka.isolation.level": "read_uncommitted"})
         assert everything.count() == 64
         producer.abort_transaction()
+
+
+def test_tag_filter_reads_only_matching_records_and_refuses_a_bad_expression(
+    spark, cluster: LocalCluster
+):
+    """tagFilter: the brokers skip batches that cannot match, the reader drops the records
+    of a mixed batch that do not, and every range still reaches its end."""
+    sent = []
+    with cluster.client() as client:
+        for p in range(2):
+            for k in range(30):
+                tags = {0: (("tag", b"paid"), ("tag", b"eu")), 1: (("tag", b"debug"),)}.get(
+                    k % 5, ()
+                )
+                batch = [Record(None, f"p{p}-{k}-{i}".encode(), T0_MS + k, tags) for i in range(4)]
+                sent += produce(client, "tagged", p, batch)
+            # A batch mixing tags (another producer's): only its matching record is read.
+            mixed = [
+                Record(
+                    None, f"p{p}-mixed-paid".encode(), T0_MS, (("tag", b"paid"), ("tag", b"eu"))
+                ),
+                Record(None, f"p{p}-mixed-plain".encode(), T0_MS),
+            ]
+            sent += produce(client, "tagged", p, mixed)
+    want = sorted(r.value for r in sent if {b"paid", b"eu"} <= {v for _, v in r.headers})
+    df = reader(spark, cluster, "tagged", tagFilter="paid && eu", minPartitions=3)
+    assert sorted(r.value for r in df.collect()) == want
+    assert len(want) == 2 * (6 * 4 + 1)
+    with pytest.raises(SourceError, match="tagFilter: tag filter 'paid &&'"):
+        parse_options(
+            {"bootstrap": "h:1", "subscribe": "t", "tagFilter": "paid &&"}, streaming=False
+        )

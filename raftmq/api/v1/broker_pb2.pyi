@@ -79,6 +79,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TOO_MANY_ACLS: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_CLIENT_QUOTA: _ClassVar[ErrorCode]
     ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TAGS: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TAG_FILTER: _ClassVar[ErrorCode]
     ERROR_CODE_DELAY_TOO_LONG: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_DELAY: _ClassVar[ErrorCode]
 
@@ -175,6 +177,8 @@ ERROR_CODE_INVALID_ACL: ErrorCode
 ERROR_CODE_TOO_MANY_ACLS: ErrorCode
 ERROR_CODE_INVALID_CLIENT_QUOTA: ErrorCode
 ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: ErrorCode
+ERROR_CODE_INVALID_TAGS: ErrorCode
+ERROR_CODE_INVALID_TAG_FILTER: ErrorCode
 ERROR_CODE_DELAY_TOO_LONG: ErrorCode
 ERROR_CODE_INVALID_DELAY: ErrorCode
 ACKS_ALL: Acks
@@ -273,7 +277,7 @@ class ProduceResponse(_message.Message):
     def __init__(self, base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ProduceError, _Mapping]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read", "isolation_level")
+    __slots__ = ("topic", "partition", "offset", "max_bytes", "max_wait_ms", "min_bytes", "replica_read", "isolation_level", "tag_filter")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +286,7 @@ class FetchRequest(_message.Message):
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_READ_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TAG_FILTER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     offset: int
@@ -290,7 +295,8 @@ class FetchRequest(_message.Message):
     min_bytes: int
     replica_read: bool
     isolation_level: IsolationLevel
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., replica_read: _Optional[bool] = ..., isolation_level: _Optional[_Union[IsolationLevel, str]] = ...) -> None: ...
+    tag_filter: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., replica_read: _Optional[bool] = ..., isolation_level: _Optional[_Union[IsolationLevel, str]] = ..., tag_filter: _Optional[str] = ...) -> None: ...
 
 class AbortedTransaction(_message.Message):
     __slots__ = ("producer_id", "first_offset", "last_offset")

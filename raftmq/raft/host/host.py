@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Protocol
 
 from raftmq.format import entry
+from raftmq.format.tag_filter import TagFilter
 from raftmq.log.config import FlushPolicy, LogConfig
+from raftmq.log.filtered_reads import FilteredRead
 from raftmq.log.log import Log, ReadResult
 from raftmq.raft.config import Config
 from raftmq.raft.core import RaftCore
@@ -136,6 +138,10 @@ class LogReads(Protocol):
     def read(
         self, offset: int, max_bytes: int, *, upper_offset: int | None = None
     ) -> ReadResult: ...
+
+    def read_filtered(
+        self, offset: int, max_bytes: int, flt: TagFilter, *, upper_offset: int | None = None
+    ) -> FilteredRead: ...
 
     def read_by_index(self, lo: int, max_bytes: int, hi: int | None = None) -> ReadResult: ...
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from raftmq.log.atomic_file import fsync_dir, replace_durably
+from raftmq.log.handles import open_fd
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ class StateStore:
             except OSError as exc:  # the old file is whole: append instead, rewrite later
                 log.warning("%s: rewriting it failed (%s); appending to it", self.path, exc)
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = open_fd(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         view = memoryview(b"".join(frames))
         while view:
             view = view[os.write(self._fd, view) :]

@@ -38,6 +38,12 @@ DIAL_BACKOFF_MAX_S = 1.0
 CONNECTED_POLL_S = 0.05
 """How often a dialler with a live connection looks whether it was lost."""
 
+HELLO_TIMEOUT_S = 5.0
+"""How long a new connection may take to say HELLO before it is closed. Only a greeted
+connection is pinged (and closed when silent), so without this a connection through a
+hung link (a proxy that accepted and passes nothing) held its descriptor for good on both
+sides, and the dialler never dialled again."""
+
 UNREACHABLE_EVERY_S = 0.25
 """How often at most a peer's dropped messages are reported to the host (:meth:`_drop`)."""
 
@@ -249,6 +255,11 @@ class TcpTransport:
         try:
             writer.write(wire.hello(self.node_id, self.cluster))
             await self._serve(None, reader, writer)
+        except asyncio.CancelledError:
+            # The process is stopping (asyncio.run cancels what is left). Ending quietly
+            # matters: asyncio's own callback reads a cancelled handler's exception and
+            # logged a traceback per inbound connection at every broker stop.
+            writer.close()
         except Exception:  # pragma: no cover - logged, the connection is simply gone
             log.exception("node %d: inbound connection failed", self.node_id)
 
@@ -260,7 +271,10 @@ class TcpTransport:
         peer: _Peer | None = None
         try:
             while not self._closing:
-                chunk = await reader.read(1 << 20)
+                if peer is None:
+                    chunk = await asyncio.wait_for(reader.read(1 << 20), HELLO_TIMEOUT_S)
+                else:
+                    chunk = await reader.read(1 << 20)
                 if not chunk:
                     break
                 if buf:
@@ -281,8 +295,14 @@ class TcpTransport:
                         self._handler.on_messages(peer.node_id, payload)  # type: ignore[arg-type]
                     elif kind == wire.KIND_PING:
                         writer.write(wire.ping(wire.KIND_PONG, payload))  # type: ignore[arg-type]
-        except (ConnectionError, OSError, wire.FrameError, asyncio.IncompleteReadError) as exc:
-            log.debug("node %d: connection to %s ended: %s", self.node_id, expected, exc)
+        except (
+            ConnectionError,
+            OSError,
+            TimeoutError,
+            wire.FrameError,
+            asyncio.IncompleteReadError,
+        ) as exc:
+            log.debug("node %d: connection to %s ended: %r", self.node_id, expected, exc)
         finally:
             if peer is not None:
                 self._disconnect(peer, writer)
