@@ -21,6 +21,7 @@ from raftmq.broker.routing import (
     OPENING,
     MarkerRequest,
     Offsets,
+    Produced,
     ReplicaInfo,
     Router,
 )
@@ -82,13 +83,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             ),
             len(request.entries),
         )
-        return pb.ProduceResponse(
-            base_offset=done.base_offset,
-            last_offset=done.last_offset,
-            high_watermark=done.high_watermark,
-            log_start_offset=done.log_start_offset,
-            throttle_time_ms=throttle_ms,
-        )
+        return _produced(done, throttle_ms)
 
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
@@ -107,12 +102,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.timeout_ms,
             mover=True,
         )
-        return pb.ProduceResponse(
-            base_offset=done.base_offset,
-            last_offset=done.last_offset,
-            high_watermark=done.high_watermark,
-            log_start_offset=done.log_start_offset,
-        )
+        return _produced(done, 0)
 
     def _refused(self, request: pb.ProduceRequest, refusal: Refusal) -> pb.ProduceResponse:
         """A ProduceStream request's answer for a refusal, with the partition's offsets as
@@ -361,6 +351,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.InitProducerIdResponse(
             producer_id=producer_id, producer_epoch=0, throttle_time_ms=throttle_ms
         )
+
+
+def _produced(done: Produced, throttle_ms: int) -> pb.ProduceResponse:
+    return pb.ProduceResponse(
+        base_offset=done.base_offset,
+        last_offset=done.last_offset,
+        high_watermark=done.high_watermark,
+        log_start_offset=done.log_start_offset,
+        throttle_time_ms=throttle_ms,
+    )
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
