@@ -40,6 +40,7 @@ from raftmq.format import delay, entry
 from raftmq.format.errors import FormatError
 from raftmq.format.records import Record, build_batch, decode_records
 from raftmq.partition.errors import PartitionError
+from raftmq.partition.producer_state import BatchRange
 from raftmq.partition.replica import Acks, PartitionReplica
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,6 @@ class LevelMover:
         """Records read and not yet moved, in offset order (popped from the left)."""
         self._read_to = 0
         self._cursor_written_s = 0.0
-        self._cursor_at = -1
         self._unrecorded = False
         """Records moved since the last cursor record."""
         self.moved = 0
@@ -183,7 +183,6 @@ class LevelMover:
             return
         self.cursor = self._load_cursor()
         self.ready = True
-        self._cursor_at = self.cursor.offset
         self._read_to = self.cursor.offset
         log.info(
             "broker leads %s/%d: moving from offset %d",
@@ -219,8 +218,23 @@ class LevelMover:
         return records, max(offset, result.next_offset)
 
     def _load_cursor(self) -> Cursor:
-        """The last cursor record in the level (a scan of what is committed: once per
-        leadership), or the log start when there is none."""
+        """The level's last cursor: the record its cursor producer id last wrote (the
+        producer state, built from entry headers on every replica, says where), or the
+        log start when there is none. A scan of what is committed when the state does
+        not know it (a checkpoint rebuilt from a short tail of the log)."""
+        start = self.replica.log_start_offset
+        batch = _last_cursor_batch(self.replica)
+        found: Cursor | None = None
+        if batch is not None and start <= batch.base_offset < self.replica.high_watermark:
+            records, _ = self._entries_from(batch.base_offset)
+            if records and delay.is_cursor(records[0].headers) and records[0].value:
+                found = Cursor.decode(records[0].value)
+        if found is None:
+            found = self._scan_for_cursor()
+        found.offset = max(found.offset, start)
+        return found
+
+    def _scan_for_cursor(self) -> Cursor:
         found = Cursor(self.replica.log_start_offset)
         offset = found.offset
         while offset < self.replica.high_watermark:
@@ -231,7 +245,6 @@ class LevelMover:
             if after <= offset:
                 break
             offset = after
-        found.offset = max(found.offset, self.replica.log_start_offset)
         return found
 
     def _due(self, now_ms: int) -> tuple[list[Record], float]:
@@ -351,15 +364,6 @@ class LevelMover:
             await asyncio.sleep(RETRY_S)
         return True
 
-    def durable_index(self) -> int:
-        """The Raft index of the entry holding the last cursor this mover wrote or
-        loaded: everything before it is moved, and a successor starts at or after it."""
-        try:
-            data = self.replica.read(self._cursor_at, 1).data
-        except (PartitionError, FormatError):
-            return 0
-        return entry.parse_header(data).index if data else 0
-
     async def pending_for(self, topic: str) -> tuple[int, int, bool]:
         """(pending, earliest deliver-at or -1, complete) of ``topic``'s records in this
         level: a scan from the cursor, of at most MAX_SCAN_RECORDS records, yielding to the
@@ -392,15 +396,46 @@ class LevelMover:
         if not self.leading:
             return
         self._cursor_written_s = now_s
+        if self.cursor.offset > delay.MAX_CURSOR_OFFSET:
+            return  # (documented) the cursor cannot go further; resends after failover grow
         record = Record(
             None, self.cursor.encode(), time.time_ns() // 1_000_000, ((delay.CURSOR, None),)
         )
+        batch = build_batch(
+            [record],
+            producer_id=delay.CURSOR_PRODUCER_ID_BASE + self.level,
+            producer_epoch=0,
+            base_sequence=self.cursor.offset,
+        )
         try:
-            await self.replica.produce(build_batch([record]), Acks.ALL, SEND_TIMEOUT_MS / 1000)
-            self._cursor_at = self.cursor.offset
+            await self.replica.produce(batch, Acks.ALL, SEND_TIMEOUT_MS / 1000)
             self._unrecorded = False
         except PartitionError as exc:
             log.info("%s/%d: cursor not written: %s", delay.DELAY_TOPIC, self.level, exc)
+
+
+def _last_cursor_batch(replica: PartitionReplica) -> BatchRange | None:
+    """The last committed cursor record's batch in a level's replica (its sequence is the
+    cursor's offset), from the producer state."""
+    state = replica.producers.states.get(delay.CURSOR_PRODUCER_ID_BASE + replica.partition)
+    return state.batches[-1] if state is not None and state.batches else None
+
+
+def durable_index(replica: PartitionReplica) -> int:
+    """The Raft index of the entry holding the offset of a level's last committed cursor:
+    everything before it is moved, and any leader of the level resumes at or after it.
+    0 when the level has no cursor (yet) or the offset is not readable here."""
+    batch = _last_cursor_batch(replica)
+    if batch is None:
+        return 0
+    offset = batch.first_sequence
+    if not replica.log_start_offset <= offset < replica.high_watermark:
+        return 0
+    try:
+        data = replica.read(offset, 1).data
+    except (PartitionError, FormatError):
+        return 0
+    return entry.parse_header(data).index if data else 0
 
 
 class DelayMovers:
@@ -455,15 +490,15 @@ class DelayMovers:
 
     def retention_index(self, topic: str, partition: int) -> int | None:
         """The Raft index retention must keep from in a replica of the delay topic (None
-        for other topics): the entry holding the offset of the level's last cursor record
-        when this broker moves the level, else 0, which keeps everything (a follower does
-        not know what is moved; it deletes once it leads)."""
+        for other topics): the entry holding the offset of the level's last committed
+        cursor, as this replica's producer state knows it (leader and followers alike);
+        0, which keeps everything, when there is none."""
         if topic != delay.DELAY_TOPIC:
             return None
-        mover = self.movers.get(partition)
-        if mover is None or not (mover.ready and mover.leading):
+        replica = self._replicas.get((topic, partition))
+        if replica is None:
             return 0
-        return mover.durable_index()
+        return durable_index(replica)
 
     async def _guarded(self, mover: LevelMover) -> None:
         try:

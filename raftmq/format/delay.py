@@ -48,7 +48,15 @@ MOVER_PRODUCER_ID_BASE = 1 << 62
 """Movers produce as producer id ``MOVER_PRODUCER_ID_BASE + level`` (epoch 0). The
 controller allocates ids from 0 upward in small blocks and never reaches this range;
 partitions apply a sparse sequence rule to it (raftmq.partition.producer_state)."""
-MOVER_PRODUCER_ID_END = MOVER_PRODUCER_ID_BASE + LEVELS
+CURSOR_PRODUCER_ID_BASE = MOVER_PRODUCER_ID_BASE + LEVELS
+"""A level's cursor records are written as producer id ``CURSOR_PRODUCER_ID_BASE +
+level`` with the cursor's offset as their sequence: so every replica of the level knows
+the last cursor from its producer state (built from entry headers alone), without
+reading a record, and a follower can apply retention below it too."""
+MOVER_PRODUCER_ID_END = CURSOR_PRODUCER_ID_BASE + LEVELS
+MAX_CURSOR_OFFSET = (1 << 31) - 1
+"""A sequence is 31 bits: a level's cursor cannot pass this offset (2 billion records
+through one level); past it the cursor stays there (resends after failover grow)."""
 
 
 def is_mover(producer_id: int) -> bool:

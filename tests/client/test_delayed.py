@@ -290,6 +290,19 @@ def test_retention_deletes_only_what_the_movers_moved(make_cluster: ClusterFacto
         while client.list_offsets(delay.DELAY_TOPIC, 1, position=pb.EARLIEST).offset == 0:
             assert time.monotonic() < deadline, "retention deleted nothing of level 1"
             time.sleep(0.2)
+
+    def first_offsets() -> list[int]:
+        """Per broker, the base offset of its replica's first segment of level 1: the
+        followers know the cursor from their producer state, so they prune too."""
+        out = []
+        for bid in cluster.broker_ids:
+            folder = cluster.log_path(bid).parent / f"broker-{bid}" / f"{delay.DELAY_TOPIC}-1"
+            out.append(min(int(f.name.split("-")[0]) for f in folder.glob("*.log")))
+        return out
+
+    while 0 in first_offsets():
+        assert time.monotonic() < deadline, f"a replica kept level 1: {first_offsets()}"
+        time.sleep(0.2)
     records, _ = watch_until(cluster, "r", 1, lambda rs: len(rs) >= 206, 60)
     values = [r.value or b"" for r in records]
     assert {b"late%d" % i for i in range(5)} <= set(values)
