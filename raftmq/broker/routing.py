@@ -22,6 +22,8 @@ from typing import Protocol
 from raftmq.api.error_codes import ErrorCode
 from raftmq.broker.auto_create import MAX_CREATIONS, TopicCreator, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
+from raftmq.broker.delay_checks import check_delayed, check_mover_ids
+from raftmq.broker.delay_steps import LevelPending
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
@@ -30,6 +32,7 @@ from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened, Unopened
 from raftmq.controller.metadata import TOPIC_NAME, broker_addresses
 from raftmq.controller.model import MetadataState, Partition
 from raftmq.format import entry, tag_filter
+from raftmq.format.delay import DELAY_TOPIC
 from raftmq.format.tag_filter import TagFilter
 from raftmq.log.config import LogConfig
 from raftmq.log.filtered_reads import FilteredRead
@@ -151,6 +154,12 @@ class Offsets:
     last_stable_offset: int
 
 
+class DelayDescriber(Protocol):
+    """The delay movers as the request layer sees them (raftmq.broker.delay_mover)."""
+
+    async def describe(self, topic: str) -> list[LevelPending]: ...
+
+
 class BrokerState(Protocol):
     """What the request layer reads of its broker (raftmq.broker.server.Broker)."""
 
@@ -168,6 +177,12 @@ class BrokerState(Protocol):
     def unopened(self) -> UnopenedReplicas: ...
     @property
     def topic_creator(self) -> TopicCreator | None: ...
+    @property
+    def delay_creator(self) -> TopicCreator:
+        """Creates the internal delay topic on first use, auto-creation on or off."""
+
+    @property
+    def delay_movers(self) -> DelayDescriber: ...
 
 
 def at_most(name: str, value: int, limit: int, unit: str = "") -> None:
@@ -308,7 +323,7 @@ class Router:
     async def auto_create(self, topic: str) -> None:
         """Create ``topic`` first when it does not exist and this broker auto-creates
         topics (``--auto-create-topics``); nothing otherwise."""
-        creator = self.broker.topic_creator
+        creator = self.broker.delay_creator if topic == DELAY_TOPIC else self.broker.topic_creator
         if (
             creator is not None
             and topic not in self.broker.metadata.topics
@@ -318,13 +333,32 @@ class Router:
         ):
             await creator.ensure(topic)
 
+    async def describe_delayed(self, topic: str) -> list[LevelPending]:
+        """The delayed messages pending for ``topic`` in the levels this broker leads."""
+        self._check_not_stopping()
+        if topic not in self.broker.metadata.topics:
+            self.check_has_metadata()
+            raise unknown_topic(topic, name_list(sorted(self.broker.metadata.topics)))
+        return await self.broker.delay_movers.describe(topic)
+
     async def produce(
-        self, topic: str, partition: int, entries: bytes, acks: int, timeout_ms: int
+        self,
+        topic: str,
+        partition: int,
+        entries: bytes,
+        acks: int,
+        timeout_ms: int,
+        *,
+        mover: bool = False,
     ) -> Produced:
         """Append ``entries`` (a record batch) to the partition this broker leads.
-        ``timeout_ms`` 0: the default."""
+        ``timeout_ms`` 0: the default. ``mover``: a delay mover's (ProduceDelayed), which
+        alone may use the movers' reserved producer ids."""
+        check_mover_ids(entries, mover=mover)
         await self.auto_create(topic)
         replica = self.replica(topic, partition)
+        if topic == DELAY_TOPIC:
+            check_delayed(entries, partition, self.broker.metadata)
         timeout_ms = timeout_ms or DEFAULT_TIMEOUT_MS
         at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
         try:

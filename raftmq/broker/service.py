@@ -21,6 +21,7 @@ from raftmq.broker.routing import (
     OPENING,
     MarkerRequest,
     Offsets,
+    Produced,
     ReplicaInfo,
     Router,
 )
@@ -82,18 +83,26 @@ class BrokerService(pb_grpc.BrokerServicer):
             ),
             len(request.entries),
         )
-        return pb.ProduceResponse(
-            base_offset=done.base_offset,
-            last_offset=done.last_offset,
-            high_watermark=done.high_watermark,
-            log_start_offset=done.log_start_offset,
-            throttle_time_ms=throttle_ms,
-        )
+        return _produced(done, throttle_ms)
 
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
         return await self._produce(request)
+
+    async def ProduceDelayed(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        """A delay mover's produce (internal; no client quota applies to it)."""
+        done = await self.router.produce(
+            request.topic,
+            request.partition,
+            request.entries,
+            request.acks,
+            request.timeout_ms,
+            mover=True,
+        )
+        return _produced(done, 0)
 
     def _refused(self, request: pb.ProduceRequest, refusal: Refusal) -> pb.ProduceResponse:
         """A ProduceStream request's answer for a refusal, with the partition's offsets as
@@ -319,6 +328,22 @@ class BrokerService(pb_grpc.BrokerServicer):
         status, deleted = await self.router.rebuild(request.topic, request.partition, request.force)
         return pb.RebuildReplicaResponse(status=_status(status), deleted_bytes=deleted)
 
+    async def DescribeDelayed(
+        self, request: pb.DescribeDelayedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeDelayedResponse:
+        levels = await self.router.describe_delayed(request.topic)
+        return pb.DescribeDelayedResponse(
+            levels=[
+                pb.DelayedLevel(
+                    level=x.level,
+                    pending=x.pending,
+                    next_due_ms=x.next_due_ms,
+                    complete=x.complete,
+                )
+                for x in levels
+            ]
+        )
+
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
@@ -326,6 +351,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.InitProducerIdResponse(
             producer_id=producer_id, producer_epoch=0, throttle_time_ms=throttle_ms
         )
+
+
+def _produced(done: Produced, throttle_ms: int) -> pb.ProduceResponse:
+    return pb.ProduceResponse(
+        base_offset=done.base_offset,
+        last_offset=done.last_offset,
+        high_watermark=done.high_watermark,
+        log_start_offset=done.log_start_offset,
+        throttle_time_ms=throttle_ms,
+    )
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

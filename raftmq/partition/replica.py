@@ -867,6 +867,17 @@ class PartitionReplica:
                 async with asyncio.timeout(max(0.0, deadline_s - time.monotonic())):
                     await event.wait()
 
+    async def wait_for_records(self, offset: int, timeout_s: float) -> None:
+        """Return once the high watermark is past ``offset``, or after ``timeout_s``: how a
+        reader of the committed log on the broker (the delay movers) waits for new
+        records without polling."""
+        event = self._hw_event
+        if self.high_watermark > offset:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+
 
 def _joined(reads: list[FilteredRead]) -> FilteredRead:
     """The filtered reads of one long poll, one after the other, as one answer."""
