@@ -48,6 +48,8 @@ MAX_ERROR_CHARS = 1024
 that much larger."""
 RETRY_SUFFIX = ".retry"
 DEAD_LETTER_SUFFIX = ".dlq"
+REPLAY_GROUP_SUFFIX = ".dlq-replay"
+GROUP_ID_CHARS = 255
 
 Headers = Sequence[tuple[str, bytes | None]]
 
@@ -79,6 +81,18 @@ def retry_topic(topic: str, group_id: str) -> str:
 def dead_letter_topic(topic: str, group_id: str) -> str:
     """Where ``group_id``'s records of ``topic`` go once they failed every attempt."""
     return _named(topic, group_id, DEAD_LETTER_SUFFIX)
+
+
+def replay_group(group_id: str) -> str:
+    """The consumer group whose committed offsets say how far ``raftmq dlq replay`` has
+    sent ``group_id``'s dead letters back: a dead letter is replayed once."""
+    name = f"{group_id}{REPLAY_GROUP_SUFFIX}"
+    if len(name) > GROUP_ID_CHARS:
+        raise ValueError(
+            f"group {group_id[:60]}...'s replay group would be {len(name)} characters, over "
+            f"the {GROUP_ID_CHARS} a group id may have"
+        )
+    return name
 
 
 def _named(topic: str, group_id: str, suffix: str) -> str:

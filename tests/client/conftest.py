@@ -34,6 +34,10 @@ CLIENT_TOPICS = {
     "cli": 2,
     "clig": 2,
     "clit": 2,
+    "rq": 1,
+    "rk": 1,
+    "rc": 2,
+    "rb": 1,
 }
 
 
