@@ -118,6 +118,8 @@ RULES: dict[pb.ErrorCode, Rule] = {
     # client quotas
     pb.ERROR_CODE_INVALID_CLIENT_QUOTA: Rule(_IA, retriable=False),
     pb.ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, retriable=False),
+    pb.ERROR_CODE_DELAY_TOO_LONG: Rule(_IA, retriable=False),
+    pb.ERROR_CODE_INVALID_DELAY: Rule(_IA, retriable=False),
 }
 """Every code a broker sends -> its rule. UNSPECIFIED is never sent, so it has none."""
 

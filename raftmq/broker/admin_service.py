@@ -59,6 +59,7 @@ def topic_description(topic: Topic) -> apb.TopicDescription:
         "flush.policy": log_config.flush_policy.value,
         "flush.interval.ms": log_config.flush_interval_ms,
         "min.insync.replicas": settings.min_insync_replicas,
+        "delivery.max.delay.ms": settings.delivery_max_delay_ms,
     }
     assert set(effective) == set(KEYS), "a topic setting is missing from the description"
     return apb.TopicDescription(

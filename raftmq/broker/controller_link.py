@@ -153,13 +153,22 @@ class ControllerLink:
         )
         return int(answer.metadata_version)
 
-    async def create_topic(self, name: str, partitions: int, replication_factor: int) -> int:
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: dict[str, str] | None = None,
+    ) -> int:
         """Create a topic with the controller's placement (admin.proto CreateTopic); the
         metadata version holding it."""
         answer = await self.call(
             "CreateTopic",
             apb.CreateTopicRequest(
-                name=name, partitions=partitions, replication_factor=replication_factor
+                name=name,
+                partitions=partitions,
+                replication_factor=replication_factor,
+                config=config or {},
             ),
             admin=True,
         )

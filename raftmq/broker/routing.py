@@ -22,6 +22,7 @@ from typing import Protocol
 from raftmq.api.error_codes import ErrorCode
 from raftmq.broker.auto_create import MAX_CREATIONS, TopicCreator, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
+from raftmq.broker.delay_checks import check_delayed
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
@@ -30,6 +31,7 @@ from raftmq.broker.unopened import OpenState, RebuildRefused, Unopened, Unopened
 from raftmq.controller.metadata import TOPIC_NAME, broker_addresses
 from raftmq.controller.model import MetadataState, Partition
 from raftmq.format import entry
+from raftmq.format.delay import DELAY_TOPIC
 from raftmq.log.config import LogConfig
 from raftmq.partition.aborted_transactions import AbortedTransaction
 from raftmq.partition.errors import PartitionError
@@ -166,6 +168,9 @@ class BrokerState(Protocol):
     def unopened(self) -> UnopenedReplicas: ...
     @property
     def topic_creator(self) -> TopicCreator | None: ...
+    @property
+    def delay_creator(self) -> TopicCreator:
+        """Creates the internal delay topic on first use, auto-creation on or off."""
 
 
 def at_most(name: str, value: int, limit: int, unit: str = "") -> None:
@@ -306,7 +311,7 @@ class Router:
     async def auto_create(self, topic: str) -> None:
         """Create ``topic`` first when it does not exist and this broker auto-creates
         topics (``--auto-create-topics``); nothing otherwise."""
-        creator = self.broker.topic_creator
+        creator = self.broker.delay_creator if topic == DELAY_TOPIC else self.broker.topic_creator
         if (
             creator is not None
             and topic not in self.broker.metadata.topics
@@ -323,6 +328,8 @@ class Router:
         ``timeout_ms`` 0: the default."""
         await self.auto_create(topic)
         replica = self.replica(topic, partition)
+        if topic == DELAY_TOPIC:
+            check_delayed(entries, partition, self.broker.metadata)
         timeout_ms = timeout_ms or DEFAULT_TIMEOUT_MS
         at_most("timeout_ms", timeout_ms, MAX_TIMEOUT_MS, " ms")
         try:

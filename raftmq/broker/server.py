@@ -41,6 +41,7 @@ from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.client_quotas import ClientQuotas
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
+from raftmq.broker.delay_mover import DELAY_CONFIG, DelayMovers
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
 from raftmq.broker.guard import Guard
 from raftmq.broker.history_probe import mark_wiped_voter
@@ -69,6 +70,7 @@ from raftmq.controller.healing import DEFAULT_LIMITS, Limits
 from raftmq.controller.model import MetadataState
 from raftmq.controller.mover import Mover
 from raftmq.controller.quorum import ControllerQuorum
+from raftmq.format.delay import LEVELS
 from raftmq.log.config import LogConfig
 from raftmq.log.durability_markers import durability_marker_writer
 from raftmq.partition.replica import PartitionReplica
@@ -237,6 +239,11 @@ class Broker:
             if auto_create is not None
             else None
         )
+        self.delay_creator = TopicCreator(
+            AutoCreate(partitions=LEVELS),
+            lambda name, count, factor: self.link.create_topic(name, count, factor, DELAY_CONFIG),
+            lambda: self.metadata,
+        )
         self.moves = MembershipDriver(
             self.host,
             self.replicas,
@@ -302,6 +309,10 @@ class Broker:
             lambda: self.stopping,
             lambda: self.metadata_version,
         )
+        self.delay_movers = DelayMovers(
+            self.replicas, lambda: self.metadata, lambda: self.stopping, security
+        )
+        self._delay_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -427,6 +438,7 @@ class Broker:
             loop.call_later(self.inject_host_fault_after_s, self.host.inject_host_fault, fault)
         self._retention_task = loop.create_task(self.retention.run())
         if BROKER in self.roles:
+            self._delay_task = loop.create_task(self.delay_movers.run())
             self._follow_task = loop.create_task(self._join_and_follow())
             self._report_task = loop.create_task(self.leader_reports.run())
             self._moves_task = loop.create_task(self.moves.run())
@@ -516,6 +528,7 @@ class Broker:
             self._moves_task,
             self._reopen_task,
             self._heartbeat_task,
+            self._delay_task,
             *self._prefer_tasks,
         )
         for task in tasks:
@@ -523,6 +536,7 @@ class Broker:
                 await stop_task(task)
         if self.topic_creator is not None:
             await self.topic_creator.close()
+        await self.delay_creator.close()
         if self._admin is not None:
             await self._admin.live.close()
         if self._transactions is not None:

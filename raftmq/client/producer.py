@@ -55,6 +55,7 @@ from raftmq.client.partitioner import Partitioner, StickyPartitioner
 from raftmq.client.produce_stream import ProduceStream
 from raftmq.client.sasl import SaslSettings, security_of
 from raftmq.client.transactions import TransactionManager, TransactionStateError
+from raftmq.format import delay
 from raftmq.format.compression import Codec, codec_named
 from raftmq.format.entry import MAX_ENTRY_BYTES
 from raftmq.format.records import Record, build_batch
@@ -93,7 +94,10 @@ class RecordFuture:
     """A sent record's future (the synchronous producer's): ``result(timeout)`` gives its
     RecordMetadata or raises what stopped it; ``add_done_callback(fn)`` calls ``fn(self)``
     once it is settled, on the producer's I/O thread. A view of its batch's one future:
-    records cost no future of their own, which was most of ``send``'s time."""
+    records cost no future of their own, which was most of ``send``'s time.
+
+    A delayed record's metadata names its target topic and partition with offset -1: it
+    is stored (in the internal delay topic) and takes its offset in the target when due."""
 
     __slots__ = ("_index", "_outcome", "partition", "timestamp", "topic")
 
@@ -107,13 +111,15 @@ class RecordFuture:
     ) -> None:
         self._outcome = outcome
         self._index = index
+        """The record's place in its batch; -1 for a delayed record (no offset yet)."""
         self.topic = topic
         self.partition = partition
         self.timestamp = timestamp
 
     def _meta(self, base_offset: int) -> RecordMetadata:
-        offset = base_offset + self._index if base_offset >= 0 else -1
-        return RecordMetadata(self.topic, self.partition, offset, self.timestamp)
+        return RecordMetadata(
+            self.topic, self.partition, _offset(base_offset, self._index), self.timestamp
+        )
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         return self._meta(self._outcome.result(timeout))
@@ -126,6 +132,11 @@ class RecordFuture:
 
     def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
         self._outcome.add_done_callback(lambda _: fn(self))
+
+
+def _offset(base_offset: int, index: int) -> int:
+    """A record's offset from its batch's; -1 with acks=0 or for a delayed record."""
+    return base_offset + index if base_offset >= 0 and index >= 0 else -1
 
 
 class AsyncRecordFuture:
@@ -145,7 +156,7 @@ class AsyncRecordFuture:
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
         base_offset = yield from self._outcome.__await__()
-        offset = base_offset + self._index if base_offset >= 0 else -1
+        offset = _offset(base_offset, self._index)
         return RecordMetadata(self.topic, self.partition, offset, self.timestamp)
 
     def done(self) -> bool:
@@ -740,6 +751,46 @@ def _record(
     return Record(key, value, timestamp, tuple(pairs))
 
 
+def _with_headers(record: Record, extra: Sequence[tuple[str, bytes | None]]) -> Record:
+    for name, _ in record.headers:
+        if name in delay.INTERNAL_HEADERS or name == delay.DELIVER_AT:
+            raise ValueError(
+                f"header {name!r} is reserved for delayed delivery; use delay_ms or deliver_at"
+            )
+    return Record(record.key, record.value, record.timestamp, (*record.headers, *extra))
+
+
+def _due(delay_ms: int | None, deliver_at: int | None) -> int | None:
+    """The due time (ms since the epoch) of a send with ``delay_ms`` or ``deliver_at``;
+    None when neither is given. Raises ValueError for an absurd one: negative, both at
+    once, or further than any topic may allow (delay.MAX_DELIVERY_DELAY_MS). A topic's own
+    ``delivery.max.delay.ms`` is checked by the broker (DELAY_TOO_LONG)."""
+    if delay_ms is None and deliver_at is None:
+        return None
+    if delay_ms is not None and deliver_at is not None:
+        raise ValueError("give delay_ms or deliver_at, not both")
+    now_ms = time.time_ns() // 1_000_000
+    if delay_ms is not None:
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms {delay_ms} is negative; use 0 or more")
+        due = now_ms + delay_ms
+    else:
+        assert deliver_at is not None
+        if deliver_at < 0:
+            raise ValueError(
+                f"deliver_at {deliver_at} is negative; use ms since the epoch (a time in "
+                "the past is delivered at once)"
+            )
+        due = deliver_at
+    if due - now_ms > delay.MAX_DELIVERY_DELAY_MS:
+        raise ValueError(
+            f"the record would be due in {due - now_ms} ms; no topic allows a delay over "
+            f"{delay.MAX_DELIVERY_DELAY_MS} ms (10 years), and each topic's "
+            "delivery.max.delay.ms (default 40 days) bounds it further"
+        )
+    return due
+
+
 class _Face:
     """What both producers share: the settings, the accumulator, the partitioner and the
     checks each send makes before a record is accepted."""
@@ -781,6 +832,31 @@ class _Face:
         if not 0 <= partition < partitions:
             raise ValueError(f"topic {topic} has partitions 0-{partitions - 1}, not {partition}")
         return partition
+
+    def _route(
+        self,
+        topic: str,
+        partition: int,
+        record: Record,
+        deliver_at_ms: int | None,
+        transactional: bool,
+    ) -> tuple[str, int, Record]:
+        """Where a record goes and as what. A delayed one (docs/delayed-delivery.md): its
+        target partition is chosen now, as for any record; if not yet due it goes to the
+        level of the delay topic its wait calls for, with its route in headers; if due
+        already, straight to its target. Either way it keeps ``deliver-at``."""
+        if deliver_at_ms is None:
+            return topic, partition, record
+        if transactional:
+            raise ValueError("a transactional producer cannot send delayed records")
+        now_ms = time.time_ns() // 1_000_000
+        hop = delay.route(deliver_at_ms, now_ms)
+        if hop is None:
+            due = [(delay.DELIVER_AT, str(deliver_at_ms).encode())]
+            return topic, partition, _with_headers(record, due)
+        level, hop_at_ms = hop
+        headers = delay.route_headers(topic, partition, deliver_at_ms, hop_at_ms)
+        return delay.DELAY_TOPIC, level, _with_headers(record, headers)
 
     def _buffer_full(self) -> BufferFullError:
         return BufferFullError(
@@ -829,28 +905,40 @@ class Producer(_Face):
         tags: Sequence[str] | None = None,
         timestamp: int | None = None,
         partition: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at: int | None = None,
     ) -> RecordFuture:
         """Queue one record; its future holds its RecordMetadata once stored, or the
         ClientError that stopped it. Blocks (up to max_block_ms) only for buffer room or
         a topic's first metadata. A transactional producer sends inside a transaction
-        only (begin_transaction)."""
+        only (begin_transaction).
+
+        ``delay_ms`` or ``deliver_at`` (ms since the epoch) delay the record: it is stored
+        at once (acks as for any record) and appended to its topic, at a new offset, no
+        earlier than it is due (docs/delayed-delivery.md); a ``deliver_at`` in the past is
+        delivered at once. Its metadata then has offset -1."""
         self._check_open()
         if self._engine.txn is not None:
             self._engine.txn.check_send()
         record = _record(value, key, headers, tags, timestamp)
+        due = _due(delay_ms, deliver_at)
         partitions = self._partitions(topic)
         p = self._place(topic, record, partition, partitions)
+        to_topic, to_p, record = self._route(topic, p, record, due, self._engine.txn is not None)
+        if to_topic != topic:
+            self._partitions(to_topic)  # the delay topic: created on first use
         try:
             outcome, index, wake, rolled = self.acc.append(
-                topic, p, record, self.config.max_block_ms / 1000
+                to_topic, to_p, record, self.config.max_block_ms / 1000
             )
         except BufferFullError:
             raise self._buffer_full() from None
-        if rolled:
+        if rolled and to_topic == topic:
             self._rolled(topic, p, partitions)
         if wake:
             self._loop.call_soon_threadsafe(self._engine.wake)
         assert isinstance(outcome, concurrent.futures.Future)
+        index = index if to_topic == topic else -1
         return RecordFuture(outcome, index, topic, p, record.timestamp)
 
     def _partitions(self, topic: str) -> int:
@@ -957,18 +1045,25 @@ class AsyncProducer(_Face):
         tags: Sequence[str] | None = None,
         timestamp: int | None = None,
         partition: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at: int | None = None,
     ) -> AsyncRecordFuture:
         """As :meth:`Producer.send`; waits (without blocking the loop) for buffer room."""
         self._check_open()
         if self._engine.txn is not None:
             self._engine.txn.check_send()
         record = _record(value, key, headers, tags, timestamp)
-        partitions = await self._engine.partitions_of(topic, self.config.max_block_ms / 1000)
+        due = _due(delay_ms, deliver_at)
+        wait_s = self.config.max_block_ms / 1000
+        partitions = await self._engine.partitions_of(topic, wait_s)
         p = self._place(topic, record, partition, partitions)
+        to_topic, to_p, record = self._route(topic, p, record, due, self._engine.txn is not None)
+        if to_topic != topic:
+            await self._engine.partitions_of(to_topic, wait_s)
         deadline = time.monotonic() + self.config.max_block_ms / 1000
         while True:
             try:
-                outcome, index, wake, rolled = self.acc.append(topic, p, record, 0)
+                outcome, index, wake, rolled = self.acc.append(to_topic, to_p, record, 0)
                 break
             except BufferFullError:
                 left = deadline - time.monotonic()
@@ -977,11 +1072,12 @@ class AsyncProducer(_Face):
                 self._engine.room.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._engine.room.wait(), left)
-        if rolled:
+        if rolled and to_topic == topic:
             self._rolled(topic, p, partitions)
         if wake:
             self._engine.wake()
         assert isinstance(outcome, asyncio.Future)
+        index = index if to_topic == topic else -1
         return AsyncRecordFuture(outcome, index, topic, p, record.timestamp)
 
     async def flush(self) -> None:

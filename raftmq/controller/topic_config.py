@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from raftmq.format.delay import DEFAULT_MAX_DELAY_MS, MAX_DELIVERY_DELAY_MS
 from raftmq.log.config import FlushPolicy, LogConfig
 
 MAX_CONFIG_VALUE_CHARS = 64
@@ -27,6 +28,7 @@ MAX_MESSAGE_BYTES = "max.message.bytes"
 FLUSH_POLICY = "flush.policy"
 FLUSH_INTERVAL_MS = "flush.interval.ms"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+DELIVERY_MAX_DELAY_MS = "delivery.max.delay.ms"
 
 LOG_FIELDS = {
     RETENTION_MS: "retention_ms",
@@ -39,7 +41,7 @@ LOG_FIELDS = {
 }
 """Topic keys that are log settings, and the LogConfig field each one sets."""
 
-KEYS = (*LOG_FIELDS, MIN_INSYNC_REPLICAS)
+KEYS = (*LOG_FIELDS, MIN_INSYNC_REPLICAS, DELIVERY_MAX_DELAY_MS)
 """Every key a topic accepts; anything else is refused."""
 
 
@@ -54,6 +56,9 @@ class TopicConfig:
     log_config: LogConfig
     """The settings a replica opens this topic's partition logs with."""
     min_insync_replicas: int = 1
+    delivery_max_delay_ms: int = DEFAULT_MAX_DELAY_MS
+    """The longest delay a delayed message to this topic may have
+    (docs/delayed-delivery.md); further ahead is refused with DELAY_TOO_LONG."""
 
 
 def canonical(overrides: Mapping[str, str], replication_factor: int) -> dict[str, str]:
@@ -106,4 +111,10 @@ def resolve(overrides: Mapping[str, str], replication_factor: int) -> TopicConfi
             f"{MIN_INSYNC_REPLICAS} must be from 1 to the replication factor "
             f"({replication_factor}), got {min_insync}"
         )
-    return TopicConfig(log_config, min_insync)
+    max_delay_ms = int(overrides.get(DELIVERY_MAX_DELAY_MS, str(DEFAULT_MAX_DELAY_MS)))
+    if not 0 <= max_delay_ms <= MAX_DELIVERY_DELAY_MS:
+        raise ConfigError(
+            f"{DELIVERY_MAX_DELAY_MS} must be from 0 (no delayed messages) to "
+            f"{MAX_DELIVERY_DELAY_MS} (10 years), got {max_delay_ms}"
+        )
+    return TopicConfig(log_config, min_insync, max_delay_ms)

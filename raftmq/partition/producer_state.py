@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
+from raftmq.format.delay import is_mover
 from raftmq.limits import KEPT_BATCHES
 from raftmq.partition.aborted_transactions import AbortedTransactions
 
@@ -170,6 +171,36 @@ def _project(entry: ProducerEntry | None, pending: Sequence[PendingWrite]) -> _P
     return _Projected(epoch, expected, txn)
 
 
+def _check_sparse(
+    producer_id: int,
+    entry: ProducerEntry | None,
+    first_sequence: int,
+    last_sequence: int,
+    pending: Sequence[PendingWrite],
+) -> Decision:
+    """The rule for a delay mover's batches (docs/delayed-delivery.md): its sequences
+    may skip (a record it dropped) and its epoch never changes, so a batch is new when it
+    starts past everything held, a duplicate when it ends at or before what is committed
+    (its mover sends each destination one batch at a time, in order, so everything up to
+    the last committed sequence was stored), and anything else overlaps: refused, and the
+    mover sends its records one by one (each then new or a duplicate). A batch covered
+    only by a proposal not yet committed is refused too (retriable): answering it as
+    stored before it commits could lose it."""
+    committed = entry.last_sequence if entry is not None else -1
+    held = max([committed, *(p.last_sequence for p in pending if not p.is_marker)])
+    if first_sequence > held:
+        return APPEND
+    if last_sequence <= committed:
+        assert entry is not None and entry.batches
+        return Decision(Verdict.DUPLICATE, duplicate_of=entry.batches[-1])
+    return Decision(
+        Verdict.OUT_OF_ORDER,
+        f"delay mover {producer_id} sent sequences {first_sequence}-{last_sequence}, which "
+        f"overlap what this partition holds (up to {committed} committed, {held} proposed); "
+        "send them one by one, or again once the proposal commits",
+    )
+
+
 class ProducerStates:
     def __init__(self) -> None:
         self._producers: OrderedDict[int, ProducerEntry] = OrderedDict()
@@ -214,6 +245,8 @@ class ProducerStates:
         assert record_count > 0, record_count
         last = first_sequence + record_count - 1
         entry = self._producers.get(producer_id)
+        if is_mover(producer_id):
+            return _check_sparse(producer_id, entry, first_sequence, last, pending)
         for p in pending:
             if not p.is_marker and (p.epoch, p.first_sequence, p.last_sequence) == (
                 epoch,
@@ -360,7 +393,7 @@ class ProducerStates:
         spared = 0
         while len(producers) > MAX_PRODUCERS and spared < len(producers):
             pid, entry = producers.popitem(last=False)
-            if entry.transaction is not None:
+            if entry.transaction is not None or is_mover(pid):
                 producers[pid] = entry
                 spared += 1
 

@@ -79,6 +79,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TOO_MANY_ACLS: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_CLIENT_QUOTA: _ClassVar[ErrorCode]
     ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: _ClassVar[ErrorCode]
+    ERROR_CODE_DELAY_TOO_LONG: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_DELAY: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -173,6 +175,8 @@ ERROR_CODE_INVALID_ACL: ErrorCode
 ERROR_CODE_TOO_MANY_ACLS: ErrorCode
 ERROR_CODE_INVALID_CLIENT_QUOTA: ErrorCode
 ERROR_CODE_TOO_MANY_CLIENT_QUOTAS: ErrorCode
+ERROR_CODE_DELAY_TOO_LONG: ErrorCode
+ERROR_CODE_INVALID_DELAY: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks

@@ -1,0 +1,89 @@
+"""The broker's check of what is produced to the internal delay topic
+(docs/delayed-delivery.md): never trust the client. Each record must carry a well-formed
+route (deliver-at, target topic and partition, hop-at) to a partition that exists, due no
+further ahead than the target topic's ``delivery.max.delay.ms``, and must not hold its
+level longer than the level's wait (a record's hop-at blocks every record behind it).
+
+Only produces to the delay topic pay for this: it decodes their records (headers only are
+used), which no other produce does.
+"""
+
+from __future__ import annotations
+
+import time
+
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.broker.refusals import Refusal, shorten
+from raftmq.controller.model import MetadataState
+from raftmq.format import delay, entry
+from raftmq.format.errors import FormatError
+from raftmq.format.records import decode_records
+
+MAX_CLOCK_AHEAD_MS = 5_000
+"""How far a producer's clock may run ahead of the broker's in a hop-at: a level's head
+holds the records behind it, so this much skew adds to their lateness at most."""
+
+
+def check_delayed(entries: bytes, level: int, metadata: MetadataState) -> None:
+    """Raise Refusal (DELAY_TOO_LONG, INVALID_DELAY) unless every record of ``entries``,
+    produced to level ``level``, is a delayed record the movers can deliver."""
+    now_ms = time.time_ns() // 1_000_000
+    try:
+        for header in entry.iter_headers(entries):
+            mover = delay.is_mover(header.producer_id)
+            for record in decode_records(entries, header):
+                _check_record(record.headers, level, metadata, now_ms, mover=mover)
+    except FormatError:
+        return  # the produce's own checks refuse it with INVALID_BATCH and a sentence
+
+
+def _check_record(
+    headers: tuple[tuple[str, bytes | None], ...],
+    level: int,
+    metadata: MetadataState,
+    now_ms: int,
+    *,
+    mover: bool,
+) -> None:
+    try:
+        topic, partition, deliver_at, hop_at = delay.parse_route(headers)
+    except delay.DelayHeaderError as exc:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_DELAY,
+            f"{exc}; send delayed messages with the producer's delay_ms or deliver_at",
+        ) from None
+    target = metadata.topics.get(topic)
+    if target is None or topic == delay.DELAY_TOPIC:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_DELAY,
+            f"a delayed record names target topic {shorten(topic)}, which does not exist",
+        )
+    if partition >= len(target.partitions):
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_DELAY,
+            f"a delayed record names partition {partition} of {shorten(topic)}, which has "
+            f"{len(target.partitions)} partitions",
+        )
+    if hop_at > deliver_at:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_DELAY,
+            f"a delayed record's hop-at ({hop_at}) is after its deliver-at ({deliver_at})",
+        )
+    longest_hold_ms = (delay.UNIT_MS << level) + MAX_CLOCK_AHEAD_MS
+    if hop_at - now_ms > longest_hold_ms:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_DELAY,
+            f"a delayed record in level {level} has hop-at {hop_at}, {hop_at - now_ms} ms "
+            f"ahead; that level holds a record at most {delay.UNIT_MS << level} ms (is the "
+            "producer's clock right?)",
+        )
+    if mover:
+        return  # already accepted once; a maximum lowered since does not drop it
+    max_delay_ms = target.settings.delivery_max_delay_ms
+    if deliver_at - now_ms > max_delay_ms:
+        raise Refusal(
+            pb.ERROR_CODE_DELAY_TOO_LONG,
+            f"the record is due in {deliver_at - now_ms} ms, beyond topic {shorten(topic)}'s "
+            f"delivery.max.delay.ms of {max_delay_ms} ms; send it with a shorter delay, or "
+            "raise the topic's delivery.max.delay.ms",
+        )

@@ -1,0 +1,439 @@
+"""The movers of delayed delivery (docs/delayed-delivery.md): for each level of the
+internal delay topic this broker leads, one task reads the level's committed log in order
+and, when the head record's ``hop-at`` has passed, moves it on: to its target partition
+when it is due, else to the lower level its remaining wait calls for.
+
+Why no per-message timer: a level holds records that wait the same time from when they
+entered it, so its log is ordered by release time and the mover only ever looks at its
+head; memory is one read window per level, whatever the number of pending messages.
+
+Exactly once across failover: a mover produces as the level's reserved producer id
+(delay.MOVER_PRODUCER_ID_BASE + level) and numbers its records per destination densely, in
+source-offset order. Its progress (the source offset below which everything moved, and
+the next sequence per destination there) is a cursor record it appends to its own level
+now and then; a new leader resumes from the last cursor and numbers the same records the
+same way, so destinations recognise what the old leader already stored (the sparse rule
+of raftmq.partition.producer_state) and store each record once.
+
+The broker layer may not import the client, so the produce calls are plain gRPC, as
+raftmq.broker.txn_markers does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from raftmq import net
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.controller.metadata import broker_addresses
+from raftmq.controller.model import MetadataState
+from raftmq.format import delay, entry
+from raftmq.format.errors import FormatError
+from raftmq.format.records import Record, build_batch, decode_records
+from raftmq.partition.errors import PartitionError
+from raftmq.partition.replica import Acks, PartitionReplica
+
+log = logging.getLogger(__name__)
+
+DELAY_CONFIG = {"retention.ms": "-1"}
+"""The delay topic's settings: pending records are never deleted by time (a record may
+wait 40 days and more)."""
+POLL_S = 0.05
+"""How often a mover with nothing due looks again (bounded by the head's due time)."""
+CHECK_LEADERS_S = 0.1
+"""How often the broker looks for levels it started or stopped leading."""
+READ_BYTES = 1024 * 1024
+"""One read of a level: the memory a mover holds, with its decoded window."""
+MAX_CHUNK = 2_000
+"""Records moved per step: sent together, then acknowledged together."""
+BATCH_BYTES = 256 * 1024
+"""Largest batch a mover sends one destination."""
+CURSOR_EVERY_S = 1.0
+"""A mover appends its cursor at most this often (resends after failover are
+deduplicated anyway; a cursor only shortens them)."""
+SEND_TIMEOUT_MS = 10_000
+RETRY_S = 0.2
+MAX_CHANNELS = 256
+
+Destination = tuple[str, int]
+
+
+def _code(exc: grpc.aio.AioRpcError) -> str:
+    for key, value in exc.trailing_metadata() or ():
+        if key == "raftmq-error":
+            return str(value)
+    return exc.code().name
+
+
+_DUPLICATE_LIKE = {"OUT_OF_ORDER_SEQUENCE"}
+_DROP = {"UNKNOWN_TOPIC", "UNKNOWN_PARTITION", "DELAY_TOO_LONG", "INVALID_DELAY", "INVALID_BATCH"}
+"""Refusals no retry mends: the record cannot go there (its topic was deleted, or the
+topic's maximum delay was lowered under it). It is dropped with a warning."""
+
+
+@dataclass(slots=True)
+class Cursor:
+    """A level's progress: every record below ``offset`` was moved and acknowledged, and
+    ``sequences`` holds the next sequence per destination at that point."""
+
+    offset: int
+    sequences: dict[Destination, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        seqs = [[t, p, n] for (t, p), n in sorted(self.sequences.items())]
+        return json.dumps({"offset": self.offset, "sequences": seqs}).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> Cursor:
+        raw = json.loads(data)
+        seqs = {(str(t), int(p)): int(n) for t, p, n in raw["sequences"]}
+        return Cursor(int(raw["offset"]), seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One record's next step: its destination and the record as it goes there."""
+
+    destination: Destination
+    record: Record
+    source_offset: int
+
+
+def next_step(record: Record) -> Move | None:
+    """Where a released record goes: its target once due (internal headers dropped,
+    deliver-at kept), else the level its remaining wait calls for (hop-at renewed). None
+    for a record that is no delayed record (refused on produce; skipped if met).
+
+    Computed from the record's own hop-at, never from the clock: a mover that takes over
+    sends every record where its predecessor sent it, with the same sequence, so the
+    destination recognises what is already stored. Released no earlier than hop-at, and
+    hop-at never passes deliver-at, so a record is delivered only once due."""
+    try:
+        topic, partition, deliver_at, hop_at = delay.parse_route(record.headers)
+    except delay.DelayHeaderError:
+        return None
+    hop = delay.route(deliver_at, hop_at)
+    if hop is None:
+        headers = tuple(h for h in record.headers if h[0] not in delay.INTERNAL_HEADERS)
+        moved = Record(record.key, record.value, record.timestamp, headers)
+        return Move((topic, partition), moved, record.offset)
+    level, hop_at = hop
+    headers = tuple(
+        (name, str(hop_at).encode() if name == delay.HOP_AT else value)
+        for name, value in record.headers
+    )
+    return Move(
+        (delay.DELAY_TOPIC, level),
+        Record(record.key, record.value, record.timestamp, headers),
+        record.offset,
+    )
+
+
+def hop_at_of(record: Record) -> int | None:
+    for name, value in record.headers:
+        if name == delay.HOP_AT and value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+class _Sender:
+    """Produce calls to partition leaders, one cached channel per address."""
+
+    def __init__(
+        self,
+        metadata: Callable[[], MetadataState],
+        replicas: Mapping[Destination, PartitionReplica],
+        security: net.Security,
+    ) -> None:
+        self._metadata = metadata
+        self._replicas = replicas
+        self._channels = net.AioChannels(max_channels=MAX_CHANNELS, security=security)
+
+    def _leader_address(self, topic: str, partition: int) -> str | None:
+        state = self._metadata()
+        leader = 0
+        replica = self._replicas.get((topic, partition))
+        if replica is not None:
+            leader = replica.leader_id
+        if not leader:
+            found = state.topics.get(topic)
+            if found is None or partition >= len(found.partitions):
+                return None
+            leader = found.partitions[partition].leader or 0
+        return broker_addresses(state).get(leader) if leader else None
+
+    async def produce(self, topic: str, partition: int, entries: bytes) -> str:
+        """ "" on success (or a duplicate), else the refusal's code name."""
+        address = self._leader_address(topic, partition)
+        if address is None:
+            state = self._metadata()
+            if topic not in state.topics:
+                return "UNKNOWN_TOPIC"
+            if partition >= len(state.topics[topic].partitions):
+                return "UNKNOWN_PARTITION"
+            return "LEADER_NOT_AVAILABLE"
+        request = pb.ProduceRequest(
+            topic=topic,
+            partition=partition,
+            entries=entries,
+            acks=pb.ACKS_ALL,
+            timeout_ms=SEND_TIMEOUT_MS,
+        )
+        try:
+            stub = pb_grpc.BrokerStub(await self._channels.get(address))
+            await stub.Produce(request, timeout=SEND_TIMEOUT_MS / 1000 + 2)
+        except grpc.aio.AioRpcError as exc:
+            return _code(exc)
+        return ""
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+
+class LevelMover:
+    """Moves one level's due records while this broker leads it, in the term it led in."""
+
+    def __init__(self, replica: PartitionReplica, sender: _Sender) -> None:
+        self.replica = replica
+        self.level = replica.partition
+        self.term = replica.led_term
+        self.producer_id = delay.MOVER_PRODUCER_ID_BASE + self.level
+        self._sender = sender
+        self.cursor = Cursor(0)
+        self._window: list[Record] = []
+        self._read_to = 0
+        self._cursor_written_s = 0.0
+        self._cursor_at = -1
+        self.moved = 0
+        self.dropped = 0
+
+    @property
+    def leading(self) -> bool:
+        return self.replica.is_leader and self.replica.led_term == self.term
+
+    async def run(self) -> None:
+        while self.leading and self.replica.high_watermark < self.replica.log_end_offset:
+            await asyncio.sleep(POLL_S)  # this term's first entry commits everything before
+        if not self.leading:
+            return
+        self.cursor = self._load_cursor()
+        self._cursor_at = self.cursor.offset
+        self._read_to = self.cursor.offset
+        log.info(
+            "broker leads %s/%d: moving from offset %d",
+            delay.DELAY_TOPIC,
+            self.level,
+            self.cursor.offset,
+        )
+        while self.leading:
+            chunk, wait_s = self._due(time.time_ns() // 1_000_000)
+            if chunk:
+                await self._move(chunk)
+            else:
+                await asyncio.sleep(wait_s)
+            await self._maybe_write_cursor()
+
+    def _entries_from(self, offset: int) -> tuple[list[Record], int]:
+        """Committed records of this level from ``offset`` (one read), and where the
+        next read starts."""
+        try:
+            result = self.replica.read(offset, READ_BYTES)
+        except PartitionError:
+            return [], offset
+        records: list[Record] = []
+        for header in entry.iter_headers(result.data):
+            try:
+                records.extend(r for r in decode_records(result.data, header) if r.offset >= offset)
+            except FormatError as exc:
+                log.warning("%s/%d: skipping an unreadable entry: %s", delay.DELAY_TOPIC, 0, exc)
+        return records, max(offset, result.next_offset)
+
+    def _load_cursor(self) -> Cursor:
+        """The last cursor record in the level (a scan of what is committed: once per
+        leadership), or the log start when there is none."""
+        found = Cursor(self.replica.log_start_offset)
+        offset = found.offset
+        while offset < self.replica.high_watermark:
+            records, after = self._entries_from(offset)
+            for r in records:
+                if delay.is_cursor(r.headers) and r.value is not None:
+                    found = Cursor.decode(r.value)
+            if after <= offset:
+                break
+            offset = after
+        found.offset = max(found.offset, self.replica.log_start_offset)
+        return found
+
+    def _due(self, now_ms: int) -> tuple[list[Record], float]:
+        """The records at the head whose hop-at has passed (at most MAX_CHUNK), or none and
+        how long to wait before looking again."""
+        chunk: list[Record] = []
+        while len(chunk) < MAX_CHUNK:
+            if not self._window:
+                if self._read_to >= self.replica.high_watermark:
+                    break
+                self._window, self._read_to = self._entries_from(self._read_to)
+                if not self._window:
+                    break
+            head = self._window[0]
+            if delay.is_cursor(head.headers):
+                self._window.pop(0)
+                chunk.append(head)  # moves nothing, but the cursor passes it
+                continue
+            hop_at = hop_at_of(head)
+            if hop_at is not None and hop_at > now_ms:
+                if chunk:
+                    break
+                return [], min(POLL_S * 4, (hop_at - now_ms) / 1000)
+            chunk.append(self._window.pop(0))
+        return chunk, POLL_S
+
+    async def _move(self, chunk: list[Record]) -> None:
+        by_destination: dict[Destination, list[Move]] = {}
+        for record in chunk:
+            if delay.is_cursor(record.headers):
+                continue
+            move = next_step(record)
+            if move is None:
+                log.warning(
+                    "%s/%d offset %d is no delayed record; skipped",
+                    delay.DELAY_TOPIC,
+                    self.level,
+                    record.offset,
+                )
+                continue
+            by_destination.setdefault(move.destination, []).append(move)
+        sends = []
+        for destination, moves in by_destination.items():
+            first = self.cursor.sequences.get(destination, 0)
+            self.cursor.sequences[destination] = first + len(moves)
+            sends.append(self._send_all(destination, moves, first))
+        await asyncio.gather(*sends)
+        if self.leading:
+            self.cursor.offset = chunk[-1].offset + 1
+
+    async def _send_all(self, destination: Destination, moves: list[Move], first: int) -> None:
+        """Send ``moves`` to ``destination`` in order, one batch at a time, numbered from
+        ``first``; returns once all are stored (or dropped), or this mover stops leading."""
+        start = 0
+        while start < len(moves):
+            size = 0
+            end = start
+            while end < len(moves) and (end == start or size < BATCH_BYTES):
+                r = moves[end].record
+                size += len(r.key or b"") + len(r.value or b"") + 64
+                end += 1
+            if not await self._send(destination, moves[start:end], first + start):
+                for i in range(start, end):  # ambiguous: overlaps what is stored
+                    await self._send(destination, moves[i : i + 1], first + i, single=True)
+            start = end
+
+    async def _send(
+        self, destination: Destination, moves: list[Move], sequence: int, *, single: bool = False
+    ) -> bool:
+        """One batch, retried until stored; False when it overlaps what the destination
+        holds (send its records one by one)."""
+        topic, partition = destination
+        batch = build_batch(
+            [m.record for m in moves],
+            producer_id=self.producer_id,
+            producer_epoch=0,
+            base_sequence=sequence,
+        )
+        while self.leading:
+            code = await self._sender.produce(topic, partition, batch)
+            if not code:
+                self.moved += len(moves)
+                return True
+            if code in _DUPLICATE_LIKE and not single:
+                return False
+            if code in _DROP:
+                self.dropped += len(moves)
+                log.warning(
+                    "%s/%d: dropped %d delayed records for %s/%d (offsets %d-%d): %s",
+                    delay.DELAY_TOPIC,
+                    self.level,
+                    len(moves),
+                    topic,
+                    partition,
+                    moves[0].source_offset,
+                    moves[-1].source_offset,
+                    code,
+                )
+                return True
+            await asyncio.sleep(RETRY_S)
+        return True
+
+    async def _maybe_write_cursor(self) -> None:
+        now_s = time.monotonic()
+        if self.cursor.offset == self._cursor_at or now_s - self._cursor_written_s < CURSOR_EVERY_S:
+            return
+        if not self.leading:
+            return
+        self._cursor_written_s = now_s
+        record = Record(
+            None, self.cursor.encode(), time.time_ns() // 1_000_000, ((delay.CURSOR, None),)
+        )
+        try:
+            await self.replica.produce(build_batch([record]), Acks.ALL, SEND_TIMEOUT_MS / 1000)
+            self._cursor_at = self.cursor.offset
+        except PartitionError as exc:
+            log.info("%s/%d: cursor not written: %s", delay.DELAY_TOPIC, self.level, exc)
+
+
+class DelayMovers:
+    """A LevelMover for each level this broker leads, started and stopped as leadership
+    moves."""
+
+    def __init__(
+        self,
+        replicas: Mapping[Destination, PartitionReplica],
+        metadata: Callable[[], MetadataState],
+        stopping: Callable[[], bool],
+        security: net.Security = net.PLAINTEXT,
+    ) -> None:
+        self._replicas = replicas
+        self._stopping = stopping
+        self._sender = _Sender(metadata, replicas, security)
+        self.movers: dict[int, LevelMover] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping():
+                for (topic, partition), replica in list(self._replicas.items()):
+                    if topic != delay.DELAY_TOPIC or not replica.is_leader:
+                        continue
+                    task = self._tasks.get(partition)
+                    if task is not None and not task.done():
+                        continue
+                    mover = LevelMover(replica, self._sender)
+                    self.movers[partition] = mover
+                    self._tasks[partition] = asyncio.get_running_loop().create_task(
+                        self._guarded(mover)
+                    )
+                await asyncio.sleep(CHECK_LEADERS_S)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await self._sender.close()
+
+    async def _guarded(self, mover: LevelMover) -> None:
+        try:
+            await mover.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s/%d: mover failed; restarting", delay.DELAY_TOPIC, mover.level)
+            await asyncio.sleep(RETRY_S)
