@@ -67,13 +67,11 @@ class DeadLetter:
     """A replay sent it back already (it lies below the replay group's committed offset)."""
 
     def as_json(self) -> dict[str, object]:
-        """Flat: its place, its history's fields (retry_at_ms left out: none is due),
-        and whether it was replayed."""
-        history = {k: v for k, v in asdict(self.info).items() if k != "retry_at_ms"}
+        """Flat: its place, its history's fields, and whether it was replayed."""
         return {
             "partition": self.partition,
             "offset": self.offset,
-            **history,
+            **asdict(self.info),
             "replayed": self.replayed,
         }
 

@@ -9,7 +9,9 @@ the payload. Names follow the house's header style (lowercase words joined by ``
 in ms since the epoch (as ``deliver-at``); text is UTF-8.
 
 A record sent on carries the original record's other headers first, then these (any
-earlier copies of them replaced), so a record's history is always exactly one set.
+earlier copies of them replaced), so a record's history is always exactly one set. A
+retried record's due time is delayed delivery's own ``deliver-at`` header: the retrying
+consumer sends it with ``deliver_at`` and checks it again before handling it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from raftmq.format import delay
 from raftmq.limits import TOPIC_NAME_CHARS
 
 ORIGINAL_TOPIC = "original-topic"
@@ -30,10 +33,6 @@ FIRST_FAILURE_AT = "first-failure-at"
 LAST_ERROR = "last-error"
 """The last failure: the exception's type and message, ``Type: message``, at most
 MAX_ERROR_CHARS characters."""
-RETRY_AT = "retry-at"
-"""When the next attempt is due (ms since the epoch): the retrying consumer never hands a
-record to its handler before. A dead letter has none."""
-
 NAMES = (
     ORIGINAL_TOPIC,
     ORIGINAL_PARTITION,
@@ -41,7 +40,6 @@ NAMES = (
     ATTEMPTS,
     FIRST_FAILURE_AT,
     LAST_ERROR,
-    RETRY_AT,
 )
 MAX_ERROR_CHARS = 1024
 """Where ``last-error`` is cut: a traceback-sized message would make every retried record
@@ -64,8 +62,6 @@ class RetryInfo:
     attempts: int
     first_failure_ms: int
     last_error: str
-    retry_at_ms: int | None = None
-    """None for a dead letter: nothing more is due."""
 
     def __post_init__(self) -> None:
         assert self.attempts >= 1, self.attempts
@@ -114,7 +110,7 @@ def error_text(exc: BaseException) -> str:
 
 def encode(info: RetryInfo) -> list[tuple[str, bytes | None]]:
     """The headers that say ``info``."""
-    out: list[tuple[str, bytes | None]] = [
+    return [
         (ORIGINAL_TOPIC, info.original_topic.encode()),
         (ORIGINAL_PARTITION, str(info.original_partition).encode()),
         (ORIGINAL_OFFSET, str(info.original_offset).encode()),
@@ -122,14 +118,25 @@ def encode(info: RetryInfo) -> list[tuple[str, bytes | None]]:
         (FIRST_FAILURE_AT, str(info.first_failure_ms).encode()),
         (LAST_ERROR, info.last_error.encode()),
     ]
-    if info.retry_at_ms is not None:
-        out.append((RETRY_AT, str(info.retry_at_ms).encode()))
-    return out
+
+
+SENT_ANEW = frozenset({*NAMES, delay.DELIVER_AT, *delay.INTERNAL_HEADERS})
+"""What :func:`strip` drops: this module's headers and delayed delivery's, which a
+delayed send sets itself (and refuses from the caller)."""
 
 
 def strip(headers: Iterable[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
-    """``headers`` without those of this module: the record's own, as first produced."""
-    return [(name, value) for name, value in headers if name not in NAMES]
+    """``headers`` without its history and delivery time: the record's own, as first
+    produced."""
+    return [(name, value) for name, value in headers if name not in SENT_ANEW]
+
+
+def due_ms(headers: Headers) -> int | None:
+    """When a retried record's next attempt is due: its ``deliver-at`` (ms since the
+    epoch; the retrying consumer sends it with ``deliver_at``, and hands it to the handler
+    no earlier). None when it has none; ValueError when it does not read."""
+    found = {name: value for name, value in headers if name == delay.DELIVER_AT}
+    return None if not found else _number(found, delay.DELIVER_AT)
 
 
 def decode(headers: Headers) -> RetryInfo | None:
@@ -139,10 +146,9 @@ def decode(headers: Headers) -> RetryInfo | None:
     found = {name: value for name, value in headers if name in NAMES}
     if not found:
         return None
-    missing = [n for n in NAMES if n != RETRY_AT and n not in found]
+    missing = [n for n in NAMES if n not in found]
     if missing:
         raise ValueError(f"the record's retry headers lack {', '.join(missing)}")
-    retry_at = found.get(RETRY_AT)
     info = RetryInfo(
         _text(found, ORIGINAL_TOPIC),
         _number(found, ORIGINAL_PARTITION),
@@ -150,7 +156,6 @@ def decode(headers: Headers) -> RetryInfo | None:
         _number(found, ATTEMPTS, least=1),
         _number(found, FIRST_FAILURE_AT),
         _text(found, LAST_ERROR),
-        None if retry_at is None else _number(found, RETRY_AT),
     )
     if not info.original_topic:
         raise ValueError(f"the record's {ORIGINAL_TOPIC} header is empty")

@@ -40,12 +40,13 @@ from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer, RecordFuture
 from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.sasl import SECURITY_KEYS
+from raftmq.format import delay
 
 __all__ = ["Handled", "RetryPolicy", "RetryingConsumer"]
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF_MS = (1_000, 10_000, 60_000)
-MAX_BACKOFF_MS = 40 * 24 * 3600 * 1000
+MAX_BACKOFF_MS = delay.DEFAULT_MAX_DELAY_MS
 """The longest back-off: the default longest delay of delayed delivery (the topic setting
 ``delivery.max.delay.ms``, 40 days)."""
 TOPIC_READY_S = 30.0
@@ -108,10 +109,10 @@ class RetryPolicy:
 
 def next_info(
     record: ConsumerRecord, history: RetryInfo | None, error: str, now_ms: int, policy: RetryPolicy
-) -> RetryInfo:
+) -> tuple[RetryInfo, int | None]:
     """The history of ``record`` after its handler failed with ``error`` at ``now_ms``
-    (``history``: what its headers said before; None on its first attempt). Its
-    ``retry_at_ms`` is None once it is a dead letter."""
+    (``history``: what its headers said before; None on its first attempt), and when its
+    next attempt is due (None: it is a dead letter)."""
     if history is None:
         origin = (record.topic, record.partition, record.offset)
         attempts, first_ms = 1, now_ms
@@ -119,8 +120,8 @@ def next_info(
         origin = (history.original_topic, history.original_partition, history.original_offset)
         attempts, first_ms = history.attempts + 1, history.first_failure_ms
     backoff = policy.backoff_for(attempts)
-    retry_at = None if backoff is None else now_ms + backoff
-    return RetryInfo(*origin, attempts, first_ms, error, retry_at)
+    due = None if backoff is None else now_ms + backoff
+    return RetryInfo(*origin, attempts, first_ms, error), due
 
 
 @dataclass(slots=True)
@@ -221,8 +222,7 @@ class RetryingConsumer:
             tp = (record.topic, record.partition)
             if tp in self._waiting:
                 continue  # an earlier record of this partition is not due yet
-            history = self._history(record)
-            due_ms = history.retry_at_ms if history is not None else None
+            history, due_ms = self._history(record)
             if due_ms is not None and due_ms > _now_ms():
                 self._wait_for(tp, record.offset, due_ms)
                 commits[tp] = record.offset
@@ -245,12 +245,13 @@ class RetryingConsumer:
         done.waiting = len(self._waiting)
         return done
 
-    def _history(self, record: ConsumerRecord) -> RetryInfo | None:
-        """A retry topic's record's history (None for an original topic's)."""
+    def _history(self, record: ConsumerRecord) -> tuple[RetryInfo | None, int | None]:
+        """A retry topic's record's history and due time (None, None for an original
+        topic's)."""
         if record.topic not in self._retry_topics:
-            return None
+            return None, None
         try:
-            return retry_headers.decode(record.headers)
+            return retry_headers.decode(record.headers), retry_headers.due_ms(record.headers)
         except ValueError as exc:
             log.warning(
                 "%s/%d offset %d: %s; it is handled as a new record",
@@ -259,17 +260,17 @@ class RetryingConsumer:
                 record.offset,
                 exc,
             )
-            return None
+            return None, None
 
     def _hand_off(
         self, record: ConsumerRecord, history: RetryInfo | None, exc: Exception, done: Handled
     ) -> RecordFuture:
         """Send ``record``, which its handler failed on, to its retry or dead-letter topic."""
         now_ms = _now_ms()
-        info = next_info(record, history, retry_headers.error_text(exc), now_ms, self.policy)
+        info, due = next_info(record, history, retry_headers.error_text(exc), now_ms, self.policy)
         headers = retry_headers.strip(record.headers) + retry_headers.encode(info)
         served = self._retry_topics.get(record.topic, record.topic)  # the topic retried
-        if info.retry_at_ms is None:
+        if due is None:
             done.dead_lettered += 1
             to = self._dead_letter_topics[served]
             log.warning(
@@ -284,7 +285,9 @@ class RetryingConsumer:
             return self._producer.send(to, record.value, key=record.key, headers=headers)
         done.retried += 1
         to = retry_headers.retry_topic(served, self.group_id)
-        return self._producer.send(to, record.value, key=record.key, headers=headers)
+        return self._producer.send(
+            to, record.value, key=record.key, headers=headers, deliver_at=due
+        )
 
     def _wait_for(self, tp: TopicPartition, offset: int, due_ms: int) -> None:
         """Hold ``tp`` at ``offset`` (its record is due at ``due_ms``), paused."""

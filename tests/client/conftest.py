@@ -38,6 +38,7 @@ CLIENT_TOPICS = {
     "rk": 1,
     "rc": 2,
     "rb": 1,
+    "rw": 1,
 }
 
 

@@ -11,7 +11,7 @@ from raftmq.client.consumer import ConsumerRecord
 from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.retrying import MAX_BACKOFF_MS, RetryPolicy, next_info
 
-INFO = RetryInfo("orders", 2, 41, 3, 1_700_000_000_000, "ValueError: bad total", 1_700_000_060_000)
+INFO = RetryInfo("orders", 2, 41, 3, 1_700_000_000_000, "ValueError: bad total")
 
 
 def test_headers_round_trip_and_read_as_documented() -> None:
@@ -23,19 +23,16 @@ def test_headers_round_trip_and_read_as_documented() -> None:
         ("attempts", b"3"),
         ("first-failure-at", b"1700000000000"),
         ("last-error", b"ValueError: bad total"),
-        ("retry-at", b"1700000060000"),
     ]
     assert rh.decode(headers) == INFO
-    dead = RetryInfo("orders", 2, 41, 4, 1_700_000_000_000, "KeyError: 'x'")
-    assert [n for n, _ in rh.encode(dead)] == list(rh.NAMES[:-1])  # no retry-at
-    assert rh.decode(rh.encode(dead)) == dead
+    assert [n for n, _ in headers] == list(rh.NAMES)
 
 
 def test_a_record_without_history_and_strip_keeps_the_records_own_headers() -> None:
     assert rh.decode([("tag", b"paid"), ("source", None)]) is None
     own = [("tag", b"paid"), ("source", None)]
-    mixed = [own[0], *rh.encode(INFO), own[1]]
-    assert rh.strip(mixed) == own
+    mixed = [own[0], *rh.encode(INFO), ("deliver-at", b"1700000060000"), own[1]]
+    assert rh.strip(mixed) == own  # the history, and the due time a delayed send sets
     # Sent on again: its own headers first, then exactly one history.
     again = rh.strip(mixed) + rh.encode(INFO)
     assert rh.decode(again) == INFO and [n for n, _ in again].count("attempts") == 1
@@ -51,7 +48,6 @@ def test_a_record_without_history_and_strip_keeps_the_records_own_headers() -> N
         ({"first-failure-at": None}, "first-failure-at header is null"),
         ({"original-topic": b""}, "original-topic header is empty"),
         ({"last-error": "drop"}, "lack last-error"),
-        ({"retry-at": b"soon"}, "retry-at header is 'soon'"),
     ],
 )
 def test_history_that_does_not_read_is_refused_naming_the_header(
@@ -65,6 +61,13 @@ def test_history_that_does_not_read_is_refused_naming_the_header(
             headers[name] = value if not isinstance(value, str) else value.encode()
     with pytest.raises(ValueError, match=says):
         rh.decode(list(headers.items()))
+
+
+def test_the_due_time_is_delayed_deliverys_header() -> None:
+    assert rh.due_ms([("deliver-at", b"1700000060000"), *rh.encode(INFO)]) == 1_700_000_060_000
+    assert rh.due_ms(rh.encode(INFO)) is None
+    with pytest.raises(ValueError, match="deliver-at header is 'soon'"):
+        rh.due_ms([("deliver-at", b"soon")])
 
 
 def test_error_text_is_type_and_message_cut_to_a_bound() -> None:
@@ -118,11 +121,11 @@ def record(topic: str, headers: tuple[tuple[str, bytes | None], ...] = ()) -> Co
 
 def test_next_info_counts_attempts_from_the_original() -> None:
     policy = RetryPolicy(max_attempts=3, backoff_ms=(1000, 5000))
-    first = next_info(record("orders"), None, "E: one", 10_000, policy)
-    assert first == RetryInfo("orders", 1, 7, 1, 10_000, "E: one", 11_000)
+    first, due = next_info(record("orders"), None, "E: one", 10_000, policy)
+    assert (first, due) == (RetryInfo("orders", 1, 7, 1, 10_000, "E: one"), 11_000)
     # The retry topic's copy fails again: the origin and the first failure stay.
     copy = record("orders.g.retry", tuple(rh.encode(first)))
-    second = next_info(copy, rh.decode(copy.headers), "E: two", 12_000, policy)
-    assert second == RetryInfo("orders", 1, 7, 2, 10_000, "E: two", 17_000)
-    third = next_info(copy, second, "E: three", 18_000, policy)
-    assert third == RetryInfo("orders", 1, 7, 3, 10_000, "E: three", None)  # a dead letter
+    second, due = next_info(copy, rh.decode(copy.headers), "E: two", 12_000, policy)
+    assert (second, due) == (RetryInfo("orders", 1, 7, 2, 10_000, "E: two"), 17_000)
+    third, due = next_info(copy, second, "E: three", 18_000, policy)
+    assert (third, due) == (RetryInfo("orders", 1, 7, 3, 10_000, "E: three"), None)  # dead

@@ -80,9 +80,10 @@ def test_a_poison_record_is_retried_when_due_then_dead_lettered(cluster: LocalCl
         auto_offset_reset="earliest",
     ) as consumer:
         deadline = time.monotonic() + 60
+        held = 0
         while len(poison()) < 3:  # the third failure's hand-off is acknowledged in process
             assert time.monotonic() < deadline, calls
-            consumer.process(0.2)
+            held += consumer.process(0.2).waiting
             if poison() and later:  # records behind the failed one keep coming
                 produce(cluster, topic, later)
                 later = []
@@ -91,10 +92,11 @@ def test_a_poison_record_is_retried_when_due_then_dead_lettered(cluster: LocalCl
     retry = rh.retry_topic(topic, group)
     assert [c[1] for c in poison()] == [topic, retry, retry]
     (_, _, t1, _), (_, _, t2, h2), (_, _, t3, h3) = poison()
-    # Never earlier than due: each retry came at or after its retry-at, the failure + back-off.
-    due2, due3 = int(h2["retry-at"] or b""), int(h3["retry-at"] or b"")
+    # Never earlier than due: each retry came at or after its deliver-at, failure + back-off.
+    due2, due3 = int(h2["deliver-at"] or b""), int(h3["deliver-at"] or b"")
     assert t1 + 2000 <= due2 <= t2 and t2 + 3000 <= due3 <= t3
     assert h2["attempts"] == b"1" and h3["attempts"] == b"2"
+    assert held == 0  # the broker's delayed delivery showed them when due: none came early
     others = [c for c in calls if c[0] != b"poison"]
     assert [c[0] for c in others] == [f"ok-{i}".encode() for i in range(10) if i != 3]
     assert max(c[2] for c in others) < t2  # none waited for the poison's retries
@@ -106,8 +108,45 @@ def test_a_poison_record_is_retried_when_due_then_dead_lettered(cluster: LocalCl
     info = rh.decode(dead.headers)
     assert info is not None and t1 <= info.first_failure_ms == due2 - 2000
     assert info == RetryInfo(
-        topic, 0, 3, 3, info.first_failure_ms, "ValueError: cannot process poison", None
+        topic, 0, 3, 3, info.first_failure_ms, "ValueError: cannot process poison"
     )
+
+
+def test_a_retry_that_arrives_early_waits_paused(cluster: LocalCluster) -> None:
+    """A retry topic's record seen before its deliver-at (a clock ahead of the consumer's,
+    or a record produced there by hand) is not handled before it is due; its partition
+    waits, paused, while the original topic flows."""
+    topic, group = "rw", "rw-app"
+    calls: list[tuple[bytes | None, int]] = []
+    with RetryingConsumer(
+        cluster.addresses,
+        topic,
+        lambda r: calls.append((r.value, now_ms())),
+        group_id=group,
+        auto_offset_reset="earliest",
+    ) as consumer:
+        wait_until(
+            lambda: consumer.process(0.1) and len(consumer.consumer.assignment()) == 2,
+            60,
+            "assignment",
+        )
+        due = now_ms() + 2000
+        history = rh.encode(RetryInfo(topic, 0, 0, 1, due - 3000, "E: once"))
+        with Producer(cluster.addresses, linger_ms=0) as producer:
+            retry = rh.retry_topic(topic, group)
+            producer.send(retry, b"early", headers=[*history, ("deliver-at", str(due).encode())])
+            producer.send(retry, b"behind-it", headers=history)  # due at once, but queued
+            producer.flush()
+        produce(cluster, topic, [(0, b"fresh")])
+        deadline = time.monotonic() + 60
+        held = 0
+        while len(calls) < 3:
+            assert time.monotonic() < deadline, calls
+            held += consumer.process(0.2).waiting
+    assert held > 0
+    when = dict(calls)
+    assert [v for v, _ in calls if v != b"fresh"] == [b"early", b"behind-it"]
+    assert when[b"fresh"] < due <= when[b"early"] <= when[b"behind-it"]
 
 
 def worker(cluster: LocalCluster, out: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -167,7 +206,7 @@ def test_a_consumer_killed_between_processing_and_hand_off_redelivers(
     [letter] = dead
     info = rh.decode(letter.headers)
     assert info is not None and (info.original_topic, info.original_offset) == ("rk", 2)
-    assert info.attempts == 2 and info.retry_at_ms is None
+    assert info.attempts == 2
     with Consumer(cluster.addresses, group_id="rk-app", enable_auto_commit=False) as reader:
         assert reader.committed([("rk", 0)]) == {("rk", 0): 5}
 
