@@ -211,17 +211,39 @@ class RetryingConsumer:
     def process(self, timeout: float = 1.0) -> Handled:
         """Poll once (waiting up to ``timeout`` s for records), hand each record to the
         handler, hand the failed ones off, wait until every hand-off is acknowledged, then
-        commit. Raises the ClientError of a hand-off that failed for good (nothing of
-        that poll is committed then: it is redelivered)."""
+        commit. Raises the ClientError of a hand-off that failed for good, or the
+        handler's BaseException (KeyboardInterrupt, SystemExit): nothing of that poll is
+        committed then, and its partitions go back to its first records, so the next
+        ``process`` (or the next owner) handles them again."""
         done = Handled()
         self._resume_due()
         records = self.consumer.poll(timeout)
+        first: dict[TopicPartition, int] = {}
+        try:
+            commits = self._handle(records, first, done)
+        except BaseException:
+            self._rewind(first)
+            raise
+        if commits:
+            try:
+                self.consumer.commit(commits)
+            except CommitFailedError as exc:  # the group moved them on: another redoes them
+                log.warning("group %s refused a commit: %s", self.group_id, exc)
+        done.waiting = len(self._waiting)
+        return done
+
+    def _handle(
+        self, records: list[ConsumerRecord], first: dict[TopicPartition, int], done: Handled
+    ) -> dict[TopicPartition, int]:
+        """Handle ``records`` and hand the failed ones off, acknowledged; the offsets to
+        commit. ``first``: filled with each partition's first offset here, as it goes."""
         commits: dict[TopicPartition, int] = {}
         hand_offs: list[RecordFuture] = []
         for record in records:
             tp = (record.topic, record.partition)
             if tp in self._waiting:
                 continue  # an earlier record of this partition is not due yet
+            first.setdefault(tp, record.offset)
             history, due_ms = self._history(record)
             if due_ms is not None and due_ms > _now_ms():
                 self._wait_for(tp, record.offset, due_ms)
@@ -236,14 +258,15 @@ class RetryingConsumer:
         if hand_offs:
             self._producer.flush()
             for future in hand_offs:
-                future.result()  # raises what stopped it: nothing is committed
-        if commits:
-            try:
-                self.consumer.commit(commits)
-            except CommitFailedError as exc:  # the group moved them on: another redoes them
-                log.warning("group %s refused a commit: %s", self.group_id, exc)
-        done.waiting = len(self._waiting)
-        return done
+                future.result()  # raises what stopped it
+        return commits
+
+    def _rewind(self, first: dict[TopicPartition, int]) -> None:
+        """Put each partition back at ``first`` (none of it committed), not waiting."""
+        for tp, offset in first.items():
+            self._waiting.pop(tp, None)
+            self.consumer.seek(tp, offset)
+            self.consumer.resume(tp)
 
     def _history(self, record: ConsumerRecord) -> tuple[RetryInfo | None, int | None]:
         """A retry topic's record's history and due time (None, None for an original

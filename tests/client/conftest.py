@@ -39,6 +39,7 @@ CLIENT_TOPICS = {
     "rc": 2,
     "rb": 1,
     "rw": 1,
+    "rf": 1,
 }
 
 

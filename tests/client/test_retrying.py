@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.client import Consumer, ConsumerRecord, Producer
+from raftmq.client import AdminClient, ClientError, Consumer, ConsumerRecord, Producer
 from raftmq.client import retry_headers as rh
 from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.retrying import RetryingConsumer, RetryPolicy
@@ -147,6 +147,52 @@ def test_a_retry_that_arrives_early_waits_paused(cluster: LocalCluster) -> None:
     when = dict(calls)
     assert [v for v, _ in calls if v != b"fresh"] == [b"early", b"behind-it"]
     assert when[b"fresh"] < due <= when[b"early"] <= when[b"behind-it"]
+
+
+def test_a_hand_off_that_fails_commits_nothing_and_is_done_again(cluster: LocalCluster) -> None:
+    """The dead-letter topic is gone when a record must go there: process raises, commits
+    nothing, and the partition goes back, so once the topic is back the record is
+    dead-lettered and nothing was skipped."""
+    topic, group = "rf", "rf-app"
+    dlq = rh.dead_letter_topic(topic, group)
+    seen: list[bytes | None] = []
+
+    def handle(r: ConsumerRecord) -> None:
+        seen.append(r.value)
+        if r.value == b"bad":
+            raise ValueError("bad")
+
+    with (
+        RetryingConsumer(
+            cluster.addresses,
+            topic,
+            handle,
+            group_id=group,
+            policy=RetryPolicy(max_attempts=1),
+            auto_offset_reset="earliest",
+        ) as consumer,
+        AdminClient(cluster.addresses) as admin,
+    ):
+        admin.delete_topic(dlq)
+        produce(cluster, topic, [(0, b"ok-0"), (0, b"bad"), (0, b"ok-2")])
+        deadline = time.monotonic() + 60
+        with pytest.raises(ClientError, match=dlq):
+            while True:
+                assert time.monotonic() < deadline, seen
+                consumer.process(0.2)
+        assert consumer.consumer.committed([(topic, 0)]) == {(topic, 0): None}
+        admin.create_topic(dlq, 1, 3)
+        wait_until(
+            lambda: all(p.leader_id for p in admin.describe_topic(dlq).partitions), 30, "leader"
+        )
+        dead = 0
+        while dead == 0:
+            assert time.monotonic() < deadline, seen
+            dead += consumer.process(0.2).dead_lettered
+        assert consumer.consumer.committed([(topic, 0)]) == {(topic, 0): 3}
+    assert seen.count(b"bad") == 2 and {b"ok-0", b"ok-2"} <= set(seen)
+    [letter] = read_topic(cluster, dlq, 1)
+    assert letter.value == b"bad"
 
 
 def worker(cluster: LocalCluster, out: Path, *args: str) -> subprocess.Popen[bytes]:
