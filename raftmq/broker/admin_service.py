@@ -33,6 +33,7 @@ from raftmq.controller.model import Broker, BrokerState, MetadataState, Partitio
 from raftmq.controller.quorum import ControllerQuorum
 from raftmq.controller.topic_config import KEYS, MAX_CONFIG_VALUE_CHARS
 from raftmq.controller.transitions import MAX_PARTITIONS_PER_TOPIC, MAX_REPLICATION_FACTOR
+from raftmq.format.delay import DELAY_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,12 @@ class AdminService(ScramAdmin, AclAdmin, QuotaAdmin):
     async def DeleteTopic(
         self, request: apb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.ChangeResponse:
+        if request.name == DELAY_TOPIC:
+            raise Refusal(
+                pb.ERROR_CODE_INVALID_ARGUMENT,
+                f"{DELAY_TOPIC} is internal: it holds the delayed messages not yet due "
+                "(docs/delayed-delivery.md), and deleting it would lose them",
+            )
         await self.call(self.quorum.delete_topic(_check_name(request.name)))
         version = self.quorum.local_state()[0]
         log.info("deleted topic %s, at metadata version %d", request.name, version)

@@ -151,6 +151,7 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     ),
     "RebuildReplica": _const(cluster(Op.ALTER)),
     "WriteTxnMarkers": INTERNAL,
+    "DescribeDelayed": _one(T, "topic", Op.DESCRIBE),
     # Admin service
     "CreateTopic": lambda r, v: [_create(r.name)],
     "DeleteTopic": _one(T, "name", Op.DELETE),

@@ -44,9 +44,11 @@ from raftmq.partition.replica import Acks, PartitionReplica
 
 log = logging.getLogger(__name__)
 
-DELAY_CONFIG = {"retention.ms": "-1"}
-"""The delay topic's settings: pending records are never deleted by time (a record may
-wait 40 days and more)."""
+DELAY_CONFIG = {"retention.ms": "-1", "retention.bytes": "0", "segment.bytes": str(16 << 20)}
+"""The delay topic's settings: never deleted by time (a record may wait 40 days and more),
+every sealed segment by size, but retention keeps everything from the segment holding
+the level's last durable cursor (:meth:`DelayMovers.retention_index`), so only records
+already moved go, a 16 MiB segment at a time."""
 POLL_S = 0.05
 """How often a mover with nothing due looks again (bounded by the head's due time)."""
 CHECK_LEADERS_S = 0.1
@@ -60,6 +62,8 @@ BATCH_BYTES = 256 * 1024
 CURSOR_EVERY_S = 1.0
 """A mover appends its cursor at most this often (resends after failover are
 deduplicated anyway; a cursor only shortens them)."""
+MAX_SCAN_RECORDS = 200_000
+"""The most records of one level a describe reads (about a second of CPU)."""
 SEND_TIMEOUT_MS = 10_000
 RETRY_S = 0.2
 MAX_CHANNELS = 256
@@ -97,6 +101,17 @@ class Cursor:
         raw = json.loads(data)
         seqs = {(str(t), int(p)): int(n) for t, p, n in raw["sequences"]}
         return Cursor(int(raw["offset"]), seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class LevelPending:
+    """A target topic's delayed messages in one level (DescribeDelayed)."""
+
+    level: int
+    pending: int
+    next_due_ms: int
+    """-1: none."""
+    complete: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +230,8 @@ class LevelMover:
         self._cursor_at = -1
         self.moved = 0
         self.dropped = 0
+        self.ready = False
+        """Its cursor is loaded: it moves records, and :meth:`pending_for` may count."""
 
     @property
     def leading(self) -> bool:
@@ -226,6 +243,7 @@ class LevelMover:
         if not self.leading:
             return
         self.cursor = self._load_cursor()
+        self.ready = True
         self._cursor_at = self.cursor.offset
         self._read_to = self.cursor.offset
         log.info(
@@ -373,6 +391,40 @@ class LevelMover:
             await asyncio.sleep(RETRY_S)
         return True
 
+    def durable_index(self) -> int:
+        """The Raft index of the entry holding the last cursor this mover wrote or
+        loaded: everything before it is moved, and a successor starts at or after it."""
+        try:
+            data = self.replica.read(self._cursor_at, 1).data
+        except (PartitionError, FormatError):
+            return 0
+        return entry.parse_header(data).index if data else 0
+
+    async def pending_for(self, topic: str) -> tuple[int, int, bool]:
+        """(pending, earliest deliver-at or -1, complete) of ``topic``'s records in this
+        level: a scan from the cursor, of at most MAX_SCAN_RECORDS records, yielding to the
+        loop between reads. On demand only: nothing is kept per message."""
+        pending, next_due, scanned = 0, -1, 0
+        offset = self.cursor.offset
+        while offset < self.replica.high_watermark:
+            if scanned >= MAX_SCAN_RECORDS:
+                return pending, next_due, False
+            records, after = self._entries_from(offset)
+            for r in records:
+                scanned += 1
+                try:
+                    target, _, due, _ = delay.parse_route(r.headers)
+                except delay.DelayHeaderError:
+                    continue  # a cursor record
+                if target == topic:
+                    pending += 1
+                    next_due = due if next_due < 0 else min(next_due, due)
+            if after <= offset:
+                break
+            offset = after
+            await asyncio.sleep(0)
+        return pending, next_due, True
+
     async def _maybe_write_cursor(self) -> None:
         now_s = time.monotonic()
         if self.cursor.offset == self._cursor_at or now_s - self._cursor_written_s < CURSOR_EVERY_S:
@@ -428,6 +480,29 @@ class DelayMovers:
                 with contextlib.suppress(BaseException):
                     await task
             await self._sender.close()
+
+    async def describe(self, topic: str) -> list[LevelPending]:
+        """The pending delayed messages of ``topic`` in each level this broker moves."""
+        out = []
+        for level, mover in sorted(self.movers.items()):
+            task = self._tasks.get(level)
+            if task is None or task.done() or not (mover.ready and mover.leading):
+                continue
+            pending, next_due, complete = await mover.pending_for(topic)
+            out.append(LevelPending(level, pending, next_due, complete))
+        return out
+
+    def retention_index(self, topic: str, partition: int) -> int | None:
+        """The Raft index retention must keep from in a replica of the delay topic (None
+        for other topics): the entry holding the offset of the level's last cursor record
+        when this broker moves the level, else 0, which keeps everything (a follower does
+        not know what is moved; it deletes once it leads)."""
+        if topic != delay.DELAY_TOPIC:
+            return None
+        mover = self.movers.get(partition)
+        if mover is None or not (mover.ready and mover.leading):
+            return 0
+        return mover.durable_index()
 
     async def _guarded(self, mover: LevelMover) -> None:
         try:

@@ -39,13 +39,22 @@ class _Host(Protocol):
     def compact(self, name: str, *, keep_from: int | None = None) -> int: ...
 
 
-def compact_each(host: _Host, replicas: Iterable[_Replica]) -> int:
+def compact_each(
+    host: _Host,
+    replicas: Iterable[_Replica],
+    floor: Callable[[_Replica], int | None] | None = None,
+) -> int:
     """Apply retention to each replica's log; returns how many failed (each is logged,
-    and the others are compacted all the same)."""
+    and the others are compacted all the same). ``floor(replica)``: an index retention
+    must also keep, if any (the delay topic's movers: raftmq.broker.delay_mover)."""
     failed = 0
     for r in list(replicas):
         try:
-            host.compact(group_name(r.topic, r.partition), keep_from=r.retention_floor())
+            keep_from = r.retention_floor()
+            extra = floor(r) if floor is not None else None
+            if extra is not None:
+                keep_from = extra if keep_from is None else min(keep_from, extra)
+            host.compact(group_name(r.topic, r.partition), keep_from=keep_from)
         except Exception:
             failed += 1
             log.exception("retention of %s/%d failed", r.topic, r.partition)
@@ -63,6 +72,7 @@ class Retention:
         delete_replica: Callable[[str, int, Path, str], Awaitable[None]],
         stopping: Callable[[], bool],
         check_seconds: float,
+        floor: Callable[[_Replica], int | None] | None = None,
     ) -> None:
         """``delete_replica(topic, partition, directory, why)``: the reconciler's (it
         closes the replica's group first when it is open)."""
@@ -74,6 +84,7 @@ class Retention:
         self._delete_replica = delete_replica
         self._stopping = stopping
         self.check_seconds = check_seconds
+        self._floor = floor
 
     async def run(self) -> None:
         """Delete old segments (retention.ms, retention.bytes) of every hosted replica, never
@@ -84,7 +95,7 @@ class Retention:
                 await self.delete_expired_replicas()
             except Exception:
                 log.exception("deleting expired decommissioned replicas failed")
-            compact_each(self.host, self.replicas.values())
+            compact_each(self.host, self.replicas.values(), self._floor)
 
     async def delete_expired_replicas(self) -> None:
         """Delete the data of each decommissioned partition whose deadline passed (the

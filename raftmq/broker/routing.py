@@ -23,6 +23,7 @@ from raftmq.api.error_codes import ErrorCode
 from raftmq.broker.auto_create import MAX_CREATIONS, TopicCreator, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.delay_checks import check_delayed
+from raftmq.broker.delay_mover import DelayMovers, LevelPending
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
@@ -172,6 +173,9 @@ class BrokerState(Protocol):
     def delay_creator(self) -> TopicCreator:
         """Creates the internal delay topic on first use, auto-creation on or off."""
 
+    @property
+    def delay_movers(self) -> DelayMovers: ...
+
 
 def at_most(name: str, value: int, limit: int, unit: str = "") -> None:
     if value > limit:
@@ -320,6 +324,14 @@ class Router:
             and not self.broker.stopping
         ):
             await creator.ensure(topic)
+
+    async def describe_delayed(self, topic: str) -> list[LevelPending]:
+        """The delayed messages pending for ``topic`` in the levels this broker leads."""
+        self._check_not_stopping()
+        if topic not in self.broker.metadata.topics:
+            self.check_has_metadata()
+            raise unknown_topic(topic, name_list(sorted(self.broker.metadata.topics)))
+        return await self.broker.delay_movers.describe(topic)
 
     async def produce(
         self, topic: str, partition: int, entries: bytes, acks: int, timeout_ms: int

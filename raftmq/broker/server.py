@@ -283,6 +283,9 @@ class Broker:
             security=security,
         )
         self.unopened = self.reconciler.unopened
+        self.delay_movers = DelayMovers(
+            self.replicas, lambda: self.metadata, lambda: self.stopping, security
+        )
         self.retention = Retention(
             broker_id,
             self.data_dir,
@@ -292,6 +295,7 @@ class Broker:
             self.reconciler.delete_replica,
             lambda: self.stopping,
             retention_check_seconds,
+            floor=lambda r: self.delay_movers.retention_index(r.topic, r.partition),
         )
         self.listen = listen or (me.host, me.port)
         self.quotas = ClientQuotas(lambda: self.metadata)
@@ -301,16 +305,13 @@ class Broker:
         self.durability_markers = durability_markers
         self.inject_host_fault_after_s = inject_host_fault_after_s
         self.health = health.aio.HealthServicer()
-        self.registration = Registration(
+        self.registration: Registration = Registration(
             broker_id,
             self.link,
             (me.host, me.port),
             rack,
             lambda: self.stopping,
             lambda: self.metadata_version,
-        )
-        self.delay_movers = DelayMovers(
-            self.replicas, lambda: self.metadata, lambda: self.stopping, security
         )
         self._delay_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None

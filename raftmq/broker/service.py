@@ -318,6 +318,22 @@ class BrokerService(pb_grpc.BrokerServicer):
         status, deleted = await self.router.rebuild(request.topic, request.partition, request.force)
         return pb.RebuildReplicaResponse(status=_status(status), deleted_bytes=deleted)
 
+    async def DescribeDelayed(
+        self, request: pb.DescribeDelayedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeDelayedResponse:
+        levels = await self.router.describe_delayed(request.topic)
+        return pb.DescribeDelayedResponse(
+            levels=[
+                pb.DelayedLevel(
+                    level=x.level,
+                    pending=x.pending,
+                    next_due_ms=x.next_due_ms,
+                    complete=x.complete,
+                )
+                for x in levels
+            ]
+        )
+
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:

@@ -8,6 +8,8 @@ Errors are the controller's sentences with their code, exit status 1 (2 for bad 
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from raftmq.cli.cluster_cmd import (
 )
 from raftmq.cli.connection import client_tls
 from raftmq.client import AdminClient, ClientError, LowLevelClient
+from raftmq.client.admin import DelayedSummary
 
 app = typer.Typer(
     help="Topics: create, list, describe, alter, add partitions, move replicas, delete."
@@ -159,12 +162,19 @@ def create(
 
 @app.command("list")
 def list_topics(
+    internal: Annotated[
+        bool, typer.Option("--internal", help="Show internal topics too (__delay).")
+    ] = False,
     json_out: JsonFlag = False,
     data: RunningClusterData = DEFAULT_DATA,
     bootstrap: BootstrapAddresses = "",
 ) -> None:
     """Every topic, with its partition count and replication factor."""
     answer = _call(data, bootstrap, lambda a: a.list_topics())
+    if not internal:
+        shown = [t for t in answer.topics if not t.name.startswith("__")]
+        del answer.topics[:]
+        answer.topics.extend(shown)
     if json_out:
         _json(answer)
         return
@@ -191,11 +201,25 @@ def describe(
     partition's leader sees it; ``?`` where no leader answered) and its config with
     defaults filled in."""
     topic = _call(data, bootstrap, lambda a: a.describe_topic(name))
+    delayed = _call(data, bootstrap, lambda a: a.describe_delayed(name))
     if json_out:
-        _json(topic)
+        _json(topic, delayed=dataclasses.asdict(delayed))
         return
     console.print(_describe_table(topic))
     console.print(_config_table(topic))
+    console.print(_delayed_line(delayed), highlight=False)
+
+
+def _delayed_line(delayed: DelayedSummary) -> str:
+    """Pending delayed messages and when the next is due (docs/delayed-delivery.md)."""
+    count = f"{delayed.pending}" if delayed.complete else f"at least {delayed.pending}"
+    if delayed.next_due_ms < 0:
+        return f"delayed messages pending: {count}"
+    due = datetime.datetime.fromtimestamp(delayed.next_due_ms / 1000, datetime.UTC)
+    return (
+        f"delayed messages pending: {count}; next due {due.isoformat(timespec='milliseconds')} "
+        f"({delayed.next_due_ms} ms since the epoch)"
+    )
 
 
 @app.command()

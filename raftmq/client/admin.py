@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -27,6 +28,7 @@ from raftmq import net, scram
 from raftmq.api.v1 import admin_pb2 as apb
 from raftmq.api.v1 import admin_pb2_grpc as apb_grpc
 from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
@@ -34,9 +36,22 @@ from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
 from raftmq.client.connections import SecuritySettings, checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
 from raftmq.client.sasl import client_security
+from raftmq.format.delay import DELAY_TOPIC
 
 _REDIRECTED = (pb.ERROR_CODE_NOT_CONTROLLER,)
 _TRY_ANOTHER = (pb.ERROR_CODE_CONTROLLER_NOT_AVAILABLE,)
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedSummary:
+    """A topic's delayed messages not yet delivered (AdminClient.describe_delayed)."""
+
+    pending: int
+    next_due_ms: int
+    """The earliest deliver-at among them, ms since the epoch; -1 when none."""
+    complete: bool
+    """False when a level's scan stopped at its bound or a level's leader did not
+    answer: then ``pending`` is a lower bound."""
 
 
 class AdminClient:
@@ -140,6 +155,57 @@ class AdminClient:
 
     def describe_topic(self, name: str) -> apb.TopicDescription:
         return self._call("DescribeTopic", apb.DescribeTopicRequest(name=name))
+
+    def describe_delayed(self, name: str) -> DelayedSummary:
+        """The delayed messages pending for topic ``name`` (docs/delayed-delivery.md):
+        each level's leader counts them from its mover's cursor (a bounded scan) and the
+        answers are added up. Levels no broker answered for make it incomplete."""
+        try:
+            answer = self._any_broker(
+                "Metadata", pb.MetadataRequest(topics=[DELAY_TOPIC], routing_only=True)
+            )
+        except ClientError as exc:
+            if exc.code == pb.ERROR_CODE_UNKNOWN_TOPIC:
+                return DelayedSummary(0, -1, True)  # nothing was ever delayed
+            raise
+        levels_in_topic = {p.partition for t in answer.topics for p in t.partitions}
+        pending, next_due, complete, answered = 0, -1, True, set()
+        # Every broker, not the leaders one broker's metadata names: each answers for the
+        # levels it moves now, so a leader change under way cannot hide a level.
+        for address in sorted({f"{b.host}:{b.port}" for b in answer.brokers}):
+            try:
+                stub = pb_grpc.BrokerStub(self._channels.of(address))
+                levels = stub.DescribeDelayed(
+                    pb.DescribeDelayedRequest(topic=name), timeout=self.timeout_s
+                ).levels
+            except grpc.RpcError as exc:
+                error = error_of(exc)
+                if error.unreachable:
+                    continue
+                raise error from None
+            for level in levels:
+                if level.level in answered:
+                    continue  # two brokers in one leader change: count the level once
+                answered.add(level.level)
+                pending += level.pending
+                complete = complete and level.complete
+                if level.next_due_ms >= 0:
+                    due = level.next_due_ms
+                    next_due = due if next_due < 0 else min(next_due, due)
+        return DelayedSummary(pending, next_due, complete and answered >= levels_in_topic)
+
+    def _any_broker(self, rpc: str, request: Any) -> Any:
+        last: ClientError | None = None
+        for address in self.bootstrap:
+            try:
+                stub = pb_grpc.BrokerStub(self._channels.of(address))
+                return getattr(stub, rpc)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                last = error_of(exc)
+                if not last.unreachable:
+                    raise last from None
+        assert last is not None
+        raise last
 
     def alter_topic_config(
         self, name: str, set: Mapping[str, str] | None = None, reset: Iterable[str] = ()

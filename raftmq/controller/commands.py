@@ -412,6 +412,8 @@ class DeleteAcls:
     """Removes every binding any of the filters matches."""
 
     filters: tuple[AclFilter, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaAlteration:
     """One entity's change: ``updates`` set, ``removals`` dropped (an entity left with no

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from raftmq.controller import codec, groups
+from raftmq.controller import groups
 from raftmq.controller.commands import (
     AbortTxn,
     AddOffsetsToTxn,
@@ -52,6 +52,7 @@ from raftmq.controller.model import (
     TxnEndedBy,
     TxnState,
 )
+from raftmq.format.delay import MOVER_PRODUCER_ID_BASE
 
 TRANSACTIONAL_ID = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -311,7 +312,7 @@ def _bumped(
 
 def _new_producer_id(state: MetadataState) -> tuple[MetadataState, int]:
     first = state.next_producer_id
-    if first + 1 > codec.INT64_MAX:
+    if first + 1 > MOVER_PRODUCER_ID_BASE:  # the delay movers' range is reserved
         raise CommandRefused(Code.PRODUCER_IDS_EXHAUSTED, "no producer id is left")
     return dataclasses.replace(state, next_producer_id=first + 1), first
 

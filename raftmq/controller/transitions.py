@@ -63,6 +63,7 @@ from raftmq.controller.model import Broker, MetadataState, Partition, PartitionS
 from raftmq.controller.placement import Candidate, plan
 from raftmq.controller.scram_users import AlterScramCredentials
 from raftmq.controller.topic_config import KEYS, ConfigError, canonical
+from raftmq.format.delay import MOVER_PRODUCER_ID_BASE
 from raftmq.limits import RACK
 
 MAX_PARTITIONS_PER_TOPIC = 10_000
@@ -190,10 +191,12 @@ def _allocate_producer_ids(state: MetadataState, index: int, c: AllocateProducer
             f"a block of {c.count} producer ids is not 1-{MAX_PRODUCER_ID_BLOCK}",
         )
     first = state.next_producer_id
-    if first + c.count > codec.INT64_MAX:  # the next free id must stay a 64-bit value
+    # Ids stop below the delay movers' reserved range (raftmq.format.delay), which the
+    # partitions treat by another rule.
+    if first + c.count > MOVER_PRODUCER_ID_BASE:
         raise CommandRefused(
             Code.PRODUCER_IDS_EXHAUSTED,
-            f"only {codec.INT64_MAX - first} producer ids are left; ask for fewer",
+            f"only {MOVER_PRODUCER_ID_BASE - first} producer ids are left; ask for fewer",
         )
     next_state = dataclasses.replace(state, next_producer_id=first + c.count)
     return next_state, ProducerIdsAllocated(first, c.count)

@@ -8,12 +8,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import grpc
 import pytest
+from typer.testing import CliRunner
 
+from raftmq.api.v1 import broker_pb2 as pb
+from raftmq.cli.main import app
+from raftmq.client.errors import ClientError
 from raftmq.client.producer import Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import delay
-from raftmq.format.records import Record
+from raftmq.format.records import Record, build_batch
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import read_all
 
@@ -88,3 +93,152 @@ def test_delayed_records_arrive_no_earlier_than_due(make_cluster: ClusterFactory
                 if r.value != b"past":
                     late.append(seen - due)
     assert max(late) <= LATENESS_BOUND_MS, late
+
+
+def test_bad_delays_are_refused_in_the_client_and_by_the_broker(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"d": 1})
+    cluster.admin().create_topic("short", 1, 3, config={"delivery.max.delay.ms": "1000"})
+    now = _now_ms()
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        for kwargs, words in [
+            ({"delay_ms": -1}, "negative"),
+            ({"deliver_at": -5}, "negative"),
+            ({"delay_ms": 5, "deliver_at": now}, "not both"),
+            ({"delay_ms": delay.MAX_DELIVERY_DELAY_MS + 60_000}, "no topic allows"),
+            ({"delay_ms": 10, "headers": {delay.HOP_AT: b"1"}}, "reserved"),
+        ]:
+            with pytest.raises(ValueError, match=words):
+                producer.send("d", b"x", **kwargs)  # type: ignore[arg-type]
+        too_far = producer.send("short", b"x", delay_ms=60_000)
+        with pytest.raises(ClientError) as refused:
+            too_far.result(timeout=20)
+        assert refused.value.code == pb.ERROR_CODE_DELAY_TOO_LONG
+        assert refused.value.status == grpc.StatusCode.INVALID_ARGUMENT
+        assert "delivery.max.delay.ms" in str(refused.value)
+        producer.send("short", b"ok", delay_ms=500).result(timeout=20)  # within the maximum
+
+    # Never trust the client: records produced to __delay by hand must carry a route.
+    with cluster.client() as client:
+        hand_made = [
+            ((), "lacks"),
+            (delay.route_headers("nope", 0, now + 1_000, now + 100), "does not exist"),
+            (delay.route_headers("d", 7, now + 1_000, now + 100), "partition 7"),
+            (delay.route_headers("d", 0, now + 1_000, now + 2_000), "after its deliver-at"),
+            (delay.route_headers("d", 0, now + 9_999_000, now + 9_000_000), "level 0"),
+        ]
+        for headers, words in hand_made:
+            batch = build_batch([Record(None, b"x", now, tuple(headers))])
+            with pytest.raises(ClientError) as bad:
+                client.produce(delay.DELAY_TOPIC, 0, batch)
+            assert bad.value.code == pb.ERROR_CODE_INVALID_DELAY, bad.value
+            assert words in str(bad.value)
+        too_long = delay.route_headers("short", 0, now + 3_600_000, now + 100)
+        with pytest.raises(ClientError) as bad:
+            client.produce(
+                delay.DELAY_TOPIC, 0, build_batch([Record(None, b"x", now, tuple(too_long))])
+            )
+        assert bad.value.code == pb.ERROR_CODE_DELAY_TOO_LONG
+
+
+def _delay_leaders(cluster: LocalCluster) -> dict[int, int]:
+    """Level -> the broker leading it."""
+    with cluster.client() as client:
+        answer = client.metadata([delay.DELAY_TOPIC])
+    (topic,) = answer.topics
+    return {p.partition: p.leader_id for p in topic.partitions}
+
+
+def test_a_killed_level_leader_loses_none_duplicates_none_and_is_never_early(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"d": 4})
+    count = 3_000
+    with Producer(cluster.addresses, linger_ms=5, acks="all") as producer:
+        futures = [
+            producer.send(
+                "d", f"m{i}".encode(), key=f"k{i}".encode(), delay_ms=2_000 + (i * 7919) % 6_000
+            )
+            for i in range(count)
+        ]
+        producer.flush()
+        for f in futures:
+            f.result(timeout=30)
+    leaders = _delay_leaders(cluster)
+    victim = max(set(leaders.values()), key=list(leaders.values()).count)
+    cluster.kill(victim)  # SIGKILL, with thousands pending
+    time.sleep(1.5)
+    cluster.start(victim)
+    records, seen_by = watch_until(cluster, "d", 4, lambda rs: len(rs) >= count, 90)
+    values = [r.value for r in records]
+    assert len(values) == len(set(values)), "a delayed record was delivered twice"
+    assert set(values) == {f"m{i}".encode() for i in range(count)}, "a delayed record was lost"
+    by_offset = {(p, o): s for (p, o), s in seen_by.items()}
+    with cluster.client() as client:
+        for p in range(4):
+            for r in read_all(client, "d", p)[0]:
+                assert by_offset[(p, r.offset)] >= _deliver_at(r), f"{r.value!r} early"
+
+
+def test_topic_describe_shows_pending_delayed_messages_and_the_next_due(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster({"later": 2, "other": 1})
+    with cluster.admin() as admin:
+        assert admin.describe_delayed("later").pending == 0  # before __delay exists
+    now = _now_ms()
+    dues = [now + 600_000 + 1_000 * i for i in range(40)] + [now + 5_000_000]
+    with Producer(cluster.addresses) as producer:
+        for i, due in enumerate(dues):
+            producer.send("later", f"m{i}".encode(), deliver_at=due)
+        producer.send("other", b"x", delay_ms=30_000)
+        producer.flush()
+    with cluster.admin() as admin:
+        deadline = time.monotonic() + 20
+        while not (summary := admin.describe_delayed("later")).complete:
+            assert time.monotonic() < deadline, "some level has no mover after 20 s"
+            time.sleep(0.1)
+        assert (summary.pending, summary.next_due_ms, summary.complete) == (41, dues[0], True)
+        assert admin.describe_delayed("other").pending == 1
+        listed = [t.name for t in admin.list_topics().topics]
+        assert delay.DELAY_TOPIC in listed
+        with pytest.raises(ClientError, match="internal"):
+            admin.delete_topic(delay.DELAY_TOPIC)
+    bootstrap = ["--bootstrap", cluster.addresses[0]]
+    shown = CliRunner().invoke(app, ["topic", "describe", "later", *bootstrap])
+    assert shown.exit_code == 0, shown.output
+    assert "delayed messages pending: 41; next due" in shown.output
+    assert f"({dues[0]} ms since the epoch)" in shown.output
+    listed_cli = CliRunner().invoke(app, ["topic", "list", *bootstrap])
+    assert delay.DELAY_TOPIC not in listed_cli.output and "later" in listed_cli.output
+    listed_all = CliRunner().invoke(app, ["topic", "list", "--internal", *bootstrap])
+    assert delay.DELAY_TOPIC in listed_all.output
+
+
+def test_retention_deletes_only_what_the_movers_moved(make_cluster: ClusterFactory) -> None:
+    """__delay is deleted a sealed segment at a time below each level's last cursor: what
+    was moved goes, what is pending stays and is still delivered."""
+    cluster = make_cluster({"r": 1}, extra_args=["--retention-check-ms", "200"])
+    value = b"x" * 200
+    with Producer(cluster.addresses, linger_ms=0) as producer:
+        producer.send("r", b"first", delay_ms=300).result(timeout=20)  # creates __delay
+        with cluster.admin() as admin:
+            admin.alter_topic_config(delay.DELAY_TOPIC, {"segment.bytes": "1024"})
+        for i in range(200):
+            producer.send("r", value + b"%d" % i, delay_ms=300)  # level 1
+        pending = [producer.send("r", b"late%d" % i, delay_ms=20_000) for i in range(5)]
+        producer.flush()
+        for f in pending:
+            f.result(timeout=20)
+    records, _ = watch_until(cluster, "r", 1, lambda rs: len(rs) >= 201, 30)
+    assert len(records) == 201
+    deadline = time.monotonic() + 30
+    with cluster.client() as client:
+        while client.list_offsets(delay.DELAY_TOPIC, 1, position=pb.EARLIEST).offset == 0:
+            assert time.monotonic() < deadline, "retention deleted nothing of level 1"
+            time.sleep(0.2)
+    records, _ = watch_until(cluster, "r", 1, lambda rs: len(rs) >= 206, 60)
+    values = [r.value or b"" for r in records]
+    assert {b"late%d" % i for i in range(5)} <= set(values)
+    assert len(values) == len(set(values)) == 206

@@ -38,6 +38,7 @@ from raftmq.controller.commands import (
 from raftmq.controller.errors import RefusalCode as Code
 from raftmq.controller.metadata import broker_addresses, preferred_leader
 from raftmq.controller.model import BrokerState, PartitionState
+from raftmq.format.delay import MOVER_PRODUCER_ID_BASE
 from raftmq.log.config import DAY_MS
 from tests.controller.machine import Driver
 
@@ -136,9 +137,10 @@ def test_producer_id_blocks_do_not_overlap(three: Driver) -> None:
 
 
 def test_producer_ids_run_out_with_a_refusal() -> None:
+    """They end below the delay movers' reserved range (raftmq.format.delay)."""
     d = Driver()
     d.register(1)
-    near_end = (1 << 63) - 5
+    near_end = MOVER_PRODUCER_ID_BASE - 4
     state = dataclasses.replace(d.machine.state, next_producer_id=near_end)
     d.machine.restore(_snapshot_of(state))
     refused(d, AllocateProducerIds(1, 5), Code.PRODUCER_IDS_EXHAUSTED)

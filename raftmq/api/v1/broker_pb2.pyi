@@ -190,6 +190,30 @@ REPLICA_CATCHING_UP: ReplicaState
 REPLICA_FAILED: ReplicaState
 REPLICA_OPENING: ReplicaState
 
+class DescribeDelayedRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class DelayedLevel(_message.Message):
+    __slots__ = ("level", "pending", "next_due_ms", "complete")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    pending: int
+    next_due_ms: int
+    complete: bool
+    def __init__(self, level: _Optional[int] = ..., pending: _Optional[int] = ..., next_due_ms: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class DescribeDelayedResponse(_message.Message):
+    __slots__ = ("levels",)
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    levels: _containers.RepeatedCompositeFieldContainer[DelayedLevel]
+    def __init__(self, levels: _Optional[_Iterable[_Union[DelayedLevel, _Mapping]]] = ...) -> None: ...
+
 class ProduceRequest(_message.Message):
     __slots__ = ("topic", "partition", "entries", "acks", "timeout_ms", "request_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

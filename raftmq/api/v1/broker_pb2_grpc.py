@@ -74,6 +74,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.DescribeDelayed = channel.unary_unary(
+                '/raftmq.v1.Broker/DescribeDelayed',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -163,6 +168,16 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeDelayed(self, request, context):
+        """The delayed messages pending for one topic in the levels of the delay topic this
+        broker leads (docs/delayed-delivery.md): `raftmq topic describe` asks each level's
+        leader and adds up the answers. Each level is scanned from its mover's cursor, at most
+        DescribeDelayedResponse's scan bound; past it the level's answer is incomplete.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +220,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'DescribeDelayed': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeDelayed,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -423,6 +443,33 @@ class Broker:
             '/raftmq.v1.Broker/WriteTxnMarkers',
             raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeDelayed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/DescribeDelayed',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.FromString,
             options,
             channel_credentials,
             insecure,
