@@ -340,6 +340,8 @@ def test_dlq_list_and_replay(cluster: LocalCluster) -> None:
     assert len(everything["dead_letters"]) == 3
     assert all(x["replayed"] for x in everything["dead_letters"])
 
-    missing = raftmq(cluster, "dlq", "list", "nope", "--group", group)
+    missing = raftmq(cluster, "dlq", "replay", "nope", "--group", group)
     assert missing.returncode == 1 and b"rc-app" in missing.stdout
     assert b"does not exist" in missing.stdout, missing.stdout
+    too_long = raftmq(cluster, "dlq", "list", topic, "--group", "g" * 250)
+    assert too_long.returncode == 2 and b"over the 200" in too_long.stdout, too_long.stdout
