@@ -11,10 +11,10 @@ option would have to forbid half of Consumer's methods (commit, seek, auto-commi
 
 The partition is never blocked by a poison record: a failure is handed off and the next
 record handled at once. A retried record comes back through the retry topic, which the
-consumer subscribes to beside the original: it is sent with ``delay_ms`` (the broker's
-delayed delivery makes it visible when due), and carries its due time (``retry-at``), so
-one that arrives early anyway (a clock ahead of the consumer's) waits in its partition,
-paused, rather than being handled before it is due.
+consumer subscribes to beside the original: it is sent with ``deliver_at`` (the broker's
+delayed delivery makes it visible when due), and keeps its due time (the ``deliver-at``
+header), so one that arrives early anyway (a broker's clock ahead of the consumer's)
+waits in its partition, paused, rather than being handled before it is due.
 """
 
 from __future__ import annotations
