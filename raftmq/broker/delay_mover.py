@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import grpc
 
 from raftmq import net
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
+from raftmq.broker.delay_steps import Cursor, Destination, LevelPending, Move, hop_at_of, next_step
 from raftmq.controller.metadata import broker_addresses
 from raftmq.controller.model import MetadataState
 from raftmq.format import delay, entry
@@ -68,8 +67,6 @@ SEND_TIMEOUT_MS = 10_000
 RETRY_S = 0.2
 MAX_CHANNELS = 256
 
-Destination = tuple[str, int]
-
 
 def _code(exc: grpc.aio.AioRpcError) -> str:
     for key, value in exc.trailing_metadata() or ():
@@ -79,85 +76,16 @@ def _code(exc: grpc.aio.AioRpcError) -> str:
 
 
 _DUPLICATE_LIKE = {"OUT_OF_ORDER_SEQUENCE"}
-_DROP = {"UNKNOWN_TOPIC", "UNKNOWN_PARTITION", "DELAY_TOO_LONG", "INVALID_DELAY", "INVALID_BATCH"}
-"""Refusals no retry mends: the record cannot go there (its topic was deleted, or the
-topic's maximum delay was lowered under it). It is dropped with a warning."""
-
-
-@dataclass(slots=True)
-class Cursor:
-    """A level's progress: every record below ``offset`` was moved and acknowledged, and
-    ``sequences`` holds the next sequence per destination at that point."""
-
-    offset: int
-    sequences: dict[Destination, int] = field(default_factory=dict)
-
-    def encode(self) -> bytes:
-        seqs = [[t, p, n] for (t, p), n in sorted(self.sequences.items())]
-        return json.dumps({"offset": self.offset, "sequences": seqs}).encode()
-
-    @staticmethod
-    def decode(data: bytes) -> Cursor:
-        raw = json.loads(data)
-        seqs = {(str(t), int(p)): int(n) for t, p, n in raw["sequences"]}
-        return Cursor(int(raw["offset"]), seqs)
-
-
-@dataclass(frozen=True, slots=True)
-class LevelPending:
-    """A target topic's delayed messages in one level (DescribeDelayed)."""
-
-    level: int
-    pending: int
-    next_due_ms: int
-    """-1: none."""
-    complete: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """One record's next step: its destination and the record as it goes there."""
-
-    destination: Destination
-    record: Record
-    source_offset: int
-
-
-def next_step(record: Record) -> Move | None:
-    """Where a released record goes: its target once due (internal headers dropped,
-    deliver-at kept), else the level its remaining wait calls for (hop-at renewed). None
-    for a record that is no delayed record (refused on produce; skipped if met).
-
-    Computed from the record's own hop-at, never from the clock: a mover that takes over
-    sends every record where its predecessor sent it, with the same sequence, so the
-    destination recognises what is already stored. Released no earlier than hop-at, and
-    hop-at never passes deliver-at, so a record is delivered only once due."""
-    try:
-        topic, partition, deliver_at, hop_at = delay.parse_route(record.headers)
-    except delay.DelayHeaderError:
-        return None
-    hop = delay.route(deliver_at, hop_at)
-    if hop is None:
-        headers = tuple(h for h in record.headers if h[0] not in delay.INTERNAL_HEADERS)
-        moved = Record(record.key, record.value, record.timestamp, headers)
-        return Move((topic, partition), moved, record.offset)
-    level, hop_at = hop
-    headers = tuple(
-        (name, str(hop_at).encode() if name == delay.HOP_AT else value)
-        for name, value in record.headers
-    )
-    return Move(
-        (delay.DELAY_TOPIC, level),
-        Record(record.key, record.value, record.timestamp, headers),
-        record.offset,
-    )
-
-
-def hop_at_of(record: Record) -> int | None:
-    for name, value in record.headers:
-        if name == delay.HOP_AT and value is not None and value.isdigit():
-            return int(value)
-    return None
+_DROP = {
+    "UNKNOWN_TOPIC",
+    "UNKNOWN_PARTITION",
+    "PARTITION_DECOMMISSIONED",
+    "DELAY_TOO_LONG",
+    "INVALID_DELAY",
+    "INVALID_BATCH",
+}
+"""Refusals no retry mends: the record cannot go there (its topic was deleted, its
+partition decommissioned). It is dropped with a warning rather than block its level."""
 
 
 class _Sender:
@@ -272,7 +200,9 @@ class LevelMover:
             try:
                 records.extend(r for r in decode_records(result.data, header) if r.offset >= offset)
             except FormatError as exc:
-                log.warning("%s/%d: skipping an unreadable entry: %s", delay.DELAY_TOPIC, 0, exc)
+                log.warning(
+                    "%s/%d: skipping an unreadable entry: %s", delay.DELAY_TOPIC, self.level, exc
+                )
         return records, max(offset, result.next_offset)
 
     def _load_cursor(self) -> Cursor:

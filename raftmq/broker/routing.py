@@ -23,7 +23,7 @@ from raftmq.api.error_codes import ErrorCode
 from raftmq.broker.auto_create import MAX_CREATIONS, TopicCreator, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
 from raftmq.broker.delay_checks import check_delayed
-from raftmq.broker.delay_mover import DelayMovers, LevelPending
+from raftmq.broker.delay_steps import LevelPending
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
 from raftmq.broker.topic_settings import expired, reported_leader
@@ -152,6 +152,12 @@ class Offsets:
     last_stable_offset: int
 
 
+class DelayDescriber(Protocol):
+    """The delay movers as the request layer sees them (raftmq.broker.delay_mover)."""
+
+    async def describe(self, topic: str) -> list[LevelPending]: ...
+
+
 class BrokerState(Protocol):
     """What the request layer reads of its broker (raftmq.broker.server.Broker)."""
 
@@ -174,7 +180,7 @@ class BrokerState(Protocol):
         """Creates the internal delay topic on first use, auto-creation on or off."""
 
     @property
-    def delay_movers(self) -> DelayMovers: ...
+    def delay_movers(self) -> DelayDescriber: ...
 
 
 def at_most(name: str, value: int, limit: int, unit: str = "") -> None:
