@@ -148,7 +148,9 @@ class RetryingConsumer:
     redelivers, nothing is lost. Call :meth:`process` in a loop; use from one thread.
 
     ``create_topics``: create the retry and dead-letter topics that do not exist yet
-    (with the partitions and replication factor of the topic they serve), at once."""
+    (with the partitions and replication factor of the topic they serve), at once.
+    ``consumer`` is the Consumer underneath, for reads (``assignment()``,
+    ``committed()``); committing or seeking through it breaks the promise above."""
 
     def __init__(
         self,
