@@ -40,6 +40,7 @@ CLIENT_TOPICS = {
     "rb": 1,
     "rw": 1,
     "rf": 1,
+    "ra": 1,
 }
 
 

@@ -7,6 +7,7 @@ each once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import pytest
 from raftmq.client import AdminClient, ClientError, Consumer, ConsumerRecord, Producer
 from raftmq.client import retry_headers as rh
 from raftmq.client.retry_headers import RetryInfo
-from raftmq.client.retrying import RetryingConsumer, RetryPolicy
+from raftmq.client.retrying import AsyncRetryingConsumer, RetryingConsumer, RetryPolicy
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.test_broker_cluster import wait_until
 from tests.client.test_records_cli import raftmq
@@ -193,6 +194,43 @@ def test_a_hand_off_that_fails_commits_nothing_and_is_done_again(cluster: LocalC
     assert seen.count(b"bad") == 2 and {b"ok-0", b"ok-2"} <= set(seen)
     [letter] = read_topic(cluster, dlq, 1)
     assert letter.value == b"bad"
+
+
+def test_the_asyncio_retrying_consumer_with_a_coroutine_handler(cluster: LocalCluster) -> None:
+    topic, group = "ra", "ra-app"
+    produce(cluster, topic, [(0, b"ok-0"), (0, b"poison"), (0, b"ok-2")])
+    calls: list[tuple[bytes | None, str, int, dict[str, bytes | None]]] = []
+
+    async def handle(r: ConsumerRecord) -> None:
+        await asyncio.sleep(0)
+        calls.append((r.value, r.topic, now_ms(), dict(r.headers)))
+        if r.value == b"poison":
+            raise ValueError("cannot process poison")
+
+    async def run() -> dict[tuple[str, int], int | None]:
+        async with AsyncRetryingConsumer(
+            cluster.addresses,
+            topic,
+            handle,
+            group_id=group,
+            policy=RetryPolicy(max_attempts=2, backoff_ms=[1000]),
+            auto_offset_reset="earliest",
+        ) as consumer:
+            deadline = time.monotonic() + 60
+            dead = 0
+            while dead == 0:
+                assert time.monotonic() < deadline, calls
+                dead += (await consumer.process(0.2)).dead_lettered
+            return await consumer.consumer.committed([(topic, 0)])
+
+    assert asyncio.run(run()) == {(topic, 0): 3}
+    poison = [c for c in calls if c[0] == b"poison"]
+    assert [c[1] for c in poison] == [topic, rh.retry_topic(topic, group)]
+    assert poison[0][2] + 1000 <= int(poison[1][3]["deliver-at"] or b"") <= poison[1][2]
+    assert sorted(c[0] or b"" for c in calls if c[0] != b"poison") == [b"ok-0", b"ok-2"]
+    [dead] = read_topic(cluster, rh.dead_letter_topic(topic, group), 1)
+    info = rh.decode(dead.headers)
+    assert info is not None and (info.original_offset, info.attempts) == (1, 2)
 
 
 def worker(cluster: LocalCluster, out: Path, *args: str) -> subprocess.Popen[bytes]:
