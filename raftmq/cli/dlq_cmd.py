@@ -132,13 +132,14 @@ def _read(consumer: Consumer, span: _Span) -> Iterator[list[ConsumerRecord]]:
     for p in set(span.end) - set(left):
         consumer.pause((span.topic, p))
     while left:
-        batch = []
-        for r in consumer.poll(POLL_S):
-            if r.partition in left and r.offset < left[r.partition]:
-                batch.append(r)
-                if r.offset + 1 == left[r.partition]:
-                    del left[r.partition]
-                    consumer.pause((span.topic, r.partition))
+        batch = [
+            r for r in consumer.poll(POLL_S) if r.partition in left and r.offset < left[r.partition]
+        ]
+        for p, end in list(left.items()):
+            position = consumer.position((span.topic, p))
+            if position is not None and position >= end:  # past control entries too
+                del left[p]
+                consumer.pause((span.topic, p))
         if batch:
             yield batch
 
