@@ -19,17 +19,18 @@ sentence naming the methods the listener expects. The handshake's own RPCs are l
 through: they are how a client authenticates.
 
 Brokers and controllers call each other's client listeners (registration, heartbeats and
-the metadata watch, leader reports, history probes, transaction markers, topic
-auto-creation). They authenticate by their certificates, whatever client methods are on:
-authentication needs mutual TLS on the client listener (``--tls-client-auth``, checked at
-start), and a certificate the cluster's CA signed is always accepted for the inter-broker
-RPCs (:data:`INTER_BROKER_RPCS`), as the broker's own principal (its certificate's, mapped
-by the same rules), which ACLs can name as a super user. Why the certificate rather than a
-credential of the broker's own: it needs no secret that every broker shares and no user
-that must exist before the controller that stores users has a leader (registration comes
-first), and every broker of a TLS cluster already holds one. The cost: a client with a
-certificate from the cluster's CA may call those RPCs as its certificate's principal
-without the listener's client methods; authorization (ACLs) decides what it may do there.
+the metadata watch, leader reports, history probes, transaction markers, delayed messages'
+moves, topic auto-creation). They authenticate by their certificates, whatever client
+methods are on: authentication needs mutual TLS on the client listener (``--tls-client-
+auth``, checked at start), and a certificate the cluster's CA signed is always accepted
+for the inter-broker RPCs (:data:`INTER_BROKER_RPCS`), as the broker's own principal (its
+certificate's, mapped by the same rules), which ACLs can name as a super user. Why the
+certificate rather than a credential of the broker's own: it needs no secret that every
+broker shares and no user that must exist before the controller that stores users has a
+leader (registration comes first), and every broker of a TLS cluster already holds one.
+The cost: a client with a certificate from the cluster's CA may call those RPCs as its
+certificate's principal without the listener's client methods; authorization (ACLs)
+decides what it may do there.
 
 Cheap on the request path: a session or a known token is a dict lookup, a certificate's
 principal is remembered per certificate (the PEM bytes as key), never parsed per request.
@@ -77,6 +78,7 @@ INTER_BROKER_RPCS = frozenset(
         # the Broker and Admin RPCs brokers call on each other
         "Metadata",
         "WriteTxnMarkers",
+        "ProduceDelayed",
         "CreateTopic",
     }
 )

@@ -41,6 +41,10 @@ from raftmq.controller.acl_model import (
     grants,
 )
 from raftmq.controller.model import MetadataState
+from raftmq.format import delay, entry
+from raftmq.format.delay import DELAY_TOPIC
+from raftmq.format.errors import FormatError
+from raftmq.format.records import decode_records
 from raftmq.log_records import current_call
 
 log = logging.getLogger(__name__)
@@ -106,14 +110,34 @@ def _create(topic: str) -> Need:
 
 
 def _produce(r: Any, v: View) -> list[Need]:
+    if r.topic == DELAY_TOPIC:
+        return _delayed(r.entries)
     needs = [Need(T, r.topic, Op.WRITE)]
     return [*needs, _create(r.topic)] if v.creates(r.topic) else needs
 
 
+def _delayed(entries: bytes) -> list[Need]:
+    """A produce of delayed messages (docs/delayed-delivery.md) needs WRITE on each topic
+    its records are for, not on the internal topic that holds them: so a principal may
+    delay messages exactly to the topics it may write, and no ACL names __delay. Records
+    whose route cannot be read need WRITE on __delay itself (no one but a super user has
+    it; the broker refuses them with INVALID_DELAY anyway)."""
+    targets = []
+    try:
+        for header in entry.iter_headers(entries):
+            for record in decode_records(entries, header):
+                targets.append(delay.parse_route(record.headers)[0])
+    except (FormatError, delay.DelayHeaderError):
+        return [Need(T, DELAY_TOPIC, Op.WRITE)]
+    return _topics(targets, Op.WRITE) or [Need(T, DELAY_TOPIC, Op.WRITE)]
+
+
 def _metadata(r: Any, v: View) -> list[Need]:
-    needs = _topics(r.topics, Op.DESCRIBE)
+    # __delay is internal: every client may see it and have it created (the brokers do).
+    named = [t for t in r.topics if t != DELAY_TOPIC]
+    needs = _topics(named, Op.DESCRIBE)
     if r.allow_auto_create:
-        needs += [_create(t) for t in dict.fromkeys(r.topics) if v.creates(t)]
+        needs += [_create(t) for t in dict.fromkeys(named) if v.creates(t)]
     return needs
 
 
@@ -152,6 +176,7 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "RebuildReplica": _const(cluster(Op.ALTER)),
     "WriteTxnMarkers": INTERNAL,
     "DescribeDelayed": _one(T, "topic", Op.DESCRIBE),
+    "ProduceDelayed": INTERNAL,
     # Admin service
     "CreateTopic": lambda r, v: [_create(r.name)],
     "DeleteTopic": _one(T, "name", Op.DELETE),
@@ -253,7 +278,12 @@ class AclAuthorizer:
         if principal in self.super_users:
             return
         state = self._current()
-        fast = rpc == "Produce" and not self._by_host and not self.auto_create
+        fast = (
+            rpc == "Produce"
+            and not self._by_host
+            and not self.auto_create
+            and request.topic != DELAY_TOPIC  # type: ignore[attr-defined]
+        )
         if fast and (principal, request.topic) in self._producers:  # type: ignore[attr-defined]
             return  # the produce path: one lookup once allowed
         for need in NEEDS[rpc](request, View(state, self.auto_create)):
@@ -276,6 +306,7 @@ class AclAuthorizer:
             i
             for i, item in enumerate(items)
             if not self.allowed(principal, Need(resource_type, getattr(item, name), Op.DESCRIBE))
+            and not (resource_type == T and getattr(item, name) == DELAY_TOPIC)
         ]
         for i in reversed(hidden):
             del items[i]

@@ -24,6 +24,25 @@ MAX_CLOCK_AHEAD_MS = 5_000
 holds the records behind it, so this much skew adds to their lateness at most."""
 
 
+def check_mover_ids(entries: bytes, *, mover: bool) -> None:
+    """Refuse a client's batch that names a delay mover's producer id (from 2^62), and a
+    mover's call with anything else: the partitions store the movers' batches by another
+    rule (docs/delayed-delivery.md). Only the first entry is read, as the produce path
+    reads it: a batch with a producer id is a request's only entry."""
+    try:
+        producer_id = entry.parse_header(entries).producer_id if entries else -1
+    except FormatError:
+        return  # the produce's own checks refuse it with a sentence
+    if delay.is_mover(producer_id) != mover:
+        raise Refusal(
+            ErrorCode.ERROR_CODE_INVALID_BATCH,
+            f"producer id {producer_id} is reserved for the brokers' delay movers; use the id "
+            "InitProducerId gave"
+            if not mover
+            else "ProduceDelayed takes the delay movers' batches only; use Produce",
+        )
+
+
 def check_delayed(entries: bytes, level: int, metadata: MetadataState) -> None:
     """Raise Refusal (DELAY_TOO_LONG, INVALID_DELAY) unless every record of ``entries``,
     produced to level ``level``, is a delayed record the movers can deliver."""

@@ -65,6 +65,8 @@ MAX_SCAN_RECORDS = 200_000
 """The most records of one level a describe reads (about a second of CPU)."""
 SEND_TIMEOUT_MS = 10_000
 RETRY_S = 0.2
+REFUSED_WARN_S = 5.0
+"""A destination that refuses this long (a retriable refusal) is logged, then every as long."""
 MAX_CHANNELS = 256
 
 
@@ -133,7 +135,7 @@ class _Sender:
         )
         try:
             stub = pb_grpc.BrokerStub(await self._channels.get(address))
-            await stub.Produce(request, timeout=SEND_TIMEOUT_MS / 1000 + 2)
+            await stub.ProduceDelayed(request, timeout=SEND_TIMEOUT_MS / 1000 + 2)
         except grpc.aio.AioRpcError as exc:
             return _code(exc)
         return ""
@@ -297,8 +299,22 @@ class LevelMover:
             producer_epoch=0,
             base_sequence=sequence,
         )
+        refused_since = 0.0
         while self.leading:
             code = await self._sender.produce(topic, partition, batch)
+            if code and not refused_since:
+                refused_since = time.monotonic()
+            elif code and time.monotonic() - refused_since > REFUSED_WARN_S:
+                refused_since = time.monotonic()
+                log.warning(
+                    "%s/%d: %s/%d has refused its batch for %.0f s (%s); retrying",
+                    delay.DELAY_TOPIC,
+                    self.level,
+                    topic,
+                    partition,
+                    REFUSED_WARN_S,
+                    code,
+                )
             if not code:
                 self.moved += len(moves)
                 return True

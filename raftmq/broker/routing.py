@@ -22,7 +22,7 @@ from typing import Protocol
 from raftmq.api.error_codes import ErrorCode
 from raftmq.broker.auto_create import MAX_CREATIONS, TopicCreator, unknown_topic
 from raftmq.broker.controller_link import LinkRefusal
-from raftmq.broker.delay_checks import check_delayed
+from raftmq.broker.delay_checks import check_delayed, check_mover_ids
 from raftmq.broker.delay_steps import LevelPending
 from raftmq.broker.producer_ids import ALLOCATE_TIMEOUT_S, ProducerIdBlocks
 from raftmq.broker.refusals import Refusal, name_list, shorten
@@ -340,10 +340,19 @@ class Router:
         return await self.broker.delay_movers.describe(topic)
 
     async def produce(
-        self, topic: str, partition: int, entries: bytes, acks: int, timeout_ms: int
+        self,
+        topic: str,
+        partition: int,
+        entries: bytes,
+        acks: int,
+        timeout_ms: int,
+        *,
+        mover: bool = False,
     ) -> Produced:
         """Append ``entries`` (a record batch) to the partition this broker leads.
-        ``timeout_ms`` 0: the default."""
+        ``timeout_ms`` 0: the default. ``mover``: a delay mover's (ProduceDelayed), which
+        alone may use the movers' reserved producer ids."""
+        check_mover_ids(entries, mover=mover)
         await self.auto_create(topic)
         replica = self.replica(topic, partition)
         if topic == DELAY_TOPIC:

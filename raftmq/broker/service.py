@@ -95,6 +95,25 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.ProduceResponse:
         return await self._produce(request)
 
+    async def ProduceDelayed(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        """A delay mover's produce (internal; no client quota applies to it)."""
+        done = await self.router.produce(
+            request.topic,
+            request.partition,
+            request.entries,
+            request.acks,
+            request.timeout_ms,
+            mover=True,
+        )
+        return pb.ProduceResponse(
+            base_offset=done.base_offset,
+            last_offset=done.last_offset,
+            high_watermark=done.high_watermark,
+            log_start_offset=done.log_start_offset,
+        )
+
     def _refused(self, request: pb.ProduceRequest, refusal: Refusal) -> pb.ProduceResponse:
         """A ProduceStream request's answer for a refusal, with the partition's offsets as
         this broker knows them (-1 when it hosts no replica of it)."""

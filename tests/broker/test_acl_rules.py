@@ -32,6 +32,8 @@ from raftmq.controller.acl_model import (
     ResourceType,
 )
 from raftmq.controller.model import MetadataState, Topic
+from raftmq.format import delay
+from raftmq.format.records import Record, build_batch
 
 API = Path(broker_pb2.__file__).parent
 MODULES = tuple(
@@ -199,3 +201,35 @@ def test_super_users_parse_like_kafka() -> None:
     assert parse_super_users("") == frozenset()
     with pytest.raises(ValueError, match="User:NAME"):
         parse_super_users("admin")
+
+
+def test_delayed_messages_need_write_on_their_targets_not_on_the_delay_topic() -> None:
+    """docs/delayed-delivery.md: a produce to __delay is judged by the topics its records
+    are for, and every principal may see __delay and have the brokers create it."""
+    eve = "User:eve"
+    metadata = Metadata(_acl(eve, ResourceType.TOPIC, "pub", Operation.WRITE))
+    authorizer = AclAuthorizer(metadata, {"User:admin"}, auto_create=True)
+
+    def produce(*targets: str) -> broker_pb2.ProduceRequest:
+        records = [
+            Record(None, b"x", 1, tuple(delay.route_headers(t, 0, 5_000, 1_000))) for t in targets
+        ]
+        entries = build_batch(records) if records else b""
+        return broker_pb2.ProduceRequest(topic=delay.DELAY_TOPIC, partition=3, entries=entries)
+
+    authorizer.authorize("Produce", produce("pub", "pub"), eve)
+    refusal = _refusal(authorizer, "Produce", produce("pub", "secret"), eve)
+    assert "'secret'" in refusal.message and "WRITE" in refusal.message
+    authorizer.authorize("Produce", produce("pub"), eve)  # not cached past the targets
+    _refusal(authorizer, "Produce", produce("secret"), eve)
+    no_route = broker_pb2.ProduceRequest(
+        topic=delay.DELAY_TOPIC, entries=build_batch([Record(None, b"x", 1)])
+    )
+    assert delay.DELAY_TOPIC in _refusal(authorizer, "Produce", no_route, eve).message
+    asked = broker_pb2.MetadataRequest(topics=[delay.DELAY_TOPIC], allow_auto_create=True)
+    authorizer.authorize("Metadata", asked, eve)
+    listing = broker_pb2.MetadataResponse(
+        topics=[broker_pb2.TopicInfo(name=n) for n in (delay.DELAY_TOPIC, "secret")]
+    )
+    shown = authorizer.shown("Metadata", asked, listing, eve)
+    assert [t.name for t in shown.topics] == [delay.DELAY_TOPIC]

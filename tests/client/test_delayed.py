@@ -134,6 +134,16 @@ def test_bad_delays_are_refused_in_the_client_and_by_the_broker(
                 client.produce(delay.DELAY_TOPIC, 0, batch)
             assert bad.value.code == pb.ERROR_CODE_INVALID_DELAY, bad.value
             assert words in str(bad.value)
+        forged = build_batch(
+            [Record(None, b"x", now)],
+            producer_id=delay.MOVER_PRODUCER_ID_BASE,
+            producer_epoch=0,
+            base_sequence=10**6,
+        )
+        with pytest.raises(ClientError) as bad:
+            client.produce("d", 0, forged)
+        assert bad.value.code == pb.ERROR_CODE_INVALID_BATCH
+        assert "reserved for the brokers' delay movers" in str(bad.value)
         too_long = delay.route_headers("short", 0, now + 3_600_000, now + 100)
         with pytest.raises(ClientError) as bad:
             client.produce(

@@ -79,6 +79,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.FromString,
                 _registered_method=True)
+        self.ProduceDelayed = channel.unary_unary(
+                '/raftmq.v1.Broker/ProduceDelayed',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -178,6 +183,16 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProduceDelayed(self, request, context):
+        """Internal: a broker's delay mover (docs/delayed-delivery.md) moves due records to their
+        targets and hops them between levels: a Produce whose entries carry the movers'
+        reserved producer ids (from 2^62), which a Produce refuses (INVALID_BATCH). Brokers
+        call it with their certificates, as the other inter-broker calls; ACLs: ClusterAction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +240,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeDelayed,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.SerializeToString,
+            ),
+            'ProduceDelayed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProduceDelayed,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -470,6 +490,33 @@ class Broker:
             '/raftmq.v1.Broker/DescribeDelayed',
             raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.DescribeDelayedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceDelayed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ProduceDelayed',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
