@@ -29,3 +29,7 @@ CLIENT_ID_HEADER = "raftmq-client-id"
 quotas may be set per client id (docs/quotas.md)."""
 CLIENT_ID = re.compile(r"\A[\x20-\x7e]{1,255}\Z")
 """A client id: 1-255 printable ASCII characters (what gRPC metadata may carry)."""
+
+TOPIC_NAME_CHARS = 200
+"""The longest topic name (raftmq.controller.metadata.TOPIC_NAME): also what the client
+checks the names it derives against (the retry and dead-letter topics)."""

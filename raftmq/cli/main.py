@@ -11,6 +11,7 @@ from raftmq.cli import (
     chaos_cmd,
     cluster_admin_cmd,
     cluster_cmd,
+    dlq_cmd,
     group_cmd,
     log_cmd,
     quota_cmd,
@@ -35,6 +36,7 @@ app.add_typer(chaos_cmd.app, name="chaos")
 app.add_typer(topic_cmd.app, name="topic")
 app.add_typer(group_cmd.app, name="group")
 app.add_typer(txn_cmd.app, name="txn")
+app.add_typer(dlq_cmd.app, name="dlq")
 app.add_typer(cluster_admin_cmd.app, name="cluster")
 app.add_typer(broker_cmd.app, name="broker")
 app.add_typer(user_cmd.app, name="user")

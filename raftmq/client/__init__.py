@@ -3,9 +3,11 @@
     from raftmq.client import Producer, Consumer
 
 ``Producer``/``AsyncProducer`` batch, compress and retry idempotently; ``Consumer``/
-``AsyncConsumer`` fetch, join groups and commit; ``AdminClient`` creates and describes
-topics and groups; ``LowLevelClient`` is the request-at-a-time client underneath them.
-This package talks to brokers only through ``raftmq.api`` and reads records only through
+``AsyncConsumer`` fetch, join groups and commit; ``RetryingConsumer``/
+``AsyncRetryingConsumer`` hand records to a handler, retrying failures through a retry
+topic and then a dead-letter topic; ``AdminClient`` creates and describes topics and
+groups; ``LowLevelClient`` is the request-at-a-time client underneath them. This
+package talks to brokers only through ``raftmq.api`` and reads records only through
 ``raftmq.format``: importing it loads no server code (``tests/test_layers.py`` checks).
 """
 
@@ -28,6 +30,7 @@ from raftmq.client.producer import (
     ProducerClosedError,
     RecordMetadata,
 )
+from raftmq.client.retrying import AsyncRetryingConsumer, RetryingConsumer, RetryPolicy
 from raftmq.client.transactions import (
     ProducerFencedError,
     TransactionAbortableError,
@@ -38,6 +41,7 @@ __all__ = [
     "AdminClient",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncRetryingConsumer",
     "ClientError",
     "CommitFailedError",
     "Consumer",
@@ -51,6 +55,8 @@ __all__ = [
     "ProducerClosedError",
     "ProducerFencedError",
     "RecordMetadata",
+    "RetryPolicy",
+    "RetryingConsumer",
     "TopicPartition",
     "TransactionAbortableError",
     "TransactionStateError",

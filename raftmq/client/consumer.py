@@ -274,8 +274,10 @@ def _records_of(
     return out, True
 
 
-class ConsumerSettings(TlsSettings, SaslSettings, total=False):
-    """The keyword settings of both consumers (defaults and meaning: ConsumerConfig)."""
+class ReadingSettings(TlsSettings, SaslSettings, total=False):
+    """The keyword settings of every consumer but the group's id and auto-commit: also
+    those of raftmq.client.retrying.RetryingConsumer, which names its group apart and
+    commits by itself (defaults and meaning: ConsumerConfig)."""
 
     auto_offset_reset: OffsetReset
     max_poll_records: int
@@ -285,13 +287,18 @@ class ConsumerSettings(TlsSettings, SaslSettings, total=False):
     isolation_level: IsolationLevel
     client_rack: str | None
     tag_filter: str | None
-    group_id: str | None
-    enable_auto_commit: bool
-    auto_commit_interval_ms: int
     session_timeout_ms: int
     group_instance_id: str | None
     assignor: str
     client_id: str | None
+
+
+class ConsumerSettings(ReadingSettings, total=False):
+    """The keyword settings of both consumers (defaults and meaning: ConsumerConfig)."""
+
+    group_id: str | None
+    enable_auto_commit: bool
+    auto_commit_interval_ms: int
 
 
 class ConsumerGroupMetadata(NamedTuple):

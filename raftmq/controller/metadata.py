@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 
 from raftmq.controller.model import MetadataState
+from raftmq.limits import TOPIC_NAME_CHARS
 
-TOPIC_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,200}\Z")
+TOPIC_NAME = re.compile(rf"\A[A-Za-z0-9._-]{{1,{TOPIC_NAME_CHARS}}}\Z")
 r"""Valid topic names. ``\Z``, not ``$``: ``$`` also matches before a final newline, which
 let "demo\n" through; callers use ``fullmatch`` all the same."""
 

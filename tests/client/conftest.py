@@ -38,6 +38,13 @@ CLIENT_TOPICS = {
     "tgbad": 1,
     "tgpoll": 1,
     "tgcli": 1,
+    "rq": 1,
+    "rk": 1,
+    "rc": 2,
+    "rb": 1,
+    "rw": 1,
+    "rf": 1,
+    "ra": 1,
 }
 
 
