@@ -76,7 +76,7 @@ from typing import Any
 from rich.table import Table
 
 from chaos import history
-from chaos.history import TXN_KINDS, Op
+from chaos.history import FEATURE_KINDS, TXN_KINDS, Op
 
 OK = "ok"
 VIOLATED = "violated"
@@ -284,6 +284,7 @@ class _History:
         self.committed: list[Op] = []  # the group's committed offsets read after the run
         self.consumer_errors: list[Op] = []
         self.txn_ops: list[Op] = []  # the transactional workload's (chaos/txn_checker.py)
+        self.feature_ops: list[Op] = []  # the message features' (chaos/feature_checker.py)
         self.finals: list[Op] = []
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
@@ -369,6 +370,8 @@ class _History:
                 self.metrics.append(op)
             elif kind in TXN_KINDS:
                 self.txn_ops.append(op)
+            elif kind in FEATURE_KINDS:
+                self.feature_ops.append(op)
             else:
                 self.other[kind] += 1
 
@@ -1672,6 +1675,11 @@ def check(
 
         txn_reports, summary["transactions"] = transaction_reports(h)
         reports += txn_reports
+    if h.feature_ops:
+        from chaos.feature_checker import feature_reports
+
+        feature, summary["features"] = feature_reports(h, idempotent=idempotent)
+        reports += feature
     return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=summary)
 
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from chaos.feature_workload import tags_of
 from chaos.history import Op, send_value
 from chaos.workload import Recorder
 from raftmq.client import Consumer, ConsumerRecord, Producer
@@ -57,6 +58,8 @@ class ClientWorkloadOptions:
     """Consumers as members of one group, committing (else fixed assignments, no commits)."""
     idempotent: bool = False
     """Producers with enable_idempotence (the checker then forbids duplicates)."""
+    tags: bool = False
+    """Producers tag each record (chaos.feature_workload.tags_of its sequence number)."""
     racks: tuple[str, ...] = ()
     """The brokers' racks: consumer k reads from the in-sync replica in rack k (mod
     their number) when there is one (client_rack); empty: from the leaders."""
@@ -120,7 +123,12 @@ class ClientWorkload:
                 seq += 1
                 start = self.recorder.now()
                 try:
-                    future = producer.send(self.topic, value.encode(), partition=partition)
+                    future = producer.send(
+                        self.topic,
+                        value.encode(),
+                        partition=partition,
+                        tags=tags_of(seq - 1) if self.options.tags else None,
+                    )
                 except Exception as exc:  # refused at the call: nothing was sent
                     self._record_send(process, partition, value, start, None, exc, "fail")
                     self.stop.wait(0.1)

@@ -102,6 +102,21 @@ in it and, for the pipeline's, the input record (partition, offset) it was made 
   reader reached (str), ``error`` why it stopped short of ``hw``.
 - ``txn-error``: a worker, producer or reader raised out of its loop (``error``); it
   starts again with a new client.
+
+Message features (``--delayed``, ``--tags``, chaos/feature_workload.py; checked by
+chaos/feature_checker.py).
+- ``delayed-send``: a record sent to the delayed topic with ``deliver_at``: ``value``
+  names the producer, partition, sequence and due time (ms since the epoch, after
+  ``@``); ``wall_ms`` when it was sent; ``status`` as for ``send`` (its offset is the
+  internal topic's, so none is kept).
+- ``delayed-consume``: a record of the delayed topic a consumer polled: ``offset``,
+  ``value``, ``wall_ms`` when it arrived.
+- ``tag-consume``: a record of the main topic the consumer with the tag filter polled.
+- ``tag-position``: after the run, where that consumer stopped on ``partition``
+  (``offset``: the next it would read); every matching record below it must be among
+  its ``tag-consume`` ops.
+- ``feature-error``: one of these consumers raised out of ``poll`` (``error``); it starts
+  again where its last record left off.
 """
 
 from __future__ import annotations
@@ -125,6 +140,8 @@ class Op:
     hw: int | None = None
     replica: int | None = None
     error: str | None = None
+    wall_ms: int | None = None
+    """Wall clock (ms since the epoch) when it happened, for ops held to due times."""
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
@@ -167,6 +184,11 @@ TXN_KINDS = frozenset(
     }
 )
 """The kinds of the transactional workload (chaos/txn_checker.py checks them)."""
+
+FEATURE_KINDS = frozenset(
+    {"delayed-send", "delayed-consume", "tag-consume", "tag-position", "feature-error"}
+)
+"""The kinds of the message-feature workload (chaos/feature_checker.py checks them)."""
 
 
 def txn_value(txn: str, index: int, source: tuple[int, int] | None = None) -> str:

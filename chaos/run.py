@@ -15,6 +15,7 @@ from pathlib import Path
 from chaos import checker, history, replication, report
 from chaos.client_workload import ClientWorkload, ClientWorkloadOptions
 from chaos.cluster import TOPIC, ChaosCluster, rack_of
+from chaos.feature_workload import FeatureWorkload, FeatureWorkloadOptions
 from chaos.history import Op
 from chaos.metrics_watch import MetricsWatch
 from chaos.monitor import Monitor
@@ -77,6 +78,12 @@ class ChaosOptions:
     pipeline from the main topic to an output topic, direct transactional producers, and
     read_committed and read_uncommitted readers of the output (chaos/txn_checker.py)."""
 
+    delayed: bool = False
+    """The delayed-delivery workload too (chaos/feature_workload.py)."""
+    tags: bool = False
+    """Tagged records from the clients' producers and a consumer with a tag filter
+    (chaos/feature_workload.py; implies clients)."""
+
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
             raise ValueError(f"--nodes must be 3 to 7, got {self.nodes}")
@@ -91,7 +98,7 @@ class ChaosOptions:
                 f"--faults takes all or a comma-separated list of {', '.join(CATEGORIES)}; "
                 f"got {','.join(self.faults) or 'nothing'}"
             )
-        self.clients = self.clients or self.group or self.idempotent
+        self.clients = self.clients or self.group or self.idempotent or self.tags
         if self.clients and not 1 <= self.consumers <= 16:
             raise ValueError(f"--consumers must be 1 to 16, got {self.consumers}")
         if "decommission" in self.faults and (self.nodes < 4 or len(set(self.faults)) < 2):
@@ -106,9 +113,15 @@ class ChaosOptions:
             consumers=self.consumers,
             group=self.group,
             idempotent=self.idempotent,
+            tags=self.tags,
             racks=tuple(rack_of(i) for i in range(1, self.nodes + 1))
             if self.follower_reads
             else (),
+        )
+
+    def feature_options(self) -> FeatureWorkloadOptions:
+        return FeatureWorkloadOptions(
+            delayed=self.delayed, tags=self.tags, idempotent=self.idempotent, seed=self.seed
         )
 
     def txn_options(self) -> TxnWorkloadOptions:
@@ -213,6 +226,18 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             if options.transactions
             else None
         )
+        features = (
+            FeatureWorkload(
+                advertised,
+                TOPIC,
+                options.partitions,
+                recorder,
+                options.feature_options(),
+                client_settings=chaos.client_settings,
+            )
+            if options.delayed or options.tags
+            else None
+        )
         nemesis = Nemesis(chaos, options.seed, options.faults)
         monitor = Monitor(
             {i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder, chaos.security
@@ -224,6 +249,8 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         workload.start()
         if txn_workload is not None:
             txn_workload.start()
+        if features is not None:
+            features.start()
         time.sleep(min(3.0, options.duration / 10))
         while recorder.now() < options.duration:
             fault = nemesis.next_fault()
@@ -275,6 +302,9 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             )
         time.sleep(1.0)
         workload.finish()
+        if features is not None:
+            say("ending the delayed and filtered consumers once every delayed record is due")
+            features.finish()
         if txn_workload is not None:
             say("ending the transactional workload; reading its output")
             txn_workload.finish(

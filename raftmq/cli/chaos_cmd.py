@@ -90,6 +90,23 @@ def run(
             "output per input, offsets matching outputs, positions and polls in order)."
         ),
     ] = False,
+    delayed: Annotated[
+        bool,
+        typer.Option(
+            help="Add delayed delivery: a producer sends records due up to 8 s later "
+            "(deliver_at) to a topic of their own and a consumer notes when each arrives; the "
+            "checker holds every acknowledged one to arriving, never early, once with "
+            "--idempotent, and late by at most a bound outside fault windows."
+        ),
+    ] = False,
+    tags: Annotated[
+        bool,
+        typer.Option(
+            help="Tag the clients' records and add a consumer with a tag filter on the main "
+            "topic; the checker holds it to every matching record and no other (implies "
+            "--clients)."
+        ),
+    ] = False,
     follower_reads: Annotated[
         bool,
         typer.Option(
@@ -153,6 +170,8 @@ def run(
             idempotent=idempotent,
             follower_reads=follower_reads,
             transactions=transactions,
+            delayed=delayed,
+            tags=tags,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
             secure=secure,
