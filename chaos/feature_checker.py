@@ -160,7 +160,7 @@ def _check_delayed(
                     "explanation": f"{value!r} was acknowledged but never delivered",
                 },
             )
-    counts = {
+    counts: dict[str, float] = {
         "sent_acked": len(acked),
         "sent_indeterminate": sum(1 for s in status.values() if s == "info"),
         "delivered": len(seen),
@@ -207,7 +207,11 @@ def _check_tags(h: _History, ops: list[Op]) -> CheckReport:
                     f"{op.offset} does not match {TAG_FILTER!r} but was delivered",
                 },
             )
-    stopped = {op.partition: op.offset for op in ops if op.kind == "tag-position"}
+    stopped = {
+        op.partition: op.offset
+        for op in ops
+        if op.kind == "tag-position" and op.offset is not None
+    }
     for partition, offsets in consumed.items():
         stopped.setdefault(partition, max(offsets) + 1)
     checked = 0

@@ -254,7 +254,9 @@ class FeatureWorkload:
                             next_offsets[(r.topic, r.partition)] = r.offset + 1
                     if tag_filter is not None:
                         for tp in tps:
-                            self.positions[tp[1]] = consumer.position(tp)
+                            position = consumer.position(tp)
+                            if position is not None:
+                                self.positions[tp[1]] = position
                     return
             except Exception as exc:
                 now = self.recorder.now()
