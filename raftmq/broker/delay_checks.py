@@ -17,7 +17,7 @@ from raftmq.broker.refusals import Refusal, shorten
 from raftmq.controller.model import MetadataState
 from raftmq.format import delay, entry
 from raftmq.format.errors import FormatError
-from raftmq.format.records import decode_records
+from raftmq.format.records import Record, build_batch, decode_records
 
 MAX_CLOCK_AHEAD_MS = 5_000
 """How far a producer's clock may run ahead of the broker's in a hop-at: a level's head
@@ -55,17 +55,13 @@ def check_delayed(entries: bytes, level: int, metadata: MetadataState) -> None:
                 # would be most of the brokers' CPU under delayed load.
                 continue
             for record in decode_records(entries, header):
-                _check_record(record.headers, level, metadata, now_ms)
+                _check_record(record, level, metadata, now_ms)
     except FormatError:
         return  # the produce's own checks refuse it with INVALID_BATCH and a sentence
 
 
-def _check_record(
-    headers: tuple[tuple[str, bytes | None], ...],
-    level: int,
-    metadata: MetadataState,
-    now_ms: int,
-) -> None:
+def _check_record(record: Record, level: int, metadata: MetadataState, now_ms: int) -> None:
+    headers = record.headers
     try:
         topic, partition, deliver_at, hop_at = delay.parse_route(headers)
     except delay.DelayHeaderError as exc:
@@ -98,6 +94,7 @@ def _check_record(
             f"ahead; that level holds a record at most {delay.UNIT_MS << level} ms (is the "
             "producer's clock right?)",
         )
+    _check_fits(record, topic, target.settings.log_config.max_message_bytes)
     max_delay_ms = target.settings.delivery_max_delay_ms
     if deliver_at - now_ms > max_delay_ms:
         raise Refusal(
@@ -105,4 +102,23 @@ def _check_record(
             f"the record is due in {deliver_at - now_ms} ms, beyond topic {shorten(topic)}'s "
             f"delivery.max.delay.ms of {max_delay_ms} ms; send it with a shorter delay, or "
             "raise the topic's delivery.max.delay.ms",
+        )
+
+
+def _check_fits(record: Record, topic: str, max_message_bytes: int) -> None:
+    """Refuse a record its target could never take: acknowledged now, it would be dropped
+    when due (a mover cannot deliver it, and holding it would block its level)."""
+    delivered = Record(
+        record.key,
+        record.value,
+        record.timestamp,
+        tuple(h for h in record.headers if h[0] not in delay.INTERNAL_HEADERS),
+    )
+    size = len(build_batch([delivered]))
+    if size > max_message_bytes:
+        raise Refusal(
+            ErrorCode.ERROR_CODE_BATCH_TOO_LARGE,
+            f"the delayed record takes {size} bytes as a batch of its own, over topic "
+            f"{shorten(topic)}'s max.message.bytes of {max_message_bytes}; send a smaller "
+            "record, or raise the topic's max.message.bytes",
         )

@@ -309,18 +309,23 @@ def test_retention_deletes_only_what_the_movers_moved(make_cluster: ClusterFacto
     assert len(values) == len(set(values)) == 206
 
 
-def test_a_target_with_small_entries_gets_them_one_by_one_and_a_level_never_blocks(
+def test_a_target_with_small_entries_gets_them_one_by_one_and_refuses_a_record_too_large(
     make_cluster: ClusterFactory,
 ) -> None:
     """Moved batches over the target's max.message.bytes are resent record by record; a
-    record alone too large for its target is dropped (with a warning), and the records
-    behind it in its level are still delivered."""
+    record alone too large for its target is refused when it is sent (acknowledged, it
+    could never be delivered), and the records behind it in its level are delivered."""
     cluster = make_cluster({"x": 1})
     cluster.admin().create_topic("small", 1, 3, config={"max.message.bytes": "1024"})
     due = _now_ms() + 1_500
     with Producer(cluster.addresses, linger_ms=20) as producer:
         fits = [producer.send("small", b"%03d" % i + b"." * 500, deliver_at=due) for i in range(20)]
-        producer.send("small", b"too-large" + b"." * 2_000, deliver_at=due).result(timeout=20)
+        producer.flush()  # a refused batch is refused whole: keep the big one apart
+        too_large = producer.send("small", b"too-large" + b"." * 2_000, deliver_at=due)
+        with pytest.raises(ClientError) as refused:
+            too_large.result(timeout=20)
+        assert refused.value.code == pb.ERROR_CODE_BATCH_TOO_LARGE
+        assert "max.message.bytes of 1024" in str(refused.value)
         after = producer.send("small", b"after", deliver_at=due + 200)
         producer.flush()
         for f in [*fits, after]:
