@@ -9,8 +9,12 @@ Sections (``--section NAME``, repeatable; all by default):
   the filtered one reads at most 5% of the unfiltered one's) and the time from the first
   poll to the position at the log end (target: at least 10x faster), with the records the
   filtered consumer got checked against what was sent.
+- ``delayed``: N delayed messages with random delays (100,000 up to 60 s; ``--quick``
+  5,000 up to 5 s) all delivered once and never early, their lateness p50/p99 (target
+  p99 <= 1 s on a quiet machine), the brokers' RSS while they wait, and delayed against
+  plain produce throughput in the same run (benchmarks/features_delayed.py).
 
-Usage: ``python -m benchmarks.features_bench [--quick] [--json] [--section tags]``;
+Usage: ``python -m benchmarks.features_bench [--quick] [--json] [--section tags|delayed]``;
 ``--json`` prints every figure as one JSON object on the last line.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import features_delayed
 from benchmarks.harness import (
     add_cleanup,
     add_run_options,
@@ -140,6 +145,10 @@ def tags_section(ctx: Context) -> dict[str, Any]:
 
 SECTIONS: dict[str, tuple[dict[str, int], Callable[[Context], dict[str, Any]]]] = {
     "tags": ({TAG_TOPIC: 1}, tags_section),
+    "delayed": (
+        {features_delayed.TARGET: features_delayed.PARTITIONS, features_delayed.PLAIN: 6},
+        lambda ctx: features_delayed.delayed_section(ctx.cluster, ctx.quick),
+    ),
 }
 """Each section: the topics it needs (name: partitions) and what it runs."""
 

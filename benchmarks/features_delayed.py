@@ -1,5 +1,6 @@
-"""Delayed delivery benchmark (docs/delayed-delivery.md; issue 25's targets): N delayed
-messages with random delays up to 60 s all delivered once, their lateness (p50/p99, target
+"""The ``delayed`` section of benchmarks.features_bench: delayed delivery
+(docs/delayed-delivery.md; issue 25's targets): N delayed messages with random delays up
+to 60 s all delivered once, their lateness (p50/p99, target
 p99 <= 1 s on a quiet machine), the brokers' memory while they wait (bounded: it must not
 grow with N), and the throughput of producing delayed messages against plain ones in the
 same run.
@@ -14,13 +15,12 @@ idempotent producer, 100 B records):
 3. wait until all N have arrived (or a deadline): every one delivered, none twice, none
    early; the brokers' RSS is sampled every second, from before the delayed run to the end.
 
-Usage: ``python -m benchmarks.delay_bench [--quick] [--json]``.
+Run as a section of benchmarks.features_bench: ``python -m benchmarks.features_bench
+--section delayed [--quick] [--json]`` (``--quick``: 5,000 messages, delays up to 5 s).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import threading
 import time
@@ -29,15 +29,11 @@ from typing import Any
 
 from benchmarks.harness import (
     add_cleanup,
-    add_run_options,
-    disk_tempdir,
-    kill_on_exit,
     latency_summary,
-    print_json_last,
     say,
 )
 from raftmq.client import Consumer, Producer
-from raftmq.devtools.local_cluster import LocalCluster, local_spec
+from raftmq.devtools.local_cluster import LocalCluster
 from raftmq.format import delay
 
 TARGET = "delayed"
@@ -106,25 +102,16 @@ def produce_run(
         return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    add_run_options(parser, "10,000 messages with delays up to 10 s; about a minute")
-    parser.add_argument("--dir", help="where the brokers keep data (default: a real disk)")
-    parser.add_argument("--messages", type=int, help="override N")
-    args = parser.parse_args(argv)
-    kill_on_exit()
-    n = args.messages or (10_000 if args.quick else 100_000)
-    max_delay_ms = 10_000 if args.quick else 60_000
-    work = disk_tempdir("delay-bench-", args.dir)
-    cluster = LocalCluster(work, local_spec(3, {TARGET: PARTITIONS, PLAIN: PARTITIONS}))
-    add_cleanup(cluster.close)
-    cluster.start()
-    cluster.wait_for_leaders(timeout=60, preferred=True)
+def delayed_section(cluster: LocalCluster, quick: bool) -> dict[str, Any]:
+    """The ``delayed`` section of benchmarks.features_bench: its figures (printed as a
+    table on the way)."""
+    n = 5_000 if quick else 100_000
+    max_delay_ms = 5_000 if quick else 60_000
     bootstrap = tuple(cluster.addresses)
     pids = {bid: p.pid for bid, p in cluster.procs.items()}
     rng = random.Random(25)
     delays_ms = [rng.randint(0, max_delay_ms) for _ in range(n)]
-    print(f"data: {work}; {n:,} records of {RECORD_BYTES} B, delays 0-{max_delay_ms:,} ms")
+    print(f"delayed: {n:,} records of {RECORD_BYTES} B, delays 0-{max_delay_ms:,} ms")
 
     say("plain produce")
     plain_s = produce_run(bootstrap, PLAIN, None, n)
@@ -156,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {
         "messages": n,
         "max_delay_ms": max_delay_ms,
-        "quick": args.quick,
+        "quick": quick,
         "delivered": len(arrivals.seen),
         "duplicates": arrivals.duplicates,
         "early": arrivals.early,
@@ -191,11 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             f"broker {bid} RSS: {rss_before[bid] / 2**20:.0f} MiB before, "
             f"{rss_peak[bid] / 2**20:.0f} MiB peak"
         )
-    print(f"machine load average: {os.getloadavg()[0]:.2f}")
-    print_json_last(figures)
-    ok = len(arrivals.seen) == n and not arrivals.duplicates and not arrivals.early
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    figures["all_once_never_early"] = (
+        len(arrivals.seen) == n and not arrivals.duplicates and not arrivals.early
+    )
+    return figures
