@@ -40,8 +40,8 @@ def open_files_note(replicas: int) -> tuple[str, bool]:
     hard_text = "unlimited" if hard < 0 else str(hard)
     connections = connection_cap(soft)
     note = (
-        f"open files: limit {soft} (hard {hard_text}), segment handle cap {cap}, "
-        f"client connections {'unbounded' if connections is None else connections}"
+        f"open files: limit {soft} (hard {hard_text}), client connections "
+        f"{'unbounded' if connections is None else connections}, segment handle cap {cap}"
     )
     if cap < HANDLES_PER_REPLICA * replicas:
         return (
