@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ CHECKPOINT_FILE = "producer_state.json"
 CHECKPOINT_EVERY_ENTRIES = 4096
 """Committed entries between checkpoints: a restart replays at most about this many
 entries' headers (and a segment's worth of reading)."""
+RETENTION_CHECKPOINT_EVERY_S = 1.0
+"""How often at most retention asks for a checkpoint so it may delete past the last one."""
 MAX_REPLAY_ENTRIES = 20_000
 """Without a usable checkpoint, how many entries before the commit are read back."""
 READ_CHUNK_BYTES = 1024 * 1024
@@ -114,6 +117,10 @@ class ProducerTracking:
         self.applied_term = 0
         """The term of that entry (a leader is ready once it applied one of its own)."""
         self._checkpointed_index = 0
+        self.durable_index = 0
+        """The index the checkpoint file on disk covers: a restart rebuilds the state from
+        it and the entries after it, so retention must keep those (:meth:`replay_floor`)."""
+        self._retention_asked_s = 0.0
         self._damaged: str | None = None
         """Why an existing checkpoint was set aside at load (reported once by open_at)."""
         self._writing = False
@@ -149,7 +156,7 @@ class ProducerTracking:
             self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
             return
         self.states, self.applied_index, self.applied_term = states, index, term
-        self._checkpointed_index = index
+        self._checkpointed_index = self.durable_index = index
 
     def _remove_unlisted_runs(self) -> None:
         """Delete the aborted-transaction run files the loaded state does not list: sealed
@@ -333,7 +340,7 @@ class ProducerTracking:
             _save(self.path, saved, runs, dropped)
             for name, _ in runs:
                 aborted.written(name)
-            self._checkpointed_index = index
+            self._checkpointed_index = self.durable_index = index
             return
         self._writing = True
         self._checkpointed_index = index  # so the threshold counts from this write
@@ -344,11 +351,27 @@ class ProducerTracking:
             if exc is not None:
                 log.warning("%s: producer state checkpoint not written: %s", self.name, exc)
                 return
+            self.durable_index = index
             if self.states.aborted is aborted:  # not replaced by a snapshot meanwhile
                 for name, _ in runs:
                     aborted.written(name)
 
         loop.run_in_executor(None, _save, self.path, saved, runs, dropped).add_done_callback(done)
+
+    def replay_floor(self) -> int:
+        """The first Raft index a restart replays to rebuild this state: the one after the
+        durable checkpoint. Retention must keep it: chaos seed 7451 deleted segments past
+        the checkpoint, a broker restarted, and the state it loaded held a transaction
+        whose marker was among the deleted entries: open for good, its partition's last
+        stable offset stuck at the log start. When the checkpoint is behind what was
+        applied, a new one is written (at most once a second), so retention can go on
+        at its next pass."""
+        if self.applied_index > self.durable_index:
+            now_s = time.monotonic()
+            if now_s - self._retention_asked_s >= RETENTION_CHECKPOINT_EVERY_S:
+                self._retention_asked_s = now_s
+                self.checkpoint()
+        return self.durable_index + 1
 
     # --- the leader's check -----------------------------------------------------------------
 

@@ -344,13 +344,15 @@ class PartitionReplica:
             self.topic, self.partition, leader, detail, failed=self.group.failure or ""
         )
 
-    def retention_floor(self) -> int | None:
-        """The Raft index retention must keep: the entry of the oldest open transaction's
-        first batch (None when none is open). Deleting it would leave read_committed
-        readers a last stable offset below the log start, with the transaction's records
-        gone before its marker says whether they count. A hanging transaction is ended
-        by the coordinator's timeout (transaction_timeout_ms, at most 15 minutes), which
-        frees retention again."""
+    def retention_floor(self) -> int:
+        """The Raft index retention must keep: the first entry a restart replays to rebuild
+        the producer state (after its durable checkpoint), or the entry of the oldest open
+        transaction's first batch if that is earlier. Deleting the latter would leave
+        read_committed readers a last stable offset below the log start, with the
+        transaction's records gone before its marker says whether they count. A hanging
+        transaction is ended by the coordinator's timeout (transaction_timeout_ms, at most
+        15 minutes), which frees retention again."""
+        replay = self.producers.replay_floor()
         first = self.producers.states.first_open_offset()
         log = self._log
         if first is None or not log.start_offset <= first < log.next_offset:
@@ -358,8 +360,8 @@ class PartitionReplica:
             # passed it before it opened here), or past its end (a snapshot or a cut-back
             # log left the producer state ahead of the log until the leader sends the
             # entries; chaos seed 7422 met it, and retention failed on it every pass).
-            return None
-        return entry.parse_header(log.read(first, 1).data).index
+            return replay
+        return min(replay, entry.parse_header(log.read(first, 1).data).index)
 
     def _offset_after(self, index: int) -> int:
         log = self._log

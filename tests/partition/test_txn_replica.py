@@ -256,6 +256,17 @@ def test_retention_trims_the_aborted_transactions_it_deleted(tmp_path: Path) -> 
     run(tmp_path, body)
 
 
+async def checkpointed(replica: PartitionReplica) -> None:
+    """Write the producer state checkpoint and wait until it is durable."""
+    tracking = replica.producers
+    tracking.checkpoint()
+    for _ in range(500):
+        if tracking.durable_index >= tracking.applied_index:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"checkpoint stuck at {tracking.durable_index}")
+
+
 def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> None:
     """Retention would delete every sealed segment; it stops at the one holding the open
     transaction's first batch, and goes on once a marker ends the transaction."""
@@ -267,12 +278,45 @@ def test_retention_keeps_an_open_transactions_first_batch(tmp_path: Path) -> Non
         opened = await replica.produce(txn_batch(P, 0, 0, b"t" * 600), Acks.ALL, 5)
         for _ in range(5):
             await replica.produce(plain(b"y" * 600), Acks.ALL, 5)
+        await checkpointed(replica)
         host.compact(replica.group.name, keep_from=replica.retention_floor())
         assert 0 < replica.log_start_offset <= opened.base_offset
         await replica.write_marker(P, 1, True, 5)
-        assert replica.retention_floor() is None
+        await checkpointed(replica)
+        assert replica.retention_floor() == replica.producers.durable_index + 1
         host.compact(replica.group.name, keep_from=replica.retention_floor())
         assert replica.log_start_offset > opened.base_offset
+
+    run(tmp_path, body, SMALL_SEGMENTS)
+
+
+def test_retention_keeps_what_rebuilds_the_producer_state_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Retention deleted segments past the producer state's checkpoint; a broker that
+    restarted then loaded a state with a transaction whose marker was deleted: open for
+    good, its partition's last stable offset stuck at the log start (chaos seed 7451).
+    Retention now keeps the entries after the durable checkpoint, and asks for a newer one
+    so it can go on."""
+
+    async def body(replica: PartitionReplica) -> None:
+        host = replica._host
+        await replica.produce(txn_batch(P, 0, 0, b"t" * 600), Acks.ALL, 5)
+        await checkpointed(replica)  # the transaction is open in the file
+        marker_index = replica.group.last_index + 1
+        await replica.write_marker(P, 1, True, 5)
+        for _ in range(10):
+            await replica.produce(plain(b"y" * 600), Acks.ALL, 5)
+        floor = replica.retention_floor()
+        assert floor <= marker_index, "the marker is needed to rebuild the state"
+        host.compact(replica.group.name, keep_from=floor)
+        assert replica._log.start_index <= marker_index
+        for _ in range(500):  # retention asked for a newer checkpoint
+            if replica.producers.durable_index >= marker_index:
+                break
+            await asyncio.sleep(0.01)
+        host.compact(replica.group.name, keep_from=replica.retention_floor())
+        assert replica._log.start_index > marker_index
 
     run(tmp_path, body, SMALL_SEGMENTS)
 
@@ -289,9 +333,10 @@ def test_an_open_transaction_past_the_log_s_end_sets_no_retention_floor(
     async def body(replica: PartitionReplica) -> None:
         for _ in range(5):
             await replica.produce(plain(b"x" * 600), Acks.ALL, 5)
+        await checkpointed(replica)
         ahead = replica._log.next_offset + 100
         monkeypatch.setattr(replica.producers.states, "first_open_offset", lambda: ahead)
-        assert replica.retention_floor() is None
+        assert replica.retention_floor() == replica.producers.durable_index + 1
         replica._host.compact(replica.group.name, keep_from=replica.retention_floor())
         assert replica.log_start_offset > 0  # retention went on
 
