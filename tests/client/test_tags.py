@@ -236,6 +236,23 @@ def test_the_cli_produces_and_consumes_with_tags(cluster: LocalCluster) -> None:
     assert out.stdout.splitlines() == [b"c", b"d"]
     bad = raftmq("consume", "tgcli", "--tags", "paid &&", "--idle-timeout-ms", "100")
     assert bad.returncode == 2 and b"at position 7" in bad.stderr
+    # As a member of a group, it commits past the records the filter dropped: the last one
+    # (offset 4, "e", tagged debug) was never printed, and the commit is at the log end.
+    member = raftmq(
+        "consume",
+        "tgcli",
+        "--group",
+        "tgcli-g",
+        "--from-beginning",
+        "--tags",
+        "paid",
+        "--idle-timeout-ms",
+        "2000",
+    )
+    assert member.returncode == 0, member.stderr
+    assert member.stdout.splitlines() == [b"c", b"d"]
+    with Consumer(cluster.addresses, group_id="tgcli-g") as consumer:
+        assert consumer.committed([("tgcli", 0)]) == {("tgcli", 0): 5}
 
 
 @pytest.mark.timeout(240)
