@@ -10,6 +10,7 @@ from raftmq.log.handles import (
     HANDLES,
     HANDLES_PER_REPLICA,
     MAX_CAP,
+    RESERVE,
     cap_for_limit,
     raise_nofile_limit,
 )
@@ -37,6 +38,7 @@ def open_files_note(replicas: int) -> tuple[str, bool]:
     soft, hard = raise_nofile_limit()
     cap = cap_for_limit(soft)
     HANDLES.set_cap(cap)
+    RESERVE.fill()
     hard_text = "unlimited" if hard < 0 else str(hard)
     connections = connection_cap(soft)
     note = (

@@ -27,7 +27,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -118,12 +118,7 @@ class HandleCache:
                 return fd
             self._evict(1)
             flags = os.O_RDWR if seg.writable else os.O_RDONLY
-            try:
-                fd = os.open(seg.path, flags)
-            except OSError as exc:
-                if exc.errno != errno.EMFILE or not self._shed(EMFILE_ROOM):
-                    raise
-                fd = os.open(seg.path, flags)
+            fd = _open_with_room(lambda: os.open(seg.path, flags), self._shed)
             self._add(seg, fd)
             seg.pins += 1
             return fd
@@ -205,22 +200,86 @@ HANDLES = HandleCache()
 """The one cache of this process."""
 
 
+class DescriptorReserve:
+    """A few descriptors (on /dev/null) a broker holds back for its persists. Closing idle
+    segment descriptors is not always enough at a low limit: none may be idle, and the
+    gRPC library's own threads take descriptors as they free (chaos seed 7453: a broker at
+    a limit of 128 with 35 replicas failed persists even so, and its replicas were
+    quarantined). Released one at a time to an open that failed with EMFILE, and filled
+    again at a later open once there is room."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._fds: list[int] = []
+        self._lock = threading.Lock()
+        self.released = 0
+        self.active = False
+        """Filled once (a broker's): opens take back what they lent."""
+
+    @property
+    def held(self) -> int:
+        return len(self._fds)
+
+    def fill(self) -> None:
+        """Hold ``count`` descriptors, or as many as the limit allows now."""
+        self.active = True
+        if len(self._fds) >= self.count:
+            return
+        with self._lock:
+            while len(self._fds) < self.count:
+                try:
+                    self._fds.append(os.open(os.devnull, os.O_RDONLY))
+                except OSError:
+                    return
+
+    def release(self) -> bool:
+        """Close one held descriptor, for the caller's next open; False: none held."""
+        with self._lock:
+            if not self._fds:
+                return False
+            os.close(self._fds.pop())
+            self.released += 1
+            return True
+
+
+RESERVE = DescriptorReserve(4)
+"""The process's reserve; empty until a broker fills it at start (open_files_note)."""
+
+
+def _open_with_room(open_: Callable[[], int], shed: Callable[[int], int]) -> int:
+    """``open_()``; out of descriptors (EMFILE), first close up to :data:`EMFILE_ROOM` idle
+    segment descriptors with ``shed``, then a reserved one, trying again after each."""
+    for attempt in range(3):
+        try:
+            fd = open_()
+            break
+        except OSError as exc:
+            if exc.errno != errno.EMFILE:
+                raise
+            room = shed(EMFILE_ROOM) if attempt == 0 else 0
+            if not room and not RESERVE.release():
+                raise
+    else:
+        fd = open_()
+    if RESERVE.active and RESERVE.held < RESERVE.count:
+        RESERVE.fill()  # room again: take back what was lent
+    return fd
+
+
 def open_fd(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
     """``os.open`` for the log's other files (index and checkpoint files, their temporary
     copies, directories to fsync): a process out of descriptors (EMFILE) first closes up
-    to :data:`EMFILE_ROOM` idle segment descriptors and tries once more, so a persist
-    fails only when nothing idle is left to close."""
-    try:
-        return os.open(path, flags, mode)
-    except OSError as exc:
-        if exc.errno != errno.EMFILE or not HANDLES.shed(EMFILE_ROOM):
-            raise
-    return os.open(path, flags, mode)
+    to :data:`EMFILE_ROOM` idle segment descriptors, then one of its reserve
+    (:data:`RESERVE`), trying again after each, so a persist fails only when neither is
+    left."""
+    return _open_with_room(lambda: os.open(path, flags, mode), HANDLES.shed)
 
 
 __all__ = [
     "HANDLES",
     "HANDLES_PER_REPLICA",
+    "RESERVE",
+    "DescriptorReserve",
     "HandleCache",
     "cap_for_limit",
     "open_fd",

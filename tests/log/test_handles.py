@@ -324,3 +324,45 @@ def test_a_persist_out_of_descriptors_takes_the_room_of_idle_segment_files(
     held, after = run_child(SHED_CHILD, tmp_path, timeout_s=60)
     assert after < held
     assert (tmp_path / "persisted.tmp").read_bytes() == b"kept"
+
+
+RESERVE_CHILD = textwrap.dedent(
+    """
+    import os, resource, sys
+    from pathlib import Path
+    from raftmq.log.handles import HANDLES, RESERVE, open_fd
+
+    root = Path(sys.argv[1])
+    RESERVE.fill()
+    assert HANDLES.open_count == 0  # nothing idle to close: only the reserve can help
+    in_use = len(os.listdir("/proc/self/fd"))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2, hard))
+    hogs = []
+    try:
+        while True:
+            hogs.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    fd = open_fd(root / "persisted.tmp", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"kept")
+    os.close(fd)
+    lent = RESERVE.released
+    for h in hogs[:8]:  # room again: the next open takes the lent descriptor back
+        os.close(h)
+    os.close(open_fd(root / "persisted.tmp", os.O_RDONLY))
+    print(lent, RESERVE.held)
+    """
+)
+
+
+def test_a_persist_with_no_idle_segment_file_takes_a_reserved_descriptor(
+    tmp_path: Path,
+) -> None:
+    """A broker holds a few descriptors back: with every other one taken and no idle
+    segment descriptor to close (chaos seed 7453), a persist gets one of them, and the
+    reserve fills again once there is room."""
+    lent, held = run_child(RESERVE_CHILD, tmp_path, timeout_s=60)
+    assert lent == 1
+    assert held == 4
+    assert (tmp_path / "persisted.tmp").read_bytes() == b"kept"
