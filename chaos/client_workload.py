@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from chaos.feature_workload import tags_of
 from chaos.history import Op, send_value
-from chaos.workload import Recorder
+from chaos.workload import DELIVERY_TIMEOUT_MS, Recorder, chaos_producer
 from raftmq.client import Consumer, ConsumerRecord, Producer
 from raftmq.client.producer import RecordFuture
 
@@ -42,8 +42,6 @@ IN_FLIGHT = 32
 """Records a producer has sent and not yet seen settled; past it, it waits for the oldest."""
 SEND_INTERVAL_S = 0.004
 """Pause between sends, so a run makes thousands of ops, not millions."""
-DELIVERY_TIMEOUT_MS = 15_000
-REQUEST_TIMEOUT_MS = 3_000
 SESSION_TIMEOUT_MS = 12_000
 """A member's heartbeat call gives up after half of it (client/group_session.py) and poll
 then raises; a fault holds a paused or cut-off controller leader for up to 5 s, which a
@@ -98,17 +96,9 @@ class ClientWorkload:
     # --- producing ------------------------------------------------------------------------
 
     def _producer(self) -> Producer:
-        settings: dict[str, object] = {
-            **self.client_settings,
-            "acks": "all",
-            "linger_ms": 2,
-            "request_timeout_ms": REQUEST_TIMEOUT_MS,
-            "delivery_timeout_ms": DELIVERY_TIMEOUT_MS,
-            "max_block_ms": DELIVERY_TIMEOUT_MS,
-        }
-        if self.options.idempotent:
-            settings["enable_idempotence"] = True
-        return Producer(self.addresses, **settings)  # type: ignore[arg-type]
+        return chaos_producer(
+            self.addresses, self.client_settings, idempotent=self.options.idempotent
+        )
 
     def _produce(self, k: int) -> None:
         process = f"producer-{k}"

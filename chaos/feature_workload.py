@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from chaos.history import Op, send_value
-from chaos.workload import Recorder
-from raftmq.client import AdminClient, Consumer, ConsumerRecord, Producer
+from chaos.workload import DELIVERY_TIMEOUT_MS, Recorder, chaos_producer
+from raftmq.client import AdminClient, Consumer, ConsumerRecord
 from raftmq.client.producer import RecordFuture
 
 DELAYED_TOPIC = "delayed"
@@ -36,8 +36,6 @@ DELAYED_PARTITIONS = 3
 MAX_DELAY_MS = 8_000
 SEND_INTERVAL_S = 0.02
 IN_FLIGHT = 32
-DELIVERY_TIMEOUT_MS = 15_000
-REQUEST_TIMEOUT_MS = 3_000
 QUIET_SENDING_S = 15.0
 """After the faults, how long the delayed producer goes on: its records are due in quiet
 time, where lateness is held to its bound."""
@@ -132,19 +130,12 @@ class FeatureWorkload:
     # --- delayed delivery ---------------------------------------------------------------
 
     def _produce_delayed(self, process: str) -> None:
-        settings: dict[str, object] = {
-            **self.client_settings,
-            "acks": "all",
-            "linger_ms": 2,
-            "request_timeout_ms": REQUEST_TIMEOUT_MS,
-            "delivery_timeout_ms": DELIVERY_TIMEOUT_MS,
-            "max_block_ms": DELIVERY_TIMEOUT_MS,
-        }
-        if self.options.idempotent:
-            settings["enable_idempotence"] = True
         pending: list[RecordFuture] = []
         seq = 0
-        with Producer(self.addresses, **settings) as producer:  # type: ignore[arg-type]
+        producer = chaos_producer(
+            self.addresses, self.client_settings, idempotent=self.options.idempotent
+        )
+        with producer:
             while not self.stop_sending.is_set():
                 pending = [f for f in pending if not f.done()]
                 if len(pending) >= IN_FLIGHT:

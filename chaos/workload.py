@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client import ClientError, ErrorCode, LowLevelClient
+from raftmq.client import ClientError, ErrorCode, LowLevelClient, Producer
 from raftmq.format.records import Record, build_batch, iter_records
 
 DEFINITE_REFUSALS = {
@@ -33,6 +33,10 @@ DEFINITE_REFUSALS = {
     ErrorCode.ERROR_CODE_UNKNOWN_PARTITION,
 }
 """Broker answers that prove the write was not (and will never be) committed."""
+
+DELIVERY_TIMEOUT_MS = 15_000
+"""How long the real clients' producers try a record (their delivery.timeout.ms)."""
+REQUEST_TIMEOUT_MS = 3_000
 
 
 class Recorder:
@@ -221,3 +225,21 @@ class Workload:
         self.stop.set()
         for t in self.threads:
             t.join(timeout)
+
+
+def chaos_producer(
+    addresses: list[str], client_settings: Mapping[str, str], *, idempotent: bool
+) -> Producer:
+    """A producer as every chaos workload sends with: acks=all, its own retries within
+    DELIVERY_TIMEOUT_MS, idempotent when asked."""
+    settings: dict[str, object] = {
+        **client_settings,
+        "acks": "all",
+        "linger_ms": 2,
+        "request_timeout_ms": REQUEST_TIMEOUT_MS,
+        "delivery_timeout_ms": DELIVERY_TIMEOUT_MS,
+        "max_block_ms": DELIVERY_TIMEOUT_MS,
+    }
+    if idempotent:
+        settings["enable_idempotence"] = True
+    return Producer(addresses, **settings)  # type: ignore[arg-type]
