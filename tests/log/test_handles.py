@@ -8,6 +8,7 @@ of EMFILE under a soft limit of 1,024, and 3,000 active segments reserved ~47 GB
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,20 @@ def run_child(code: str, directory: Path, *, timeout_s: float) -> list[int]:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [int(word) for word in proc.stdout.split()]
+
+
+def exhaust_descriptors() -> list[int]:
+    """In a child process: lower the open-file limit to two above what is open, and take
+    every descriptor left (on /dev/null); returns them."""
+    in_use = len(os.listdir("/proc/self/fd"))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2, hard))
+    taken = []
+    try:
+        while True:
+            taken.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        return taken
 
 
 def open_fds() -> int:
@@ -283,12 +298,12 @@ def test_a_thousand_groups_under_a_256_file_limit(tmp_path: Path) -> None:
 
 SHED_CHILD = textwrap.dedent(
     """
-    import os, resource, sys
+    import os, sys
     from pathlib import Path
     from raftmq.log.config import LogConfig
     from raftmq.log.handles import HANDLES, open_fd
     from raftmq.log.log import Log
-    from tests.log.test_handles import append_one
+    from tests.log.test_handles import append_one, exhaust_descriptors
 
     root = Path(sys.argv[1])
     logs = [Log.open(root / f"l{i}", LogConfig()) for i in range(6)]
@@ -296,16 +311,7 @@ SHED_CHILD = textwrap.dedent(
         append_one(log)
     held = HANDLES.open_count
     assert held >= 6, held
-    # Use up every other descriptor, as a burst of sockets would.
-    in_use = len(os.listdir("/proc/self/fd"))
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2, hard))
-    hogs = []
-    try:
-        while True:
-            hogs.append(os.open("/dev/null", os.O_RDONLY))
-    except OSError:
-        pass
+    exhaust_descriptors()  # as a burst of sockets would
     fd = open_fd(root / "persisted.tmp", os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(fd, b"kept")
     os.fsync(fd)
@@ -328,22 +334,15 @@ def test_a_persist_out_of_descriptors_takes_the_room_of_idle_segment_files(
 
 RESERVE_CHILD = textwrap.dedent(
     """
-    import os, resource, sys
+    import os, sys
     from pathlib import Path
     from raftmq.log.handles import HANDLES, RESERVE, open_fd
+    from tests.log.test_handles import exhaust_descriptors
 
     root = Path(sys.argv[1])
     RESERVE.fill()
     assert HANDLES.open_count == 0  # nothing idle to close: only the reserve can help
-    in_use = len(os.listdir("/proc/self/fd"))
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2, hard))
-    hogs = []
-    try:
-        while True:
-            hogs.append(os.open("/dev/null", os.O_RDONLY))
-    except OSError:
-        pass
+    hogs = exhaust_descriptors()
     fd = open_fd(root / "persisted.tmp", os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(fd, b"kept")
     os.close(fd)
