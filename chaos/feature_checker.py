@@ -208,9 +208,7 @@ def _check_tags(h: _History, ops: list[Op]) -> CheckReport:
                 },
             )
     stopped = {
-        op.partition: op.offset
-        for op in ops
-        if op.kind == "tag-position" and op.offset is not None
+        op.partition: op.offset for op in ops if op.kind == "tag-position" and op.offset is not None
     }
     for partition, offsets in consumed.items():
         stopped.setdefault(partition, max(offsets) + 1)
