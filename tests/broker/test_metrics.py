@@ -198,8 +198,17 @@ def test_produce_stream_requests_are_counted_one_by_one(make_cluster: ClusterFac
         (2, ""),
     ]
 
-    samples = scrape(at_leader)
     stream = {"method": "Broker/ProduceStream"}
+    # The stream's end is counted once the broker's handler has finished aborting it,
+    # which can be just after the client has seen the status.
+    wait_until(
+        lambda: value(
+            scrape(at_leader), "raftmq_rpc_requests_total", code="MALFORMED_REQUEST", **stream
+        ),
+        RPC_TIMEOUT,
+        "the malformed message to be counted",
+    )
+    samples = scrape(at_leader)
     assert value(samples, "raftmq_rpc_requests_total", code="OK", **stream) == 21
     assert value(samples, "raftmq_rpc_requests_total", code="UNKNOWN_PARTITION", **stream) == 1
     assert value(samples, "raftmq_rpc_requests_total", code="MALFORMED_REQUEST", **stream) == 1
