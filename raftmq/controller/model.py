@@ -17,6 +17,7 @@ from enum import StrEnum
 from raftmq.controller.acl_model import AclBinding
 from raftmq.controller.scram_users import ScramCredential
 from raftmq.controller.topic_config import TopicConfig, resolve
+from raftmq.share_settings import ShareSettings
 
 
 class BrokerState(StrEnum):
@@ -161,6 +162,40 @@ class ConsumerGroup:
     """Topic: partition: the committed position (the next record to consume)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ShareMember:
+    """A share group member: what it subscribes to and the partitions it fetches from
+    (several members may share one; raftmq.controller.share_groups assigns them)."""
+
+    member_id: str
+    member_epoch: int
+    """The group epoch of its last assignment: a heartbeat stamped with another is
+    FENCED_MEMBER_EPOCH."""
+    subscriptions: tuple[str, ...]
+    assigned: tuple[TopicPartition, ...]
+    joined_ms: int
+    session_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroup:
+    """A share group (docs/share-groups.md): members, assignments and settings only.
+    Which records are acquired, by whom and until when is the share-partition state,
+    kept by each partition's leader in the partition's own Raft group, never here:
+    every broker watches this state, and acquisitions change with every fetch."""
+
+    group_id: str
+    created_version: int
+    """The metadata version that created it: partition leaders tell a group deleted and
+    created again under the same id from the old one, whose share-partition state they
+    drop."""
+    epoch: int = 0
+    members: Mapping[str, ShareMember] = field(default_factory=dict)
+    settings: ShareSettings = field(default_factory=ShareSettings)
+    topics: tuple[str, ...] = ()
+    """Every topic a member ever subscribed to, sorted (describe lists their partitions)."""
+
+
 class TxnState(StrEnum):
     EMPTY = "empty"  # an id initialised, no transaction begun since
     ONGOING = "ongoing"
@@ -258,6 +293,8 @@ class MetadataState:
     topics: Mapping[str, Topic] = field(default_factory=dict)
     next_producer_id: int = 0
     consumer_groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
+    share_groups: Mapping[str, ShareGroup] = field(default_factory=dict)
+    """Share groups by id; a group id names a consumer group or a share group, not both."""
     rebalance_requested: bool = False
     """An operator asked for a rebalance (``RequestRebalance``) and the controller's mover
     has not yet found the cluster balanced. In the metadata, not in the leader's memory,

@@ -83,6 +83,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_INVALID_TAG_FILTER: _ClassVar[ErrorCode]
     ERROR_CODE_DELAY_TOO_LONG: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_DELAY: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_RECORD_STATE: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ACKNOWLEDGE_TYPE: _ClassVar[ErrorCode]
+    ERROR_CODE_LOCK_RENEWAL_LIMIT: _ClassVar[ErrorCode]
+    ERROR_CODE_INCONSISTENT_GROUP_TYPE: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_SHARE_SETTING: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -181,6 +186,11 @@ ERROR_CODE_INVALID_TAGS: ErrorCode
 ERROR_CODE_INVALID_TAG_FILTER: ErrorCode
 ERROR_CODE_DELAY_TOO_LONG: ErrorCode
 ERROR_CODE_INVALID_DELAY: ErrorCode
+ERROR_CODE_INVALID_RECORD_STATE: ErrorCode
+ERROR_CODE_INVALID_ACKNOWLEDGE_TYPE: ErrorCode
+ERROR_CODE_LOCK_RENEWAL_LIMIT: ErrorCode
+ERROR_CODE_INCONSISTENT_GROUP_TYPE: ErrorCode
+ERROR_CODE_INVALID_SHARE_SETTING: ErrorCode
 ACKS_ALL: Acks
 ACKS_LEADER: Acks
 ACKS_NONE: Acks
