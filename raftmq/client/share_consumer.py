@@ -256,6 +256,10 @@ class _ShareCore:
     def assignment(self) -> set[TopicPartition]:
         return {tp for tp, p in list(self.parts.items()) if p.assigned}
 
+    async def partitions_for(self, topic: str) -> list[int]:
+        await self.links.refresh()
+        return list(range(self.links.view.partitions.get(topic, 0)))
+
     # --- fetching -------------------------------------------------------------------------
 
     async def _fetch_loop(self, p: _Partition) -> None:
@@ -761,6 +765,10 @@ class ShareConsumer(_Face):
         (implicit mode: accepts every record the last poll returned)."""
         return self._wait(self._core.poll(timeout))
 
+    def partitions_for(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` (asking the cluster); [] when it does not exist."""
+        return self._wait(self._core.partitions_for(topic))
+
     def commit_sync(self) -> list[AcknowledgementResult]:
         """Send every acknowledgement given (implicit mode: accept the last poll's
         records) and wait for the leaders: one result per range of offsets, refused ones
@@ -816,6 +824,9 @@ class AsyncShareConsumer(_Face):
 
     async def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         return await self._core.poll(timeout)
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        return await self._core.partitions_for(topic)
 
     async def commit_sync(self) -> list[AcknowledgementResult]:
         return await self._core.commit()
