@@ -620,6 +620,10 @@ class _ShareCore:
             expired = 0
             while p.ready and len(out) < limit:
                 record, deadline = p.ready.popleft()
+                with self.lock:
+                    settled = record.offset not in p.held
+                if settled:
+                    continue  # acknowledged meanwhile (an earlier delivery's ACCEPT took it)
                 if deadline and deadline <= now_ms:
                     expired += 1
                     continue
