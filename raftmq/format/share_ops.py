@@ -128,7 +128,7 @@ def encode_entry(op: ShareOp) -> bytes:
 
 
 class _Reader:
-    __slots__ = ("buf", "at")
+    __slots__ = ("at", "buf")
 
     def __init__(self, buf: bytes | memoryview) -> None:
         self.buf = buf
