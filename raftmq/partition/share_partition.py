@@ -224,10 +224,11 @@ class SharePartitions:
         return True
 
     async def drop_group(self, group_id: str, created_version: int) -> bool:
-        """Drop a group's state here (the group was deleted, or created again: then
-        ``created_version`` is the new one, and any older state goes)."""
+        """Drop a group's state here: the group was deleted (``created_version`` is the
+        state's own), or created again (the new group's; any older state goes). Whether
+        there was state to drop."""
         st = self.replica.shares.states.groups.get(group_id)
-        if st is None or st.created_version >= created_version:
+        if st is None or st.created_version > created_version:
             return False
         self._check_leader()
         await self._propose(ShareOp(Op.DELETE, group_id, created_version, self._now_ms()))
