@@ -145,6 +145,10 @@ def _commit(r: Any, v: View) -> list[Need]:
     return [Need(G, r.group_id, Op.READ), *_topics((o.topic for o in r.offsets), Op.READ)]
 
 
+def _share_read(r: Any, v: View) -> list[Need]:
+    return [Need(G, r.group_id, Op.READ), Need(T, r.topic, Op.READ)]
+
+
 def _txn(r: Any, v: View) -> list[Need]:
     return [Need(X, r.transactional_id, Op.WRITE)]
 
@@ -222,6 +226,14 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "ListTransactions": _const(),  # SHOWN
     "DescribeTransaction": _one(X, "transactional_id", Op.DESCRIBE),
     "AbortTransaction": _const(cluster(Op.ALTER)),
+    # SharePartitions service (partition leaders)
+    "ShareFetch": _share_read,
+    "ShareAcknowledge": _share_read,
+    "DescribeSharePartition": lambda r, v: [
+        Need(G, r.group_id, Op.DESCRIBE),
+        Need(T, r.topic, Op.DESCRIBE),
+    ],
+    "ResetSharePartition": lambda r, v: [Need(G, r.group_id, Op.DELETE), Need(T, r.topic, Op.READ)],
     # Controller service: brokers only
     "RegisterBroker": INTERNAL,
     "Heartbeat": INTERNAL,
