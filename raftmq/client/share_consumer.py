@@ -293,6 +293,8 @@ class _ShareCore:
     async def _fetch_once(self, p: _Partition, session: ShareSession) -> bool:
         """One ShareFetch, carrying the partition's pending acknowledgements; False when
         it failed (after retrying what a retry may mend)."""
+        if not session.member_id:
+            return True  # fenced while waiting for a turn: the loop waits for the rejoin
         sent = self._take_pending(p)
         c = self.config
         request = spb.ShareFetchRequest(
@@ -466,10 +468,13 @@ class _ShareCore:
     async def _acknowledge(self, sent: _Sent) -> None:
         c = self.config
         session = self.session
+        if session is None or not session.member_id:
+            self._failed(sent, _not_member_error(c.group_id))
+            return
         request = spb.ShareAcknowledgeRequest(
             group_id=c.group_id,
-            member_id=session.member_id if session is not None else "",
-            metadata_version=session.metadata_version if session is not None else 0,
+            member_id=session.member_id,
+            metadata_version=session.metadata_version,
             topic=sent.tp[0],
             partition=sent.tp[1],
             acknowledgements=[r.batch() for r in sent.ranges],
@@ -673,6 +678,18 @@ class _ShareCore:
         if self.session is not None:
             await self.session.close()
         await self.links.close()
+
+
+def _not_member_error(group_id: str) -> ClientError:
+    return ClientError(
+        f"this consumer is not a member of share group {group_id} right now (it is joining "
+        "again): the records it held were given back when it left, so there is nothing to "
+        "acknowledge",
+        pb.ERROR_CODE_UNKNOWN_MEMBER,
+        None,
+        {},
+        "UNKNOWN_MEMBER",
+    )
 
 
 def _closed_error() -> ClientError:
