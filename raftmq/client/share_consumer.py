@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Literal, NamedTuple, TypeVar, Unpack
 
 import grpc
 
@@ -165,6 +165,11 @@ class ShareConsumerSettings(TlsSettings, SaslSettings, total=False):
     client_id: str | None
 
 
+class Held(NamedTuple):
+    deadline_ms: int
+    delivery_count: int
+
+
 @dataclass(slots=True)
 class _Partition:
     """One partition's share of the consumer. ``pending`` and ``held`` are guarded by the
@@ -177,8 +182,11 @@ class _Partition:
     """Acquired and not yet polled, each with its lock deadline (ms, leader's clock)."""
     pending: dict[int, AcknowledgeType] = field(default_factory=dict)
     """Acknowledged and not yet sent."""
-    held: dict[int, int] = field(default_factory=dict)
-    """Offset: lock deadline of each record acquired and not yet settled."""
+    held: dict[int, Held] = field(default_factory=dict)
+    """Offset: lock deadline and delivery count of each record acquired and not yet
+    settled. The delivery count names the acquisition: an acknowledgement's answer
+    settles only the acquisition it was sent for, not a later one of the same offset
+    that a concurrent fetch brought (a RELEASE, then the record acquired again)."""
     awaiting_room: bool = False
     """The fetch loop waits for ``poll`` to take ``ready``, and fetches once it has."""
     room: asyncio.Event = field(default_factory=asyncio.Event)
@@ -192,6 +200,8 @@ class _Sent:
     tp: TopicPartition
     ranges: list[AckRange]
     future: asyncio.Future[list[AcknowledgementResult]]
+    counts: dict[int, int]
+    """The delivery count each offset was held with when sent (see _Partition.held)."""
 
 
 class _ShareCore:
@@ -235,7 +245,7 @@ class _ShareCore:
         self.data.set()
 
     def _assigned(self, assigned: frozenset[TopicPartition]) -> None:
-        for tp, p in self.parts.items():
+        for tp, p in list(self.parts.items()):
             if p.assigned and tp not in assigned:
                 p.assigned = False
                 p.room.set()  # its loop ends after the fetch in flight
@@ -371,9 +381,9 @@ class _ShareCore:
         topic, partition = p.tp
         with self.lock:
             for a in records:
-                p.held[a.record.offset] = deadline
+                p.held[a.record.offset] = Held(deadline, a.delivery_count)
             for offset in missing:
-                p.held[offset] = deadline
+                p.held[offset] = Held(deadline, 0)
                 p.pending[offset] = AcknowledgeType.RELEASE
             if missing:
                 log.warning(
@@ -443,12 +453,13 @@ class _ShareCore:
             if not p.pending:
                 return None
             pending, p.pending = p.pending, {}
+            counts = {o: h.delivery_count for o in pending if (h := p.held.get(o)) is not None}
         future: asyncio.Future[list[AcknowledgementResult]] = (
             asyncio.get_running_loop().create_future()
         )
         self.unanswered.add(future)
         future.add_done_callback(self.unanswered.discard)
-        return _Sent(p.tp, coalesce(pending), future)
+        return _Sent(p.tp, coalesce(pending), future, counts)
 
     def _flush(self, *, piggy_back: bool) -> None:
         """Send the pending acknowledgements: ``piggy_back``, those of a partition whose
@@ -543,11 +554,15 @@ class _ShareCore:
                     break
                 if r.type.settles:
                     for offset in range(r.first_offset, r.last_offset + 1):
-                        p.held.pop(offset, None)
+                        if (
+                            h := p.held.get(offset)
+                        ) is not None and h.delivery_count == sent.counts.get(offset):
+                            del p.held[offset]
                 elif r.lock_deadline_ms is not None:
                     for offset in range(r.first_offset, r.last_offset + 1):
-                        if offset in p.held:
-                            p.held[offset] = r.lock_deadline_ms
+                        h = p.held.get(offset)
+                        if h is not None and h.delivery_count == sent.counts.get(offset):
+                            p.held[offset] = Held(r.lock_deadline_ms, h.delivery_count)
         for r in results:
             if r.error is not None:
                 log.warning(
@@ -579,7 +594,8 @@ class _ShareCore:
         if p is None:
             return None
         with self.lock:
-            return p.held.get(record.offset)
+            h = p.held.get(record.offset)
+            return None if h is None else h.deadline_ms
 
     # --- poll -----------------------------------------------------------------------------
 
@@ -616,7 +632,7 @@ class _ShareCore:
         lock expired meanwhile (the leader made them available again)."""
         limit = self.config.max_poll_records
         out: list[ConsumerRecord] = []
-        parts = [p for p in self.parts.values() if p.ready]
+        parts = [p for p in list(self.parts.values()) if p.ready]
         if not parts:
             return out
         start = next(self._turn) % len(parts)
@@ -626,7 +642,8 @@ class _ShareCore:
             while p.ready and len(out) < limit:
                 record, deadline = p.ready.popleft()
                 with self.lock:
-                    settled = record.offset not in p.held
+                    h = p.held.get(record.offset)
+                    settled = h is None or h.delivery_count != record.delivery_count
                 if settled:
                     continue  # acknowledged meanwhile (an earlier delivery's ACCEPT took it)
                 if deadline and deadline <= now_ms:
@@ -650,7 +667,8 @@ class _ShareCore:
     def _forget_expired(self, now_ms: int) -> None:
         with self.lock:
             for p in self.parts.values():
-                stale = [o for o, d in p.held.items() if d and d < now_ms - MAX_HELD_AGE_MS]
+                too_old = now_ms - MAX_HELD_AGE_MS
+                stale = [o for o, h in p.held.items() if h.deadline_ms < too_old]
                 for offset in stale:
                     del p.held[offset]
 
@@ -667,7 +685,7 @@ class _ShareCore:
                 await stop_task(p.task)
         with self.lock:
             for p in self.parts.values():
-                for offset in p.held:
+                for offset in p.held:  # (under the lock: no partition is added meanwhile)
                     p.pending.setdefault(offset, AcknowledgeType.RELEASE)
         self._flush(piggy_back=False)
         waiting = list(self.unanswered)
