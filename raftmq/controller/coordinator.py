@@ -37,15 +37,17 @@ from dataclasses import dataclass
 from raftmq.controller import commands as c
 from raftmq.controller.batching import LINGER_MS, Batcher
 from raftmq.controller.errors import RefusalCode
+from raftmq.controller.groups import (
+    DEFAULT_SESSION_TIMEOUT_MS,
+    MAX_SESSION_TIMEOUT_MS,
+    MIN_SESSION_TIMEOUT_MS,
+)
 from raftmq.controller.model import ConsumerGroup, MetadataState, TopicPartition
 from raftmq.controller.quorum import ControllerQuorum, ControllerRefusal
 from raftmq.controller.transitions import apply_command
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SESSION_TIMEOUT_MS = 45_000
-MIN_SESSION_TIMEOUT_MS = 1_000
-MAX_SESSION_TIMEOUT_MS = 300_000
 MAX_HEARTBEAT_INTERVAL_MS = 3_000
 """A member beats every third of its session timeout, at most this long apart: a lost
 beat or two do not expire it, and a revocation it was told of is not long delayed."""
