@@ -61,6 +61,11 @@ from raftmq.broker.routing import MAX_FETCH_BYTES, Router
 from raftmq.broker.rpc import guard_server
 from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
+from raftmq.broker.share_groups_service import (
+    ShareGroupsService,
+    add_share_groups_redirect,
+    add_share_groups_service,
+)
 from raftmq.broker.transactions_service import (
     TransactionsService,
     add_transactions_redirect,
@@ -408,6 +413,9 @@ class Broker:
             )
             add_admin_service(self._admin, self._server)
             add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
+            add_share_groups_service(
+                ShareGroupsService(self.quorum, self.voter_addresses), self._server
+            )
             self._transactions = TransactionsService(
                 self.quorum, self.voter_addresses, security=self.security
             )
@@ -418,6 +426,7 @@ class Broker:
             redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
             add_admin_redirect(redirect, self._server)
             add_groups_redirect(redirect, self._server)
+            add_share_groups_redirect(redirect, self._server)
             add_transactions_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = net.add_port(
