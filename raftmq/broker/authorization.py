@@ -145,6 +145,10 @@ def _commit(r: Any, v: View) -> list[Need]:
     return [Need(G, r.group_id, Op.READ), *_topics((o.topic for o in r.offsets), Op.READ)]
 
 
+def _share_read(r: Any, v: View) -> list[Need]:
+    return [Need(G, r.group_id, Op.READ), Need(T, r.topic, Op.READ)]
+
+
 def _txn(r: Any, v: View) -> list[Need]:
     return [Need(X, r.transactional_id, Op.WRITE)]
 
@@ -157,13 +161,6 @@ def _one(
     resource_type: ResourceType, field: str, op: Operation
 ) -> Callable[[Any, View], list[Need]]:
     return lambda r, v: [Need(resource_type, getattr(r, field), op)]
-
-
-def _share_partition(op: Operation) -> Callable[[Any, View], list[Need]]:
-    """A share group's records of one partition: ``op`` on the group and on the topic
-    (reading them, acknowledging them and moving the group's start offset are READ, as
-    consuming and committing are for a consumer group)."""
-    return lambda r, v: [Need(G, r.group_id, op), Need(T, r.topic, op)]
 
 
 INTERNAL = _const(cluster(Op.CLUSTER_ACTION))
@@ -227,11 +224,6 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "DescribeShareGroup": _one(G, "group_id", Op.DESCRIBE),
     "AlterShareGroupConfig": _one(G, "group_id", Op.ALTER_CONFIGS),
     "DeleteShareGroup": _one(G, "group_id", Op.DELETE),
-    # SharePartitions service (each partition leader's)
-    "ShareFetch": _share_partition(Op.READ),
-    "ShareAcknowledge": _share_partition(Op.READ),
-    "DescribeSharePartition": _share_partition(Op.DESCRIBE),
-    "ResetSharePartition": _share_partition(Op.READ),
     # Transactions service
     "InitTransactions": _txn,
     "AddPartitionsToTxn": lambda r, v: [
@@ -243,6 +235,14 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "ListTransactions": _const(),  # SHOWN
     "DescribeTransaction": _one(X, "transactional_id", Op.DESCRIBE),
     "AbortTransaction": _const(cluster(Op.ALTER)),
+    # SharePartitions service (partition leaders)
+    "ShareFetch": _share_read,
+    "ShareAcknowledge": _share_read,
+    "DescribeSharePartition": lambda r, v: [
+        Need(G, r.group_id, Op.DESCRIBE),
+        Need(T, r.topic, Op.DESCRIBE),
+    ],
+    "ResetSharePartition": lambda r, v: [Need(G, r.group_id, Op.DELETE), Need(T, r.topic, Op.READ)],
     # Controller service: brokers only
     "RegisterBroker": INTERNAL,
     "Heartbeat": INTERNAL,
