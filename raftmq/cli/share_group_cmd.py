@@ -131,19 +131,20 @@ def describe(
         console.print("No partitions consumed yet.")
         return
     table = Table(title="partitions (as each partition's leader has them)")
-    columns = ("topic", "partition", "start", "end", "in flight", "acquired", "archived")
-    for col in (*columns, "oldest acquired", "high watermark"):
+    columns = ["topic", "partition", "start", "end", "in flight", "acquired", "archived"]
+    columns += ["dead-lettered", "oldest acquired", "high watermark"]
+    for col in columns:
         table.add_column(col)
     problems = []
     for p in partitions:
         d = p.description
         if d is None:
             assert p.error is not None
-            table.add_row(p.topic, str(p.partition), *["?"] * 7)
+            table.add_row(p.topic, str(p.partition), *["?"] * (len(columns) - 2))
             problems.append(f"{p.topic}/{p.partition}: {p.error} ({p.error.label})")
             continue
         if not d.exists:
-            row = ["-"] * 5 + ["-", str(d.high_watermark)]
+            row = ["-"] * (len(columns) - 3) + [str(d.high_watermark)]
             table.add_row(p.topic, str(p.partition), *row)
             continue
         table.add_row(
@@ -154,6 +155,7 @@ def describe(
             str(d.in_flight),
             str(d.acquired),
             str(d.archived_total),
+            str(d.dead_lettered_total),
             _age(d.oldest_acquired_age_ms),
             str(d.high_watermark),
         )
