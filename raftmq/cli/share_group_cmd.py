@@ -41,9 +41,10 @@ GroupArg = Annotated[str, typer.Argument(help="The share group's id.")]
 SettingPairs = Annotated[
     list[str] | None,
     typer.Option(
+        "--set",
         "--config",
         help="A share group setting as name=value (repeatable), e.g. "
-        "share.record.lock.duration.ms=60000.",
+        "share.record.lock.duration.ms=60000 (--config, as topics take it, works too).",
     ),
 ]
 
@@ -179,14 +180,14 @@ def alter_config(
     share.delivery.count.limit, share.auto.offset.reset, share.dead.letter.topic,
     share.record.lock.partition.limit). Creates the group, empty, when it does not exist,
     so a group can be configured before its first consumer starts."""
-    settings = _pairs(config)
+    settings = _pairs(config, "--set", "share.delivery.count.limit=3")
     for name in reset or []:
         if name in settings:
             console.print(f"[red]{name} is both set and reset; choose one.[/]")
             raise typer.Exit(2)
         settings[name] = ""
     if not settings:
-        console.print("[red]Give at least one --config name=value or --reset name.[/]")
+        console.print("[red]Give at least one --set name=value or --reset name.[/]")
         raise typer.Exit(2)
     done = _call(data, bootstrap, lambda a: a.alter_share_group_config(group, settings))
     console.print(

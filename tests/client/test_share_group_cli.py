@@ -41,6 +41,8 @@ def test_share_group_commands(make_cluster: ClusterFactory) -> None:
 
     usage = raftmq(cluster, "share-group", "alter-config", "sq")
     assert usage.returncode == 2 and b"at least one" in usage.stdout, usage.stdout
+    usage = raftmq(cluster, "share-group", "alter-config", "sq", "--set", "oops")
+    assert usage.returncode == 2 and b"not key=value" in usage.stdout, usage.stdout
     bad = raftmq(
         cluster, "share-group", "alter-config", "sq", "--config", "share.delivery.count.limit=0"
     )
@@ -48,7 +50,7 @@ def test_share_group_commands(make_cluster: ClusterFactory) -> None:
     assert b"between 1 and 10" in bad.stdout
     done = raftmq(
         cluster, "share-group", "alter-config", "sq",
-        "--config", "share.auto.offset.reset=earliest",
+        "--set", "share.auto.offset.reset=earliest",
         "--config", "share.record.lock.duration.ms=60000",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
