@@ -119,7 +119,7 @@ class SharePartitionsService:
                 f"version {have} on broker {self.broker.id} (asked for {metadata_version}); "
                 "heartbeat, and join again if the answer says so",
             )
-        return ShareGroupView(group_id, group.created_version, group.settings)
+        return ShareGroupView(group_id, group.created_version, group.settings, have)
 
     def _leader(self, topic: str, partition: int) -> PartitionReplica:
         replica = self.router.replica(topic, partition)

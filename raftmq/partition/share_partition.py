@@ -61,6 +61,8 @@ class ShareGroupView:
     group_id: str
     created_version: int
     settings: ShareSettings = field(default_factory=ShareSettings)
+    metadata_version: int = 0
+    """The metadata version the broker judged the member at (written in the entries)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +289,7 @@ class SharePartitions:
             dead_letter=bool(s.dead_letter_topic),
             lock_duration_ms=s.record_lock_duration_ms,
             max_lock_hold_ms=s.max_lock_hold_ms(),
+            metadata_version=group.metadata_version,
             **fields,  # type: ignore[arg-type]
         )
 
@@ -341,7 +344,7 @@ class SharePartitions:
         settings = group.settings
         now_ms = self._now_ms()
         reserved = self._reserved.setdefault(gid, set())
-        again = redeliverable(st, now_ms, settings.delivery_count_limit, reserved, max_records)
+        again = redeliverable(st, now_ms, reserved, max_records)
         chosen_entries: dict[int, entry.EntryHeader] = {}
         datas: dict[int, bytes] = {}
         size = 0

@@ -81,12 +81,13 @@ class InProcessBroker:
 PORT = [0]
 
 
-def state(*groups: ShareGroup) -> MetadataState:
+def state(*groups: ShareGroup, version: int = 10) -> MetadataState:
     topics = {
         n: Topic(n, i, 1, {}, (Partition((1,), leader=1),)) for i, n in enumerate(["t", "dead"])
     }
     return MetadataState(
         "c",
+        version,
         brokers={1: Broker(1, "127.0.0.1", PORT[0], "127.0.0.1", 0, None, 1, 1, 0)},
         topics=topics,
         share_groups={g.group_id: g for g in groups},
@@ -206,7 +207,7 @@ async def test_membership_is_judged_at_the_members_metadata_version(served: Serv
     waiting = asyncio.ensure_future(stub.ShareFetch(fetch("m9", 12)))
     await asyncio.sleep(0.2)
     assert not waiting.done()
-    broker.metadata, broker.metadata_version = state(group("m1", "m9")), 12
+    broker.metadata, broker.metadata_version = state(group("m1", "m9"), version=12), 12
     assert (await waiting).acquired == []
     other = spb.ShareFetchRequest(group_id="nope", member_id="m1", topic="t", partition=0)
     assert (await refused(stub.ShareFetch(other)))[1] == "UNKNOWN_GROUP"
@@ -230,6 +231,8 @@ async def test_the_control_loop_releases_departed_members_and_drops_deleted_grou
     await stub.ShareFetch(fetch("m1", max_records=2))
     await stub.ShareFetch(fetch("m2", max_records=2))
     view = ShareGroupView("g", 3, SETTINGS)
+    await apply_metadata(replica, state(group("m2"), version=9))  # older: changes nothing
+    assert replica.share.describe(view).acquired == 4
     await apply_metadata(replica, state(group("m2")))  # m1 left
     d = replica.share.describe(view)
     assert (d.acquired, d.available) == (2, 2)
