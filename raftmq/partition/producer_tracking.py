@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from raftmq.format import entry
 from raftmq.format.errors import FormatError
@@ -139,25 +139,18 @@ class ProducerTracking:
     def _load(self) -> None:
         """The checkpoint, when there is a usable one; else nothing is loaded and
         ``_damaged`` says why an existing file was not used (a missing one is normal)."""
-        try:
-            payload = read_atomic(self.path)
-        except OSError as exc:
-            self._damaged = f"cannot be read ({exc.strerror or exc})"
-            return
-        if payload is None:
-            if self.path.exists():
-                self._damaged = "fails its CRC (damaged on disk)"
+        saved, self._damaged = read_checkpoint(self.path)
+        if saved is None:
             return
         try:
-            saved = json.loads(payload)
             # A checkpoint written before transactions has neither list: none open or aborted.
             states = ProducerStates.from_json(saved["producers"], saved.get("transactions"))
             states.aborted = AbortedTransactions.from_json(
                 saved.get("aborted", []), saved.get("aborted_runs"), self.path.parent
             )
             index, term = int(saved["index"]), int(saved["term"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
-            self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
+        except UNDECODABLE as exc:
+            self._damaged = undecodable(exc)
             return
         self.states, self.applied_index, self.applied_term = states, index, term
         self._checkpointed_index = self.durable_index = index
@@ -447,6 +440,30 @@ class ProducerTracking:
                     del self._pending[producer_id]
 
         return forget
+
+
+def read_checkpoint(path: Path) -> tuple[Any, str | None]:
+    """A JSON checkpoint file's content, or None and why an existing file is not usable
+    (None and None: there is none, which is normal). The caller decodes the content and
+    calls a failure there "does not decode" (:func:`undecodable`)."""
+    try:
+        payload = read_atomic(path)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if payload is None:
+        return None, "fails its CRC (damaged on disk)" if path.exists() else None
+    try:
+        return json.loads(payload), None
+    except (ValueError, RecursionError) as exc:
+        return None, undecodable(exc)
+
+
+def undecodable(exc: Exception) -> str:
+    return f"does not decode ({type(exc).__name__}: {exc})"
+
+
+UNDECODABLE = (ValueError, KeyError, TypeError, IndexError, RecursionError)
+"""What decoding a checkpoint's content may raise on a content it does not expect."""
 
 
 def _save(

@@ -27,9 +27,15 @@ from pathlib import Path
 
 from raftmq.format import entry, share_ops
 from raftmq.format.errors import FormatError
-from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.log.atomic_file import write_atomic
 from raftmq.log.errors import LogError
-from raftmq.partition.producer_tracking import READ_CHUNK_BYTES, LogHeaders
+from raftmq.partition.producer_tracking import (
+    READ_CHUNK_BYTES,
+    UNDECODABLE,
+    LogHeaders,
+    read_checkpoint,
+    undecodable,
+)
 from raftmq.partition.share_state import Outcome, ShareStates
 
 log = logging.getLogger(__name__)
@@ -66,21 +72,14 @@ class ShareTracking:
         self._load()
 
     def _load(self) -> None:
-        try:
-            payload = read_atomic(self.path)
-        except OSError as exc:
-            self._damaged = f"cannot be read ({exc.strerror or exc})"
-            return
-        if payload is None:
-            if self.path.exists():
-                self._damaged = "fails its CRC (damaged on disk)"
+        saved, self._damaged = read_checkpoint(self.path)
+        if saved is None:
             return
         try:
-            saved = json.loads(payload)
             states = ShareStates.from_json(saved["groups"])
             index = int(saved["index"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
-            self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
+        except UNDECODABLE as exc:
+            self._damaged = undecodable(exc)
             return
         self.states, self.applied_index = states, index
         self._checkpointed_index = self.durable_index = index
@@ -175,7 +174,7 @@ class ShareTracking:
                 raise KeyError("no share state in the attachment")
             states = ShareStates.from_json(share["groups"])
             at = int(share["index"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+        except UNDECODABLE as exc:
             log.warning(
                 "%s: no usable share-partition state came with the snapshot at %d (%s); "
                 "the share groups of the skipped entries start again here",

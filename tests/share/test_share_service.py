@@ -128,6 +128,17 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         await host.stop()
 
 
+def acknowledge(mid: str, *acks: spb.AcknowledgementBatch) -> spb.ShareAcknowledgeRequest:
+    return spb.ShareAcknowledgeRequest(
+        group_id="g",
+        member_id=mid,
+        metadata_version=10,
+        topic="t",
+        partition=0,
+        acknowledgements=acks,
+    )
+
+
 def fetch(mid: str, version: int = 10, **kw: object) -> spb.ShareFetchRequest:
     return spb.ShareFetchRequest(
         group_id="g", member_id=mid, metadata_version=version, topic="t", partition=0, **kw
@@ -152,18 +163,12 @@ async def test_fetch_acknowledge_describe_reset(served: Served) -> None:
     assert got.entries and got.high_watermark == 6 and got.lock_deadline_ms > 0
     ack = spb.AcknowledgementBatch
     answer = await stub.ShareAcknowledge(
-        spb.ShareAcknowledgeRequest(
-            group_id="g",
-            member_id="m1",
-            metadata_version=10,
-            topic="t",
-            partition=0,
-            acknowledgements=[
-                ack(first_offset=0, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
-                ack(first_offset=3, last_offset=4, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
-                ack(first_offset=2, last_offset=2, type=spb.ACKNOWLEDGE_TYPE_RENEW),
-                ack(first_offset=3, last_offset=3, type=0),
-            ],
+        acknowledge(
+            "m1",
+            ack(first_offset=0, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
+            ack(first_offset=3, last_offset=4, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
+            ack(first_offset=2, last_offset=2, type=spb.ACKNOWLEDGE_TYPE_RENEW),
+            ack(first_offset=3, last_offset=3, type=0),  # type: ignore[arg-type]
         )
     )
     assert [r.error.code for r in answer.results] == [
@@ -260,16 +265,7 @@ async def test_archived_records_are_dead_lettered_with_their_history(served: Ser
     reject = ack(first_offset=1, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_REJECT)
     got = await stub.ShareFetch(fetch("m1", acknowledgements=[release, reject]))
     assert [(a.first_offset, a.delivery_count) for a in got.acquired] == [(0, 2)]
-    await stub.ShareAcknowledge(
-        spb.ShareAcknowledgeRequest(
-            group_id="g",
-            member_id="m1",
-            metadata_version=10,
-            topic="t",
-            partition=0,
-            acknowledgements=[release],
-        )
-    )
+    await stub.ShareAcknowledge(acknowledge("m1", release))
     view = ShareGroupView("g", 3, dlq_settings)
     st = replica.share.state(view)
     assert st is not None and st.waiting_dead_letter() == [0, 1]
