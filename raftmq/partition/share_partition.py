@@ -100,6 +100,14 @@ class SharePartitions:
         """Proposals of each group not yet applied (or failed): reservations end with them."""
         self._reserved_term = 0
         self._last_now_ms = 0
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        """Wake the share long polls: records committed, or a share change that may make
+        some acquirable (not every share entry: 16 members' acquisitions would wake each
+        other for nothing)."""
+        self._woken.set()
+        self._woken = asyncio.Event()
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -151,7 +159,7 @@ class SharePartitions:
         acked = await self.acknowledge(group, member_id, acknowledgements or [])
         await self._ensure_state(group)
         while True:
-            woken = self.replica._hw_event
+            woken = self._woken
             result = await self._acquire(group, member_id, max_records, max_bytes)
             now_s = time.monotonic()
             if result is not None or now_s >= deadline_s:

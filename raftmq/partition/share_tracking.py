@@ -64,7 +64,8 @@ class ShareTracking:
         """The durable checkpoint (or, with none, the empty start) holds no group."""
         self._waiters: dict[int, asyncio.Future[Outcome]] = {}
         self.on_change: Callable[[], None] | None = None
-        """Called after every applied operation (long polls wake on releases and acks)."""
+        """Called after an applied operation that may make records acquirable (share
+        long polls wake on it)."""
         self._load()
 
     def _load(self) -> None:
@@ -117,19 +118,22 @@ class ShareTracking:
         one the checkpoint covers already is skipped)."""
         if index <= self.applied_index:
             return
+        op: share_ops.ShareOp | None = None
         try:
-            outcome = self.states.apply(share_ops.decode(payload))
+            op = share_ops.decode(payload)
         except FormatError as exc:
             # Written by a newer version, or damaged past its CRC: nothing of it applies,
             # here as on every replica of this version.
             log.warning("%s: share-state entry %d not applied: %s", self.name, index, exc)
-            outcome = Outcome(applied=False)
+        outcome = Outcome(applied=False) if op is None else self.states.apply(op)
         self.applied_index = index
         self._ops_since_checkpoint += 1
         waiter = self._waiters.pop(index, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
-        if self.on_change is not None:
+        if self.on_change is not None and op is not None and op.op != share_ops.Op.ACQUIRE:
+            # An acquisition makes nothing acquirable; the rest may (a release, an ack
+            # that makes room under the in-flight limit, a lock expiry judged by it).
             self.on_change()
 
     def advanced(self, applied_to: int) -> None:
