@@ -42,7 +42,7 @@ class DeadLetterWriter:
             group = state.share_groups.get(gid)
             if not waiting or group is None or group.created_version != st.created_version:
                 continue
-            view = ShareGroupView(gid, group.created_version, group.settings)
+            view = ShareGroupView(gid, group.created_version, group.settings, state.version)
             topic = group.settings.dead_letter_topic
             if not topic:
                 # The setting was cleared since they were archived: nothing to write.

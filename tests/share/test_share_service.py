@@ -81,12 +81,13 @@ class InProcessBroker:
 PORT = [0]
 
 
-def state(*groups: ShareGroup) -> MetadataState:
+def state(*groups: ShareGroup, version: int = 10) -> MetadataState:
     topics = {
         n: Topic(n, i, 1, {}, (Partition((1,), leader=1),)) for i, n in enumerate(["t", "dead"])
     }
     return MetadataState(
         "c",
+        version,
         brokers={1: Broker(1, "127.0.0.1", PORT[0], "127.0.0.1", 0, None, 1, 1, 0)},
         topics=topics,
         share_groups={g.group_id: g for g in groups},
@@ -127,6 +128,17 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         await host.stop()
 
 
+def acknowledge(mid: str, *acks: spb.AcknowledgementBatch) -> spb.ShareAcknowledgeRequest:
+    return spb.ShareAcknowledgeRequest(
+        group_id="g",
+        member_id=mid,
+        metadata_version=10,
+        topic="t",
+        partition=0,
+        acknowledgements=acks,
+    )
+
+
 def fetch(mid: str, version: int = 10, **kw: object) -> spb.ShareFetchRequest:
     return spb.ShareFetchRequest(
         group_id="g", member_id=mid, metadata_version=version, topic="t", partition=0, **kw
@@ -151,18 +163,12 @@ async def test_fetch_acknowledge_describe_reset(served: Served) -> None:
     assert got.entries and got.high_watermark == 6 and got.lock_deadline_ms > 0
     ack = spb.AcknowledgementBatch
     answer = await stub.ShareAcknowledge(
-        spb.ShareAcknowledgeRequest(
-            group_id="g",
-            member_id="m1",
-            metadata_version=10,
-            topic="t",
-            partition=0,
-            acknowledgements=[
-                ack(first_offset=0, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
-                ack(first_offset=3, last_offset=4, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
-                ack(first_offset=2, last_offset=2, type=spb.ACKNOWLEDGE_TYPE_RENEW),
-                ack(first_offset=3, last_offset=3, type=0),
-            ],
+        acknowledge(
+            "m1",
+            ack(first_offset=0, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
+            ack(first_offset=3, last_offset=4, type=spb.ACKNOWLEDGE_TYPE_ACCEPT),
+            ack(first_offset=2, last_offset=2, type=spb.ACKNOWLEDGE_TYPE_RENEW),
+            ack(first_offset=3, last_offset=3, type=0),  # type: ignore[arg-type]
         )
     )
     assert [r.error.code for r in answer.results] == [
@@ -206,7 +212,7 @@ async def test_membership_is_judged_at_the_members_metadata_version(served: Serv
     waiting = asyncio.ensure_future(stub.ShareFetch(fetch("m9", 12)))
     await asyncio.sleep(0.2)
     assert not waiting.done()
-    broker.metadata, broker.metadata_version = state(group("m1", "m9")), 12
+    broker.metadata, broker.metadata_version = state(group("m1", "m9"), version=12), 12
     assert (await waiting).acquired == []
     other = spb.ShareFetchRequest(group_id="nope", member_id="m1", topic="t", partition=0)
     assert (await refused(stub.ShareFetch(other)))[1] == "UNKNOWN_GROUP"
@@ -230,6 +236,8 @@ async def test_the_control_loop_releases_departed_members_and_drops_deleted_grou
     await stub.ShareFetch(fetch("m1", max_records=2))
     await stub.ShareFetch(fetch("m2", max_records=2))
     view = ShareGroupView("g", 3, SETTINGS)
+    await apply_metadata(replica, state(group("m2"), version=9))  # older: changes nothing
+    assert replica.share.describe(view).acquired == 4
     await apply_metadata(replica, state(group("m2")))  # m1 left
     d = replica.share.describe(view)
     assert (d.acquired, d.available) == (2, 2)
@@ -257,16 +265,7 @@ async def test_archived_records_are_dead_lettered_with_their_history(served: Ser
     reject = ack(first_offset=1, last_offset=1, type=spb.ACKNOWLEDGE_TYPE_REJECT)
     got = await stub.ShareFetch(fetch("m1", acknowledgements=[release, reject]))
     assert [(a.first_offset, a.delivery_count) for a in got.acquired] == [(0, 2)]
-    await stub.ShareAcknowledge(
-        spb.ShareAcknowledgeRequest(
-            group_id="g",
-            member_id="m1",
-            metadata_version=10,
-            topic="t",
-            partition=0,
-            acknowledgements=[release],
-        )
-    )
+    await stub.ShareAcknowledge(acknowledge("m1", release))
     view = ShareGroupView("g", 3, dlq_settings)
     st = replica.share.state(view)
     assert st is not None and st.waiting_dead_letter() == [0, 1]
