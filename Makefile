@@ -25,12 +25,17 @@ proto: $(STAMP)
 # busy with other workers' brokers can miss (Spark gives a Python worker 10 s to connect
 # back; a move's CLI must finish within a dead broker's 6 s session; the toxiproxy tests
 # bound latencies in milliseconds).
+#
+# Property tests run with a fixed seed here, so a verdict is the code's and not the draw's
+# (a random draw found a wrong oracle in CI once, for code that had not changed); run
+# pytest without it to explore new examples.
 FAST := not long and not chaos
+SEEDED := --hypothesis-seed=0
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m '$(FAST) and not serial'
-	$(BIN)/pytest -q -n 0 -m '$(FAST) and serial'
+	$(BIN)/pytest -q $(SEEDED) -m '$(FAST) and not serial'
+	$(BIN)/pytest -q $(SEEDED) -n 0 -m '$(FAST) and serial'
 
 test-long: $(STAMP)
 	$(BIN)/pytest -q -m long

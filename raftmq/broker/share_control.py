@@ -87,14 +87,19 @@ class ShareControl:
 
 
 async def apply_metadata(replica: PartitionReplica, state: MetadataState) -> None:
-    """Release the records of members gone; drop the state of groups gone or replaced."""
+    """Release the records of members gone; drop the state of groups gone or replaced.
+    Not with metadata older than what a leader judged the group's members at (this
+    broker may have become leader with a copy that lags): a member or group missing
+    from it may be one it has not seen join yet."""
     for gid, st in list(replica.shares.states.groups.items()):
+        if state.version < st.seen_version:
+            continue
         group = state.share_groups.get(gid)
         if group is None or group.created_version != st.created_version:
             created = st.created_version if group is None else group.created_version
             await replica.share.drop_group(gid, created)
             continue
         holders = {r.member_id for r in st.records.values() if r.state == RecordState.ACQUIRED}
-        view = ShareGroupView(gid, group.created_version, group.settings)
+        view = ShareGroupView(gid, group.created_version, group.settings, state.version)
         for member in sorted(holders - set(group.members)):
             await replica.share.release_member(view, member)

@@ -119,13 +119,28 @@ class SharePartitionsService:
                 f"version {have} on broker {self.broker.id} (asked for {metadata_version}); "
                 "heartbeat, and join again if the answer says so",
             )
-        return ShareGroupView(group_id, group.created_version, group.settings)
+        return ShareGroupView(group_id, group.created_version, group.settings, have)
 
     def _leader(self, topic: str, partition: int) -> PartitionReplica:
         replica = self.router.replica(topic, partition)
         if not replica.is_leader:
             raise self.router.refusal(replica._not_leader(replica.leader_id))
         return replica
+
+    async def _member_request(
+        self,
+        request: spb.ShareFetchRequest | spb.ShareAcknowledgeRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[PartitionReplica, ShareGroupView, list[tuple[int, int, int]]]:
+        """A member's request (fetch, acknowledge): its leader replica here, its group as
+        the metadata holds it, its acknowledgements as (first, last, type)."""
+        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
+        replica = self._leader(request.topic, request.partition)
+        group = await self._group(
+            request.group_id, request.member_id, request.metadata_version, context
+        )
+        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        return replica, group, acks
 
     # --- RPCs --------------------------------------------------------------------------------
 
@@ -135,12 +150,7 @@ class SharePartitionsService:
         at_most("max_records", request.max_records, MAX_RECORDS)
         at_most("max_bytes", request.max_bytes, MAX_FETCH_BYTES, " bytes")
         at_most("max_wait_ms", request.max_wait_ms, int(MAX_WAIT_S * 1000), " ms")
-        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
-        replica = self._leader(request.topic, request.partition)
-        group = await self._group(
-            request.group_id, request.member_id, request.metadata_version, context
-        )
-        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        replica, group, acks = await self._member_request(request, context)
         try:
             got = await replica.share.fetch(
                 group,
@@ -166,12 +176,7 @@ class SharePartitionsService:
     async def ShareAcknowledge(
         self, request: spb.ShareAcknowledgeRequest, context: grpc.aio.ServicerContext
     ) -> spb.ShareAcknowledgeResponse:
-        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
-        replica = self._leader(request.topic, request.partition)
-        group = await self._group(
-            request.group_id, request.member_id, request.metadata_version, context
-        )
-        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        replica, group, acks = await self._member_request(request, context)
         try:
             results = await replica.share.acknowledge(group, request.member_id, acks)
         except PartitionError as exc:

@@ -46,10 +46,10 @@ class AckType(IntEnum):
     RENEW = 4
 
 
-_HEAD = struct.Struct(">BB q q H B I q B")
+_HEAD = struct.Struct(">BB q q H B I q q B")
 """version, op | created_version | now_ms | delivery_count_limit (u16) | dead_letter (u8:
 1 when archived records are to be dead-lettered) | lock_duration_ms (u32) |
-max_lock_hold_ms (i64) | group id length (u8)."""
+max_lock_hold_ms (i64) | metadata_version (i64) | group id length (u8)."""
 _LEN8 = struct.Struct(">B")
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
@@ -69,6 +69,9 @@ class ShareOp:
     dead_letter: bool = False
     lock_duration_ms: int = 30_000
     max_lock_hold_ms: int = 360_000
+    metadata_version: int = 0
+    """The leader's metadata version when it judged the member (or group): a leader whose
+    metadata is older does not take a member missing from it for one that left."""
     member_id: str = ""
     start: int = 0
     deadline_ms: int = 0
@@ -96,6 +99,7 @@ def encode(op: ShareOp) -> bytes:
             int(op.dead_letter),
             op.lock_duration_ms,
             op.max_lock_hold_ms,
+            op.metadata_version,
             len(gid),
         ),
         gid,
@@ -162,7 +166,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
     """The operation a payload holds; raises InvalidEntryError on anything else (an
     unknown version or operation included)."""
     r = _Reader(memoryview(payload))
-    version, kind, created, now_ms, limit, dead, lock_ms, hold_ms, glen = r.take(_HEAD)
+    version, kind, created, now_ms, limit, dead, lock_ms, hold_ms, seen, glen = r.take(_HEAD)
     if version != VERSION:
         raise InvalidEntryError(f"unknown share-state payload version {version}")
     try:
@@ -195,6 +199,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
         bool(dead),
         lock_ms,
         hold_ms,
+        seen,
         member_id,
         start,
         deadline_ms,

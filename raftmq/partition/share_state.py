@@ -86,6 +86,9 @@ class SharePartitionState:
     records: dict[int, InFlight] = field(default_factory=dict)
     archived_total: int = 0
     dead_lettered_total: int = 0
+    seen_version: int = 0
+    """The newest metadata version a leader judged this group's members at (ACQUIRE,
+    INIT): membership changes are applied only by a leader whose metadata is as new."""
     next_deadline_ms: float = math.inf
     """No ACQUIRED record's deadline is earlier (a lower bound): expiry scans nothing before."""
 
@@ -244,6 +247,7 @@ class SharePartitionState:
             self.end,
             self.archived_total,
             self.dead_lettered_total,
+            self.seen_version,
             [
                 [o, int(r.state), r.delivery_count, r.member_id, r.deadline_ms, r.acquired_ms]
                 for o, r in sorted(self.records.items())
@@ -252,9 +256,10 @@ class SharePartitionState:
 
     @classmethod
     def from_json(cls, row: list[object]) -> SharePartitionState:
-        created, start, end, archived, dead, recs = row
+        created, start, end, archived, dead, seen, recs = row
         st = cls(int(created), int(start), int(end))  # type: ignore[call-overload]
         st.archived_total, st.dead_lettered_total = int(archived), int(dead)  # type: ignore[call-overload]
+        st.seen_version = int(seen)  # type: ignore[call-overload]
         for o, state, count, member, deadline, acquired in recs:  # type: ignore[attr-defined]
             st.records[int(o)] = InFlight(
                 RecordState(state), int(count), str(member), int(deadline), int(acquired)
@@ -298,6 +303,7 @@ class ShareStates:
             return Outcome()
         if st is None:
             return Outcome(applied=False)
+        st.seen_version = max(st.seen_version, op.metadata_version)
         st.expire(op.now_ms, op.delivery_count_limit, op.dead_letter)
         out = Outcome()
         if kind == Op.ACQUIRE:
@@ -330,11 +336,13 @@ class ShareStates:
 
 
 def redeliverable(
-    st: SharePartitionState, now_ms: int, limit: int, reserved: Iterable[int], max_records: int
+    st: SharePartitionState, now_ms: int, reserved: Iterable[int], max_records: int
 ) -> list[int]:
     """The in-flight records an acquisition at ``now_ms`` takes first, by offset: those
-    available, and those whose lock expired by then with deliveries left; not those a
-    proposal not yet applied takes (``reserved``); at most ``max_records``."""
+    available, and those whose lock expired by then; not those a proposal not yet applied
+    takes (``reserved``); at most ``max_records``. One delivered as often as the limit
+    allows is archived by the ACQUIRE's apply instead of acquired, so an expiry no entry
+    has applied yet is applied by the next acquisition, not waited on."""
     taken = set(reserved)
     out = [
         o
@@ -344,7 +352,6 @@ def redeliverable(
             r.state == RecordState.AVAILABLE
             or (r.state == RecordState.ACQUIRED and r.deadline_ms <= now_ms)
         )
-        and r.delivery_count < limit
     ]
     out.sort()
     return out[:max_records]

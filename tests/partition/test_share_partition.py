@@ -8,6 +8,7 @@ replay, and replay alone when the checkpoint is gone) and carried by a snapshot.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,13 @@ import pytest
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch, decode_records
 from raftmq.format.share_ops import AckType
+from raftmq.log.config import LogConfig
 from raftmq.partition import share_tracking
 from raftmq.partition.replica import Acks, PartitionReplica
 from raftmq.partition.share_partition import ShareGroupView
 from raftmq.partition.share_tracking import ShareTracking
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.share_settings import ShareSettings
 from tests.partition.test_producer_tracking import open_leader
 from tests.partition.test_txn_replica import txn_batch
@@ -29,6 +33,7 @@ from tests.partition.test_txn_replica import txn_batch
 pytestmark = pytest.mark.timeout(60)
 EARLIEST = ShareSettings(auto_offset_reset="earliest", record_lock_duration_ms=1000)
 G = ShareGroupView("g", 5, EARLIEST)
+LONG = ShareGroupView("g", 5, dataclasses.replace(EARLIEST, record_lock_duration_ms=3000))
 
 
 def plain(*values: bytes) -> bytes:
@@ -192,3 +197,61 @@ def test_a_restart_rebuilds_the_state(
             await host.stop()
 
     asyncio.run(main())
+
+
+def test_a_leader_lost_while_records_are_acquired_keeps_accepts_and_counts(
+    tmp_path: Path,
+) -> None:
+    """Three replicas; the leader stops dead (cut off, its host stopped, nothing handed
+    over) while a member holds records: the new leader has every confirmed ACCEPT, the
+    held records stay held until their lock ends, then go to another member with their
+    delivery count carried on."""
+
+    async def main() -> None:
+        net = MemoryNetwork()
+        hosts: dict[int, RaftHost] = {}
+        replicas: dict[int, PartitionReplica] = {}
+        for node in (1, 2, 3):
+            hosts[node] = RaftHost(
+                node, net.transport(node), seed=node, tick_s=0.01, election_tick=10
+            )
+            replicas[node] = PartitionReplica(
+                hosts[node], "t", 0, tmp_path / f"n{node}", [1, 2, 3], LogConfig()
+            )
+            await hosts[node].start()
+        try:
+            old = await _ready_leader(replicas)
+            await old.produce(plain(*(b"%d" % i for i in range(10))), Acks.ALL, 5)
+            got = await old.share.fetch(LONG, "m1", max_records=6)
+            assert got.acquired == [(0, 5, 1)]
+            res = await old.share.acknowledge(LONG, "m1", [(0, 1, AckType.ACCEPT)])
+            assert res[0].error == ""
+            dead = next(n for n, r in replicas.items() if r is old)
+            for n in hosts:
+                if n != dead:
+                    net.cut(dead, n)
+            await hosts.pop(dead).stop()
+            del replicas[dead]
+            new = await _ready_leader(replicas)
+            d = new.share.describe(LONG)
+            assert (d.start_offset, d.end_offset, d.acquired) == (2, 6, 4)
+            # Held until the lock ends, then another member's, counted twice.
+            early = await new.share.fetch(LONG, "m2", max_records=4)
+            assert early.acquired == [(6, 9, 1)]
+            later = await new.share.fetch(LONG, "m2", max_records=10, max_wait_s=10)
+            assert later.acquired == [(2, 5, 2)]
+            assert time.time() * 1000 >= got.lock_deadline_ms
+        finally:
+            for host in hosts.values():
+                await host.stop()
+
+    asyncio.run(main())
+
+
+async def _ready_leader(replicas: dict[int, PartitionReplica]) -> PartitionReplica:
+    for _ in range(1000):
+        for r in replicas.values():
+            if r.is_leader and r.producers.ready(r.led_term):
+                return r
+        await asyncio.sleep(0.01)
+    raise AssertionError("no leader")

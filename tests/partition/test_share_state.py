@@ -205,7 +205,7 @@ def test_a_leader_run_keeps_the_promises(actions: list[Action], dead_letter: boo
         st_ = s.get(G, 1)
         assert st_ is not None
         if kind == "fetch":
-            again = redeliverable(st_, now, 3, (), n + 1)
+            again = redeliverable(st_, now, (), n + 1)
             new = [(o, o) for o in range(st_.end, min(hw, st_.end + n + 1 - len(again)))]
             ranges = [(o, o) for o in again] + new
             out = do(

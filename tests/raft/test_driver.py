@@ -16,6 +16,7 @@ from raftmq.raft.host.state_store import Kind
 from raftmq.raft.host.tcp import TcpTransport
 from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.raft.membership import ConfigHistory, Membership
+from raftmq.raft.messages import Message, MsgType
 from tests.raft import stored
 
 MEMBERS = Membership(frozenset({1, 2, 3}))
@@ -153,6 +154,43 @@ async def test_idle_groups_quiesce_and_wake_on_proposal(tmp_path):
                 net.cut(old, peer)
         survivors = {n: h for n, h in hosts.items() if n != old}
         await wait_for(lambda: leader_of(survivors, "g7") is not None, what="re-election")
+    finally:
+        for h in hosts.values():
+            await h.stop()
+
+
+async def test_a_follower_that_missed_the_last_commit_takes_it_from_the_quiesce_notice(
+    tmp_path,
+):
+    """The leader's heartbeats carrying the last commit to one follower are lost; the
+    quiesce notice then arrives with that commit, and the follower must take it, not go
+    quiet (or wait for an election) with its applied entries behind. The chaos client
+    schedule once ended with a follower's high watermark two behind its leader's."""
+    net, hosts, applied = await start_memory_cluster(tmp_path, ["g"])
+    try:
+        await wait_for(lambda: leader_of(hosts) is not None, what="a leader")
+        leader = leader_of(hosts)
+        assert leader is not None
+        await wait_for(lambda: all(h.groups["g"].quiesced for h in hosts.values()), what="quiesce")
+        lossy = next(n for n in hosts if n != leader.node_id)
+
+        def commit_lost(src: int, dst: int, m: object) -> bool:
+            # Entries arrive; every message that would only move the commit is lost.
+            return (
+                src == leader.node_id
+                and dst == lossy
+                and isinstance(m, Message)
+                and (m.type == MsgType.HEARTBEAT or (m.type == MsgType.APP and not m.entries))
+            )
+
+        net.drop = commit_lost
+        await asyncio.wait_for(leader.propose("g", batch(7)).done, 5)
+        want = len(applied[leader.node_id, "g"].entries)
+        await wait_for(
+            lambda: len(applied[lossy, "g"].entries) == want and hosts[lossy].groups["g"].quiesced,
+            what="the follower to apply the last entry and go quiet",
+        )
+        assert hosts[lossy].groups["g"].core.term == leader.groups["g"].core.term
     finally:
         for h in hosts.values():
             await h.stop()

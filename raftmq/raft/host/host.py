@@ -874,13 +874,18 @@ class RaftHost(SelfRepair):
             group.core.ask_again(src)  # a vote request it dropped before it opened
             self._mark(group)
             return
-        if (
-            core.term == term
-            and core.lead == src
-            and core.log.last_index == last
-            and core.log.committed == commit
-        ):
-            group.quiesced = True
+        if core.term == term and core.lead == src and core.log.last_index == last:
+            if core.log.committed < commit:
+                # The heartbeats that carried the last commit here were lost: the notice
+                # says it too. The leader quiesces only once this log matches its own up
+                # to ``last`` (same term, same leader since), so the commit holds here as
+                # a heartbeat's would; without it this replica went on ticking, or quiet,
+                # with committed entries unapplied (a follower's high watermark stayed
+                # behind its leader's until the next write).
+                core.step(Message(MsgType.HEARTBEAT, src, self.node_id, term, commit=commit))
+                self._mark(group)
+            if core.log.committed == commit:
+                group.quiesced = True
 
     def on_peer_state(self, peer: int, alive: bool) -> None:
         # A peer died, was cut off, or came back: every group it shares must tick again so

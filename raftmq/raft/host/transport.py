@@ -10,7 +10,7 @@ slow bulk transfer never delays a heartbeat into an election.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,12 +100,15 @@ class Transport(Protocol):
 class MemoryNetwork:
     """Transports of several drivers in one event loop, delivering on the next loop turn.
 
-    ``cut(a, b)`` drops traffic both ways, as a partition would.
+    ``cut(a, b)`` drops traffic both ways, as a partition would; ``drop``, when set, is
+    asked about each message (source, destination, message) and drops those it answers
+    True for, as a lossy link would (tests lose chosen messages with it).
     """
 
     def __init__(self) -> None:
         self.nodes: dict[int, MemoryTransport] = {}
         self.cuts: set[frozenset[int]] = set()
+        self.drop: Callable[[int, int, Outgoing], bool] | None = None
 
     def transport(self, node_id: int) -> MemoryTransport:
         t = MemoryTransport(node_id, self)
@@ -158,6 +161,9 @@ class MemoryTransport:
                 if self.handler is not None:
                     self.handler.on_unreachable(peer)
                 continue
+            drop = self.network.drop
+            if drop is not None:
+                batch = [(g, m) for g, m in batch if not drop(self.node_id, peer, m)]
             dst.handler.on_messages(self.node_id, batch)
 
     def peer_alive(self, peer: int) -> bool:
