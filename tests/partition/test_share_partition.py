@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -158,9 +159,12 @@ def test_reset_and_drop(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-@pytest.mark.parametrize("lose_checkpoint", [False, True])
+@pytest.mark.parametrize("checkpoint", ["kept", "lost", "damaged"])
 def test_a_restart_rebuilds_the_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lose_checkpoint: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checkpoint: str,
 ) -> None:
     monkeypatch.setattr(share_tracking, "CHECKPOINT_EVERY_OPS", 3)
     saved: dict[str, object] = {}
@@ -178,9 +182,15 @@ def test_a_restart_rebuilds_the_state(
             saved.update(replica.shares.states.to_json())
         finally:
             await host.stop()
-        if lose_checkpoint:
-            (tmp_path / share_tracking.CHECKPOINT_FILE).unlink()
-        host, replica = await open_leader(tmp_path)
+        path = tmp_path / share_tracking.CHECKPOINT_FILE
+        if checkpoint == "lost":
+            path.unlink()
+        elif checkpoint == "damaged":
+            path.write_bytes(b"rot" + path.read_bytes()[3:])
+        with caplog.at_level(logging.WARNING):
+            host, replica = await open_leader(tmp_path)
+        warned = [r for r in caplog.records if "share-partition state checkpoint" in r.message]
+        assert len(warned) == (checkpoint == "damaged")
         try:
             assert replica.shares.states.to_json() == saved
             got = await replica.share.fetch(G, "m1", max_records=1)

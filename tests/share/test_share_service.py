@@ -25,7 +25,7 @@ from raftmq.broker.client_quotas import ClientQuotas
 from raftmq.broker.delay_mover import Sender
 from raftmq.broker.routing import Router
 from raftmq.broker.service import BrokerService, add_to_server
-from raftmq.broker.share_control import apply_metadata
+from raftmq.broker.share_control import ShareControl, apply_metadata
 from raftmq.broker.share_dead_letters import DeadLetterWriter
 from raftmq.broker.share_service import SharePartitionsService, add_share_service
 from raftmq.broker.unopened import UnopenedReplicas
@@ -286,3 +286,25 @@ async def test_archived_records_are_dead_lettered_with_their_history(served: Ser
         2,
     )
     assert rh.strip(letters[0].headers) == [("h", b"v")]
+
+
+async def test_the_control_loop_looks_again_only_when_something_moved(served: Served) -> None:
+    broker, stub = served
+    replica = broker.replica
+    control = ShareControl(broker.replicas, lambda: broker.metadata, lambda: False)
+
+    async def one_pass() -> set[asyncio.Task[None]]:
+        control.pass_once()
+        tasks = set(control._tasks.values())
+        await asyncio.gather(*tasks)
+        return tasks
+
+    await replica.produce(build_batch([Record(None, b"x", 1)] * 2), Acks.ALL, 5)
+    await stub.ShareFetch(fetch("m1"))
+    first = await one_pass()
+    assert replica.share.describe(ShareGroupView("g", 3)).acquired == 2
+    broker.metadata = state(group("m2"), version=11)  # m1 left
+    second = await one_pass()
+    assert second != first and replica.share.describe(ShareGroupView("g", 3)).available == 2
+    third = await one_pass()  # its own RELEASE_MEMBER moved the state: one look more
+    assert await one_pass() == third  # then nothing until the metadata or state moves
