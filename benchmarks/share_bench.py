@@ -37,8 +37,6 @@ from benchmarks.harness import (
     print_json_last,
     say,
 )
-from raftmq.api.v1 import share_pb2 as spb
-from raftmq.api.v1 import share_pb2_grpc as spb_grpc
 from raftmq.client import AcknowledgeType, AdminClient, Consumer, Producer, ShareConsumer
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
@@ -61,13 +59,8 @@ def produce(bootstrap: tuple[str, ...], topic: str, count: int) -> None:
 def share_group(bootstrap: tuple[str, ...]) -> str:
     """A fresh share group that starts at the log start."""
     group = f"bench-share-{uuid.uuid4().hex[:8]}"
-    setting = spb.ShareGroupSetting(name="share.auto.offset.reset", value="earliest")
     with AdminClient(bootstrap) as admin:
-        admin._call(
-            "AlterShareGroupConfig",
-            spb.AlterShareGroupConfigRequest(group_id=group, settings=[setting]),
-            spb_grpc.ShareGroupsStub,
-        )
+        admin.alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})
     return group
 
 

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftmq.api.v1 import share_pb2 as spb
-from raftmq.api.v1 import share_pb2_grpc as spb_grpc
 from raftmq.client import AdminClient, Consumer, ConsumerRecord, Producer
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.conftest import (
@@ -53,12 +51,8 @@ def cluster(
 def alter_share_config(cluster: LocalCluster, group: str, settings: dict[str, str]) -> None:
     """Set ``settings`` of share group ``group`` (creating it, empty), as
     ``raftmq share-group alter-config`` does."""
-    request = spb.AlterShareGroupConfigRequest(
-        group_id=group,
-        settings=[spb.ShareGroupSetting(name=k, value=v) for k, v in settings.items()],
-    )
     with AdminClient(cluster.addresses) as admin:
-        admin._call("AlterShareGroupConfig", request, spb_grpc.ShareGroupsStub)
+        admin.alter_share_group_config(group, settings)
 
 
 def earliest_group(cluster: LocalCluster, group: str, **settings: str) -> None:

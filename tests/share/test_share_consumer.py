@@ -191,7 +191,7 @@ def test_a_record_that_always_fails_is_dead_lettered_after_the_delivery_limit(
         assert deliveries == [1, 2, 3]
         assert all(r.ok for r in consumer.commit_sync())
         assert consumer.poll(2.0) == []  # archived: never delivered again
-    letters = read_topic(cluster, dead, 1)
+    letters = read_topic(cluster, dead, 1, timeout_s=30)
     assert [r.value for r in letters] == [poison]
     info = rh.decode(letters[0].headers)
     assert info is not None
