@@ -139,6 +139,9 @@ def test_the_share_consumer_reports_refused_acknowledgements_as_results(
             got += holder.poll(0.5)
         assert len(got) == 5
         other.subscribe(TOPIC)
+        deadline = time.monotonic() + 30
+        while not other.member_id and time.monotonic() < deadline:
+            assert other.poll(0.2) == []  # joined, and nothing is left for it
         for r in got:
             other.acknowledge(r)  # not other's: the leader refuses, as a result
         results = other.commit_sync()
