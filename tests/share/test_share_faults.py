@@ -1,10 +1,10 @@
-"""Share groups under faults, with real brokers (``-m long``: each waits out locks and
-elections): a consumer SIGKILLed mid-batch has its records redelivered to others once
-their locks expire, none lost, none delivered more than the delivery limit; a partition
-leader SIGKILLed while records are acquired loses no ACCEPT confirmed to a member, and
-every record acquired and not acknowledged comes back once its lock expires, its
-delivery count carried over; RENEW extends a lock until the group's maximum hold, then
-LOCK_RENEWAL_LIMIT."""
+"""Share groups under faults, with real brokers: a consumer SIGKILLed mid-batch has its
+records redelivered to others once their locks expire, none lost, none delivered more
+than the delivery limit; a partition leader SIGKILLed while records are acquired loses
+no ACCEPT confirmed to a member, and every record acquired and not acknowledged comes
+back once its lock expires, its delivery count carried over; RENEW extends a lock until
+the group's maximum hold, then LOCK_RENEWAL_LIMIT. The last two (an election, a
+twelve-second hold) run with ``-m long``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.broker.test_broker_cluster import leader_of, wait_until
 from tests.share.conftest import earliest_group, now_ms, produce_numbered
 from tests.share.raw import RawMember
 
-pytestmark = [pytest.mark.long, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -99,6 +99,7 @@ def test_a_consumer_killed_mid_batch_has_its_records_redelivered_after_the_lock(
     assert all(1 <= (r.delivery_count or 0) <= 3 for r, _ in got)
 
 
+@pytest.mark.long
 def test_a_leader_killed_while_records_are_acquired_keeps_accepts_and_locks(
     make_cluster: ClusterFactory,
 ) -> None:
@@ -138,6 +139,7 @@ def test_a_leader_killed_while_records_are_acquired_keeps_accepts_and_locks(
         assert [r.delivery_count for r, _ in by_offset[offset]] == [1]
 
 
+@pytest.mark.long
 def test_renew_extends_a_lock_up_to_the_maximum_hold(cluster: LocalCluster) -> None:
     topic, group, lock_ms = "srenew", "g-renew", 1000
     earliest_group(cluster, group, record_lock_duration_ms=str(lock_ms))
