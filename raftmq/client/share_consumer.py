@@ -191,6 +191,8 @@ class _Partition:
     """The fetch loop waits for ``poll`` to take ``ready``, and fetches once it has."""
     room: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    carrying: bool = False
+    """The fetch in flight carries acknowledgements: ``close`` lets it finish."""
 
 
 @dataclass(slots=True)
@@ -318,6 +320,7 @@ class _ShareCore:
             max_wait_ms=c.fetch_max_wait_ms,
             acknowledgements=[] if sent is None else [r.batch() for r in sent.ranges],
         )
+        p.carrying = sent is not None
         try:
             answer: spb.ShareFetchResponse = await self._at_leader(
                 p.tp, "ShareFetch", request, c.fetch_max_wait_ms / 1000 + RPC_SLACK_S
@@ -328,6 +331,7 @@ class _ShareCore:
             self._refused(p, err)
             return False
         finally:
+            p.carrying = False
             if sent is not None and not sent.future.done() and self.closed:
                 self._failed(sent, _closed_error())
         if sent is not None:
@@ -680,7 +684,11 @@ class _ShareCore:
         if self.closed:
             return
         self.closed = True
-        for p in list(self.parts.values()):
+        parts = list(self.parts.values())
+        carrying = [p.task for p in parts if p.task is not None and p.carrying]
+        if carrying:  # their acknowledgements' answers are on the way: let them land
+            await asyncio.wait(carrying, timeout=CLOSE_RELEASE_S)
+        for p in parts:
             if p.task is not None:
                 await stop_task(p.task)
         with self.lock:
