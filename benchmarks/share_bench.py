@@ -38,7 +38,14 @@ from benchmarks.harness import (
     print_json_last,
     say,
 )
-from raftmq.client import AcknowledgeType, AdminClient, Consumer, Producer, ShareConsumer
+from raftmq.client import (
+    AcknowledgeType,
+    AdminClient,
+    Consumer,
+    ConsumerRecord,
+    Producer,
+    ShareConsumer,
+)
 from raftmq.devtools.local_cluster import LocalCluster, local_spec
 
 WORK, FLOW = "work", "flow"
@@ -88,7 +95,7 @@ def group_processing(bootstrap: tuple[str, ...], seconds: float) -> int:
     done_at: list[float] = []
     with Consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as consumer:
         consumer.subscribe([WORK])
-        records = []
+        records: list[ConsumerRecord] = []
         while not records:
             records = consumer.poll(0.5)
         first = time.monotonic()
@@ -140,36 +147,34 @@ def share_processing(bootstrap: tuple[str, ...], seconds: float, members: int) -
     return in_window([t for times in done_at for t in times], first[0], seconds)
 
 
+def timed_read(consumer: Consumer | ShareConsumer, count: int) -> float:
+    """Seconds from the first record ``consumer`` polled until it has polled ``count``."""
+    while not (records := consumer.poll(0.5)):
+        pass
+    t0 = time.perf_counter()
+    got = len(records)
+    while got < count:
+        got += len(consumer.poll(0.5))
+    return time.perf_counter() - t0
+
+
 def group_read(bootstrap: tuple[str, ...], count: int) -> float:
     """Seconds for one consumer-group member to read ``count`` records of FLOW."""
     group = f"bench-cg-{uuid.uuid4().hex[:8]}"
-    got = 0
     with Consumer(
         bootstrap, group_id=group, auto_offset_reset="earliest", max_poll_records=500
     ) as consumer:
         consumer.subscribe([FLOW])
-        while not (records := consumer.poll(0.5)):
-            pass
-        t0 = time.perf_counter()
-        got = len(records)
-        while got < count:
-            got += len(consumer.poll(0.5))
-        return time.perf_counter() - t0
+        return timed_read(consumer, count)
 
 
 def share_read(bootstrap: tuple[str, ...], count: int) -> float:
     """Seconds for one share consumer to read (and accept) ``count`` records of FLOW."""
-    group = share_group(bootstrap)
-    with ShareConsumer(bootstrap, group, max_poll_records=PLAIN_POLL) as consumer:
-        consumer.subscribe(FLOW)
-        while not (records := consumer.poll(0.5)):
-            pass
-        t0 = time.perf_counter()
-        got = len(records)
-        while got < count:
-            got += len(consumer.poll(0.5))
-        consumer.commit_sync()
-        return time.perf_counter() - t0
+    with ShareConsumer(bootstrap, share_group(bootstrap), max_poll_records=PLAIN_POLL) as c:
+        c.subscribe(FLOW)
+        seconds = timed_read(c, count)
+        c.commit_sync()  # the last poll's records, accepted (not timed: no reader waits)
+        return seconds
 
 
 def main(argv: list[str] | None = None) -> int:

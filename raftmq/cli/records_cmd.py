@@ -393,10 +393,8 @@ def consume(
                 if not records:
                     if group is not None and tags is not None:
                         _commit_positions(consumer, committed_at)
-                    if not joined:  # the idle clock starts once the group gave partitions
-                        last_record = time.monotonic()
-                    idle_ms = (time.monotonic() - last_record) * 1000
-                    if idle_timeout_ms is not None and idle_ms >= idle_timeout_ms:
+                    last_record, idle = _idle(last_record, joined, idle_timeout_ms)
+                    if idle:
                         break
                     continue
                 last_record = time.monotonic()
@@ -421,6 +419,17 @@ def consume(
         except KeyboardInterrupt:
             pass
     _err(f"{count:,} records read from {topic}")
+
+
+def _idle(last_record: float, started: bool, idle_timeout_ms: int | None) -> tuple[float, bool]:
+    """When no record came: the idle clock (it starts only once the group gave this member
+    partitions) and whether --idle-timeout-ms has passed."""
+    now = time.monotonic()
+    if not started:
+        return now, False
+    return last_record, idle_timeout_ms is not None and (
+        now - last_record
+    ) * 1000 >= idle_timeout_ms
 
 
 def _consume_share(
@@ -474,10 +483,10 @@ def _consume_share(
             while max_messages is None or count < max_messages:
                 records = consumer.poll(0.2)
                 if not records:
-                    if not consumer.assignment():  # the idle clock starts once joined
-                        last_record = time.monotonic()
-                    idle_ms = (time.monotonic() - last_record) * 1000
-                    if idle_timeout_ms is not None and idle_ms >= idle_timeout_ms:
+                    last_record, idle = _idle(
+                        last_record, bool(consumer.assignment()), idle_timeout_ms
+                    )
+                    if idle:
                         break
                     continue
                 last_record = time.monotonic()

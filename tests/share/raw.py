@@ -47,6 +47,14 @@ class RawMember:
             self.metadata_version = answer.metadata_version
         return answer
 
+    def _who(self) -> dict[str, Any]:
+        """The fields that name the member in a SharePartitions request."""
+        return {
+            "group_id": self.group,
+            "member_id": self.member_id,
+            "metadata_version": self.metadata_version,
+        }
+
     def _at_leader(self, topic: str, partition: int, rpc: str, request: Any) -> Any:
         self.client.refresh_leaders()
         address = self.client._leader(topic, partition)
@@ -60,9 +68,7 @@ class RawMember:
         self, topic: str, partition: int = 0, *, max_records: int = 500, max_wait_ms: int = 2000
     ) -> spb.ShareFetchResponse:
         request = spb.ShareFetchRequest(
-            group_id=self.group,
-            member_id=self.member_id,
-            metadata_version=self.metadata_version,
+            **self._who(),
             topic=topic,
             partition=partition,
             max_records=max_records,
@@ -76,13 +82,15 @@ class RawMember:
     ) -> spb.AcknowledgeResult:
         """One range's result (raises the ClientError of a whole-request refusal)."""
         request = spb.ShareAcknowledgeRequest(
-            group_id=self.group,
-            member_id=self.member_id,
-            metadata_version=self.metadata_version,
+            **self._who(),
             topic=topic,
             partition=partition,
             acknowledgements=[
-                spb.AcknowledgementBatch(first_offset=first, last_offset=last, type=type)
+                spb.AcknowledgementBatch(
+                    first_offset=first,
+                    last_offset=last,
+                    type=type,  # type: ignore[arg-type]
+                )
             ],
         )
         answer: spb.ShareAcknowledgeResponse = self._at_leader(
