@@ -215,6 +215,15 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "DescribeGroup": _one(G, "group_id", Op.DESCRIBE),
     "ResetOffsets": _commit,
     "DeleteGroup": _one(G, "group_id", Op.DELETE),
+    # ShareGroups service (the coordinator's)
+    "ShareGroupHeartbeat": lambda r, v: [
+        Need(G, r.group_id, Op.READ),
+        *_topics(r.subscriptions, Op.DESCRIBE),
+    ],
+    "ListShareGroups": _const(),  # SHOWN
+    "DescribeShareGroup": _one(G, "group_id", Op.DESCRIBE),
+    "AlterShareGroupConfig": _one(G, "group_id", Op.ALTER_CONFIGS),
+    "DeleteShareGroup": _one(G, "group_id", Op.DELETE),
     # Transactions service
     "InitTransactions": _txn,
     "AddPartitionsToTxn": lambda r, v: [
@@ -256,6 +265,7 @@ SHOWN: dict[str, tuple[str, str, ResourceType]] = {
     "ListTopics": ("topics", "name", T),
     "FetchOffsets": ("offsets", "topic", T),
     "ListGroups": ("groups", "group_id", G),
+    "ListShareGroups": ("groups", "group_id", G),
     "ListTransactions": ("transactions", "transactional_id", X),
 }
 """Listings: RPC -> (the answer's repeated field, the item's name field, its resource
@@ -310,7 +320,9 @@ class AclAuthorizer:
         listing = SHOWN.get(rpc)
         if listing is None or principal in self.super_users:
             return response
-        if rpc == "ListGroups" and self.allowed(principal, cluster(Op.DESCRIBE)):
+        if rpc in ("ListGroups", "ListShareGroups") and self.allowed(
+            principal, cluster(Op.DESCRIBE)
+        ):
             return response  # Kafka: DESCRIBE on the cluster lists every group
         field, name, resource_type = listing
         items = getattr(response, field)

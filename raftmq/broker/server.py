@@ -63,6 +63,11 @@ from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
 from raftmq.broker.share_control import ShareControl
 from raftmq.broker.share_dead_letters import DeadLetterWriter
+from raftmq.broker.share_groups_service import (
+    ShareGroupsService,
+    add_share_groups_redirect,
+    add_share_groups_service,
+)
 from raftmq.broker.share_service import SharePartitionsService, add_share_service
 from raftmq.broker.transactions_service import (
     TransactionsService,
@@ -422,6 +427,9 @@ class Broker:
             )
             add_admin_service(self._admin, self._server)
             add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
+            add_share_groups_service(
+                ShareGroupsService(self.quorum, self.voter_addresses), self._server
+            )
             self._transactions = TransactionsService(
                 self.quorum, self.voter_addresses, security=self.security
             )
@@ -432,6 +440,7 @@ class Broker:
             redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
             add_admin_redirect(redirect, self._server)
             add_groups_redirect(redirect, self._server)
+            add_share_groups_redirect(redirect, self._server)
             add_transactions_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = net.add_port(

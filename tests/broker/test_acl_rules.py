@@ -13,8 +13,16 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message_factory import GetMessageClass
 
-from raftmq.api.v1 import admin_pb2, broker_pb2, controller_pb2, groups_pb2, transactions_pb2
+from raftmq.api.v1 import (
+    admin_pb2,
+    broker_pb2,
+    controller_pb2,
+    groups_pb2,
+    share_pb2,
+    transactions_pb2,
+)
 from raftmq.broker.authorization import (
     NEEDS,
     SHOWN,
@@ -62,13 +70,13 @@ def test_every_rpc_of_every_service_has_a_rule() -> None:
     ("module", "method"), [(mod, m) for mod, _, m in METHODS], ids=[m.name for _, _, m in METHODS]
 )
 def test_each_rule_reads_its_request(module: Any, method: Any) -> None:
-    request = getattr(module, method.input_type.name)()
+    request = GetMessageClass(method.input_type)()
     needs = NEEDS[method.name](request, View(MetadataState("c"), auto_create=True))
     assert isinstance(needs, list)
 
 
 def test_listings_name_fields_their_answers_have() -> None:
-    outputs = {m.name: getattr(mod, m.output_type.name) for mod, _, m in METHODS}
+    outputs = {m.name: GetMessageClass(m.output_type) for _, _, m in METHODS}
     for rpc, (field, name, _) in SHOWN.items():
         item = getattr(outputs[rpc](), field).add()
         assert isinstance(getattr(item, name), str), (rpc, field, name)
@@ -233,3 +241,30 @@ def test_delayed_messages_need_write_on_their_targets_not_on_the_delay_topic() -
     )
     shown = authorizer.shown("Metadata", asked, listing, eve)
     assert [t.name for t in shown.topics] == [delay.DELAY_TOPIC]
+
+
+def test_share_groups_need_read_describe_alter_configs_and_delete_on_the_group() -> None:
+    member, operator = "User:member", "User:operator"
+    metadata = Metadata(
+        _acl(member, ResourceType.GROUP, "q", Operation.READ),
+        _acl(member, ResourceType.TOPIC, "jobs", Operation.READ),
+        _acl(operator, ResourceType.GROUP, "q", Operation.ALTER_CONFIGS),
+        _acl(operator, ResourceType.GROUP, "q", Operation.DELETE),
+    )
+    authorizer = AclAuthorizer(metadata)
+    beat = share_pb2.ShareGroupHeartbeatRequest(group_id="q", subscriptions=["jobs"])
+    authorizer.authorize("ShareGroupHeartbeat", beat, member)
+    authorizer.authorize(
+        "DescribeShareGroup", share_pb2.DescribeShareGroupRequest(group_id="q"), member
+    )
+    alter = share_pb2.AlterShareGroupConfigRequest(group_id="q")
+    refusal = _refusal(authorizer, "AlterShareGroupConfig", alter, member)
+    assert refusal.name == "GROUP_AUTHORIZATION_FAILED" and "ALTER_CONFIGS" in refusal.message
+    authorizer.authorize("AlterShareGroupConfig", alter, operator)
+    authorizer.authorize("DeleteShareGroup", groups_pb2.DeleteGroupRequest(group_id="q"), operator)
+    _refusal(authorizer, "ShareGroupHeartbeat", beat, operator)
+    listed = share_pb2.ListShareGroupsResponse(
+        groups=[share_pb2.ShareGroupSummary(group_id=g) for g in ("q", "other")]
+    )
+    shown = authorizer.shown("ListShareGroups", None, listed, member)
+    assert [g.group_id for g in shown.groups] == ["q"]
