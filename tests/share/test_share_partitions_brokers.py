@@ -3,7 +3,8 @@ under the server's error contract (the member's group unknown to the broker's me
 bad group id, a follower naming its leader, an unknown topic, request bytes that are not a
 message: each a documented status with its raftmq-error code, and no traceback in any
 broker's log); and a member that leaves its group has its records released by the
-partition's leader at once, not after their locks expire."""
+partition's leader at once, not after their locks expire (the leader's share gauges
+count them while they are held)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.broker.test_broker_cluster import (
     rpc_error,
 )
 from tests.broker.test_error_contract import BrokerLogs
+from tests.broker.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -125,6 +127,12 @@ def test_a_member_that_leaves_has_its_records_released_at_once(cluster: LocalClu
         assert [(r.first_offset, r.last_offset, r.delivery_count) for r in got.acquired] == [
             (0, 4, 1)
         ]
+        bound = cluster.wait_ready()
+        held = {
+            bid: value(scrape(b.metrics), "raftmq_share_records_acquired")
+            for bid, b in bound.items()
+        }
+        assert held[leader_of(client, "sp")] == 5 and sum(held.values()) == 5  # the leader's
         b = heartbeat(admin, group)
         assert not fetch(b).acquired  # a holds them all, for a minute
         heartbeat(admin, group, a.member_id, -1)  # a leaves
