@@ -34,6 +34,9 @@ METADATA_POLL_S = 0.02
 MAX_RECORDS = 10_000
 MAX_ACKNOWLEDGEMENTS = 10_000
 MAX_FETCH_BYTES = 64 * 1024 * 1024
+ANSWER_SLACK_S = 1.0
+"""How long before a call's deadline a long poll stops waiting (an acquisition then still
+has time to commit and be answered)."""
 
 
 def add_share_service(service: SharePartitionsService, server: grpc.aio.Server) -> None:
@@ -66,6 +69,14 @@ def _ack_results(
         )
         for r, a in zip(results, asked, strict=True)
     ]
+
+
+def _wait_s(max_wait_ms: int, context: grpc.aio.ServicerContext) -> float:
+    """The long poll's wait, ended in time to answer before the call's deadline: records
+    acquired for a caller that gave up would stay locked to it until their lock ends."""
+    remaining = context.time_remaining()
+    wait_s = max_wait_ms / 1000
+    return wait_s if remaining is None else max(0.0, min(wait_s, remaining - ANSWER_SLACK_S))
 
 
 class SharePartitionsService:
@@ -157,7 +168,7 @@ class SharePartitionsService:
                 request.member_id,
                 max_records=request.max_records,
                 max_bytes=request.max_bytes,
-                max_wait_s=request.max_wait_ms / 1000,
+                max_wait_s=_wait_s(request.max_wait_ms, context),
                 acknowledgements=acks,
             )
         except PartitionError as exc:

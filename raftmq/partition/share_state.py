@@ -152,11 +152,22 @@ class SharePartitionState:
         if sum(last - first + 1 for first, last in op.ranges) > MAX_OFFSETS_PER_OP:
             return []
         got: list[tuple[int, int]] = []
+        records = self.records
+        acquired = RecordState.ACQUIRED
         for first, last in op.ranges:
+            if first >= self.end:
+                # Never acquired: the usual case, and the whole range is taken (a first
+                # delivery is within every limit); one object per record, no checks.
+                member, deadline, now = op.member_id, op.deadline_ms, op.now_ms
+                for offset in range(first, last + 1):
+                    records[offset] = InFlight(acquired, 1, member, deadline, now)
+                got += ((offset, 1) for offset in range(first, last + 1))
+                self.end = last + 1
+                continue
             for offset in range(first, last + 1):
-                rec = self.records.get(offset)
+                rec = records.get(offset)
                 if offset >= self.end:
-                    rec = self.records[offset] = InFlight(RecordState.AVAILABLE, 0)
+                    rec = records[offset] = InFlight(RecordState.AVAILABLE, 0)
                     self.end = offset + 1
                 elif rec is None or rec.state != RecordState.AVAILABLE:
                     continue
@@ -164,7 +175,7 @@ class SharePartitionState:
                     # The limit was lowered since it was released: it is done.
                     self._archive(offset, rec, op.dead_letter)
                     continue
-                rec.state, rec.member_id = RecordState.ACQUIRED, op.member_id
+                rec.state, rec.member_id = acquired, op.member_id
                 rec.deadline_ms, rec.acquired_ms = op.deadline_ms, op.now_ms
                 rec.delivery_count += 1
                 got.append((offset, rec.delivery_count))

@@ -59,6 +59,9 @@ class ShareTracking:
         """Every SHARE_STATE entry up to this Raft index is in :attr:`states`."""
         self._writes = CheckpointWrites(name, "share-partition state")
         self._ops_since_checkpoint = 0
+        self.changes = 0
+        """Operations applied since the replica opened (or a snapshot's state replaced
+        them): a watcher of the state compares it instead of looking at every group."""
         self._damaged: str | None = None
         self._durable_empty = True
         """The durable checkpoint (or, with none, the empty start) holds no group."""
@@ -128,6 +131,7 @@ class ShareTracking:
         outcome = Outcome(applied=False) if op is None else self.states.apply(op)
         self.applied_index = index
         self._ops_since_checkpoint += 1
+        self.changes += 1
         waiter = self._waiters.pop(index, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
@@ -183,6 +187,7 @@ class ShareTracking:
                 states = ShareStates()
                 at = index
             self.states, self.applied_index = states, at
+        self.changes += 1
         for fut in self._waiters.values():
             if not fut.done():
                 fut.cancel()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from raftmq.format import entry
 from raftmq.format.records import Record, build_batch, decode_records
 from raftmq.format.share_ops import AckType
 from raftmq.log.config import LogConfig
+from raftmq.log.inspect import verify_folder
 from raftmq.partition import share_tracking
 from raftmq.partition.replica import Acks, PartitionReplica
 from raftmq.partition.share_partition import ShareGroupView
@@ -98,6 +100,33 @@ def test_acquire_acknowledge_and_redeliver(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_log_verify_and_readers_take_share_state_entries(tmp_path: Path) -> None:
+    """The log holds SHARE_STATE entries among the records: `raftmq log verify` finds
+    nothing wrong with it, and consumers and the Spark reader read every record back once,
+    in order, with no gap where the share entries are."""
+
+    pytest.importorskip("pyarrow")
+    from raftmq.spark.fetching import arrow_schema, decode_batch
+    from raftmq.spark.planning import OffsetRange
+
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(plain(b"a", b"b"), Acks.ALL, 5)
+        await replica.share.fetch(G, "m")
+        await replica.share.acknowledge(G, "m", [(0, 1, AckType.ACCEPT)])
+        await replica.produce(plain(b"c"), Acks.ALL, 5)
+        data = bytes(replica.read(0, 1 << 20).data)
+        types = [h.type for h in entry.iter_headers(data)]
+        assert types.count(entry.EntryType.SHARE_STATE) >= 3  # INIT, ACQUIRE, ACK
+        assert values_in(data) == [b"a", b"b", b"c"]
+        batch, nxt = decode_batch(data, OffsetRange("t", 0, 0, 3), 0, arrow_schema(False))
+        assert batch is not None and batch.num_rows == 3 and nxt == 3
+
+    run(tmp_path, body)
+    report = verify_folder(tmp_path)
+    assert report.ok, report
+    assert sum(s.records for s in report.segments) == 3
+
+
 def test_concurrent_fetches_never_take_the_same_record(tmp_path: Path) -> None:
     async def body(replica: PartitionReplica) -> None:
         for i in range(20):
@@ -158,9 +187,12 @@ def test_reset_and_drop(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-@pytest.mark.parametrize("lose_checkpoint", [False, True])
+@pytest.mark.parametrize("checkpoint", ["kept", "lost", "damaged"])
 def test_a_restart_rebuilds_the_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lose_checkpoint: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checkpoint: str,
 ) -> None:
     monkeypatch.setattr(share_tracking, "CHECKPOINT_EVERY_OPS", 3)
     saved: dict[str, object] = {}
@@ -178,9 +210,15 @@ def test_a_restart_rebuilds_the_state(
             saved.update(replica.shares.states.to_json())
         finally:
             await host.stop()
-        if lose_checkpoint:
-            (tmp_path / share_tracking.CHECKPOINT_FILE).unlink()
-        host, replica = await open_leader(tmp_path)
+        path = tmp_path / share_tracking.CHECKPOINT_FILE
+        if checkpoint == "lost":
+            path.unlink()
+        elif checkpoint == "damaged":
+            path.write_bytes(b"rot" + path.read_bytes()[3:])
+        with caplog.at_level(logging.WARNING):
+            host, replica = await open_leader(tmp_path)
+        warned = [r for r in caplog.records if "share-partition state checkpoint" in r.message]
+        assert len(warned) == (checkpoint == "damaged")
         try:
             assert replica.shares.states.to_json() == saved
             got = await replica.share.fetch(G, "m1", max_records=1)
