@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from raftmq.format import entry
-from raftmq.format.share_ops import AckType, Op, ShareOp
+from raftmq.format.share_ops import Ack, AckType, Op, ShareOp
 
 MAX_OFFSETS_PER_OP = 10_000
 """An ACQUIRE or DEAD_LETTERED naming more offsets than this (the largest in-flight limit)
@@ -184,9 +184,10 @@ class SharePartitionState:
         return _runs(got)
 
     def acknowledge(self, op: ShareOp) -> list[AckResult]:
-        return [self._ack_one(op, first, last, kind) for first, last, kind in op.acks]
+        return [self._ack_one(op, a) for a in op.acks]
 
-    def _ack_one(self, op: ShareOp, first: int, last: int, kind: AckType) -> AckResult:
+    def _ack_one(self, op: ShareOp, ack: Ack) -> AckResult:
+        first, last, kind, count = ack
         now = op.now_ms
         recs: list[tuple[int, InFlight]] = []
         if last - first + 1 <= len(self.records):
@@ -197,6 +198,7 @@ class SharePartitionState:
                     or rec.state != RecordState.ACQUIRED
                     or rec.member_id != op.member_id
                     or rec.deadline_ms <= now
+                    or (count and rec.delivery_count != count)
                 ):
                     break
                 recs.append((offset, rec))
@@ -204,9 +206,10 @@ class SharePartitionState:
             bad = first + len(recs)
             return AckResult(
                 INVALID_RECORD_STATE,
-                f"offset {bad} is not acquired by member {op.member_id} (its lock expired, "
-                "another member holds it, or it was acknowledged already): nothing in "
-                f"{first}-{last} changed",
+                f"offset {bad} is not acquired by member {op.member_id}"
+                + (f" in delivery {count}" if count else "")
+                + " (its lock expired, another member holds it, or it was acknowledged "
+                f"already): nothing in {first}-{last} changed",
             )
         if kind == AckType.RENEW:
             if any(
