@@ -91,8 +91,10 @@ class ShareControl:
             for work in self._extra:
                 await work(replica, state)  # type: ignore[misc]
             # Up to date as of ``seen`` (its own entries moved the changes on: a look
-            # more confirms there is nothing left, and costs one pass).
-            self._seen[key] = seen
+            # more confirms there is nothing left, and costs one pass), unless dead
+            # letters still wait: their topic refused them, and they are tried again.
+            if not any(st.waiting_dead_letter() for st in replica.shares.states.groups.values()):
+                self._seen[key] = seen
         except asyncio.CancelledError:
             raise
         except PartitionError as exc:

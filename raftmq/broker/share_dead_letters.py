@@ -28,19 +28,30 @@ log = logging.getLogger(__name__)
 
 MAX_RECORDS_PER_BATCH = 500
 WARN_EVERY_S = 30.0
+RETRY_S = 1.0
+"""How long a group's dead letters wait after the topic refused them before the next try."""
+READ_BYTES = 64 * 1024
 
 
 class DeadLetterWriter:
     def __init__(self, sender: Sender) -> None:
         self._sender = sender
         self._warned: dict[tuple[str, str], float] = {}
+        self._retry_at: dict[tuple[str, int, str], float] = {}
+        """(topic, partition, group) -> when its dead letters are tried again after a
+        refusal (bounded by the share-partitions this broker leads)."""
 
     async def __call__(self, replica: PartitionReplica, state: MetadataState) -> None:
         """Write what waits in each group's state on ``replica`` (its leader's)."""
+        now_s = time.monotonic()
+        self._retry_at = {k: at for k, at in self._retry_at.items() if at > now_s}
         for gid, st in list(replica.shares.states.groups.items()):
             waiting = st.waiting_dead_letter()[:MAX_RECORDS_PER_BATCH]
             group = state.share_groups.get(gid)
             if not waiting or group is None or group.created_version != st.created_version:
+                continue
+            key = (replica.topic, replica.partition, gid)
+            if time.monotonic() < self._retry_at.get(key, 0.0):
                 continue
             view = ShareGroupView(gid, group.created_version, group.settings, state.version)
             topic = group.settings.dead_letter_topic
@@ -56,6 +67,7 @@ class DeadLetterWriter:
                 code = await self._sender.produce(topic, partition, build_batch(records))
                 if code:
                     self._warn(gid, topic, code)
+                    self._retry_at[key] = time.monotonic() + RETRY_S
                     continue
             await replica.share.dead_lettered(view, waiting)
 
@@ -64,14 +76,14 @@ class DeadLetterWriter:
         removed are left out (nothing is left to write of them)."""
         out: list[Record] = []
         now_ms = int(time.time() * 1000)
-        offset = max(min(counts), replica.log_start_offset)
-        last = max(counts)
-        while offset <= last:
-            data = bytes(replica.read(offset, 1 << 20).data)
-            if not data:
-                break
+        covered = replica.log_start_offset  # entries below it were read (or are gone)
+        for wanted in sorted(counts):
+            if wanted < covered:
+                continue
+            data = bytes(replica.read(wanted, READ_BYTES).data)
             for h in entry.iter_headers(data):
-                if h.type != entry.EntryType.DATA or h.next_offset <= offset:
+                covered = max(covered, h.next_offset)
+                if h.type != entry.EntryType.DATA:
                     continue
                 for r in decode_records(data, h):
                     n = counts.get(r.offset)
@@ -88,7 +100,7 @@ class DeadLetterWriter:
                     )
                     headers = tuple(rh.strip(r.headers)) + tuple(rh.encode(info))
                     out.append(Record(r.key, r.value, r.timestamp, headers))
-                offset = h.next_offset
+            covered = max(covered, wanted + 1)
         return out
 
     def _warn(self, gid: str, topic: str, code: str) -> None:

@@ -26,7 +26,7 @@ from raftmq.controller.groups import GROUP_ID, MEMBER_ID
 from raftmq.controller.model import MetadataState, ShareGroup
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import PartitionReplica
-from raftmq.partition.share_partition import MAX_WAIT_S, ShareGroupView
+from raftmq.partition.share_partition import MAX_WAIT_S, AckTuple, ShareGroupView
 from raftmq.partition.share_state import AckResult
 
 METADATA_WAIT_S = 5.0
@@ -142,15 +142,18 @@ class SharePartitionsService:
         self,
         request: spb.ShareFetchRequest | spb.ShareAcknowledgeRequest,
         context: grpc.aio.ServicerContext,
-    ) -> tuple[PartitionReplica, ShareGroupView, list[tuple[int, int, int]]]:
+    ) -> tuple[PartitionReplica, ShareGroupView, list[AckTuple]]:
         """A member's request (fetch, acknowledge): its leader replica here, its group as
-        the metadata holds it, its acknowledgements as (first, last, type)."""
+        the metadata holds it, its acknowledgements as (first, last, type, delivery count)."""
         at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
         replica = self._leader(request.topic, request.partition)
         group = await self._group(
             request.group_id, request.member_id, request.metadata_version, context
         )
-        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        acks: list[AckTuple] = [
+            (a.first_offset, a.last_offset, int(a.type), a.delivery_count)
+            for a in request.acknowledgements
+        ]
         return replica, group, acks
 
     # --- RPCs --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from raftmq.format import entry
 from raftmq.format.errors import InvalidEntryError
@@ -54,7 +55,19 @@ _LEN8 = struct.Struct(">B")
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 _RANGE = struct.Struct(">qq")
-_ACK = struct.Struct(">qqB")
+_ACK = struct.Struct(">qqBi")
+
+
+class Ack(NamedTuple):
+    """One acknowledged range (inclusive) of an ACK entry."""
+
+    first: int
+    last: int
+    type: AckType
+    delivery_count: int = 0
+    """The delivery the member acknowledges (its records' delivery count), so an answer
+    for an earlier delivery never settles a later acquisition of the same records by the
+    same member (its lock expired and a prefetch took them again); 0: whichever it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +90,12 @@ class ShareOp:
     deadline_ms: int = 0
     ranges: tuple[tuple[int, int], ...] = field(default=())
     """Inclusive (first, last) offset ranges: ACQUIRE, DEAD_LETTERED."""
-    acks: tuple[tuple[int, int, AckType], ...] = field(default=())
-    """Inclusive (first, last, type): ACK."""
+    acks: tuple[Ack, ...] = field(default=())
+    """The acknowledged ranges: ACK (plain tuples are taken as Acks)."""
+
+    def __post_init__(self) -> None:
+        if self.acks and not all(isinstance(a, Ack) for a in self.acks):
+            object.__setattr__(self, "acks", tuple(Ack(*a) for a in self.acks))
 
 
 def encode(op: ShareOp) -> bytes:
@@ -116,7 +133,7 @@ def encode(op: ShareOp) -> bytes:
         parts += [_RANGE.pack(first, last) for first, last in op.ranges]
     elif kind == Op.ACK:
         parts.append(_U32.pack(len(op.acks)))
-        parts += [_ACK.pack(first, last, int(t)) for first, last, t in op.acks]
+        parts += [_ACK.pack(a.first, a.last, int(a.type), a.delivery_count) for a in op.acks]
     return b"".join(parts)
 
 
@@ -177,7 +194,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
     member_id = ""
     start = deadline_ms = 0
     ranges: Sequence[tuple[int, int]] = ()
-    acks: Sequence[tuple[int, int, AckType]] = ()
+    acks: Sequence[Ack] = ()
     if op in (Op.ACQUIRE, Op.ACK, Op.RELEASE_MEMBER):
         member_id = r.text(r.take(_LEN8)[0])
     if op in (Op.INIT, Op.RESET):
@@ -214,9 +231,11 @@ def _range(first: int, last: int) -> tuple[int, int]:
     return first, last
 
 
-def _ack(first: int, last: int, kind: int) -> tuple[int, int, AckType]:
+def _ack(first: int, last: int, kind: int, delivery_count: int) -> Ack:
     _range(first, last)
+    if delivery_count < 0:
+        raise InvalidEntryError(f"acknowledged delivery count {delivery_count} is negative")
     try:
-        return first, last, AckType(kind)
+        return Ack(first, last, AckType(kind), delivery_count)
     except ValueError:
         raise InvalidEntryError(f"unknown acknowledge type {kind}") from None

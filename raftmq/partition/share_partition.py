@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raftmq.format import entry, share_ops
-from raftmq.format.share_ops import AckType, Op, ShareOp
+from raftmq.format.share_ops import Ack, AckType, Op, ShareOp
 from raftmq.partition.errors import OffsetOutOfRangeError, OutcomeUnknownError
 from raftmq.partition.share_state import (
     AckResult,
@@ -44,6 +44,9 @@ from raftmq.share_settings import ShareSettings
 if TYPE_CHECKING:
     from raftmq.partition.replica import PartitionReplica
 
+AckTuple = tuple[int, int, int] | tuple[int, int, int, int]
+"""An acknowledgement as a request gives it: (first, last, AcknowledgeType number[,
+delivery count: absent or 0 for whichever delivery the member holds])."""
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_BYTES = 1 << 20
 MAX_WAIT_S = 30.0
@@ -147,11 +150,11 @@ class SharePartitions:
         max_records: int = 0,
         max_bytes: int = 0,
         max_wait_s: float = 0.0,
-        acknowledgements: list[tuple[int, int, int]] | None = None,
+        acknowledgements: list[AckTuple] | None = None,
     ) -> ShareFetchResult:
-        """Acknowledge ``acknowledgements`` ((first, last, AcknowledgeType number)), then
-        acquire records for the member, waiting up to ``max_wait_s`` for some: new
-        records, records released, locks expiring wake it."""
+        """Acknowledge ``acknowledgements`` ((first, last, AcknowledgeType number, delivery
+        count or 0 for any)), then acquire records for the member, waiting up to
+        ``max_wait_s`` for some: new records, records released, locks expiring wake it."""
         self._check_leader()
         max_records = max_records or DEFAULT_MAX_RECORDS
         max_bytes = max_bytes or DEFAULT_MAX_BYTES
@@ -187,7 +190,10 @@ class SharePartitions:
         )
 
     async def acknowledge(
-        self, group: ShareGroupView, member_id: str, acknowledgements: list[tuple[int, int, int]]
+        self,
+        group: ShareGroupView,
+        member_id: str,
+        acknowledgements: list[AckTuple],
     ) -> list[AckResult]:
         """One result per acknowledgement, in order; those answered without error are
         committed. An unknown type or a range that is not one is refused on its own."""
@@ -199,13 +205,17 @@ class SharePartitions:
         return _fill(template, outcome, member_id, group)
 
     def _ack_request(
-        self, group: ShareGroupView, member_id: str, acknowledgements: list[tuple[int, int, int]]
+        self,
+        group: ShareGroupView,
+        member_id: str,
+        acknowledgements: list[AckTuple],
     ) -> tuple[list[AckResult | None], ShareOp | None]:
         """The results known without the state (an unknown type, a range that is not
         one), None in the places the ACK entry answers, and that entry (None: none)."""
         results: list[AckResult | None] = []
-        valid: list[tuple[int, int, AckType]] = []
-        for first, last, kind in acknowledgements:
+        valid: list[Ack] = []
+        for given in acknowledgements:
+            first, last, kind, count = Ack(*given)  # the count is optional: 0, any
             if kind not in AckType._value2member_map_:
                 results.append(
                     AckResult(
@@ -221,9 +231,16 @@ class SharePartitions:
                         f"{first}-{last} is not a range of offsets: nothing changed",
                     )
                 )
+            elif count < 0:
+                results.append(
+                    AckResult(
+                        "INVALID_RECORD_STATE",
+                        f"delivery count {count} is negative: nothing in {first}-{last} changed",
+                    )
+                )
             else:
                 results.append(None)
-                valid.append((first, last, AckType(kind)))
+                valid.append(Ack(first, last, AckType(kind), count))
         if not valid:
             return results, None
         return results, self._op(Op.ACK, group, member_id=member_id, acks=tuple(valid))
@@ -492,7 +509,7 @@ def _released(
     held by their member, locked still, with deliveries left."""
     out: list[int] = []
     for op in ops:
-        for first, last, kind in op.acks:
+        for first, last, kind, count in op.acks:
             if kind != AckType.RELEASE or last - first + 1 > len(st.records):
                 continue
             for offset in range(first, last + 1):
@@ -502,6 +519,7 @@ def _released(
                     and rec.state == RecordState.ACQUIRED
                     and rec.member_id == op.member_id
                     and rec.deadline_ms > now_ms
+                    and (not count or rec.delivery_count == count)
                     and rec.delivery_count < op.delivery_count_limit
                     and offset not in reserved
                 ):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from raftmq.format import entry
-from raftmq.format.share_ops import AckType, Op, ShareOp
+from raftmq.format.share_ops import Ack, AckType, Op, ShareOp
 
 MAX_OFFSETS_PER_OP = 10_000
 """An ACQUIRE or DEAD_LETTERED naming more offsets than this (the largest in-flight limit)
@@ -152,11 +152,22 @@ class SharePartitionState:
         if sum(last - first + 1 for first, last in op.ranges) > MAX_OFFSETS_PER_OP:
             return []
         got: list[tuple[int, int]] = []
+        records = self.records
+        acquired = RecordState.ACQUIRED
         for first, last in op.ranges:
+            if first >= self.end:
+                # Never acquired: the usual case, and the whole range is taken (a first
+                # delivery is within every limit); one object per record, no checks.
+                member, deadline, now = op.member_id, op.deadline_ms, op.now_ms
+                for offset in range(first, last + 1):
+                    records[offset] = InFlight(acquired, 1, member, deadline, now)
+                got += ((offset, 1) for offset in range(first, last + 1))
+                self.end = last + 1
+                continue
             for offset in range(first, last + 1):
-                rec = self.records.get(offset)
+                rec = records.get(offset)
                 if offset >= self.end:
-                    rec = self.records[offset] = InFlight(RecordState.AVAILABLE, 0)
+                    rec = records[offset] = InFlight(RecordState.AVAILABLE, 0)
                     self.end = offset + 1
                 elif rec is None or rec.state != RecordState.AVAILABLE:
                     continue
@@ -164,7 +175,7 @@ class SharePartitionState:
                     # The limit was lowered since it was released: it is done.
                     self._archive(offset, rec, op.dead_letter)
                     continue
-                rec.state, rec.member_id = RecordState.ACQUIRED, op.member_id
+                rec.state, rec.member_id = acquired, op.member_id
                 rec.deadline_ms, rec.acquired_ms = op.deadline_ms, op.now_ms
                 rec.delivery_count += 1
                 got.append((offset, rec.delivery_count))
@@ -173,9 +184,10 @@ class SharePartitionState:
         return _runs(got)
 
     def acknowledge(self, op: ShareOp) -> list[AckResult]:
-        return [self._ack_one(op, first, last, kind) for first, last, kind in op.acks]
+        return [self._ack_one(op, a) for a in op.acks]
 
-    def _ack_one(self, op: ShareOp, first: int, last: int, kind: AckType) -> AckResult:
+    def _ack_one(self, op: ShareOp, ack: Ack) -> AckResult:
+        first, last, kind, count = ack
         now = op.now_ms
         recs: list[tuple[int, InFlight]] = []
         if last - first + 1 <= len(self.records):
@@ -186,6 +198,7 @@ class SharePartitionState:
                     or rec.state != RecordState.ACQUIRED
                     or rec.member_id != op.member_id
                     or rec.deadline_ms <= now
+                    or (count and rec.delivery_count != count)
                 ):
                     break
                 recs.append((offset, rec))
@@ -193,9 +206,10 @@ class SharePartitionState:
             bad = first + len(recs)
             return AckResult(
                 INVALID_RECORD_STATE,
-                f"offset {bad} is not acquired by member {op.member_id} (its lock expired, "
-                "another member holds it, or it was acknowledged already): nothing in "
-                f"{first}-{last} changed",
+                f"offset {bad} is not acquired by member {op.member_id}"
+                + (f" in delivery {count}" if count else "")
+                + " (its lock expired, another member holds it, or it was acknowledged "
+                f"already): nothing in {first}-{last} changed",
             )
         if kind == AckType.RENEW:
             if any(

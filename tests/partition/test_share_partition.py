@@ -21,6 +21,7 @@ from raftmq.format import entry
 from raftmq.format.records import Record, build_batch, decode_records
 from raftmq.format.share_ops import AckType
 from raftmq.log.config import LogConfig
+from raftmq.log.inspect import verify_folder
 from raftmq.partition import share_tracking
 from raftmq.partition.replica import Acks, PartitionReplica
 from raftmq.partition.share_partition import ShareGroupView
@@ -97,6 +98,33 @@ def test_acquire_acknowledge_and_redeliver(tmp_path: Path) -> None:
         assert not replica.share.describe(ShareGroupView("g", 6)).exists
 
     run(tmp_path, body)
+
+
+def test_log_verify_and_readers_take_share_state_entries(tmp_path: Path) -> None:
+    """The log holds SHARE_STATE entries among the records: `raftmq log verify` finds
+    nothing wrong with it, and consumers and the Spark reader read every record back once,
+    in order, with no gap where the share entries are."""
+
+    pytest.importorskip("pyarrow")
+    from raftmq.spark.fetching import arrow_schema, decode_batch
+    from raftmq.spark.planning import OffsetRange
+
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(plain(b"a", b"b"), Acks.ALL, 5)
+        await replica.share.fetch(G, "m")
+        await replica.share.acknowledge(G, "m", [(0, 1, AckType.ACCEPT)])
+        await replica.produce(plain(b"c"), Acks.ALL, 5)
+        data = bytes(replica.read(0, 1 << 20).data)
+        types = [h.type for h in entry.iter_headers(data)]
+        assert types.count(entry.EntryType.SHARE_STATE) >= 3  # INIT, ACQUIRE, ACK
+        assert values_in(data) == [b"a", b"b", b"c"]
+        batch, nxt = decode_batch(data, OffsetRange("t", 0, 0, 3), 0, arrow_schema(False))
+        assert batch is not None and batch.num_rows == 3 and nxt == 3
+
+    run(tmp_path, body)
+    report = verify_folder(tmp_path)
+    assert report.ok, report
+    assert sum(s.records for s in report.segments) == 3
 
 
 def test_concurrent_fetches_never_take_the_same_record(tmp_path: Path) -> None:

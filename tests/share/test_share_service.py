@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from raftmq import net
 from raftmq.api.v1 import share_pb2 as spb
 from raftmq.api.v1 import share_pb2_grpc as spb_grpc
+from raftmq.broker import share_dead_letters
 from raftmq.broker.client_quotas import ClientQuotas
 from raftmq.broker.delay_mover import Sender
 from raftmq.broker.routing import Router
@@ -308,3 +310,37 @@ async def test_the_control_loop_looks_again_only_when_something_moved(served: Se
     assert second != first and replica.share.describe(ShareGroupView("g", 3)).available == 2
     third = await one_pass()  # its own RELEASE_MEMBER moved the state: one look more
     assert await one_pass() == third  # then nothing until the metadata or state moves
+
+
+async def test_dead_letters_a_topic_refuses_wait_and_are_tried_again(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker, stub = served
+    replica = broker.replica
+    monkeypatch.setattr(share_dead_letters, "RETRY_S", 0.05)
+    missing = ShareSettings(auto_offset_reset="earliest", dead_letter_topic="missing")
+    broker.metadata = state(dataclasses.replace(group("m1"), settings=missing))
+    await replica.produce(build_batch([Record(None, b"bad", 1)]), Acks.ALL, 5)
+    await stub.ShareFetch(fetch("m1"))
+    reject = spb.AcknowledgementBatch(
+        first_offset=0, last_offset=0, type=spb.ACKNOWLEDGE_TYPE_REJECT
+    )
+    await stub.ShareAcknowledge(acknowledge("m1", reject))
+    sender = Sender(lambda: broker.metadata, broker.replicas, net.PLAINTEXT, delayed=False)
+    writer = DeadLetterWriter(sender)
+    view = ShareGroupView("g", 3, missing)
+    try:
+        with caplog.at_level(logging.WARNING):
+            await writer(replica, broker.metadata)
+        assert "UNKNOWN_TOPIC" in caplog.text
+        st = replica.share.state(view)
+        assert st is not None and st.waiting_dead_letter() == [0]  # kept, not lost
+        found = ShareSettings(auto_offset_reset="earliest", dead_letter_topic="dead")
+        broker.metadata = state(dataclasses.replace(group("m1"), settings=found))
+        await asyncio.sleep(0.1)
+        await writer(replica, broker.metadata)
+    finally:
+        await sender.close()
+    assert st.waiting_dead_letter() == [] and st.dead_lettered_total == 1
+    data = bytes(broker.dead.read(0, 1 << 20).data)
+    assert [r.value for h in entry.iter_headers(data) for r in decode_records(data, h)] == [b"bad"]
