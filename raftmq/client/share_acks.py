@@ -16,6 +16,7 @@ import bisect
 import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from raftmq.api.v1 import share_pb2 as spb
 from raftmq.client.errors import ClientError
@@ -61,6 +62,8 @@ class AcknowledgementResult:
     error: ClientError | None = None
     lock_deadline_ms: int | None = None
     """For a RENEW done: the new lock deadline (ms since the epoch, the leader's clock)."""
+    delivery_count: int = 0
+    """The delivery the acknowledgement was for (the records' delivery count)."""
 
     @property
     def ok(self) -> bool:
@@ -74,38 +77,54 @@ class AcknowledgementResult:
         )
 
 
+class Pending(NamedTuple):
+    """An acknowledgement not yet sent: its type, and the delivery it settles (the
+    record's delivery count when it was acquired; a leader refuses it for any other
+    acquisition of the record, so an answer to a delivery that expired never settles a
+    later one of the same record)."""
+
+    type: AcknowledgeType
+    delivery_count: int
+
+
 @dataclass(frozen=True, slots=True)
 class AckRange:
     first_offset: int
     last_offset: int
     type: AcknowledgeType
+    delivery_count: int = 0
+    """The delivery acknowledged (share.proto's AcknowledgementBatch.delivery_count);
+    0: whichever the member holds."""
 
     def __post_init__(self) -> None:
         assert 0 <= self.first_offset <= self.last_offset, self
 
     def batch(self) -> spb.AcknowledgementBatch:
         return spb.AcknowledgementBatch(
-            first_offset=self.first_offset, last_offset=self.last_offset, type=self.type.value
+            first_offset=self.first_offset,
+            last_offset=self.last_offset,
+            type=self.type.value,
+            delivery_count=self.delivery_count,
         )
 
 
-def coalesce(pending: Mapping[int, AcknowledgeType]) -> list[AckRange]:
-    """``pending`` (offset: type) as the fewest ranges of consecutive offsets of one type,
-    in offset order."""
+def coalesce(pending: Mapping[int, Pending]) -> list[AckRange]:
+    """``pending`` (offset: type and delivery) as the fewest ranges of consecutive
+    offsets of one type and one delivery count, in offset order."""
     out: list[AckRange] = []
     first = last = -2
-    kind: AcknowledgeType | None = None
+    current: Pending | None = None
     for offset in sorted(pending):
-        t = pending[offset]
-        if offset == last + 1 and t is kind:
+        p = pending[offset]
+        if offset == last + 1 and p == current:
             last = offset
             continue
-        if kind is not None:
-            out.append(AckRange(first, last, kind))
+        if current is not None:
+            out.append(AckRange(first, last, current.type, current.delivery_count))
         first = last = offset
-        kind = t
-    if kind is not None:
-        out.append(AckRange(first, last, kind))
+        current = p
+    if current is not None:
+        out.append(AckRange(first, last, current.type, current.delivery_count))
     return out
 
 
@@ -124,9 +143,10 @@ class Acquired:
 
 def acquired_records(
     entries: bytes, acquired: Sequence[spb.AcquiredRecords]
-) -> tuple[list[Acquired], list[int]]:
+) -> tuple[list[Acquired], list[tuple[int, int]]]:
     """The records of ``entries`` inside the ``acquired`` ranges, in offset order, with
-    their delivery counts; and the acquired offsets the entries did not hold (the leader
+    their delivery counts; and the acquired offsets the entries did not hold, with their
+    delivery counts (the leader
     sends whole entries holding every acquired record, so none should be missing: the
     caller gives such a lock back rather than hold it unseen). Control entries are
     skipped, as a consumer skips them; the entries' other records are not this member's
@@ -149,7 +169,9 @@ def acquired_records(
             if count is not None and r.offset not in seen:
                 seen.add(r.offset)
                 out.append(Acquired(r, count))
-    missing = [o for first, last, _ in ranges for o in range(first, last + 1) if o not in seen]
+    missing = [
+        (o, count) for first, last, count in ranges for o in range(first, last + 1) if o not in seen
+    ]
     return out, missing
 
 

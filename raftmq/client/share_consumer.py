@@ -64,6 +64,7 @@ from raftmq.client.share_acks import (
     AcknowledgementResult,
     AcknowledgeType,
     AckRange,
+    Pending,
     acquired_records,
     coalesce,
 )
@@ -180,7 +181,7 @@ class _Partition:
     assigned: bool = False
     ready: deque[tuple[ConsumerRecord, int]] = field(default_factory=deque)
     """Acquired and not yet polled, each with its lock deadline (ms, leader's clock)."""
-    pending: dict[int, AcknowledgeType] = field(default_factory=dict)
+    pending: dict[int, Pending] = field(default_factory=dict)
     """Acknowledged and not yet sent."""
     held: dict[int, Held] = field(default_factory=dict)
     """Offset: lock deadline and delivery count of each record acquired and not yet
@@ -202,8 +203,6 @@ class _Sent:
     tp: TopicPartition
     ranges: list[AckRange]
     future: asyncio.Future[list[AcknowledgementResult]]
-    counts: dict[int, int]
-    """The delivery count each offset was held with when sent (see _Partition.held)."""
 
 
 class _ShareCore:
@@ -386,9 +385,9 @@ class _ShareCore:
         with self.lock:
             for a in records:
                 p.held[a.record.offset] = Held(deadline, a.delivery_count)
-            for offset in missing:
-                p.held[offset] = Held(deadline, 0)
-                p.pending[offset] = AcknowledgeType.RELEASE
+            for offset, count in missing:
+                p.held[offset] = Held(deadline, count)
+                p.pending[offset] = Pending(AcknowledgeType.RELEASE, count)
             if missing:
                 log.warning(
                     "share group %s: %s/%d: the leader acquired %d records its answer did "
@@ -414,7 +413,9 @@ class _ShareCore:
         with self.lock:
             while p.ready:
                 record, _ = p.ready.popleft()
-                p.pending[record.offset] = AcknowledgeType.RELEASE
+                p.pending[record.offset] = Pending(
+                    AcknowledgeType.RELEASE, record.delivery_count or 0
+                )
         p.room.set()
 
     # --- acknowledgements -----------------------------------------------------------------
@@ -441,7 +442,7 @@ class _ShareCore:
             )
         p = self._partition((record.topic, record.partition))
         with self.lock:
-            p.pending[record.offset] = type
+            p.pending[record.offset] = Pending(type, record.delivery_count)
 
     def _accept_last_poll(self) -> None:
         """Implicit mode: what the last poll returned is accepted (any RENEW of it too)."""
@@ -450,20 +451,21 @@ class _ShareCore:
         polled, self.last_polled = self.last_polled, []
         with self.lock:
             for r in polled:
-                self.parts[(r.topic, r.partition)].pending[r.offset] = AcknowledgeType.ACCEPT
+                self.parts[(r.topic, r.partition)].pending[r.offset] = Pending(
+                    AcknowledgeType.ACCEPT, r.delivery_count or 0
+                )
 
     def _take_pending(self, p: _Partition) -> _Sent | None:
         with self.lock:
             if not p.pending:
                 return None
             pending, p.pending = p.pending, {}
-            counts = {o: h.delivery_count for o in pending if (h := p.held.get(o)) is not None}
         future: asyncio.Future[list[AcknowledgementResult]] = (
             asyncio.get_running_loop().create_future()
         )
         self.unanswered.add(future)
         future.add_done_callback(self.unanswered.discard)
-        return _Sent(p.tp, coalesce(pending), future, counts)
+        return _Sent(p.tp, coalesce(pending), future)
 
     def _flush(self, *, piggy_back: bool) -> None:
         """Send the pending acknowledgements: ``piggy_back``, those of a partition whose
@@ -533,6 +535,7 @@ class _ShareCore:
                     rng.type,
                     error,
                     deadline if rng.type is AcknowledgeType.RENEW and error is None else None,
+                    rng.delivery_count,
                 )
             )
         self._settle(sent, out)
@@ -542,7 +545,15 @@ class _ShareCore:
         self._settle(
             sent,
             [
-                AcknowledgementResult(topic, partition, r.first_offset, r.last_offset, r.type, err)
+                AcknowledgementResult(
+                    topic,
+                    partition,
+                    r.first_offset,
+                    r.last_offset,
+                    r.type,
+                    err,
+                    delivery_count=r.delivery_count,
+                )
                 for r in sent.ranges
             ],
         )
@@ -556,17 +567,14 @@ class _ShareCore:
             for r in results:
                 if p is None:
                     break
-                if r.type.settles:
-                    for offset in range(r.first_offset, r.last_offset + 1):
-                        if (
-                            h := p.held.get(offset)
-                        ) is not None and h.delivery_count == sent.counts.get(offset):
-                            del p.held[offset]
-                elif r.lock_deadline_ms is not None:
-                    for offset in range(r.first_offset, r.last_offset + 1):
-                        h = p.held.get(offset)
-                        if h is not None and h.delivery_count == sent.counts.get(offset):
-                            p.held[offset] = Held(r.lock_deadline_ms, h.delivery_count)
+                for offset in range(r.first_offset, r.last_offset + 1):
+                    h = p.held.get(offset)
+                    if h is None or h.delivery_count != r.delivery_count:
+                        continue  # a later delivery of the record: not this answer's
+                    if r.type.settles:
+                        del p.held[offset]
+                    elif r.lock_deadline_ms is not None:
+                        p.held[offset] = Held(r.lock_deadline_ms, h.delivery_count)
         for r in results:
             if r.error is not None:
                 log.warning(
@@ -693,8 +701,8 @@ class _ShareCore:
                 await stop_task(p.task)
         with self.lock:
             for p in self.parts.values():
-                for offset in p.held:  # (under the lock: no partition is added meanwhile)
-                    p.pending.setdefault(offset, AcknowledgeType.RELEASE)
+                for offset, h in p.held.items():  # (under the lock: no partition is added)
+                    p.pending.setdefault(offset, Pending(AcknowledgeType.RELEASE, h.delivery_count))
         self._flush(piggy_back=False)
         waiting = list(self.unanswered)
         if waiting:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from raftmq.api.v1 import share_pb2 as spb
 from raftmq.client import AcknowledgeType, ConsumerRecord
-from raftmq.client.share_acks import AckRange, acquired_records, coalesce, offsets_of
+from raftmq.client.share_acks import AckRange, Pending, acquired_records, coalesce, offsets_of
 from raftmq.client.share_consumer import ShareConsumerConfig
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch
@@ -27,26 +27,39 @@ A, RL, RJ, RN = (
 )
 
 
-def test_consecutive_offsets_of_one_type_make_one_range() -> None:
-    pending = {5: A, 6: A, 7: A, 9: A, 10: RL, 11: RL, 12: A}
+def test_consecutive_offsets_of_one_type_and_delivery_make_one_range() -> None:
+    one = {o: Pending(A, 1) for o in (5, 6, 7, 9, 12)}
+    pending = {**one, 10: Pending(RL, 1), 11: Pending(RL, 1), 13: Pending(A, 2)}
     assert coalesce(pending) == [
-        AckRange(5, 7, A),
-        AckRange(9, 9, A),
-        AckRange(10, 11, RL),
-        AckRange(12, 12, A),
+        AckRange(5, 7, A, 1),
+        AckRange(9, 9, A, 1),
+        AckRange(10, 11, RL, 1),
+        AckRange(12, 12, A, 1),
+        AckRange(13, 13, A, 2),  # another delivery: a range of its own
     ]
     assert coalesce({}) == []
+    assert coalesce({3: Pending(RN, 4)})[0].batch().delivery_count == 4
 
 
-@given(st.dictionaries(st.integers(0, 200), st.sampled_from(list(AcknowledgeType))))
-def test_ranges_cover_exactly_what_was_acknowledged(pending: dict[int, AcknowledgeType]) -> None:
+@given(
+    st.dictionaries(
+        st.integers(0, 200),
+        st.builds(Pending, st.sampled_from(list(AcknowledgeType)), st.integers(1, 3)),
+    )
+)
+def test_ranges_cover_exactly_what_was_acknowledged(pending: dict[int, Pending]) -> None:
     ranges = coalesce(pending)
-    covered = {o: r.type for r in ranges for o in range(r.first_offset, r.last_offset + 1)}
+    covered = {
+        o: Pending(r.type, r.delivery_count)
+        for r in ranges
+        for o in range(r.first_offset, r.last_offset + 1)
+    }
     assert covered == pending
     assert sorted(offsets_of(ranges)) == sorted(pending)
     for a, b in itertools.pairwise(ranges):
         assert a.last_offset < b.first_offset  # ordered, disjoint
-        assert a.last_offset + 1 < b.first_offset or a.type is not b.type  # fewest
+        same = (a.type, a.delivery_count) == (b.type, b.delivery_count)
+        assert a.last_offset + 1 < b.first_offset or not same  # fewest
 
 
 def test_only_renew_leaves_a_record_held() -> None:
@@ -92,7 +105,7 @@ def test_only_records_inside_acquired_ranges_are_delivered_with_their_counts() -
 def test_acquired_offsets_the_entries_lack_are_reported() -> None:
     got, missing = acquired_records(_stamped(_records(0, 3), 0), _acquired((1, 4, 2)))
     assert [a.record.offset for a in got] == [1, 2]
-    assert missing == [3, 4]
+    assert missing == [(3, 2), (4, 2)]
     assert acquired_records(b"", []) == ([], [])
 
 
