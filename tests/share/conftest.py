@@ -31,6 +31,7 @@ SHARE_TOPICS = {
     "sbad": 1,
     "srenew": 1,
     "skill": 1,
+    "srejoin": 1,
     "stype": 1,
 }
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from raftmq.client import AcknowledgeType, AsyncShareConsumer, ShareConsumer
+from raftmq.client import AcknowledgeType, AsyncShareConsumer, ConsumerRecord, ShareConsumer
 from raftmq.client import retry_headers as rh
 from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker.test_broker_cluster import wait_until
 from tests.client.test_records_cli import raftmq
 from tests.share.conftest import earliest_group, now_ms, produce_numbered, read_topic
+from tests.share.raw import RawMember
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -226,3 +227,63 @@ def test_consume_share_group_prints_and_accepts(cluster: LocalCluster) -> None:
     assert all(line["delivery_count"] >= 1 for line in lines)
     bad = raftmq(cluster, "consume", topic, "--share-group", group, "--group", "x")
     assert bad.returncode == 2 and "leave out --group" in bad.stderr.decode()
+
+
+def test_a_member_removed_from_the_group_joins_again_and_goes_on(cluster: LocalCluster) -> None:
+    topic, group = "srejoin", "g-rejoin"
+    earliest_group(cluster, group, record_lock_duration_ms="2000")
+    produce_numbered(cluster, topic, 5, prefix="before")
+    with ShareConsumer(cluster.addresses, group, acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe(topic)
+        held: list[ConsumerRecord] = []
+        deadline = time.monotonic() + 30
+        while len(held) < 5 and time.monotonic() < deadline:
+            held += consumer.poll(0.5)
+        assert len(held) == 5
+        first_id = consumer.member_id
+        # Someone else makes it leave (as a session expiry would remove it): its next
+        # heartbeat is told UNKNOWN_MEMBER, and it joins again as a new member.
+        intruder = RawMember(cluster, group, [topic])
+        try:
+            intruder.member_id = first_id
+            intruder.heartbeat(-1)
+        finally:
+            intruder.close()
+        deadline = time.monotonic() + 30
+        while consumer.member_id in ("", first_id) and time.monotonic() < deadline:
+            consumer.poll(0.2)  # anything it gets now, it gets again under its new id
+        assert consumer.member_id not in ("", first_id)
+        for r in held:  # the first delivery's locks went with the old membership
+            consumer.acknowledge(r)
+        assert {(r.delivery_count, r.ok) for r in consumer.commit_sync()} == {(1, False)}
+        accepted: set[int] = set()
+        counts = set()
+        deadline = time.monotonic() + 30
+        while len(accepted) < 5 and time.monotonic() < deadline:
+            for r in consumer.poll(0.5):
+                counts.add(r.delivery_count)
+                consumer.acknowledge(r)
+            for result in consumer.commit_sync():
+                if result.ok:
+                    accepted.update(range(result.first_offset, result.last_offset + 1))
+        assert accepted == {r.offset for r in held}
+        assert min(counts) >= 2, counts  # the first delivery counted
+
+
+def test_acknowledge_refuses_what_it_cannot_send() -> None:
+    """Checked before anything is sent (no broker needed)."""
+    plain = ConsumerRecord("t", 0, 1, None, b"v", 0, ())
+    shared = ConsumerRecord("t", 0, 1, None, b"v", 0, (), delivery_count=1)
+    with ShareConsumer("127.0.0.1:1", "g") as implicit:
+        with pytest.raises(RuntimeError, match="explicit"):
+            implicit.acknowledge(shared, AcknowledgeType.ACCEPT)
+        implicit.acknowledge(shared, AcknowledgeType.RENEW)  # allowed in implicit mode
+        with pytest.raises(RuntimeError, match="subscribe"):
+            implicit.poll(0)
+    with ShareConsumer("127.0.0.1:1", "g", acknowledgement_mode="explicit") as explicit:
+        with pytest.raises(ValueError, match="share"):
+            explicit.acknowledge(plain)
+        with pytest.raises(TypeError):
+            explicit.acknowledge(shared, 1)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="closed"):
+        explicit.acknowledge(shared)
