@@ -112,7 +112,9 @@ def shell_lines(block: Block) -> list[str]:
 BLOCKS = [b for b in fenced_blocks(README.read_text()) if b.language in PYTHON | SHELL]
 
 
-CLIENT = re.compile(r"\b(Producer|Consumer|RetryingConsumer|LowLevelClient|AdminClient)\(([^,)]*)")
+CLIENT = re.compile(
+    r"\b(Producer|Consumer|RetryingConsumer|ShareConsumer|LowLevelClient|AdminClient)\(([^,)]*)"
+)
 """A client constructed with its addresses first (the README's way)."""
 
 
