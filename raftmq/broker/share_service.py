@@ -165,6 +165,15 @@ class SharePartitionsService:
         at_most("max_bytes", request.max_bytes, MAX_FETCH_BYTES, " bytes")
         at_most("max_wait_ms", request.max_wait_ms, int(MAX_WAIT_S * 1000), " ms")
         replica, group, acks = await self._member_request(request, context)
+
+        def still_member() -> bool:
+            now = self._share_groups(self.broker.metadata).get(request.group_id)
+            return (
+                now is not None
+                and now.created_version == group.created_version
+                and request.member_id in now.members
+            )
+
         try:
             got = await replica.share.fetch(
                 group,
@@ -173,6 +182,7 @@ class SharePartitionsService:
                 max_bytes=request.max_bytes,
                 max_wait_s=_wait_s(request.max_wait_ms, context),
                 acknowledgements=acks,
+                still_member=still_member,
             )
         except PartitionError as exc:
             raise self.router.refusal(exc) from None

@@ -151,10 +151,14 @@ class SharePartitions:
         max_bytes: int = 0,
         max_wait_s: float = 0.0,
         acknowledgements: list[AckTuple] | None = None,
+        still_member: Callable[[], bool] | None = None,
     ) -> ShareFetchResult:
         """Acknowledge ``acknowledgements`` ((first, last, AcknowledgeType number, delivery
         count or 0 for any)), then acquire records for the member, waiting up to
-        ``max_wait_s`` for some: new records, records released, locks expiring wake it."""
+        ``max_wait_s`` for some: new records, records released, locks expiring wake it.
+        ``still_member`` is asked before each acquisition after a wait: a member removed
+        from the group while its fetch waited gets nothing (it did get the records, locked
+        to a non-member until their locks expired)."""
         self._check_leader()
         max_records = max_records or DEFAULT_MAX_RECORDS
         max_bytes = max_bytes or DEFAULT_MAX_BYTES
@@ -184,6 +188,8 @@ class SharePartitions:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
                     await woken.wait()
+            if still_member is not None and not still_member():
+                break
         entries, acquired, lock_deadline = result or (b"", [], 0)
         return ShareFetchResult(
             entries, acquired, lock_deadline, acked, self.replica.high_watermark

@@ -156,6 +156,23 @@ def test_long_polls_wake_on_records_and_on_lock_expiry(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_a_member_removed_while_its_fetch_waits_acquires_nothing(tmp_path: Path) -> None:
+    async def body(replica: PartitionReplica) -> None:
+        await replica.share.fetch(G, "m1")  # starts the group at the log start
+        member = {"m1": True}
+        waiting = asyncio.create_task(
+            replica.share.fetch(G, "m1", max_wait_s=10, still_member=lambda: member["m1"])
+        )
+        await asyncio.sleep(0.1)  # parked: nothing to acquire yet
+        member["m1"] = False  # the metadata no longer has it
+        await replica.produce(plain(b"x"), Acks.ALL, 5)
+        got = await asyncio.wait_for(waiting, 5)
+        assert got.acquired == [] and got.entries == b""
+        assert (await replica.share.fetch(G, "m2")).acquired == [(0, 0, 1)]
+
+    run(tmp_path, body)
+
+
 def test_aborted_and_open_transactions_are_not_delivered(tmp_path: Path) -> None:
     async def body(replica: PartitionReplica) -> None:
         await replica.produce(txn_batch(7, 0, 0, b"aborted"), Acks.ALL, 5)
