@@ -28,9 +28,11 @@ proto: $(STAMP)
 #
 # Property tests run with a fixed seed here, so a verdict is the code's and not the draw's
 # (a random draw found a wrong oracle in CI once, for code that had not changed); run
-# pytest without it to explore new examples.
+# pytest without it to explore new examples. Failures print native tracebacks: pytest's
+# own formatting parses the test's source, and CPython 3.11.7's parser (gh-106905) then
+# raised SystemError and took the whole xdist session down with the failure unreported.
 FAST := not long and not chaos
-SEEDED := --hypothesis-seed=0
+SEEDED := --hypothesis-seed=0 --tb=native
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
