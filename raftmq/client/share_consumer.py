@@ -320,13 +320,14 @@ class _ShareCore:
             acknowledgements=[] if sent is None else [r.batch() for r in sent.ranges],
         )
         p.carrying = sent is not None
+        failures: list[ClientError] = []
         try:
             answer: spb.ShareFetchResponse = await self._at_leader(
-                p.tp, "ShareFetch", request, c.fetch_max_wait_ms / 1000 + RPC_SLACK_S
+                p.tp, "ShareFetch", request, c.fetch_max_wait_ms / 1000 + RPC_SLACK_S, failures
             )
         except ClientError as err:
             if sent is not None:
-                self._failed(sent, err)
+                self._failed(sent, _unknown_if(_maybe_done(failures), err))
             self._refused(p, err)
             return False
         finally:
@@ -334,7 +335,7 @@ class _ShareCore:
             if sent is not None and not sent.future.done() and self.closed:
                 self._failed(sent, _closed_error())
         if sent is not None:
-            self._answered(sent, answer.acknowledge_results)
+            self._answered(sent, answer.acknowledge_results, retried=_maybe_done(failures))
         self._deliver(p, answer)
         return True
 
@@ -352,10 +353,18 @@ class _ShareCore:
             return
         self._error(err)
 
-    async def _at_leader(self, tp: TopicPartition, rpc: str, request: Any, timeout_s: float) -> Any:
+    async def _at_leader(
+        self,
+        tp: TopicPartition,
+        rpc: str,
+        request: Any,
+        timeout_s: float,
+        failures: list[ClientError] | None = None,
+    ) -> Any:
         """``rpc`` of SharePartitions at ``tp``'s leader, following NOT_LEADER hints and
         waiting out elections and unreachable leaders for up to ack_timeout_ms; raises
-        the last ClientError."""
+        the last ClientError. ``failures`` collects the attempts that failed: one that got
+        no answer may have been done (:func:`_maybe_done`)."""
         give_up = time.monotonic() + self.config.ack_timeout_ms / 1000
         attempt = 0
         while True:
@@ -367,6 +376,8 @@ class _ShareCore:
                 err = error_of(exc)
             except ClientError as exc:  # no leader known yet
                 err = exc
+            if failures is not None:
+                failures.append(err)
             if not (err.retriable or err.unreachable or err.timed_out) or self.closed:
                 raise err
             if time.monotonic() >= give_up:
@@ -496,20 +507,25 @@ class _ShareCore:
             partition=sent.tp[1],
             acknowledgements=[r.batch() for r in sent.ranges],
         )
+        failures: list[ClientError] = []
         try:
             answer: spb.ShareAcknowledgeResponse = await self._at_leader(
-                sent.tp, "ShareAcknowledge", request, RPC_SLACK_S
+                sent.tp, "ShareAcknowledge", request, RPC_SLACK_S, failures
             )
         except ClientError as err:
-            self._failed(sent, err)
+            self._failed(sent, _unknown_if(_maybe_done(failures), err))
             self._refused(self._partition(sent.tp), err)
             return
         except BaseException:
             self._failed(sent, _closed_error())
             raise
-        self._answered(sent, answer.results)
+        self._answered(sent, answer.results, retried=_maybe_done(failures))
 
-    def _answered(self, sent: _Sent, results: Sequence[spb.AcknowledgeResult]) -> None:
+    def _answered(
+        self, sent: _Sent, results: Sequence[spb.AcknowledgeResult], *, retried: bool = False
+    ) -> None:
+        """``retried``: an earlier attempt got no answer and may have been done, so a
+        range refused INVALID_RECORD_STATE now may be what that attempt settled."""
         by_range = {(int(r.first_offset), int(r.last_offset)): r for r in results}
         out = []
         for rng in sent.ranges:
@@ -525,6 +541,12 @@ class _ShareCore:
                 deadline = None
             else:
                 error = refusal(answer.error) if answer.error.code else None
+                if (
+                    retried
+                    and error is not None
+                    and error.code == pb.ERROR_CODE_INVALID_RECORD_STATE
+                ):
+                    error = _unknown_if(True, error)
                 deadline = int(answer.lock_deadline_ms) or None
             out.append(
                 AcknowledgementResult(
@@ -712,6 +734,27 @@ class _ShareCore:
         if self.session is not None:
             await self.session.close()
         await self.links.close()
+
+
+def _maybe_done(failures: list[ClientError]) -> bool:
+    """Did an attempt that failed perhaps reach a leader that did it? One that got no
+    answer did, perhaps; a refusal (NOT_LEADER and the like) did nothing."""
+    return any(err.unreachable or err.timed_out for err in failures)
+
+
+def _unknown_if(maybe_done: bool, err: ClientError) -> ClientError:
+    """``err`` as OUTCOME_UNKNOWN when an attempt may have been done before it: the
+    acknowledgement may have been committed by a leader that failed before answering (a
+    retry then finds the records settled), or not at all."""
+    if not maybe_done or err.code == pb.ERROR_CODE_OUTCOME_UNKNOWN:
+        return err
+    return ClientError(
+        f"the outcome is unknown: an earlier attempt got no answer and may have been "
+        f"committed before its leader failed; then: {err}",
+        pb.ERROR_CODE_OUTCOME_UNKNOWN,
+        err.status,
+        err.meta,
+    )
 
 
 def _not_member_error(group_id: str) -> ClientError:

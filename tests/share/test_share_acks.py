@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import itertools
 
+import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import share_pb2 as spb
-from raftmq.client import AcknowledgeType, ConsumerRecord
+from raftmq.client import AcknowledgeType, ClientError, ConsumerRecord
 from raftmq.client.share_acks import AckRange, Pending, acquired_records, coalesce, offsets_of
-from raftmq.client.share_consumer import ShareConsumerConfig
+from raftmq.client.share_consumer import ShareConsumerConfig, _maybe_done, _unknown_if
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch
 
@@ -127,3 +129,20 @@ def test_settings_are_checked_at_construction() -> None:
 def test_a_plain_record_has_no_delivery_count() -> None:
     r = ConsumerRecord("t", 0, 1, None, b"v", 0, ())
     assert r.delivery_count is None
+
+
+def test_an_acknowledgement_whose_try_got_no_answer_is_of_unknown_outcome() -> None:
+    """A try that got no answer (the leader died, perhaps after committing) makes a later
+    refusal of the same acknowledgement OUTCOME_UNKNOWN; a refusal after refusals (no
+    leader did anything) stays what it is."""
+    lost = ClientError(
+        "connection reset", pb.ERROR_CODE_UNSPECIFIED, grpc.StatusCode.UNAVAILABLE, {}
+    )
+    moved = ClientError(
+        "not the leader", pb.ERROR_CODE_NOT_LEADER, grpc.StatusCode.FAILED_PRECONDITION, {}
+    )
+    settled = ClientError("not held", pb.ERROR_CODE_INVALID_RECORD_STATE, None, {})
+    assert _maybe_done([lost, moved]) and not _maybe_done([moved, moved])
+    unknown = _unknown_if(_maybe_done([lost]), settled)
+    assert unknown.code == pb.ERROR_CODE_OUTCOME_UNKNOWN and "not held" in str(unknown)
+    assert _unknown_if(_maybe_done([moved]), settled) is settled
