@@ -145,6 +145,10 @@ def _commit(r: Any, v: View) -> list[Need]:
     return [Need(G, r.group_id, Op.READ), *_topics((o.topic for o in r.offsets), Op.READ)]
 
 
+def _share_read(r: Any, v: View) -> list[Need]:
+    return [Need(G, r.group_id, Op.READ), Need(T, r.topic, Op.READ)]
+
+
 def _txn(r: Any, v: View) -> list[Need]:
     return [Need(X, r.transactional_id, Op.WRITE)]
 
@@ -157,6 +161,13 @@ def _one(
     resource_type: ResourceType, field: str, op: Operation
 ) -> Callable[[Any, View], list[Need]]:
     return lambda r, v: [Need(resource_type, getattr(r, field), op)]
+
+
+def _share_partition(op: Operation) -> Callable[[Any, View], list[Need]]:
+    """A share group's records of one partition: ``op`` on the group and on the topic
+    (reading them, acknowledging them and moving the group's start offset are READ, as
+    consuming and committing are for a consumer group)."""
+    return lambda r, v: [Need(G, r.group_id, op), Need(T, r.topic, op)]
 
 
 INTERNAL = _const(cluster(Op.CLUSTER_ACTION))
@@ -211,6 +222,15 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "DescribeGroup": _one(G, "group_id", Op.DESCRIBE),
     "ResetOffsets": _commit,
     "DeleteGroup": _one(G, "group_id", Op.DELETE),
+    # ShareGroups service (the coordinator's)
+    "ShareGroupHeartbeat": lambda r, v: [
+        Need(G, r.group_id, Op.READ),
+        *_topics(r.subscriptions, Op.DESCRIBE),
+    ],
+    "ListShareGroups": _const(),  # SHOWN
+    "DescribeShareGroup": _one(G, "group_id", Op.DESCRIBE),
+    "AlterShareGroupConfig": _one(G, "group_id", Op.ALTER_CONFIGS),
+    "DeleteShareGroup": _one(G, "group_id", Op.DELETE),
     # Transactions service
     "InitTransactions": _txn,
     "AddPartitionsToTxn": lambda r, v: [
@@ -222,6 +242,14 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "ListTransactions": _const(),  # SHOWN
     "DescribeTransaction": _one(X, "transactional_id", Op.DESCRIBE),
     "AbortTransaction": _const(cluster(Op.ALTER)),
+    # SharePartitions service (partition leaders)
+    "ShareFetch": _share_read,
+    "ShareAcknowledge": _share_read,
+    "DescribeSharePartition": lambda r, v: [
+        Need(G, r.group_id, Op.DESCRIBE),
+        Need(T, r.topic, Op.DESCRIBE),
+    ],
+    "ResetSharePartition": lambda r, v: [Need(G, r.group_id, Op.DELETE), Need(T, r.topic, Op.READ)],
     # Controller service: brokers only
     "RegisterBroker": INTERNAL,
     "Heartbeat": INTERNAL,
@@ -244,6 +272,7 @@ SHOWN: dict[str, tuple[str, str, ResourceType]] = {
     "ListTopics": ("topics", "name", T),
     "FetchOffsets": ("offsets", "topic", T),
     "ListGroups": ("groups", "group_id", G),
+    "ListShareGroups": ("groups", "group_id", G),
     "ListTransactions": ("transactions", "transactional_id", X),
 }
 """Listings: RPC -> (the answer's repeated field, the item's name field, its resource
@@ -298,7 +327,9 @@ class AclAuthorizer:
         listing = SHOWN.get(rpc)
         if listing is None or principal in self.super_users:
             return response
-        if rpc == "ListGroups" and self.allowed(principal, cluster(Op.DESCRIBE)):
+        if rpc in ("ListGroups", "ListShareGroups") and self.allowed(
+            principal, cluster(Op.DESCRIBE)
+        ):
             return response  # Kafka: DESCRIBE on the cluster lists every group
         field, name, resource_type = listing
         items = getattr(response, field)

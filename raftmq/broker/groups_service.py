@@ -11,7 +11,7 @@ arrives. A voter that does not lead answers NOT_CONTROLLER with the leader's add
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import grpc
@@ -50,7 +50,7 @@ MAX_REQUEST_COMMIT_BYTES = 512 * 1024
 """One commit's share of a batch, at most (coordinator.commit_bytes)."""
 
 
-def _check_group_id(group_id: str) -> str:
+def check_group_id(group_id: str) -> str:
     if not GROUP_ID.fullmatch(group_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -59,7 +59,7 @@ def _check_group_id(group_id: str) -> str:
     return group_id
 
 
-def _check_member_id(member_id: str) -> str:
+def check_member_id(member_id: str) -> str:
     if member_id and not MEMBER_ID.fullmatch(member_id):
         raise Refusal(
             pb.ERROR_CODE_INVALID_GROUP,
@@ -79,6 +79,37 @@ def _topic_partitions(listed: Iterable[gpb.GroupTopicPartitions]) -> tuple[Topic
             f"{len(tps)} partitions named; at most {MAX_LISTED_PARTITIONS} per request",
         )
     return tuple(sorted(tps))
+
+
+class BeatRequest(Protocol):
+    """What every group heartbeat carries (a consumer group's, a share group's)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def session_timeout_ms(self) -> int: ...
+    @property
+    def subscriptions(self) -> Sequence[str]: ...
+
+
+def checked_beat(request: BeatRequest) -> int:
+    """The session timeout a heartbeat asks for, once its group id, timeout and the
+    number of its subscriptions pass."""
+    check_group_id(request.group_id)
+    timeout_ms = request.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
+    if not MIN_SESSION_TIMEOUT_MS <= timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_GROUP,
+            f"session_timeout_ms {timeout_ms} is not between {MIN_SESSION_TIMEOUT_MS} and "
+            f"{MAX_SESSION_TIMEOUT_MS} (0 for the default, {DEFAULT_SESSION_TIMEOUT_MS})",
+        )
+    if len(request.subscriptions) > MAX_SUBSCRIPTIONS:
+        raise Refusal(
+            pb.ERROR_CODE_INVALID_GROUP,
+            f"{len(request.subscriptions)} topics subscribed; a member subscribes to at "
+            f"most {MAX_SUBSCRIPTIONS} (resolve a pattern to the topics it matches)",
+        )
+    return timeout_ms
 
 
 def wire(tps: Iterable[TopicPartition]) -> list[gpb.GroupTopicPartitions]:
@@ -134,8 +165,8 @@ class CommitRequest(Protocol):
 def checked_commit(request: CommitRequest) -> c.OffsetCommit:
     """The commit a request asks for, once its fields pass the checks above."""
     commit = c.OffsetCommit(
-        _check_group_id(request.group_id),
-        _check_member_id(request.member_id),
+        check_group_id(request.group_id),
+        check_member_id(request.member_id),
         request.member_epoch,
         _offsets(request.offsets),
     )
@@ -163,7 +194,7 @@ def _positions(
 
 
 def _group(state: MetadataState, group_id: str) -> ConsumerGroup:
-    group = state.consumer_groups.get(_check_group_id(group_id))
+    group = state.consumer_groups.get(check_group_id(group_id))
     if group is None:
         raise Refusal(
             pb.ERROR_CODE_UNKNOWN_GROUP, f"there is no consumer group {shorten(group_id)}"
@@ -179,23 +210,10 @@ class GroupsService(ControllerFace):
     async def ConsumerGroupHeartbeat(
         self, request: gpb.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ConsumerGroupHeartbeatResponse:
-        _check_group_id(request.group_id)
-        timeout_ms = request.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
-        if not MIN_SESSION_TIMEOUT_MS <= timeout_ms <= MAX_SESSION_TIMEOUT_MS:
-            raise Refusal(
-                pb.ERROR_CODE_INVALID_GROUP,
-                f"session_timeout_ms {timeout_ms} is not between {MIN_SESSION_TIMEOUT_MS} and "
-                f"{MAX_SESSION_TIMEOUT_MS} (0 for the default, {DEFAULT_SESSION_TIMEOUT_MS})",
-            )
-        if len(request.subscriptions) > MAX_SUBSCRIPTIONS:
-            raise Refusal(
-                pb.ERROR_CODE_INVALID_GROUP,
-                f"{len(request.subscriptions)} topics subscribed; a member subscribes to at "
-                f"most {MAX_SUBSCRIPTIONS} (resolve a pattern to the topics it matches)",
-            )
+        timeout_ms = checked_beat(request)
         beat = c.GroupHeartbeat(
             request.group_id,
-            _check_member_id(request.member_id),
+            check_member_id(request.member_id),
             request.instance_id or None,
             request.member_epoch,
             tuple(request.subscriptions),
@@ -223,7 +241,7 @@ class GroupsService(ControllerFace):
     async def FetchOffsets(
         self, request: gpb.FetchOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.FetchOffsetsResponse:
-        _check_group_id(request.group_id)
+        check_group_id(request.group_id)
         wanted = {(tp.topic, p) for tp in request.partitions for p in tp.partitions} or None
         state = await self.call(self.coordinator.current())
         group = state.consumer_groups.get(request.group_id)
@@ -248,7 +266,7 @@ class GroupsService(ControllerFace):
     async def DescribeGroup(
         self, request: gpb.DescribeGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.GroupDescription:
-        _check_group_id(request.group_id)
+        check_group_id(request.group_id)
         group = _group(await self.call(self.coordinator.current()), request.group_id)
         age_ms = self.coordinator.last_heartbeat_age_ms
         return gpb.GroupDescription(
@@ -276,7 +294,7 @@ class GroupsService(ControllerFace):
         self, request: gpb.ResetOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
         offsets = _offsets(request.offsets)
-        _check_size(c.OffsetCommit(_check_group_id(request.group_id), "", 0, offsets))
+        _check_size(c.OffsetCommit(check_group_id(request.group_id), "", 0, offsets))
         version = await self.call(
             self.coordinator.reset_offsets(request.group_id, offsets, request.force)
         )
@@ -285,7 +303,7 @@ class GroupsService(ControllerFace):
     async def DeleteGroup(
         self, request: gpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> gpb.ChangeDoneResponse:
-        version = await self.call(self.coordinator.delete_group(_check_group_id(request.group_id)))
+        version = await self.call(self.coordinator.delete_group(check_group_id(request.group_id)))
         return gpb.ChangeDoneResponse(metadata_version=version)
 
 

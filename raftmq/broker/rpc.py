@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.broker.guard import OPEN, Guard
@@ -205,8 +206,10 @@ def add_service(service: object, server: grpc.aio.Server, module: Any, name: str
             make, handle = grpc.unary_unary_rpc_method_handler, unary(method.name, behaviour, guard)
         handlers[method.name] = make(
             handle,
-            request_deserializer=deserializer(getattr(module, method.input_type.name)),
-            response_serializer=getattr(module, method.output_type.name).SerializeToString,
+            # The classes of the method's own types, wherever defined (share.proto answers
+            # with groups.proto's ChangeDoneResponse): not looked up in ``module`` by name.
+            request_deserializer=deserializer(GetMessageClass(method.input_type)),
+            response_serializer=GetMessageClass(method.output_type).SerializeToString,
         )
     full_name = f"{module.DESCRIPTOR.package}.{name}"
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))

@@ -61,6 +61,13 @@ from raftmq.broker.routing import MAX_FETCH_BYTES, Router
 from raftmq.broker.rpc import guard_server
 from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
+from raftmq.broker.share_control import ShareControl
+from raftmq.broker.share_groups_service import (
+    ShareGroupsService,
+    add_share_groups_redirect,
+    add_share_groups_service,
+)
+from raftmq.broker.share_service import SharePartitionsService, add_share_service
 from raftmq.broker.transactions_service import (
     TransactionsService,
     add_transactions_redirect,
@@ -287,6 +294,9 @@ class Broker:
         self.delay_movers = DelayMovers(
             self.replicas, lambda: self.metadata, lambda: self.stopping, security
         )
+        self.share_control = ShareControl(
+            self.replicas, lambda: self.metadata, lambda: self.stopping
+        )
         self.retention = Retention(
             broker_id,
             self.data_dir,
@@ -315,6 +325,7 @@ class Broker:
             lambda: self.metadata_version,
         )
         self._delay_task: asyncio.Task[None] | None = None
+        self._share_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
         self._rebalance_task: asyncio.Task[None] | None = None
@@ -399,6 +410,7 @@ class Broker:
         )
         each = None if self.authorizer is None else guard.authorize_each("Produce")
         add_to_server(BrokerService(router, self.quotas, each), self._server)
+        add_share_service(SharePartitionsService(router, self), self._server)
         if self.quorum is not None:
             add_controller_service(
                 ControllerService(self.quorum, self.voter_addresses), self._server
@@ -408,6 +420,9 @@ class Broker:
             )
             add_admin_service(self._admin, self._server)
             add_groups_service(GroupsService(self.quorum, self.voter_addresses), self._server)
+            add_share_groups_service(
+                ShareGroupsService(self.quorum, self.voter_addresses), self._server
+            )
             self._transactions = TransactionsService(
                 self.quorum, self.voter_addresses, security=self.security
             )
@@ -418,6 +433,7 @@ class Broker:
             redirect = AdminRedirect(self.id, self.voter_addresses, lambda: link.leader_address)
             add_admin_redirect(redirect, self._server)
             add_groups_redirect(redirect, self._server)
+            add_share_groups_redirect(redirect, self._server)
             add_transactions_redirect(redirect, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         client_port = net.add_port(
@@ -442,6 +458,7 @@ class Broker:
         self._retention_task = loop.create_task(self.retention.run())
         if BROKER in self.roles:
             self._delay_task = loop.create_task(self.delay_movers.run())
+            self._share_task = loop.create_task(self.share_control.run())
             self._follow_task = loop.create_task(self._join_and_follow())
             self._report_task = loop.create_task(self.leader_reports.run())
             self._moves_task = loop.create_task(self.moves.run())
@@ -532,6 +549,7 @@ class Broker:
             self._reopen_task,
             self._heartbeat_task,
             self._delay_task,
+            self._share_task,
             *self._prefer_tasks,
         )
         for task in tasks:

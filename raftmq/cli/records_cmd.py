@@ -35,11 +35,13 @@ from raftmq.cli.cluster_cmd import (
 )
 from raftmq.cli.connection import client_tls
 from raftmq.client import (
+    AcknowledgeType,
     ClientError,
     CommitFailedError,
     Consumer,
     ConsumerRecord,
     Producer,
+    ShareConsumer,
     TopicPartition,
 )
 from raftmq.client.fetcher import OffsetReset
@@ -181,17 +183,25 @@ def _text(data: bytes | None) -> str | None:
 
 
 def _json_line(r: ConsumerRecord) -> str:
-    return json.dumps(
-        {
-            "topic": r.topic,
-            "partition": r.partition,
-            "offset": r.offset,
-            "timestamp": r.timestamp,
-            "key": _text(r.key),
-            "value": _text(r.value),
-            "headers": [[name, _text(value)] for name, value in r.headers],
-        }
-    )
+    line = {
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "key": _text(r.key),
+        "value": _text(r.value),
+        "headers": [[name, _text(value)] for name, value in r.headers],
+    }
+    if r.delivery_count is not None:
+        line["delivery_count"] = r.delivery_count
+    return json.dumps(line)
+
+
+def _write(out: BinaryIO, r: ConsumerRecord, output: str) -> None:
+    if output == "json":
+        out.write(_json_line(r).encode() + b"\n")
+    else:
+        out.write((r.value or b"") + b"\n")
 
 
 def _names(partitions: list[TopicPartition]) -> str:
@@ -250,6 +260,22 @@ def consume(
             "committing what was printed.",
         ),
     ] = None,
+    share_group: Annotated[
+        str | None,
+        typer.Option(
+            "--share-group",
+            help="Consume as a member of this share group (docs/share-groups.md): records "
+            "are shared out with its other members, and each one printed is accepted.",
+        ),
+    ] = None,
+    reject: Annotated[
+        bool,
+        typer.Option(
+            "--reject",
+            help="With --share-group: REJECT each record printed instead of accepting it "
+            "(it goes to the group's dead-letter topic when it has one).",
+        ),
+    ] = False,
     isolation: Annotated[
         Literal["read_uncommitted", "read_committed"],
         typer.Option(
@@ -273,8 +299,28 @@ def consume(
     """Print the records of TOPIC: from now on, --from-beginning, or --offset N of one
     --partition; with --group, from the group's committed offsets (--from-beginning then
     says where a partition without one starts). JSON lines carry topic, partition,
-    offset, timestamp, key, value and headers; bytes that are not UTF-8 show as \\x
-    escapes."""
+    offset, timestamp, key, value and headers (and delivery_count with --share-group);
+    bytes that are not UTF-8 show as \\x escapes. With --share-group, records are shared
+    out among the group's members (no order is promised) and each one printed is
+    accepted (--reject: rejected) once written."""
+    if share_group is not None or reject:
+        _consume_share(
+            topic,
+            share_group,
+            reject=reject,
+            conflicts=group is not None
+            or offset is not None
+            or partition is not None
+            or from_beginning
+            or tags is not None
+            or isolation != "read_uncommitted",
+            max_messages=max_messages,
+            idle_timeout_ms=idle_timeout_ms,
+            output=output,
+            client_id=client_id,
+            addresses=cluster_addresses(data, bootstrap),
+        )
+        return
     if group is not None and (offset is not None or partition is not None):
         _err(
             "error: with --group the group assigns the partitions and its committed offsets "
@@ -357,10 +403,7 @@ def consume(
                 printed: dict[tuple[str, int], int] = {}
                 shown = records[: None if max_messages is None else max_messages - count]
                 for r in shown:
-                    if output == "json":
-                        out.write(_json_line(r).encode() + b"\n")
-                    else:
-                        out.write((r.value or b"") + b"\n")
+                    _write(out, r, output)
                     printed[(r.topic, r.partition)] = r.offset + 1
                     count += 1
                 out.flush()
@@ -378,6 +421,92 @@ def consume(
         except KeyboardInterrupt:
             pass
     _err(f"{count:,} records read from {topic}")
+
+
+def _consume_share(
+    topic: str,
+    group: str | None,
+    *,
+    reject: bool,
+    conflicts: bool,
+    max_messages: int | None,
+    idle_timeout_ms: int | None,
+    output: str,
+    client_id: str | None,
+    addresses: list[str],
+) -> None:
+    """``consume --share-group``: print the records the group gives this member, each
+    acknowledged (ACCEPT, or REJECT) once written, and the acknowledgements committed
+    after each batch; a record polled past --max-messages is released unprinted."""
+    if group is None:
+        _err("error: --reject needs --share-group (only a share group's records are rejected)")
+        raise typer.Exit(2)
+    if conflicts:
+        _err(
+            "error: with --share-group the group shares the partitions out and keeps where "
+            "reading stands (its share.auto.offset.reset says where a new group starts; "
+            "reads are read_committed); leave out --group, --partition, --offset, "
+            "--from-beginning, --tags and --isolation"
+        )
+        raise typer.Exit(2)
+    kind = AcknowledgeType.REJECT if reject else AcknowledgeType.ACCEPT
+    out = sys.stdout.buffer
+    count = refused = 0
+    try:
+        consumer = ShareConsumer(
+            addresses,
+            group,
+            acknowledgement_mode="explicit",
+            client_id=client_id,
+            **client_tls(),
+        )
+    except ValueError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(2) from None
+    with consumer:
+        if not consumer.partitions_for(topic):
+            _err(f"error: topic {topic!r} does not exist; 'raftmq topic list' shows the topics")
+            raise typer.Exit(1)
+        consumer.subscribe([topic])
+        _err(f"consuming {topic} as a member of share group {group}")
+        last_record = time.monotonic()
+        try:
+            while max_messages is None or count < max_messages:
+                records = consumer.poll(0.2)
+                if not records:
+                    if not consumer.assignment():  # the idle clock starts once joined
+                        last_record = time.monotonic()
+                    idle_ms = (time.monotonic() - last_record) * 1000
+                    if idle_timeout_ms is not None and idle_ms >= idle_timeout_ms:
+                        break
+                    continue
+                last_record = time.monotonic()
+                for r in records:
+                    if max_messages is not None and count >= max_messages:
+                        consumer.acknowledge(r, AcknowledgeType.RELEASE)  # not printed
+                        continue
+                    _write(out, r, output)
+                    consumer.acknowledge(r, kind)
+                    count += 1
+                out.flush()
+                results = consumer.commit_sync()
+                refused += sum(
+                    r.last_offset - r.first_offset + 1
+                    for r in results
+                    if not r.ok and r.type is kind
+                )
+        except ClientError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            pass
+    verb = "rejected" if reject else "read"
+    _err(f"{count:,} records {verb} from {topic} as share group {group}")
+    if refused:
+        _err(
+            f"warning: {refused:,} acknowledgements were refused (their locks had expired: "
+            "those records go to another member, and may be printed again)"
+        )
 
 
 def _commit_positions(consumer: Consumer, committed_at: dict[tuple[str, int], int]) -> None:

@@ -3,10 +3,12 @@
     from raftmq.client import Producer, Consumer
 
 ``Producer``/``AsyncProducer`` batch, compress and retry idempotently; ``Consumer``/
-``AsyncConsumer`` fetch, join groups and commit; ``RetryingConsumer``/
-``AsyncRetryingConsumer`` hand records to a handler, retrying failures through a retry
-topic and then a dead-letter topic; ``AdminClient`` creates and describes topics and
-groups; ``LowLevelClient`` is the request-at-a-time client underneath them. This
+``AsyncConsumer`` fetch, join groups and commit; ``ShareConsumer``/``AsyncShareConsumer``
+consume together in a share group, acknowledging each record (docs/share-groups.md);
+``RetryingConsumer``/``AsyncRetryingConsumer`` hand records to a handler, retrying
+failures through a retry topic and then a dead-letter topic; ``AdminClient`` creates
+and describes topics and groups; ``LowLevelClient`` is the request-at-a-time client
+underneath them. This
 package talks to brokers only through ``raftmq.api`` and reads records only through
 ``raftmq.format``: importing it loads no server code (``tests/test_layers.py`` checks).
 """
@@ -31,6 +33,8 @@ from raftmq.client.producer import (
     RecordMetadata,
 )
 from raftmq.client.retrying import AsyncRetryingConsumer, RetryingConsumer, RetryPolicy
+from raftmq.client.share_acks import AcknowledgementResult, AcknowledgeType
+from raftmq.client.share_consumer import AsyncShareConsumer, ShareConsumer
 from raftmq.client.transactions import (
     ProducerFencedError,
     TransactionAbortableError,
@@ -38,10 +42,13 @@ from raftmq.client.transactions import (
 )
 
 __all__ = [
+    "AcknowledgeType",
+    "AcknowledgementResult",
     "AdminClient",
     "AsyncConsumer",
     "AsyncProducer",
     "AsyncRetryingConsumer",
+    "AsyncShareConsumer",
     "ClientError",
     "CommitFailedError",
     "Consumer",
@@ -57,6 +64,7 @@ __all__ = [
     "RecordMetadata",
     "RetryPolicy",
     "RetryingConsumer",
+    "ShareConsumer",
     "TopicPartition",
     "TransactionAbortableError",
     "TransactionStateError",

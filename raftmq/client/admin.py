@@ -1,7 +1,10 @@
 """A synchronous client of the raftmq.v1.Admin API (admin.proto): topics and the cluster;
 and of the operators' side of raftmq.v1.Groups (groups.proto): list, describe, reset
-offsets and delete consumer groups, and of raftmq.v1.Transactions (transactions.proto):
-list, describe and abort transactions, all served by the same controller leader.
+offsets and delete consumer groups, of raftmq.v1.ShareGroups (share.proto): list,
+describe, configure and delete share groups, and of raftmq.v1.Transactions
+(transactions.proto): list, describe and abort transactions, all served by the same
+controller leader. A share group's per-partition state is asked of each partition's
+leader (SharePartitions).
 
 It finds the controller quorum's leader from any bootstrap address: a voter that does not
 lead answers NOT_CONTROLLER with the leader's address, and the call is resent there; with
@@ -31,10 +34,13 @@ from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.api.v1 import broker_pb2_grpc as pb_grpc
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
+from raftmq.api.v1 import share_pb2 as spb
+from raftmq.api.v1 import share_pb2_grpc as spb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
 from raftmq.client.connections import SecuritySettings, checked_client_id, client_id_headers
 from raftmq.client.errors import ClientError, error_of
+from raftmq.client.lowlevel import LowLevelClient
 from raftmq.client.sasl import client_security
 from raftmq.format.delay import DELAY_TOPIC
 
@@ -52,6 +58,17 @@ class DelayedSummary:
     complete: bool
     """False when a level's scan stopped at its bound or a level's leader did not
     answer: then ``pending`` is a lower bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionState:
+    """A share group's state on one partition (AdminClient.describe_share_partitions)."""
+
+    topic: str
+    partition: int
+    description: spb.SharePartitionDescription | None
+    """As the partition's leader has it; None when it did not answer (``error`` says)."""
+    error: ClientError | None
 
 
 class AdminClient:
@@ -80,6 +97,7 @@ class AdminClient:
             security=client_security(**security), headers=client_id_headers(self.client_id)
         )
         self._leader: str | None = None  # the controller leader's address, once known
+        self._security = security
 
     def __enter__(self) -> AdminClient:
         return self
@@ -316,6 +334,102 @@ class AdminClient:
     def delete_group(self, group_id: str) -> gpb.ChangeDoneResponse:
         """Forget the group and its committed offsets; refused while it has members."""
         return self._groups("DeleteGroup", gpb.DeleteGroupRequest(group_id=group_id))
+
+    # --- share groups (docs/share-groups.md) ----------------------------------------------
+
+    def _share_groups(self, rpc: str, request: Any) -> Any:
+        return self._call(rpc, request, spb_grpc.ShareGroupsStub)
+
+    def list_share_groups(self) -> spb.ListShareGroupsResponse:
+        return self._share_groups("ListShareGroups", spb.ListShareGroupsRequest())
+
+    def describe_share_group(self, group_id: str) -> spb.ShareGroupDescription:
+        """Members, their assignments, every setting (defaults included) and the topics
+        the group consumed; the share-partition state is :meth:`describe_share_partitions`'."""
+        return self._share_groups(
+            "DescribeShareGroup", spb.DescribeShareGroupRequest(group_id=group_id)
+        )
+
+    def alter_share_group_config(
+        self, group_id: str, settings: Mapping[str, str]
+    ) -> gpb.ChangeDoneResponse:
+        """Set share group settings (an empty value restores the default); creates the
+        group, empty, when it does not exist (INVALID_SHARE_SETTING names a bad one)."""
+        return self._share_groups(
+            "AlterShareGroupConfig",
+            spb.AlterShareGroupConfigRequest(
+                group_id=group_id,
+                settings=[
+                    spb.ShareGroupSetting(name=k, value=v) for k, v in sorted(settings.items())
+                ],
+            ),
+        )
+
+    def delete_share_group(self, group_id: str) -> gpb.ChangeDoneResponse:
+        """Forget the group (its partitions' leaders drop its state); refused while it has
+        members."""
+        return self._share_groups("DeleteShareGroup", gpb.DeleteGroupRequest(group_id=group_id))
+
+    def describe_share_partitions(
+        self, group_id: str, topics: Iterable[str] | None = None
+    ) -> list[SharePartitionState]:
+        """The group's state on each partition of ``topics`` (None: every topic it
+        consumed), as each partition's leader has it. A partition whose leader did not
+        answer carries the error instead, and the others are still described."""
+        if topics is None:
+            topics = self.describe_share_group(group_id).topics
+        out = []
+        with self._partition_client() as client:
+            for topic in topics:
+                try:
+                    count = len(self.describe_topic(topic).partitions)
+                except ClientError as exc:
+                    if exc.code == pb.ERROR_CODE_UNKNOWN_TOPIC:
+                        continue  # deleted since: its share-partition state went with it
+                    raise
+                for p in range(count):
+                    request = spb.DescribeSharePartitionRequest(
+                        group_id=group_id, topic=topic, partition=p
+                    )
+                    try:
+                        described = client.call_leader(
+                            topic,
+                            p,
+                            spb_grpc.SharePartitionsStub,
+                            "DescribeSharePartition",
+                            request,
+                        )
+                    except ClientError as exc:
+                        out.append(SharePartitionState(topic, p, None, exc))
+                        continue
+                    out.append(SharePartitionState(topic, p, described, None))
+        return out
+
+    def reset_share_group_offsets(
+        self, group_id: str, offsets: Mapping[tuple[str, int], int], *, force: bool = False
+    ) -> dict[tuple[str, int], int]:
+        """Move the group's share-partition start offsets ((topic, partition) -> offset,
+        between each log's start and high watermark): records below are done, records
+        from it available again with delivery count 0. Each partition's leader refuses it
+        (GROUP_NOT_EMPTY) while the group has members unless ``force``; the first refusal
+        is raised, the partitions before it are reset. Returns the new start offsets."""
+        out = {}
+        with self._partition_client() as client:
+            for (topic, p), offset in sorted(offsets.items()):
+                request = spb.ResetSharePartitionRequest(
+                    group_id=group_id, topic=topic, partition=p, offset=offset, force=force
+                )
+                answer = client.call_leader(
+                    topic, p, spb_grpc.SharePartitionsStub, "ResetSharePartition", request
+                )
+                out[topic, p] = answer.start_offset
+        return out
+
+    def _partition_client(self) -> LowLevelClient:
+        """A client of the partition leaders, on the same addresses and security."""
+        return LowLevelClient(
+            self.bootstrap, retries=10, client_id=self.client_id, **self._security
+        )
 
     # --- transactions -------------------------------------------------------------------
 

@@ -96,6 +96,9 @@ class ConsumerRecord:
     value: bytes | None
     timestamp: int
     headers: tuple[tuple[str, bytes | None], ...]
+    delivery_count: int | None = None
+    """How many times a share group delivered the record, this time included (1 on the
+    first delivery; raftmq.client.share_consumer); None from a consumer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,6 +235,11 @@ class LowLevelClient:
             )
         return self._read(topic, partition, "ListOffsets", request, 10.0, None)
 
+    def call_leader(self, topic: str, partition: int, service: type, rpc: str, request: Any) -> Any:
+        """``rpc`` of another service the partition's leader serves (``service``: its
+        generated stub class, e.g. SharePartitionsStub), routed and retried as a read."""
+        return self._read(topic, partition, rpc, request, 10.0, None, service)
+
     def _read(
         self,
         topic: str,
@@ -243,13 +248,14 @@ class LowLevelClient:
         request: Any,
         timeout: float,
         address: str | None,
+        service: type = pb_grpc.BrokerStub,
     ) -> Any:
         """``rpc`` at ``address``, or at the leader when None, retrying what is retriable
         there (see :meth:`fetch`)."""
         target = address or self._leader(topic, partition)
         for attempt in range(self.retries):
             try:
-                return getattr(self.stub(target), rpc)(request, timeout=timeout)
+                return getattr(service(self._channel(target)), rpc)(request, timeout=timeout)
             except grpc.RpcError as exc:
                 err = error_of(exc)
                 if address is not None or not (err.retriable or err.unreachable):

@@ -73,7 +73,13 @@ OPERATIONS: dict[ResourceType, tuple[Operation, ...]] = {
         Operation.DESCRIBE_CONFIGS,
         Operation.ALL,
     ),
-    ResourceType.GROUP: (Operation.READ, Operation.DELETE, Operation.DESCRIBE, Operation.ALL),
+    ResourceType.GROUP: (
+        Operation.READ,
+        Operation.DELETE,
+        Operation.DESCRIBE,
+        Operation.ALTER_CONFIGS,  # a share group's settings
+        Operation.ALL,
+    ),
     ResourceType.CLUSTER: (
         Operation.CREATE,
         Operation.ALTER,

@@ -297,6 +297,45 @@ class DeleteGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareGroupHeartbeat:
+    """A share group member joins (``member_epoch`` 0; ``member_id`` "" for a new id),
+    heartbeats (its current epoch) or leaves (-1). Proposed only when it changes
+    something, as :class:`GroupHeartbeat` (raftmq.controller.share_groups)."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    subscriptions: tuple[str, ...]
+    session_timeout_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveShareMembers:
+    """Share group members whose heartbeats stopped for longer than their session
+    timeout (the controller leader's timer proposes it)."""
+
+    group_id: str
+    member_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterShareGroupConfig:
+    """Set share group settings (name: text; "" restores the default), creating the
+    group, empty, when it does not exist."""
+
+    group_id: str
+    settings: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteShareGroup:
+    """Forget a share group; refused while it has members."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class InitTransactions:
     """A producer takes its transactional id's producer id and a new epoch (fencing older
     instances); an open transaction is aborted first (raftmq.controller.transactions)."""
@@ -457,6 +496,10 @@ Command = Union[  # noqa: UP007 (a runtime value: get_args lists the commands)
     CommitOffsets,
     ResetOffsets,
     DeleteGroup,
+    ShareGroupHeartbeat,
+    RemoveShareMembers,
+    AlterShareGroupConfig,
+    DeleteShareGroup,
     TransactionCalls,
     RecordTxnMarkers,
     AlterScramCredentials,
@@ -533,6 +576,19 @@ class GroupAssignment:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareAssignment:
+    """A share group member's answer to its heartbeat: who it is now and what to fetch
+    from (other members may fetch from the same partitions)."""
+
+    member_id: str
+    member_epoch: int
+    group_epoch: int
+    assigned: tuple[TopicPartition, ...]
+
+    ok: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
 class CommitOutcome:
     code: str
     """"" when accepted, else the RefusalCode's value."""
@@ -590,6 +646,7 @@ Result = Union[  # noqa: UP007 (a runtime value: get_args lists the results)
     PartitionsAdded,
     ProducerIdsAllocated,
     GroupAssignment,
+    ShareAssignment,
     CommitsApplied,
     LeadersReported,
     TxnOutcomes,

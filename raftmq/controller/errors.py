@@ -39,6 +39,9 @@ class RefusalCode(StrEnum):
     FENCED_MEMBER_EPOCH = "FENCED_MEMBER_EPOCH"  # stale epoch: heartbeat (or rejoin) first
     GROUP_NOT_EMPTY = "GROUP_NOT_EMPTY"  # an admin change while members are active
     PARTITION_NOT_ASSIGNED = "PARTITION_NOT_ASSIGNED"  # a commit for someone else's partition
+    # Share groups (raftmq.controller.share_groups)
+    INCONSISTENT_GROUP_TYPE = "INCONSISTENT_GROUP_TYPE"  # the id names a group of the other kind
+    INVALID_SHARE_SETTING = "INVALID_SHARE_SETTING"  # unknown or out of range
     # Producer ids
     INVALID_PRODUCER_ID_BLOCK = "INVALID_PRODUCER_ID_BLOCK"
     PRODUCER_IDS_EXHAUSTED = "PRODUCER_IDS_EXHAUSTED"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from raftmq.controller.assignors import ASSIGNORS, next_assignment
 from raftmq.controller.commands import (
@@ -54,8 +55,12 @@ MEMBER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,255}\Z")
 MAX_GROUPS = 10_000
 MAX_MEMBERS = 1_000
 MAX_SUBSCRIPTIONS = 100
+DEFAULT_SESSION_TIMEOUT_MS = 45_000
+MIN_SESSION_TIMEOUT_MS = 1_000
+MAX_SESSION_TIMEOUT_MS = 300_000
 
 Outcome = tuple[MetadataState, Result]
+M = TypeVar("M")
 
 
 # -- heartbeats ------------------------------------------------------------------------------
@@ -63,6 +68,7 @@ Outcome = tuple[MetadataState, Result]
 
 def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
     _check_heartbeat(c)
+    check_group_type(state, c.group_id, share=False)
     group = state.consumer_groups.get(c.group_id)
     if group is None:
         if len(state.consumer_groups) >= MAX_GROUPS:
@@ -130,20 +136,7 @@ def heartbeat(state: MetadataState, index: int, c: GroupHeartbeat) -> Outcome:
 
 
 def _check_heartbeat(c: GroupHeartbeat) -> None:
-    _check_group_id(c.group_id)
-    if c.member_id and not MEMBER_ID.fullmatch(c.member_id):
-        raise CommandRefused(
-            Code.INVALID_GROUP,
-            "a member id is 1-255 of A-Z a-z 0-9 . _ : - (or empty to get one)",
-        )
-    if c.member_epoch < -1:
-        raise CommandRefused(
-            Code.INVALID_GROUP,
-            f"member epoch {c.member_epoch}: send 0 to join, -1 to leave, else the epoch "
-            "the last heartbeat answered",
-        )
-    if c.member_epoch != 0 and not c.member_id:
-        raise CommandRefused(Code.UNKNOWN_MEMBER, "only a joining member (epoch 0) has no id")
+    check_beat(c.group_id, c.member_id, c.member_epoch, c.subscriptions)
     if c.instance_id is not None and not MEMBER_ID.fullmatch(c.instance_id):
         raise CommandRefused(Code.INVALID_GROUP, "an instance id is 1-255 of A-Z a-z 0-9 . _ : -")
     if c.assignor not in ASSIGNORS:
@@ -151,14 +144,34 @@ def _check_heartbeat(c: GroupHeartbeat) -> None:
             Code.INVALID_GROUP,
             f"assignor {c.assignor!r} is not one of {', '.join(sorted(ASSIGNORS))}",
         )
-    if c.member_epoch != -1:
-        if not 1 <= len(c.subscriptions) <= MAX_SUBSCRIPTIONS:
+
+
+def check_beat(
+    group_id: str, member_id: str, member_epoch: int, subscriptions: tuple[str, ...]
+) -> None:
+    """The fields every group heartbeat has (a consumer group's, a share group's)."""
+    check_group_id(group_id)
+    if member_id and not MEMBER_ID.fullmatch(member_id):
+        raise CommandRefused(
+            Code.INVALID_GROUP,
+            "a member id is 1-255 of A-Z a-z 0-9 . _ : - (or empty to get one)",
+        )
+    if member_epoch < -1:
+        raise CommandRefused(
+            Code.INVALID_GROUP,
+            f"member epoch {member_epoch}: send 0 to join, -1 to leave, else the epoch "
+            "the last heartbeat answered",
+        )
+    if member_epoch != 0 and not member_id:
+        raise CommandRefused(Code.UNKNOWN_MEMBER, "only a joining member (epoch 0) has no id")
+    if member_epoch != -1:
+        if not 1 <= len(subscriptions) <= MAX_SUBSCRIPTIONS:
             raise CommandRefused(
                 Code.INVALID_GROUP,
-                f"a member subscribes to 1-{MAX_SUBSCRIPTIONS} topics, not {len(c.subscriptions)}",
+                f"a member subscribes to 1-{MAX_SUBSCRIPTIONS} topics, not {len(subscriptions)}",
             )
-        bad = [t for t in c.subscriptions if not TOPIC_NAME.fullmatch(t)]
-        if bad or list(c.subscriptions) != sorted(set(c.subscriptions)):
+        bad = [t for t in subscriptions if not TOPIC_NAME.fullmatch(t)]
+        if bad or list(subscriptions) != sorted(set(subscriptions)):
             raise CommandRefused(
                 Code.INVALID_GROUP,
                 "subscriptions must be distinct, sorted, valid topic names"
@@ -184,25 +197,36 @@ def _joining(
 
 
 def _member(group: ConsumerGroup, member_id: str) -> GroupMember:
-    member = group.members.get(member_id)
+    return member_of(group.group_id, group.members, member_id)
+
+
+def member_of(group_id: str, members: Mapping[str, M], member_id: str) -> M:
+    """The member of a group (of either kind); UNKNOWN_MEMBER when it has none of that id."""
+    member = members.get(member_id)
     if member is None:
         raise CommandRefused(
             Code.UNKNOWN_MEMBER,
-            f"group {group.group_id} has no member {member_id!r} (it left, or missed its "
+            f"group {group_id} has no member {member_id!r} (it left, or missed its "
             "session timeout): stop consuming and join again (member epoch 0)",
         )
     return member
 
 
+def check_member_epoch(
+    group_id: str, member_id: str, have: int, sent: int, what_to_do: str
+) -> None:
+    """FENCED_MEMBER_EPOCH saying ``what_to_do`` unless ``sent`` is the member's epoch."""
+    if sent != have:
+        raise CommandRefused(
+            Code.FENCED_MEMBER_EPOCH,
+            f"member {member_id} of group {group_id} is at epoch {have}, not {sent}: {what_to_do}",
+        )
+
+
 def _member_at(group: ConsumerGroup, member_id: str, epoch: int, what_to_do: str) -> GroupMember:
     """The member, if it is at ``epoch``; else FENCED_MEMBER_EPOCH saying ``what_to_do``."""
     member = _member(group, member_id)
-    if epoch != member.member_epoch:
-        raise CommandRefused(
-            Code.FENCED_MEMBER_EPOCH,
-            f"member {member_id} of group {group.group_id} is at epoch "
-            f"{member.member_epoch}, not {epoch}: {what_to_do}",
-        )
+    check_member_epoch(group.group_id, member_id, member.member_epoch, epoch, what_to_do)
     return member
 
 
@@ -278,7 +302,8 @@ def committed_group(state: MetadataState, c: OffsetCommit, now_ms: int) -> Consu
     """The group with ``c`` committed, once its membership (id, epoch, holdings) and its
     offsets pass; CommandRefused else. A transaction's offsets are checked with it when
     added (raftmq.controller.transactions)."""
-    _check_group_id(c.group_id)
+    check_group_id(c.group_id)
+    check_group_type(state, c.group_id, share=False)
     group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
     if c.member_id:
         member = _member_at(
@@ -354,7 +379,8 @@ def _with_offsets(
 
 
 def reset_offsets(state: MetadataState, index: int, c: ResetOffsets) -> Outcome:
-    _check_group_id(c.group_id)
+    check_group_id(c.group_id)
+    check_group_type(state, c.group_id, share=False)
     group = state.consumer_groups.get(c.group_id) or ConsumerGroup(c.group_id)
     if group.members and not c.force:
         raise CommandRefused(
@@ -391,11 +417,24 @@ def forget_topic(state: MetadataState, name: str) -> MetadataState:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _check_group_id(group_id: str) -> None:
+def check_group_id(group_id: str) -> None:
     if not GROUP_ID.fullmatch(group_id):
         raise CommandRefused(
             Code.INVALID_GROUP,
             f"group id {group_id[:64]!r} is not 1-255 of A-Z a-z 0-9 . _ -",
+        )
+
+
+def check_group_type(state: MetadataState, group_id: str, *, share: bool) -> None:
+    """A group id names a consumer group or a share group, never both: refused when it
+    names a group of the other kind than ``share`` says."""
+    kinds = ("consumer group", "share group", "group")
+    if group_id in (state.consumer_groups if share else state.share_groups):
+        other, this, cli = kinds if share else (kinds[1], kinds[0], "share-group")
+        raise CommandRefused(
+            Code.INCONSISTENT_GROUP_TYPE,
+            f"{group_id[:64]!r} is a {other}, not a {this}: use another group id, or delete "
+            f"the {other} first ('raftmq {cli} delete')",
         )
 
 

@@ -126,6 +126,18 @@ def _check(state: MetadataState) -> None:
         for k, g in state.consumer_groups.items()
         if k != g.group_id
     ]
+    for key, share in state.share_groups.items():
+        if key != share.group_id or key in state.consumer_groups:
+            problems.append(
+                f"share group key {key!r} holds {share.group_id!r}, or a consumer group"
+            )
+        problems += [
+            f"share group {key!r}: member key {m!r} holds {v.member_id!r}"
+            for m, v in share.members.items()
+            if m != v.member_id
+        ]
+        if list(share.topics) != sorted(set(share.topics)):
+            problems.append(f"share group {key!r}: topics not distinct and sorted")
     for key, txn in state.transactions.items():
         problems += [f"transaction {key!r}: {p}" for p in _transaction_problems(state, key, txn)]
     problems += acls.problems(state)

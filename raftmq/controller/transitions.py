@@ -15,13 +15,22 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raftmq.controller import acls, codec, groups, quotas, scram_users, transactions
+from raftmq.controller import (
+    acls,
+    codec,
+    groups,
+    quotas,
+    scram_users,
+    share_groups,
+    transactions,
+)
 from raftmq.controller.commands import (
     PLACEMENT_RULES,
     AddPartitions,
     AddReplica,
     AllocateProducerIds,
     AlterClientQuotas,
+    AlterShareGroupConfig,
     AlterTopicConfig,
     BrokerHeartbeat,
     BrokerRegistered,
@@ -32,6 +41,7 @@ from raftmq.controller.commands import (
     DecommissionPartitions,
     DeleteAcls,
     DeleteGroup,
+    DeleteShareGroup,
     DeleteTopic,
     Done,
     DrainBroker,
@@ -46,12 +56,14 @@ from raftmq.controller.commands import (
     RegisterBroker,
     RemoveGroupMembers,
     RemoveReplica,
+    RemoveShareMembers,
     ReorderReplicas,
     ReportLeader,
     ReportLeaders,
     RequestRebalance,
     ResetOffsets,
     Result,
+    ShareGroupHeartbeat,
     TopicCreated,
     TransactionCalls,
     UnfenceBroker,
@@ -236,7 +248,8 @@ def _create_topic(state: MetadataState, index: int, c: CreateTopic) -> Outcome:
         config=config,
         partitions=tuple(Partition(r) for r in replicas),
     )
-    return _with_topic(state, topic), TopicCreated(index, replicas)
+    state = share_groups.topic_changed(_with_topic(state, topic), c.name)
+    return state, TopicCreated(index, replicas)
 
 
 def _alter_config(state: MetadataState, index: int, c: AlterTopicConfig) -> Outcome:
@@ -265,10 +278,8 @@ def _add_partitions(state: MetadataState, index: int, c: AddPartitions) -> Outco
         state, c.count - have, topic.replication_factor, first_partition=have, rules=c.placement
     )
     grown = topic.partitions + tuple(Partition(r) for r in replicas)
-    return (
-        _with_topic(state, dataclasses.replace(topic, partitions=grown)),
-        PartitionsAdded(have, replicas),
-    )
+    state = _with_topic(state, dataclasses.replace(topic, partitions=grown))
+    return share_groups.topic_changed(state, c.name), PartitionsAdded(have, replicas)
 
 
 def _decommission(state: MetadataState, index: int, c: DecommissionPartitions) -> Outcome:
@@ -300,6 +311,7 @@ def _delete_topic(state: MetadataState, index: int, c: DeleteTopic) -> Outcome:
     _topic(state, c.name)
     topics = {name: t for name, t in state.topics.items() if name != c.name}
     state = groups.forget_topic(dataclasses.replace(state, topics=topics), c.name)
+    state = share_groups.topic_changed(state, c.name)
     return transactions.forget_topic(state, c.name), Done()
 
 
@@ -618,6 +630,10 @@ _HANDLERS: dict[type, Callable[[MetadataState, int, Any], Outcome]] = {
     CommitOffsets: groups.commit_offsets,
     ResetOffsets: groups.reset_offsets,
     DeleteGroup: groups.delete_group,
+    ShareGroupHeartbeat: share_groups.heartbeat,
+    RemoveShareMembers: share_groups.remove_members,
+    AlterShareGroupConfig: share_groups.alter_config,
+    DeleteShareGroup: share_groups.delete_group,
     TransactionCalls: transactions.apply_calls,
     RecordTxnMarkers: transactions.record_markers,
     AlterScramCredentials: scram_users.alter,

@@ -53,6 +53,7 @@ class EntryType(IntEnum):
     CONFIG = 2  # a Raft membership configuration
     TXN_MARKER = 3  # ends a producer's transaction on a partition (COMMIT or ABORT)
     METADATA = 4  # a controller command (opaque to the log)
+    SHARE_STATE = 5  # a share group's change to a share-partition (raftmq/format/share_ops.py)
 
 
 # attributes bits

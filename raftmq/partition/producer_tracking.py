@@ -52,6 +52,7 @@ from raftmq.partition.producer_state import Decision, MarkerVerdict, ProducerSta
 log = logging.getLogger(__name__)
 
 _MARKER = int(entry.EntryType.TXN_MARKER)
+_SHARE = int(entry.EntryType.SHARE_STATE)
 CHECKPOINT_FILE = "producer_state.json"
 CHECKPOINT_EVERY_ENTRIES = 4096
 """Committed entries between checkpoints: a restart replays at most about this many
@@ -126,6 +127,9 @@ class ProducerTracking:
         self._writing = False
         self._pending: dict[int, list[Pending]] = {}
         self._pending_term = 0
+        self.on_share: Callable[[int, memoryview], None] | None = None
+        """Handed each committed SHARE_STATE entry's (index, payload) as this pass meets
+        it (raftmq.partition.share_tracking), so one read of the log serves both."""
         self._load()
         self.states.aborted.directory = directory
         self._remove_unlisted_runs()
@@ -231,6 +235,9 @@ class ProducerTracking:
         producer_id, epoch, base_sequence, max_ts = f[11], f[12], f[13], f[10]
         self.applied_index, self.applied_term = index, term
         if producer_id < 0:
+            if etype == _SHARE and self.on_share is not None:
+                start = position + entry.HEADER_SIZE
+                self.on_share(index, memoryview(data)[start : start + f[14]])
             return
         if etype == _MARKER:
             start = position + entry.HEADER_SIZE
@@ -267,7 +274,12 @@ class ProducerTracking:
         takes its producers, open transactions and aborted list from it, so a failover
         to it neither refuses producers as unknown nor leaves a transaction open that a
         marker it skipped had closed."""
-        return json.dumps(self._saved(for_peer=True), separators=(",", ":")).encode()
+        return json.dumps(self.snapshot_state(), separators=(",", ":")).encode()
+
+    def snapshot_state(self) -> dict[str, object]:
+        """:meth:`snapshot_bytes` before its encoding (a partition adds its share state to
+        the same object)."""
+        return self._saved(for_peer=True)
 
     def install(self, index: int, term: int, data: bytes) -> None:
         """A snapshot at ``index`` arrived with its leader's state (:meth:`snapshot_bytes`):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -48,6 +49,8 @@ from raftmq.partition.errors import (
 )
 from raftmq.partition.producer_state import MarkerVerdict, Verdict
 from raftmq.partition.producer_tracking import PendingBatch, PendingMarker, ProducerTracking
+from raftmq.partition.share_partition import SharePartitions
+from raftmq.partition.share_tracking import ATTACHMENT_KEY, ShareTracking
 from raftmq.raft import errors as raft_errors
 from raftmq.raft.host.host import (
     DurableFn,
@@ -147,6 +150,11 @@ class PartitionReplica:
         self._corrupt_reported: set[tuple[str, int]] = set()
         self.leader_term = 0
         self.producers = ProducerTracking(directory, group_name(topic, partition))
+        self.shares = ShareTracking(directory, group_name(topic, partition))
+        self.producers.on_share = self.shares.on_entry
+        self.shares.on_change = self._wake_fetches
+        self.share = SharePartitions(self)
+        """The share groups' operations on this partition (raftmq.partition.share_partition)."""
         self.group: RaftGroup = host.open_group(
             group_name(topic, partition),
             directory,
@@ -157,7 +165,7 @@ class PartitionReplica:
             replay=False,
             on_snapshot=self._on_snapshot,
             on_durable=on_durable,
-            snapshot_attachment=self.producers.snapshot_bytes,
+            snapshot_attachment=self._snapshot_attachment,
         )
         try:
             self._high_watermark = self._offset_after(self.group.commit_index)
@@ -166,6 +174,7 @@ class PartitionReplica:
             # the broker was down: named as damage, the broker repairs it from a peer
             # (as for the group's own reads at open) instead of retrying the same read.
             raise self.group.damage_of(exc) from exc
+        self.shares.open_at(self._log, self.group.commit_index)
         self.producers.open_at(self._log, self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------
@@ -352,7 +361,7 @@ class PartitionReplica:
         transaction's records gone before its marker says whether they count. A hanging
         transaction is ended by the coordinator's timeout (transaction_timeout_ms, at most
         15 minutes), which frees retention again."""
-        replay = self.producers.replay_floor()
+        replay = min(self.producers.replay_floor(), self.shares.replay_floor())
         first = self.producers.states.first_open_offset()
         log = self._log
         if first is None or not log.start_offset <= first < log.next_offset:
@@ -381,6 +390,7 @@ class PartitionReplica:
         else:
             self._advance_hw(self._offset_after(applied_to))
         self.producers.catch_up(self._log, applied_to)
+        self.shares.advanced(applied_to)
         if states.first_open_offset() != first_open:
             # A marker moved the last stable offset (it takes no offset, so the high
             # watermark stayed): wake the read_committed long polls.
@@ -393,6 +403,18 @@ class PartitionReplica:
         below the start point built."""
         self._advance_hw(snap.next_offset)
         self.producers.install(snap.index, snap.term, data)
+        try:
+            saved = json.loads(data) if data else None
+        except ValueError:
+            saved = None
+        self.shares.install(snap.index, saved)
+
+    def _snapshot_attachment(self) -> bytes:
+        """What a leader sends with a snapshot: the producer state's object (which older
+        versions read as they always did) with the share-partition state under its key."""
+        saved = self.producers.snapshot_state()
+        saved[ATTACHMENT_KEY] = self.shares.attachment()
+        return json.dumps(saved, separators=(",", ":")).encode()
 
     def _advance_hw(self, offset: int) -> None:
         """Raise the high watermark to ``offset``; a lower one is ignored (a group reopened

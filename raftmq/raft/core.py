@@ -31,7 +31,9 @@ NONE = 0
 _SEND_NOW = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP, MsgType.TIMEOUT_NOW})
 """Leader messages that promise nothing about this node's durable state."""
 
-_PROPOSABLE = frozenset({EntryType.DATA, EntryType.TXN_MARKER, EntryType.METADATA})
+_PROPOSABLE = frozenset(
+    {EntryType.DATA, EntryType.TXN_MARKER, EntryType.METADATA, EntryType.SHARE_STATE}
+)
 
 
 def starts_rejoining(

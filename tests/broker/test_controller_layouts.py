@@ -22,6 +22,8 @@ from raftmq.api.v1 import controller_pb2 as cpb
 from raftmq.api.v1 import controller_pb2_grpc as cpb_grpc
 from raftmq.api.v1 import groups_pb2 as gpb
 from raftmq.api.v1 import groups_pb2_grpc as gpb_grpc
+from raftmq.api.v1 import share_pb2 as spb
+from raftmq.api.v1 import share_pb2_grpc as spb_grpc
 from raftmq.api.v1 import transactions_pb2 as tpb
 from raftmq.api.v1 import transactions_pb2_grpc as tpb_grpc
 from raftmq.broker.metadata_cache import MetadataCache
@@ -132,8 +134,17 @@ def test_dedicated_controllers_serve_admin_place_on_brokers_and_survive_a_leader
             )
         )
     assert_error(err, grpc.StatusCode.UNAVAILABLE, "NOT_CONTROLLER", "broker only")
+    with grpc.insecure_channel(broker_only) as channel:  # and ShareGroups
+        err = rpc_error(
+            lambda: spb_grpc.ShareGroupsStub(channel).ListShareGroups(
+                spb.ListShareGroupsRequest(), timeout=10
+            )
+        )
+    assert_error(err, grpc.StatusCode.UNAVAILABLE, "NOT_CONTROLLER", "broker only")
+    assert err.meta["raftmq-leader-address"] in cluster.controller_addresses
     with AdminClient([broker_only]) as admin:
         assert list(admin.list_groups().groups) == []
+        assert list(admin.list_share_groups().groups) == []
     assert sorted(b.id for b in described.brokers) == [4, 5, 6]
     assert all(set(p.replicas) == {4, 5, 6} for p in created.topic.partitions)
     with cluster.client() as client:
