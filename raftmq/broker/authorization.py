@@ -163,13 +163,6 @@ def _one(
     return lambda r, v: [Need(resource_type, getattr(r, field), op)]
 
 
-def _share_partition(op: Operation) -> Callable[[Any, View], list[Need]]:
-    """A share group's records of one partition: ``op`` on the group and on the topic
-    (reading them, acknowledging them and moving the group's start offset are READ, as
-    consuming and committing are for a consumer group)."""
-    return lambda r, v: [Need(G, r.group_id, op), Need(T, r.topic, op)]
-
-
 INTERNAL = _const(cluster(Op.CLUSTER_ACTION))
 """What brokers and controllers call on one another: their own principals, super users."""
 

@@ -97,15 +97,20 @@ _DROP = {
 partition decommissioned). It is dropped with a warning rather than block its level."""
 
 
-class _Sender:
-    """Produce calls to partition leaders, one cached channel per address."""
+class Sender:
+    """A broker's own produce calls to partition leaders, one cached channel per address:
+    the movers' (ProduceDelayed, which takes their batches only), and with ``delayed``
+    False plain Produce calls (the share groups' dead-letter writer)."""
 
     def __init__(
         self,
         metadata: Callable[[], MetadataState],
         replicas: Mapping[Destination, PartitionReplica],
         security: net.Security,
+        *,
+        delayed: bool = True,
     ) -> None:
+        self._delayed = delayed
         self._metadata = metadata
         self._replicas = replicas
         self._channels = net.AioChannels(max_channels=MAX_CHANNELS, security=security)
@@ -142,7 +147,8 @@ class _Sender:
         )
         try:
             stub = pb_grpc.BrokerStub(await self._channels.get(address))
-            await stub.ProduceDelayed(request, timeout=SEND_TIMEOUT_MS / 1000 + 2)
+            call = stub.ProduceDelayed if self._delayed else stub.Produce
+            await call(request, timeout=SEND_TIMEOUT_MS / 1000 + 2)
         except grpc.aio.AioRpcError as exc:
             return _code(exc)
         return ""
@@ -154,7 +160,7 @@ class _Sender:
 class LevelMover:
     """Moves one level's due records while this broker leads it, in the term it led in."""
 
-    def __init__(self, replica: PartitionReplica, sender: _Sender) -> None:
+    def __init__(self, replica: PartitionReplica, sender: Sender) -> None:
         self.replica = replica
         self.level = replica.partition
         self.term = replica.led_term
@@ -451,7 +457,7 @@ class DelayMovers:
     ) -> None:
         self._replicas = replicas
         self._stopping = stopping
-        self._sender = _Sender(metadata, replicas, security)
+        self._sender = Sender(metadata, replicas, security)
         self.movers: dict[int, LevelMover] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
 

@@ -38,6 +38,7 @@ from raftmq.broker.topic_traffic import TopicTraffic
 from raftmq.broker.unopened import OpenState
 from raftmq.controller.quorum import ControllerQuorum
 from raftmq.log.preallocate import BUDGET
+from raftmq.partition.share_state import RecordState
 from raftmq.raft.host.host import RaftHost
 from raftmq.raft.host.stats import LATENCY_BUCKETS_S, Histogram
 
@@ -112,6 +113,7 @@ class BrokerCollector(Collector):
         families += self._partitions()
         families += self._topics()
         families += self._groups()
+        families += self._shares()
         families += self._raft()
         families += self._controller()
         families += self._disk()
@@ -296,6 +298,37 @@ class BrokerCollector(Collector):
                 "Sealed ranges a leader here compared with its followers' copies (the "
                 "scrubber's audit)",
                 value=self.broker.host.audited_ranges,
+            ),
+        ]
+
+    def _shares(self) -> list[GaugeMetricFamily]:
+        """Share groups' state on the partitions this broker leads, summed: a few series
+        whatever the group and partition counts (per share-partition series would be
+        unbounded; `raftmq share-group describe` shows each)."""
+        states = [
+            st
+            for replica in self.broker.replicas.values()
+            if replica.is_leader
+            for st in replica.shares.states.groups.values()
+        ]
+        acquired = sum(st.count(RecordState.ACQUIRED) for st in states)
+        return [
+            GaugeMetricFamily(
+                "raftmq_share_partitions",
+                "Share-partitions (a share group's state on a partition) this broker leads",
+                value=len(states),
+            ),
+            GaugeMetricFamily(
+                "raftmq_share_records_in_flight",
+                "Records in flight (acquired, available again, or archived and waiting for "
+                "the dead-letter topic) in the share-partitions this broker leads",
+                value=sum(st.in_flight() for st in states),
+            ),
+            GaugeMetricFamily(
+                "raftmq_share_records_acquired",
+                "Records acquired by share group members (locked) in the share-partitions "
+                "this broker leads",
+                value=acquired,
             ),
         ]
 

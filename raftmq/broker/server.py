@@ -42,7 +42,7 @@ from raftmq.broker.auto_create import AutoCreate, TopicCreator
 from raftmq.broker.client_quotas import ClientQuotas
 from raftmq.broker.controller_link import ControllerLink
 from raftmq.broker.controller_service import ControllerService, add_controller_service
-from raftmq.broker.delay_mover import DELAY_CONFIG, DelayMovers
+from raftmq.broker.delay_mover import DELAY_CONFIG, DelayMovers, Sender
 from raftmq.broker.groups_service import GroupsService, add_groups_redirect, add_groups_service
 from raftmq.broker.guard import Guard
 from raftmq.broker.history_probe import mark_wiped_voter
@@ -62,6 +62,7 @@ from raftmq.broker.rpc import guard_server
 from raftmq.broker.scram_service import ScramService, add_scram_service
 from raftmq.broker.service import BrokerService, add_to_server
 from raftmq.broker.share_control import ShareControl
+from raftmq.broker.share_dead_letters import DeadLetterWriter
 from raftmq.broker.share_groups_service import (
     ShareGroupsService,
     add_share_groups_redirect,
@@ -294,8 +295,14 @@ class Broker:
         self.delay_movers = DelayMovers(
             self.replicas, lambda: self.metadata, lambda: self.stopping, security
         )
+        self._dead_letter_sender = Sender(
+            lambda: self.metadata, self.replicas, security, delayed=False
+        )
         self.share_control = ShareControl(
-            self.replicas, lambda: self.metadata, lambda: self.stopping
+            self.replicas,
+            lambda: self.metadata,
+            lambda: self.stopping,
+            extra=[DeadLetterWriter(self._dead_letter_sender)],
         )
         self.retention = Retention(
             broker_id,
@@ -558,6 +565,7 @@ class Broker:
         if self.topic_creator is not None:
             await self.topic_creator.close()
         await self.delay_creator.close()
+        await self._dead_letter_sender.close()
         if self._admin is not None:
             await self._admin.live.close()
         if self._transactions is not None:

@@ -45,6 +45,9 @@ class ShareControl:
         self._stopping = stopping
         self._extra = extra or []
         self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._seen: dict[Key, tuple[int, int, int]] = {}
+        """(metadata version, share changes, led term) a partition was last brought up to
+        date at: nothing to do until one of them moves."""
 
     async def run(self) -> None:
         try:
@@ -63,20 +66,35 @@ class ShareControl:
         for key, replica in list(self._replicas.items()):
             if not replica.is_leader or not replica.shares.states.groups:
                 continue
+            seen = (state.version, replica.shares.changes, replica.led_term)
+            if self._seen.get(key) == seen:
+                continue
             task = self._tasks.get(key)
             if task is not None and not task.done():
                 continue
             self._tasks[key] = asyncio.get_running_loop().create_task(
-                self._guarded(key, replica, state)
+                self._guarded(key, replica, state, seen)
             )
         for key in [k for k, t in self._tasks.items() if t.done() and k not in self._replicas]:
             del self._tasks[key]
+            self._seen.pop(key, None)
 
-    async def _guarded(self, key: Key, replica: PartitionReplica, state: MetadataState) -> None:
+    async def _guarded(
+        self,
+        key: Key,
+        replica: PartitionReplica,
+        state: MetadataState,
+        seen: tuple[int, int, int],
+    ) -> None:
         try:
             await apply_metadata(replica, state)
             for work in self._extra:
                 await work(replica, state)  # type: ignore[misc]
+            # Up to date as of ``seen`` (its own entries moved the changes on: a look
+            # more confirms there is nothing left, and costs one pass), unless dead
+            # letters still wait: their topic refused them, and they are tried again.
+            if not any(st.waiting_dead_letter() for st in replica.shares.states.groups.values()):
+                self._seen[key] = seen
         except asyncio.CancelledError:
             raise
         except PartitionError as exc:
@@ -87,14 +105,19 @@ class ShareControl:
 
 
 async def apply_metadata(replica: PartitionReplica, state: MetadataState) -> None:
-    """Release the records of members gone; drop the state of groups gone or replaced."""
+    """Release the records of members gone; drop the state of groups gone or replaced.
+    Not with metadata older than what a leader judged the group's members at (this
+    broker may have become leader with a copy that lags): a member or group missing
+    from it may be one it has not seen join yet."""
     for gid, st in list(replica.shares.states.groups.items()):
+        if state.version < st.seen_version:
+            continue
         group = state.share_groups.get(gid)
         if group is None or group.created_version != st.created_version:
             created = st.created_version if group is None else group.created_version
             await replica.share.drop_group(gid, created)
             continue
         holders = {r.member_id for r in st.records.values() if r.state == RecordState.ACQUIRED}
-        view = ShareGroupView(gid, group.created_version, group.settings)
+        view = ShareGroupView(gid, group.created_version, group.settings, state.version)
         for member in sorted(holders - set(group.members)):
             await replica.share.release_member(view, member)

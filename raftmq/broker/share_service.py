@@ -26,7 +26,7 @@ from raftmq.controller.groups import GROUP_ID, MEMBER_ID
 from raftmq.controller.model import MetadataState, ShareGroup
 from raftmq.partition.errors import PartitionError
 from raftmq.partition.replica import PartitionReplica
-from raftmq.partition.share_partition import MAX_WAIT_S, ShareGroupView
+from raftmq.partition.share_partition import MAX_WAIT_S, AckTuple, ShareGroupView
 from raftmq.partition.share_state import AckResult
 
 METADATA_WAIT_S = 5.0
@@ -34,6 +34,9 @@ METADATA_POLL_S = 0.02
 MAX_RECORDS = 10_000
 MAX_ACKNOWLEDGEMENTS = 10_000
 MAX_FETCH_BYTES = 64 * 1024 * 1024
+ANSWER_SLACK_S = 1.0
+"""How long before a call's deadline a long poll stops waiting (an acquisition then still
+has time to commit and be answered)."""
 
 
 def add_share_service(service: SharePartitionsService, server: grpc.aio.Server) -> None:
@@ -66,6 +69,14 @@ def _ack_results(
         )
         for r, a in zip(results, asked, strict=True)
     ]
+
+
+def _wait_s(max_wait_ms: int, context: grpc.aio.ServicerContext) -> float:
+    """The long poll's wait, ended in time to answer before the call's deadline: records
+    acquired for a caller that gave up would stay locked to it until their lock ends."""
+    remaining = context.time_remaining()
+    wait_s = max_wait_ms / 1000
+    return wait_s if remaining is None else max(0.0, min(wait_s, remaining - ANSWER_SLACK_S))
 
 
 class SharePartitionsService:
@@ -119,13 +130,31 @@ class SharePartitionsService:
                 f"version {have} on broker {self.broker.id} (asked for {metadata_version}); "
                 "heartbeat, and join again if the answer says so",
             )
-        return ShareGroupView(group_id, group.created_version, group.settings)
+        return ShareGroupView(group_id, group.created_version, group.settings, have)
 
     def _leader(self, topic: str, partition: int) -> PartitionReplica:
         replica = self.router.replica(topic, partition)
         if not replica.is_leader:
             raise self.router.refusal(replica._not_leader(replica.leader_id))
         return replica
+
+    async def _member_request(
+        self,
+        request: spb.ShareFetchRequest | spb.ShareAcknowledgeRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[PartitionReplica, ShareGroupView, list[AckTuple]]:
+        """A member's request (fetch, acknowledge): its leader replica here, its group as
+        the metadata holds it, its acknowledgements as (first, last, type, delivery count)."""
+        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
+        replica = self._leader(request.topic, request.partition)
+        group = await self._group(
+            request.group_id, request.member_id, request.metadata_version, context
+        )
+        acks: list[AckTuple] = [
+            (a.first_offset, a.last_offset, int(a.type), a.delivery_count)
+            for a in request.acknowledgements
+        ]
+        return replica, group, acks
 
     # --- RPCs --------------------------------------------------------------------------------
 
@@ -135,19 +164,14 @@ class SharePartitionsService:
         at_most("max_records", request.max_records, MAX_RECORDS)
         at_most("max_bytes", request.max_bytes, MAX_FETCH_BYTES, " bytes")
         at_most("max_wait_ms", request.max_wait_ms, int(MAX_WAIT_S * 1000), " ms")
-        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
-        replica = self._leader(request.topic, request.partition)
-        group = await self._group(
-            request.group_id, request.member_id, request.metadata_version, context
-        )
-        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        replica, group, acks = await self._member_request(request, context)
         try:
             got = await replica.share.fetch(
                 group,
                 request.member_id,
                 max_records=request.max_records,
                 max_bytes=request.max_bytes,
-                max_wait_s=request.max_wait_ms / 1000,
+                max_wait_s=_wait_s(request.max_wait_ms, context),
                 acknowledgements=acks,
             )
         except PartitionError as exc:
@@ -166,12 +190,7 @@ class SharePartitionsService:
     async def ShareAcknowledge(
         self, request: spb.ShareAcknowledgeRequest, context: grpc.aio.ServicerContext
     ) -> spb.ShareAcknowledgeResponse:
-        at_most("acknowledgements", len(request.acknowledgements), MAX_ACKNOWLEDGEMENTS)
-        replica = self._leader(request.topic, request.partition)
-        group = await self._group(
-            request.group_id, request.member_id, request.metadata_version, context
-        )
-        acks = [(a.first_offset, a.last_offset, int(a.type)) for a in request.acknowledgements]
+        replica, group, acks = await self._member_request(request, context)
         try:
             results = await replica.share.acknowledge(group, request.member_id, acks)
         except PartitionError as exc:

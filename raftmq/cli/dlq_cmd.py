@@ -35,9 +35,9 @@ from raftmq.cli.cluster_cmd import (
 from raftmq.cli.connection import client_tls
 from raftmq.cli.topic_cmd import JsonFlag
 from raftmq.client import ClientError, Consumer, ConsumerRecord, LowLevelClient, Producer
-from raftmq.client import retry_headers as rh
 from raftmq.client.producer import RecordFuture
-from raftmq.client.retry_headers import RetryInfo
+from raftmq.format import retry_headers as rh
+from raftmq.format.retry_headers import RetryInfo
 
 app = typer.Typer(
     help="Dead letters of a retrying consumer's group: list them, replay them to their "

@@ -40,6 +40,20 @@ app = typer.Typer(
 METADATA_CELL_CHARS = 40
 """How much of a committed offset's metadata the table shows (--json has all of it)."""
 GroupArg = Annotated[str, typer.Argument(help="The consumer group's id.")]
+ToEarliest = Annotated[
+    bool, typer.Option("--to-earliest", help="To the log start: consume everything kept.")
+]
+ToLatest = Annotated[
+    bool, typer.Option("--to-latest", help="To the log end: skip what is there now.")
+]
+ToOffset = Annotated[
+    int | None,
+    typer.Option(
+        "--to-offset",
+        min=0,
+        help="To this offset (clamped to the log start and end of each partition).",
+    ),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,20 +233,9 @@ def reset_offsets(
         list[int] | None,
         typer.Option("--partition", min=0, help="Only this partition (repeatable); else all."),
     ] = None,
-    to_earliest: Annotated[
-        bool, typer.Option("--to-earliest", help="To the log start: consume everything kept.")
-    ] = False,
-    to_latest: Annotated[
-        bool, typer.Option("--to-latest", help="To the log end: skip what is there now.")
-    ] = False,
-    to_offset: Annotated[
-        int | None,
-        typer.Option(
-            "--to-offset",
-            min=0,
-            help="To this offset (clamped to the log start and end of each partition).",
-        ),
-    ] = None,
+    to_earliest: ToEarliest = False,
+    to_latest: ToLatest = False,
+    to_offset: ToOffset = None,
     to_timestamp: Annotated[
         str | None,
         typer.Option(

@@ -16,6 +16,7 @@ from raftmq.cli import (
     log_cmd,
     quota_cmd,
     records_cmd,
+    share_group_cmd,
     status_cmd,
     topic_cmd,
     txn_cmd,
@@ -35,6 +36,7 @@ app.add_typer(log_cmd.app, name="log")
 app.add_typer(chaos_cmd.app, name="chaos")
 app.add_typer(topic_cmd.app, name="topic")
 app.add_typer(group_cmd.app, name="group")
+app.add_typer(share_group_cmd.app, name="share-group")
 app.add_typer(txn_cmd.app, name="txn")
 app.add_typer(dlq_cmd.app, name="dlq")
 app.add_typer(cluster_admin_cmd.app, name="cluster")

@@ -70,12 +70,14 @@ def _call(data: Path, bootstrap: str, work: Callable[[AdminClient], T]) -> T:
         raise typer.Exit(1) from None
 
 
-def _pairs(items: list[str] | None) -> dict[str, str]:
+def _pairs(
+    items: list[str] | None, option: str = "--config", example: str = "retention.ms=3600000"
+) -> dict[str, str]:
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            console.print(f"[red]--config {item!r} is not key=value (e.g. retention.ms=3600000)[/]")
+            console.print(f"[red]{option} {item!r} is not key=value (e.g. {example})[/]")
             raise typer.Exit(2)
         out[key] = value
     return out

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Unpack
 
 from raftmq.api.v1 import broker_pb2 as pb
-from raftmq.client import retry_headers
 from raftmq.client.admin import AdminClient
 from raftmq.client.connections import bootstrap_addresses
 from raftmq.client.consumer import (
@@ -41,9 +40,9 @@ from raftmq.client.consumer import (
 )
 from raftmq.client.errors import ClientError
 from raftmq.client.producer import AsyncProducer, AsyncRecordFuture, Producer, RecordFuture
-from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.sasl import SECURITY_KEYS
-from raftmq.format import delay
+from raftmq.format import delay, retry_headers
+from raftmq.format.retry_headers import RetryInfo
 
 __all__ = ["AsyncRetryingConsumer", "Handled", "RetryPolicy", "RetryingConsumer"]
 log = logging.getLogger(__name__)

@@ -193,7 +193,8 @@ class ShareGroup:
     members: Mapping[str, ShareMember] = field(default_factory=dict)
     settings: ShareSettings = field(default_factory=ShareSettings)
     topics: tuple[str, ...] = ()
-    """Every topic a member ever subscribed to, sorted (describe lists their partitions)."""
+    """Every topic a member ever subscribed to while it existed, sorted (describe lists
+    their partitions); a deleted topic leaves it, with its share-partition state."""
 
 
 class TxnState(StrEnum):

@@ -100,7 +100,10 @@ def heartbeat(state: MetadataState, index: int, c: ShareGroupHeartbeat) -> Outco
             member, subscriptions=c.subscriptions, session_timeout_ms=c.session_timeout_ms
         )
     members[member.member_id] = member
-    topics = tuple(sorted({*group.topics, *c.subscriptions}))
+    # Topics that exist only: the list stays bounded by the cluster's topics (a deleted
+    # one leaves it, topic_changed), however many names members subscribe to over time.
+    seen = (t for t in c.subscriptions if t in state.topics)
+    topics = tuple(sorted({*group.topics, *seen}))
     group = dataclasses.replace(group, members=members, topics=topics)
     if changed:
         group = _next_epoch(group)

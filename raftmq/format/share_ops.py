@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from raftmq.format import entry
 from raftmq.format.errors import InvalidEntryError
@@ -46,15 +47,27 @@ class AckType(IntEnum):
     RENEW = 4
 
 
-_HEAD = struct.Struct(">BB q q H B I q B")
+_HEAD = struct.Struct(">BB q q H B I q q B")
 """version, op | created_version | now_ms | delivery_count_limit (u16) | dead_letter (u8:
 1 when archived records are to be dead-lettered) | lock_duration_ms (u32) |
-max_lock_hold_ms (i64) | group id length (u8)."""
+max_lock_hold_ms (i64) | metadata_version (i64) | group id length (u8)."""
 _LEN8 = struct.Struct(">B")
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 _RANGE = struct.Struct(">qq")
-_ACK = struct.Struct(">qqB")
+_ACK = struct.Struct(">qqBi")
+
+
+class Ack(NamedTuple):
+    """One acknowledged range (inclusive) of an ACK entry."""
+
+    first: int
+    last: int
+    type: AckType
+    delivery_count: int = 0
+    """The delivery the member acknowledges (its records' delivery count), so an answer
+    for an earlier delivery never settles a later acquisition of the same records by the
+    same member (its lock expired and a prefetch took them again); 0: whichever it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +82,20 @@ class ShareOp:
     dead_letter: bool = False
     lock_duration_ms: int = 30_000
     max_lock_hold_ms: int = 360_000
+    metadata_version: int = 0
+    """The leader's metadata version when it judged the member (or group): a leader whose
+    metadata is older does not take a member missing from it for one that left."""
     member_id: str = ""
     start: int = 0
     deadline_ms: int = 0
     ranges: tuple[tuple[int, int], ...] = field(default=())
     """Inclusive (first, last) offset ranges: ACQUIRE, DEAD_LETTERED."""
-    acks: tuple[tuple[int, int, AckType], ...] = field(default=())
-    """Inclusive (first, last, type): ACK."""
+    acks: tuple[Ack, ...] = field(default=())
+    """The acknowledged ranges: ACK (plain tuples are taken as Acks)."""
+
+    def __post_init__(self) -> None:
+        if self.acks and not all(isinstance(a, Ack) for a in self.acks):
+            object.__setattr__(self, "acks", tuple(Ack(*a) for a in self.acks))
 
 
 def encode(op: ShareOp) -> bytes:
@@ -96,6 +116,7 @@ def encode(op: ShareOp) -> bytes:
             int(op.dead_letter),
             op.lock_duration_ms,
             op.max_lock_hold_ms,
+            op.metadata_version,
             len(gid),
         ),
         gid,
@@ -112,7 +133,7 @@ def encode(op: ShareOp) -> bytes:
         parts += [_RANGE.pack(first, last) for first, last in op.ranges]
     elif kind == Op.ACK:
         parts.append(_U32.pack(len(op.acks)))
-        parts += [_ACK.pack(first, last, int(t)) for first, last, t in op.acks]
+        parts += [_ACK.pack(a.first, a.last, int(a.type), a.delivery_count) for a in op.acks]
     return b"".join(parts)
 
 
@@ -162,7 +183,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
     """The operation a payload holds; raises InvalidEntryError on anything else (an
     unknown version or operation included)."""
     r = _Reader(memoryview(payload))
-    version, kind, created, now_ms, limit, dead, lock_ms, hold_ms, glen = r.take(_HEAD)
+    version, kind, created, now_ms, limit, dead, lock_ms, hold_ms, seen, glen = r.take(_HEAD)
     if version != VERSION:
         raise InvalidEntryError(f"unknown share-state payload version {version}")
     try:
@@ -173,7 +194,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
     member_id = ""
     start = deadline_ms = 0
     ranges: Sequence[tuple[int, int]] = ()
-    acks: Sequence[tuple[int, int, AckType]] = ()
+    acks: Sequence[Ack] = ()
     if op in (Op.ACQUIRE, Op.ACK, Op.RELEASE_MEMBER):
         member_id = r.text(r.take(_LEN8)[0])
     if op in (Op.INIT, Op.RESET):
@@ -195,6 +216,7 @@ def decode(payload: bytes | bytearray | memoryview) -> ShareOp:
         bool(dead),
         lock_ms,
         hold_ms,
+        seen,
         member_id,
         start,
         deadline_ms,
@@ -209,9 +231,11 @@ def _range(first: int, last: int) -> tuple[int, int]:
     return first, last
 
 
-def _ack(first: int, last: int, kind: int) -> tuple[int, int, AckType]:
+def _ack(first: int, last: int, kind: int, delivery_count: int) -> Ack:
     _range(first, last)
+    if delivery_count < 0:
+        raise InvalidEntryError(f"acknowledged delivery count {delivery_count} is negative")
     try:
-        return first, last, AckType(kind)
+        return Ack(first, last, AckType(kind), delivery_count)
     except ValueError:
         raise InvalidEntryError(f"unknown acknowledge type {kind}") from None

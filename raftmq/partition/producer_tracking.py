@@ -32,11 +32,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from raftmq.format import entry
 from raftmq.format.errors import FormatError
@@ -47,6 +46,7 @@ from raftmq.partition.aborted_transactions import (
     SEAL_ENTRIES,
     AbortedTransactions,
 )
+from raftmq.partition.checkpoint_writes import CheckpointWrites
 from raftmq.partition.producer_state import Decision, MarkerVerdict, ProducerStates
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,26 @@ CHECKPOINT_FILE = "producer_state.json"
 CHECKPOINT_EVERY_ENTRIES = 4096
 """Committed entries between checkpoints: a restart replays at most about this many
 entries' headers (and a segment's worth of reading)."""
-RETENTION_CHECKPOINT_EVERY_S = 1.0
-"""How often at most retention asks for a checkpoint so it may delete past the last one."""
 MAX_REPLAY_ENTRIES = 20_000
 """Without a usable checkpoint, how many entries before the commit are read back."""
 READ_CHUNK_BYTES = 1024 * 1024
 """Bytes per log read while applying headers (whole entries; the first always whole)."""
+
+
+def committed_entries(
+    log_: LogHeaders, lo: int, hi: int
+) -> Iterator[tuple[bytes, int, entry.HeaderFields]]:
+    """(buffer, position, header fields) of each entry from Raft index ``lo`` to ``hi``,
+    read a chunk at a time (headers only are decoded, no CRC pass: they were checked on
+    the way in). Raises FormatError or LogError on an entry that cannot be read."""
+    while lo <= hi:
+        result = log_.read_by_index(lo, READ_CHUNK_BYTES, hi + 1)
+        data = result.data  # type: ignore[attr-defined]
+        if not data:
+            return
+        for position, f in entry.iter_fields(data, verify=False):
+            yield data, position, f
+        lo = result.next_index  # type: ignore[attr-defined]
 
 
 class LogHeaders(Protocol):
@@ -117,14 +131,9 @@ class ProducerTracking:
         """The Raft index of the last entry whose header is in :attr:`states`."""
         self.applied_term = 0
         """The term of that entry (a leader is ready once it applied one of its own)."""
-        self._checkpointed_index = 0
-        self.durable_index = 0
-        """The index the checkpoint file on disk covers: a restart rebuilds the state from
-        it and the entries after it, so retention must keep those (:meth:`replay_floor`)."""
-        self._retention_asked_s = 0.0
+        self._writes = CheckpointWrites(name, "producer state")
         self._damaged: str | None = None
         """Why an existing checkpoint was set aside at load (reported once by open_at)."""
-        self._writing = False
         self._pending: dict[int, list[Pending]] = {}
         self._pending_term = 0
         self.on_share: Callable[[int, memoryview], None] | None = None
@@ -139,28 +148,21 @@ class ProducerTracking:
     def _load(self) -> None:
         """The checkpoint, when there is a usable one; else nothing is loaded and
         ``_damaged`` says why an existing file was not used (a missing one is normal)."""
-        try:
-            payload = read_atomic(self.path)
-        except OSError as exc:
-            self._damaged = f"cannot be read ({exc.strerror or exc})"
-            return
-        if payload is None:
-            if self.path.exists():
-                self._damaged = "fails its CRC (damaged on disk)"
+        saved, self._damaged = read_checkpoint(self.path)
+        if saved is None:
             return
         try:
-            saved = json.loads(payload)
             # A checkpoint written before transactions has neither list: none open or aborted.
             states = ProducerStates.from_json(saved["producers"], saved.get("transactions"))
             states.aborted = AbortedTransactions.from_json(
                 saved.get("aborted", []), saved.get("aborted_runs"), self.path.parent
             )
             index, term = int(saved["index"]), int(saved["term"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
-            self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
+        except UNDECODABLE as exc:
+            self._damaged = undecodable(exc)
             return
         self.states, self.applied_index, self.applied_term = states, index, term
-        self._checkpointed_index = self.durable_index = index
+        self._writes.loaded(index)
 
     def _remove_unlisted_runs(self) -> None:
         """Delete the aborted-transaction run files the loaded state does not list: sealed
@@ -201,14 +203,9 @@ class ProducerTracking:
         """Apply the producer header of every entry up to ``applied_to`` (committed)."""
         lo = max(self.applied_index + 1, log_.start_index)
         try:
-            while lo <= applied_to:
-                result = log_.read_by_index(lo, READ_CHUNK_BYTES, applied_to + 1)
-                data = result.data  # type: ignore[attr-defined]
-                if not data:
-                    break
-                for position, f in entry.iter_fields(data, verify=False):
-                    self._apply_header(f, data, position)
-                lo = result.next_index  # type: ignore[attr-defined]
+            for data, position, f in committed_entries(log_, lo, applied_to):
+                self._apply_header(f, data, position)
+                lo = f[5] + 1
         except (FormatError, LogError) as exc:
             # A stored entry this replica cannot read (a disk fault: it is repaired from a
             # replica, and reads say so). The broker serves on with the state it has: a
@@ -225,7 +222,7 @@ class ProducerTracking:
             self.applied_index = applied_to
         self.states.aborted.trim(log_.start_offset)
         if (
-            self.applied_index - self._checkpointed_index >= CHECKPOINT_EVERY_ENTRIES
+            self.applied_index - self._writes.started_index >= CHECKPOINT_EVERY_ENTRIES
             or self.states.aborted.tail_size >= SEAL_ENTRIES
         ):
             self.checkpoint()
@@ -311,7 +308,7 @@ class ProducerTracking:
         self.states, self.applied_index, self.applied_term = states, at, at_term
         self._pending.clear()
         # At once, or (a write of the older state under way) at the next apply.
-        self._checkpointed_index = at - CHECKPOINT_EVERY_ENTRIES
+        self._writes.started_index = at - CHECKPOINT_EVERY_ENTRIES
         self.checkpoint()
 
     def _saved(self, *, for_peer: bool = False) -> dict[str, object]:
@@ -337,7 +334,7 @@ class ProducerTracking:
         sealed into a run first: the run's file is written before the checkpoint that
         lists it, and the files of runs retention passed are deleted after the checkpoint
         that no longer lists them."""
-        if self._writing:
+        if self._writes.writing:
             return
         aborted = self.states.aborted
         if aborted.tail_size >= SEAL_ENTRIES:
@@ -345,30 +342,21 @@ class ProducerTracking:
         runs = aborted.unwritten()
         dropped, aborted.dropped = aborted.dropped, []
         saved = self._saved()  # copies: the encoding may run elsewhere
-        index = self.applied_index
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            _save(self.path, saved, runs, dropped)
-            for name, _ in runs:
-                aborted.written(name)
-            self._checkpointed_index = self.durable_index = index
-            return
-        self._writing = True
-        self._checkpointed_index = index  # so the threshold counts from this write
 
-        def done(fut: asyncio.Future[None]) -> None:
-            self._writing = False
-            exc = fut.exception()
-            if exc is not None:
-                log.warning("%s: producer state checkpoint not written: %s", self.name, exc)
-                return
-            self.durable_index = index
+        def written() -> None:
             if self.states.aborted is aborted:  # not replaced by a snapshot meanwhile
                 for name, _ in runs:
                     aborted.written(name)
 
-        loop.run_in_executor(None, _save, self.path, saved, runs, dropped).add_done_callback(done)
+        self._writes.write(
+            lambda: _save(self.path, saved, runs, dropped), self.applied_index, written
+        )
+
+    @property
+    def durable_index(self) -> int:
+        """The index the checkpoint file on disk covers: a restart rebuilds the state from
+        it and the entries after it, so retention must keep those (:meth:`replay_floor`)."""
+        return self._writes.durable_index
 
     def replay_floor(self) -> int:
         """The first Raft index a restart replays to rebuild this state: the one after the
@@ -378,12 +366,7 @@ class ProducerTracking:
         stable offset stuck at the log start. When the checkpoint is behind what was
         applied, a new one is written (at most once a second), so retention can go on
         at its next pass."""
-        if self.applied_index > self.durable_index:
-            now_s = time.monotonic()
-            if now_s - self._retention_asked_s >= RETENTION_CHECKPOINT_EVERY_S:
-                self._retention_asked_s = now_s
-                self.checkpoint()
-        return self.durable_index + 1
+        return self._writes.replay_floor(self.applied_index, self.checkpoint)
 
     # --- the leader's check -----------------------------------------------------------------
 
@@ -447,6 +430,30 @@ class ProducerTracking:
                     del self._pending[producer_id]
 
         return forget
+
+
+def read_checkpoint(path: Path) -> tuple[Any, str | None]:
+    """A JSON checkpoint file's content, or None and why an existing file is not usable
+    (None and None: there is none, which is normal). The caller decodes the content and
+    calls a failure there "does not decode" (:func:`undecodable`)."""
+    try:
+        payload = read_atomic(path)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if payload is None:
+        return None, "fails its CRC (damaged on disk)" if path.exists() else None
+    try:
+        return json.loads(payload), None
+    except (ValueError, RecursionError) as exc:
+        return None, undecodable(exc)
+
+
+def undecodable(exc: Exception) -> str:
+    return f"does not decode ({type(exc).__name__}: {exc})"
+
+
+UNDECODABLE = (ValueError, KeyError, TypeError, IndexError, RecursionError)
+"""What decoding a checkpoint's content may raise on a content it does not expect."""
 
 
 def _save(

@@ -152,9 +152,9 @@ class PartitionReplica:
         self.producers = ProducerTracking(directory, group_name(topic, partition))
         self.shares = ShareTracking(directory, group_name(topic, partition))
         self.producers.on_share = self.shares.on_entry
-        self.shares.on_change = self._wake_fetches
         self.share = SharePartitions(self)
         """The share groups' operations on this partition (raftmq.partition.share_partition)."""
+        self.shares.on_change = self.share.wake
         self.group: RaftGroup = host.open_group(
             group_name(topic, partition),
             directory,
@@ -434,6 +434,7 @@ class PartitionReplica:
         """Wake every parked fetch; each re-checks its own condition."""
         self._hw_event.set()
         self._hw_event = asyncio.Event()
+        self.share.wake()
 
     def _on_soft_state(self, soft: SoftState) -> None:
         # The term in which the current leader (maybe this replica) was elected: clients

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raftmq.format import entry, share_ops
-from raftmq.format.share_ops import AckType, Op, ShareOp
+from raftmq.format.share_ops import Ack, AckType, Op, ShareOp
 from raftmq.partition.errors import OffsetOutOfRangeError, OutcomeUnknownError
 from raftmq.partition.share_state import (
     AckResult,
@@ -44,6 +44,9 @@ from raftmq.share_settings import ShareSettings
 if TYPE_CHECKING:
     from raftmq.partition.replica import PartitionReplica
 
+AckTuple = tuple[int, int, int] | tuple[int, int, int, int]
+"""An acknowledgement as a request gives it: (first, last, AcknowledgeType number[,
+delivery count: absent or 0 for whichever delivery the member holds])."""
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_BYTES = 1 << 20
 MAX_WAIT_S = 30.0
@@ -61,6 +64,8 @@ class ShareGroupView:
     group_id: str
     created_version: int
     settings: ShareSettings = field(default_factory=ShareSettings)
+    metadata_version: int = 0
+    """The metadata version the broker judged the member at (written in the entries)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,14 @@ class SharePartitions:
         """Proposals of each group not yet applied (or failed): reservations end with them."""
         self._reserved_term = 0
         self._last_now_ms = 0
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        """Wake the share long polls: records committed, or a share change that may make
+        some acquirable (not every share entry: 16 members' acquisitions would wake each
+        other for nothing)."""
+        self._woken.set()
+        self._woken = asyncio.Event()
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -137,20 +150,29 @@ class SharePartitions:
         max_records: int = 0,
         max_bytes: int = 0,
         max_wait_s: float = 0.0,
-        acknowledgements: list[tuple[int, int, int]] | None = None,
+        acknowledgements: list[AckTuple] | None = None,
     ) -> ShareFetchResult:
-        """Acknowledge ``acknowledgements`` ((first, last, AcknowledgeType number)), then
-        acquire records for the member, waiting up to ``max_wait_s`` for some: new
-        records, records released, locks expiring wake it."""
+        """Acknowledge ``acknowledgements`` ((first, last, AcknowledgeType number, delivery
+        count or 0 for any)), then acquire records for the member, waiting up to
+        ``max_wait_s`` for some: new records, records released, locks expiring wake it."""
         self._check_leader()
         max_records = max_records or DEFAULT_MAX_RECORDS
         max_bytes = max_bytes or DEFAULT_MAX_BYTES
         deadline_s = time.monotonic() + min(max(0.0, max_wait_s), MAX_WAIT_S)
-        acked = await self.acknowledge(group, member_id, acknowledgements or [])
         await self._ensure_state(group)
+        # The acknowledgements go in the same proposal as the first acquisition, applied
+        # first: one commit for both. The records they release are among those the
+        # acquisition may take (if the release fails, it takes none of them).
+        template, ack_op = self._ack_request(group, member_id, acknowledgements or [])
+        acked: list[AckResult] = []
         while True:
-            woken = self.replica._hw_event
-            result = await self._acquire(group, member_id, max_records, max_bytes)
+            woken = self._woken
+            result, outcomes = await self._acquire(
+                group, member_id, max_records, max_bytes, [ack_op] if ack_op else []
+            )
+            if ack_op is not None or template:
+                acked = _fill(template, outcomes[0] if ack_op else None, member_id, group)
+                ack_op, template = None, []
             now_s = time.monotonic()
             if result is not None or now_s >= deadline_s:
                 break
@@ -168,16 +190,32 @@ class SharePartitions:
         )
 
     async def acknowledge(
-        self, group: ShareGroupView, member_id: str, acknowledgements: list[tuple[int, int, int]]
+        self,
+        group: ShareGroupView,
+        member_id: str,
+        acknowledgements: list[AckTuple],
     ) -> list[AckResult]:
         """One result per acknowledgement, in order; those answered without error are
         committed. An unknown type or a range that is not one is refused on its own."""
         if not acknowledgements:
             return []
         self._check_leader()
+        template, op = self._ack_request(group, member_id, acknowledgements)
+        outcome = None if op is None else (await self._propose_all([op]))[0]
+        return _fill(template, outcome, member_id, group)
+
+    def _ack_request(
+        self,
+        group: ShareGroupView,
+        member_id: str,
+        acknowledgements: list[AckTuple],
+    ) -> tuple[list[AckResult | None], ShareOp | None]:
+        """The results known without the state (an unknown type, a range that is not
+        one), None in the places the ACK entry answers, and that entry (None: none)."""
         results: list[AckResult | None] = []
-        valid: list[tuple[int, int, AckType]] = []
-        for first, last, kind in acknowledgements:
+        valid: list[Ack] = []
+        for given in acknowledgements:
+            first, last, kind, count = Ack(*given)  # the count is optional: 0, any
             if kind not in AckType._value2member_map_:
                 results.append(
                     AckResult(
@@ -193,25 +231,19 @@ class SharePartitions:
                         f"{first}-{last} is not a range of offsets: nothing changed",
                     )
                 )
+            elif count < 0:
+                results.append(
+                    AckResult(
+                        "INVALID_RECORD_STATE",
+                        f"delivery count {count} is negative: nothing in {first}-{last} changed",
+                    )
+                )
             else:
                 results.append(None)
-                valid.append((first, last, AckType(kind)))
-        if valid:
-            outcome = await self._propose(
-                self._op(Op.ACK, group, member_id=member_id, acks=tuple(valid))
-            )
-            done = iter(outcome.acks if outcome.applied else [])
-            for i, r in enumerate(results):
-                if r is None:
-                    results[i] = next(
-                        done,
-                        AckResult(
-                            "INVALID_RECORD_STATE",
-                            f"member {member_id} holds no records of group {group.group_id} "
-                            "on this partition: nothing changed",
-                        ),
-                    )
-        return [r for r in results if r is not None]
+                valid.append(Ack(first, last, AckType(kind), count))
+        if not valid:
+            return results, None
+        return results, self._op(Op.ACK, group, member_id=member_id, acks=tuple(valid))
 
     async def release_member(self, group: ShareGroupView, member_id: str) -> bool:
         """Make every record ``member_id`` holds here available (it left the group).
@@ -287,6 +319,7 @@ class SharePartitions:
             dead_letter=bool(s.dead_letter_topic),
             lock_duration_ms=s.record_lock_duration_ms,
             max_lock_hold_ms=s.max_lock_hold_ms(),
+            metadata_version=group.metadata_version,
             **fields,  # type: ignore[arg-type]
         )
 
@@ -303,12 +336,22 @@ class SharePartitions:
         # Two fetches may both start it: the second INIT changes nothing.
         await self._propose(self._op(Op.INIT, group, start=start))
 
-    async def _propose(
-        self, op: ShareOp, reserve: Callable[[asyncio.Future[int]], None] | None = None
-    ) -> Outcome:
+    async def _propose(self, op: ShareOp) -> Outcome:
+        return (await self._propose_all([op]))[0]
+
+    async def _propose_all(
+        self,
+        ops: list[ShareOp],
+        reserve: Callable[[asyncio.Future[int]], None] | None = None,
+    ) -> list[Outcome]:
+        """Propose ``ops`` as one proposal (appended together, in one term or not at all)
+        and answer, once committed, what applying each did. ``reserve`` is handed the
+        proposal's outcome future at once, before anything else runs."""
         replica = self.replica
-        proposed = replica._propose(share_ops.encode_entry(op), durable_locally=False)
-        waiter = replica.shares.expect(proposed.index)
+        data = b"".join(share_ops.encode_entry(op) for op in ops)
+        proposed = replica._propose(data, durable_locally=False)
+        first = proposed.index - len(ops) + 1
+        waiters = [replica.shares.expect(i) for i in range(first, proposed.index + 1)]
         if reserve is not None:
             reserve(proposed.done)
         deadline_s = time.monotonic() + COMMIT_TIMEOUT_S
@@ -321,27 +364,36 @@ class SharePartitions:
                 "share-state change",
             )
         finally:
-            if not waiter.done():
-                replica.shares.forget(proposed.index)
-        if not waiter.done() or waiter.cancelled():
+            for i in range(first, proposed.index + 1):
+                replica.shares.forget(i)
+        if not all(w.done() and not w.cancelled() for w in waiters):
             raise OutcomeUnknownError(
                 "the share-state change committed but this replica could not apply it; retry"
             )
-        return waiter.result()
+        return [w.result() for w in waiters]
 
     async def _acquire(
-        self, group: ShareGroupView, member_id: str, max_records: int, max_bytes: int
-    ) -> tuple[bytes, list[tuple[int, int, int]], int] | None:
-        """One try: decide, propose, answer. None when nothing could be acquired."""
+        self,
+        group: ShareGroupView,
+        member_id: str,
+        max_records: int,
+        max_bytes: int,
+        before: list[ShareOp],
+    ) -> tuple[tuple[bytes, list[tuple[int, int, int]], int] | None, list[Outcome]]:
+        """One try: decide, propose (after ``before``, in the same proposal), answer: what
+        was acquired (None: nothing) and the outcomes of ``before``."""
         self._check_leader()
         st = self.state(group)
         if st is None:
-            return None
+            return None, await self._propose_all(before) if before else []
         gid = group.group_id
         settings = group.settings
         now_ms = self._now_ms()
         reserved = self._reserved.setdefault(gid, set())
-        again = redeliverable(st, now_ms, settings.delivery_count_limit, reserved, max_records)
+        again = redeliverable(st, now_ms, reserved, max_records)
+        if before:
+            again = sorted(set(again).union(_released(st, before, now_ms, reserved)))
+            again = again[:max_records]
         chosen_entries: dict[int, entry.EntryHeader] = {}
         datas: dict[int, bytes] = {}
         size = 0
@@ -376,7 +428,7 @@ class SharePartitions:
                 chosen_entries[h.base_offset] = h
                 datas[h.base_offset] = data[h.position : h.end]
         if not taken_again and not new_ranges:
-            return None
+            return None, await self._propose_all(before) if before else []
         ranges = sorted(ranges_of(taken_again) + new_ranges)
         lock_deadline = now_ms + settings.record_lock_duration_ms
         op = self._op(
@@ -402,17 +454,17 @@ class SharePartitions:
 
             done.add_done_callback(release)
 
-        outcome = await self._propose(op, reserve)
+        *earlier, outcome = await self._propose_all([*before, op], reserve)
         acquired = outcome.acquired if outcome.applied else []
         if not acquired:
-            return None
+            return None, earlier
         held = [(first, last) for first, last, _ in acquired]
         parts = [
             datas[base]
             for base, h in sorted(chosen_entries.items())
             if any(first < h.next_offset and last >= h.base_offset for first, last in held)
         ]
-        return b"".join(parts), acquired, lock_deadline
+        return (b"".join(parts), acquired, lock_deadline), earlier
 
     def _reserved_new(self, gid: str, st: SharePartitionState) -> int:
         """New records reserved by pending proposals (past the applied end offset)."""
@@ -428,3 +480,48 @@ class SharePartitions:
             if h.type == entry.EntryType.DATA and h.base_offset <= offset < h.next_offset:
                 return h, data[h.position : h.end]
         return None, b""
+
+
+def _fill(
+    template: list[AckResult | None], outcome: Outcome | None, member_id: str, group: ShareGroupView
+) -> list[AckResult]:
+    """``template``'s open places filled with the ACK entry's results, in order."""
+    done = iter(outcome.acks if outcome is not None and outcome.applied else [])
+    return [
+        r
+        if r is not None
+        else next(
+            done,
+            AckResult(
+                "INVALID_RECORD_STATE",
+                f"member {member_id} holds no records of group {group.group_id} on this "
+                "partition: nothing changed",
+            ),
+        )
+        for r in template
+    ]
+
+
+def _released(
+    st: SharePartitionState, ops: list[ShareOp], now_ms: int, reserved: set[int]
+) -> list[int]:
+    """The records the RELEASEs of ``ops`` (ACK entries) make available if they apply:
+    held by their member, locked still, with deliveries left."""
+    out: list[int] = []
+    for op in ops:
+        for first, last, kind, count in op.acks:
+            if kind != AckType.RELEASE or last - first + 1 > len(st.records):
+                continue
+            for offset in range(first, last + 1):
+                rec = st.records.get(offset)
+                if (
+                    rec is not None
+                    and rec.state == RecordState.ACQUIRED
+                    and rec.member_id == op.member_id
+                    and rec.deadline_ms > now_ms
+                    and (not count or rec.delivery_count == count)
+                    and rec.delivery_count < op.delivery_count_limit
+                    and offset not in reserved
+                ):
+                    out.append(offset)
+    return out

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from raftmq.format import entry
-from raftmq.format.share_ops import AckType, Op, ShareOp
+from raftmq.format.share_ops import Ack, AckType, Op, ShareOp
 
 MAX_OFFSETS_PER_OP = 10_000
 """An ACQUIRE or DEAD_LETTERED naming more offsets than this (the largest in-flight limit)
@@ -86,6 +86,9 @@ class SharePartitionState:
     records: dict[int, InFlight] = field(default_factory=dict)
     archived_total: int = 0
     dead_lettered_total: int = 0
+    seen_version: int = 0
+    """The newest metadata version a leader judged this group's members at (ACQUIRE,
+    INIT): membership changes are applied only by a leader whose metadata is as new."""
     next_deadline_ms: float = math.inf
     """No ACQUIRED record's deadline is earlier (a lower bound): expiry scans nothing before."""
 
@@ -149,11 +152,22 @@ class SharePartitionState:
         if sum(last - first + 1 for first, last in op.ranges) > MAX_OFFSETS_PER_OP:
             return []
         got: list[tuple[int, int]] = []
+        records = self.records
+        acquired = RecordState.ACQUIRED
         for first, last in op.ranges:
+            if first >= self.end:
+                # Never acquired: the usual case, and the whole range is taken (a first
+                # delivery is within every limit); one object per record, no checks.
+                member, deadline, now = op.member_id, op.deadline_ms, op.now_ms
+                for offset in range(first, last + 1):
+                    records[offset] = InFlight(acquired, 1, member, deadline, now)
+                got += ((offset, 1) for offset in range(first, last + 1))
+                self.end = last + 1
+                continue
             for offset in range(first, last + 1):
-                rec = self.records.get(offset)
+                rec = records.get(offset)
                 if offset >= self.end:
-                    rec = self.records[offset] = InFlight(RecordState.AVAILABLE, 0)
+                    rec = records[offset] = InFlight(RecordState.AVAILABLE, 0)
                     self.end = offset + 1
                 elif rec is None or rec.state != RecordState.AVAILABLE:
                     continue
@@ -161,7 +175,7 @@ class SharePartitionState:
                     # The limit was lowered since it was released: it is done.
                     self._archive(offset, rec, op.dead_letter)
                     continue
-                rec.state, rec.member_id = RecordState.ACQUIRED, op.member_id
+                rec.state, rec.member_id = acquired, op.member_id
                 rec.deadline_ms, rec.acquired_ms = op.deadline_ms, op.now_ms
                 rec.delivery_count += 1
                 got.append((offset, rec.delivery_count))
@@ -170,9 +184,10 @@ class SharePartitionState:
         return _runs(got)
 
     def acknowledge(self, op: ShareOp) -> list[AckResult]:
-        return [self._ack_one(op, first, last, kind) for first, last, kind in op.acks]
+        return [self._ack_one(op, a) for a in op.acks]
 
-    def _ack_one(self, op: ShareOp, first: int, last: int, kind: AckType) -> AckResult:
+    def _ack_one(self, op: ShareOp, ack: Ack) -> AckResult:
+        first, last, kind, count = ack
         now = op.now_ms
         recs: list[tuple[int, InFlight]] = []
         if last - first + 1 <= len(self.records):
@@ -183,6 +198,7 @@ class SharePartitionState:
                     or rec.state != RecordState.ACQUIRED
                     or rec.member_id != op.member_id
                     or rec.deadline_ms <= now
+                    or (count and rec.delivery_count != count)
                 ):
                     break
                 recs.append((offset, rec))
@@ -190,9 +206,10 @@ class SharePartitionState:
             bad = first + len(recs)
             return AckResult(
                 INVALID_RECORD_STATE,
-                f"offset {bad} is not acquired by member {op.member_id} (its lock expired, "
-                "another member holds it, or it was acknowledged already): nothing in "
-                f"{first}-{last} changed",
+                f"offset {bad} is not acquired by member {op.member_id}"
+                + (f" in delivery {count}" if count else "")
+                + " (its lock expired, another member holds it, or it was acknowledged "
+                f"already): nothing in {first}-{last} changed",
             )
         if kind == AckType.RENEW:
             if any(
@@ -244,6 +261,7 @@ class SharePartitionState:
             self.end,
             self.archived_total,
             self.dead_lettered_total,
+            self.seen_version,
             [
                 [o, int(r.state), r.delivery_count, r.member_id, r.deadline_ms, r.acquired_ms]
                 for o, r in sorted(self.records.items())
@@ -252,9 +270,10 @@ class SharePartitionState:
 
     @classmethod
     def from_json(cls, row: list[object]) -> SharePartitionState:
-        created, start, end, archived, dead, recs = row
+        created, start, end, archived, dead, seen, recs = row
         st = cls(int(created), int(start), int(end))  # type: ignore[call-overload]
         st.archived_total, st.dead_lettered_total = int(archived), int(dead)  # type: ignore[call-overload]
+        st.seen_version = int(seen)  # type: ignore[call-overload]
         for o, state, count, member, deadline, acquired in recs:  # type: ignore[attr-defined]
             st.records[int(o)] = InFlight(
                 RecordState(state), int(count), str(member), int(deadline), int(acquired)
@@ -298,6 +317,7 @@ class ShareStates:
             return Outcome()
         if st is None:
             return Outcome(applied=False)
+        st.seen_version = max(st.seen_version, op.metadata_version)
         st.expire(op.now_ms, op.delivery_count_limit, op.dead_letter)
         out = Outcome()
         if kind == Op.ACQUIRE:
@@ -330,11 +350,13 @@ class ShareStates:
 
 
 def redeliverable(
-    st: SharePartitionState, now_ms: int, limit: int, reserved: Iterable[int], max_records: int
+    st: SharePartitionState, now_ms: int, reserved: Iterable[int], max_records: int
 ) -> list[int]:
     """The in-flight records an acquisition at ``now_ms`` takes first, by offset: those
-    available, and those whose lock expired by then with deliveries left; not those a
-    proposal not yet applied takes (``reserved``); at most ``max_records``."""
+    available, and those whose lock expired by then; not those a proposal not yet applied
+    takes (``reserved``); at most ``max_records``. One delivered as often as the limit
+    allows is archived by the ACQUIRE's apply instead of acquired, so an expiry no entry
+    has applied yet is applied by the next acquisition, not waited on."""
     taken = set(reserved)
     out = [
         o
@@ -344,7 +366,6 @@ def redeliverable(
             r.state == RecordState.AVAILABLE
             or (r.state == RecordState.ACQUIRED and r.deadline_ms <= now_ms)
         )
-        and r.delivery_count < limit
     ]
     out.sort()
     return out[:max_records]

@@ -21,15 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from raftmq.format import entry, share_ops
 from raftmq.format.errors import FormatError
-from raftmq.log.atomic_file import read_atomic, write_atomic
+from raftmq.log.atomic_file import write_atomic
 from raftmq.log.errors import LogError
-from raftmq.partition.producer_tracking import READ_CHUNK_BYTES, LogHeaders
+from raftmq.partition.checkpoint_writes import CheckpointWrites
+from raftmq.partition.producer_tracking import (
+    UNDECODABLE,
+    LogHeaders,
+    committed_entries,
+    read_checkpoint,
+    undecodable,
+)
 from raftmq.partition.share_state import Outcome, ShareStates
 
 log = logging.getLogger(__name__)
@@ -38,7 +44,6 @@ CHECKPOINT_FILE = "share_state.json"
 CHECKPOINT_EVERY_OPS = 1024
 """Applied share operations between checkpoints: a restart reads at most about this many
 entries' worth of log back (plus what retention asked to keep)."""
-RETENTION_CHECKPOINT_EVERY_S = 1.0
 _SHARE = int(entry.EntryType.SHARE_STATE)
 ATTACHMENT_KEY = "share"
 """The key of this state in a snapshot's attachment (a JSON object shared with the
@@ -52,38 +57,32 @@ class ShareTracking:
         self.states = ShareStates()
         self.applied_index = 0
         """Every SHARE_STATE entry up to this Raft index is in :attr:`states`."""
-        self.durable_index = 0
-        self._checkpointed_index = 0
+        self._writes = CheckpointWrites(name, "share-partition state")
         self._ops_since_checkpoint = 0
-        self._retention_asked_s = 0.0
-        self._writing = False
+        self.changes = 0
+        """Operations applied since the replica opened (or a snapshot's state replaced
+        them): a watcher of the state compares it instead of looking at every group."""
         self._damaged: str | None = None
         self._durable_empty = True
         """The durable checkpoint (or, with none, the empty start) holds no group."""
         self._waiters: dict[int, asyncio.Future[Outcome]] = {}
         self.on_change: Callable[[], None] | None = None
-        """Called after every applied operation (long polls wake on releases and acks)."""
+        """Called after an applied operation that may make records acquirable (share
+        long polls wake on it)."""
         self._load()
 
     def _load(self) -> None:
-        try:
-            payload = read_atomic(self.path)
-        except OSError as exc:
-            self._damaged = f"cannot be read ({exc.strerror or exc})"
-            return
-        if payload is None:
-            if self.path.exists():
-                self._damaged = "fails its CRC (damaged on disk)"
+        saved, self._damaged = read_checkpoint(self.path)
+        if saved is None:
             return
         try:
-            saved = json.loads(payload)
             states = ShareStates.from_json(saved["groups"])
             index = int(saved["index"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
-            self._damaged = f"does not decode ({type(exc).__name__}: {exc})"
+        except UNDECODABLE as exc:
+            self._damaged = undecodable(exc)
             return
         self.states, self.applied_index = states, index
-        self._checkpointed_index = self.durable_index = index
+        self._writes.loaded(index)
         self._durable_empty = not states.groups
 
     def open_at(self, log_: LogHeaders, commit_index: int) -> None:
@@ -91,16 +90,11 @@ class ShareTracking:
         ``commit_index`` (all the log holds when there is no usable checkpoint)."""
         lo = max(self.applied_index + 1, log_.start_index)
         try:
-            while lo <= commit_index:
-                result = log_.read_by_index(lo, READ_CHUNK_BYTES, commit_index + 1)
-                data = result.data  # type: ignore[attr-defined]
-                if not data:
-                    break
-                for position, f in entry.iter_fields(data, verify=False):
-                    if f[3] == _SHARE:
-                        start = position + entry.HEADER_SIZE
-                        self.on_entry(f[5], memoryview(data)[start : start + f[14]])
-                lo = result.next_index  # type: ignore[attr-defined]
+            for data, position, f in committed_entries(log_, lo, commit_index):
+                if f[3] == _SHARE:
+                    start = position + entry.HEADER_SIZE
+                    self.on_entry(f[5], memoryview(data)[start : start + f[14]])
+                lo = f[5] + 1
         except (FormatError, LogError) as exc:
             log.warning(
                 "%s: share-partition state skips entries %d-%d it could not read: %s",
@@ -127,19 +121,23 @@ class ShareTracking:
         one the checkpoint covers already is skipped)."""
         if index <= self.applied_index:
             return
+        op: share_ops.ShareOp | None = None
         try:
-            outcome = self.states.apply(share_ops.decode(payload))
+            op = share_ops.decode(payload)
         except FormatError as exc:
             # Written by a newer version, or damaged past its CRC: nothing of it applies,
             # here as on every replica of this version.
             log.warning("%s: share-state entry %d not applied: %s", self.name, index, exc)
-            outcome = Outcome(applied=False)
+        outcome = Outcome(applied=False) if op is None else self.states.apply(op)
         self.applied_index = index
         self._ops_since_checkpoint += 1
+        self.changes += 1
         waiter = self._waiters.pop(index, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
-        if self.on_change is not None:
+        if self.on_change is not None and op is not None and op.op != share_ops.Op.ACQUIRE:
+            # An acquisition makes nothing acquirable; the rest may (a release, an ack
+            # that makes room under the in-flight limit, a lock expiry judged by it).
             self.on_change()
 
     def advanced(self, applied_to: int) -> None:
@@ -175,7 +173,7 @@ class ShareTracking:
                 raise KeyError("no share state in the attachment")
             states = ShareStates.from_json(share["groups"])
             at = int(share["index"])
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+        except UNDECODABLE as exc:
             log.warning(
                 "%s: no usable share-partition state came with the snapshot at %d (%s); "
                 "the share groups of the skipped entries start again here",
@@ -189,57 +187,42 @@ class ShareTracking:
                 states = ShareStates()
                 at = index
             self.states, self.applied_index = states, at
+        self.changes += 1
         for fut in self._waiters.values():
             if not fut.done():
                 fut.cancel()
         self._waiters.clear()
-        self._checkpointed_index = -CHECKPOINT_EVERY_OPS
         self.checkpoint()
 
     # --- durability ------------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        if self._writing:
+        """Save the state durably (off the event loop when there is one); one write at a
+        time: a call during one is dropped, and the next threshold or retention's next
+        pass asks again."""
+        if self._writes.writing:
             return
         saved = {"index": self.applied_index, "groups": self.states.to_json()}
-        index = self.applied_index
         self._ops_since_checkpoint = 0
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            _save(self.path, saved)
-            self._checkpointed_index = self.durable_index = index
-            self._durable_empty = not saved["groups"]
-            return
-        self._writing = True
-        self._checkpointed_index = index
+        empty = not saved["groups"]
 
-        def done(fut: asyncio.Future[None]) -> None:
-            self._writing = False
-            exc = fut.exception()
-            if exc is not None:
-                log.warning("%s: share state checkpoint not written: %s", self.name, exc)
-                return
-            if index > self.durable_index:
-                self.durable_index = index
-                self._durable_empty = not saved["groups"]
+        def written() -> None:
+            self._durable_empty = empty
 
-        loop.run_in_executor(None, _save, self.path, saved).add_done_callback(done)
+        self._writes.write(lambda: _save(self.path, saved), self.applied_index, written)
+
+    @property
+    def durable_index(self) -> int:
+        return self._writes.durable_index
 
     def replay_floor(self) -> int:
         """The first Raft index a restart reads to rebuild this state: retention keeps it.
-        When the checkpoint is behind, a new one is written (at most once a second).
         A partition no share group uses holds nothing back: with the durable state and
         the current one both empty, a restart that skips the entries between reaches the
         same (empty) state."""
         if self._durable_empty and not self.states.groups:
             return self.applied_index + 1
-        if self.applied_index > self.durable_index:
-            now_s = time.monotonic()
-            if now_s - self._retention_asked_s >= RETENTION_CHECKPOINT_EVERY_S:
-                self._retention_asked_s = now_s
-                self.checkpoint()
-        return self.durable_index + 1
+        return self._writes.replay_floor(self.applied_index, self.checkpoint)
 
 
 def _save(path: Path, saved: dict[str, object]) -> None:

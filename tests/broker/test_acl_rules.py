@@ -15,7 +15,14 @@ import grpc
 import pytest
 from google.protobuf.message_factory import GetMessageClass
 
-from raftmq.api.v1 import admin_pb2, broker_pb2, controller_pb2, groups_pb2, transactions_pb2
+from raftmq.api.v1 import (
+    admin_pb2,
+    broker_pb2,
+    controller_pb2,
+    groups_pb2,
+    share_pb2,
+    transactions_pb2,
+)
 from raftmq.broker.authorization import (
     NEEDS,
     SHOWN,
@@ -234,3 +241,30 @@ def test_delayed_messages_need_write_on_their_targets_not_on_the_delay_topic() -
     )
     shown = authorizer.shown("Metadata", asked, listing, eve)
     assert [t.name for t in shown.topics] == [delay.DELAY_TOPIC]
+
+
+def test_share_groups_need_read_describe_alter_configs_and_delete_on_the_group() -> None:
+    member, operator = "User:member", "User:operator"
+    metadata = Metadata(
+        _acl(member, ResourceType.GROUP, "q", Operation.READ),
+        _acl(member, ResourceType.TOPIC, "jobs", Operation.READ),
+        _acl(operator, ResourceType.GROUP, "q", Operation.ALTER_CONFIGS),
+        _acl(operator, ResourceType.GROUP, "q", Operation.DELETE),
+    )
+    authorizer = AclAuthorizer(metadata)
+    beat = share_pb2.ShareGroupHeartbeatRequest(group_id="q", subscriptions=["jobs"])
+    authorizer.authorize("ShareGroupHeartbeat", beat, member)
+    authorizer.authorize(
+        "DescribeShareGroup", share_pb2.DescribeShareGroupRequest(group_id="q"), member
+    )
+    alter = share_pb2.AlterShareGroupConfigRequest(group_id="q")
+    refusal = _refusal(authorizer, "AlterShareGroupConfig", alter, member)
+    assert refusal.name == "GROUP_AUTHORIZATION_FAILED" and "ALTER_CONFIGS" in refusal.message
+    authorizer.authorize("AlterShareGroupConfig", alter, operator)
+    authorizer.authorize("DeleteShareGroup", groups_pb2.DeleteGroupRequest(group_id="q"), operator)
+    _refusal(authorizer, "ShareGroupHeartbeat", beat, operator)
+    listed = share_pb2.ListShareGroupsResponse(
+        groups=[share_pb2.ShareGroupSummary(group_id=g) for g in ("q", "other")]
+    )
+    shown = authorizer.shown("ListShareGroups", None, listed, member)
+    assert [g.group_id for g in shown.groups] == ["q"]

@@ -31,6 +31,7 @@ from raftmq.devtools.local_cluster import LocalCluster
 from tests.broker import test_controller_layouts as layouts
 from tests.broker.conftest import ClusterFactory
 from tests.broker.test_broker_cluster import assert_error, rpc_error, wait_until
+from tests.broker.test_controller_wiring import CONTROLLER_FAILOVER_S
 from tests.controller.machine import Driver
 
 pytestmark = pytest.mark.timeout(180)
@@ -258,3 +259,34 @@ def test_share_groups_reach_brokers_through_the_watch_and_the_metadata_cache(
     loaded = MetadataCache(tmp_path, "test").load()
     assert loaded is not None and loaded.share_groups == state.share_groups
     assert loaded.share_groups["q"].settings.dead_letter_topic == "dlq"
+
+
+def test_members_survive_a_controller_leader_kill(make_cluster: ClusterFactory) -> None:
+    """Membership is in the log: after the controller leader's SIGKILL the members keep
+    their ids, epochs and partitions at the new leader (their next beats are steady
+    ones), which counts them as heard when it took over, so none is removed for the old
+    leader's silence; a member joining there gets its share."""
+    cluster = make_cluster({"jobs": 3})
+    leader = layouts.controller_leader(cluster.controller_addresses)
+    with grpc.insecure_channel(cluster.spec.brokers[leader].address) as channel:
+        stub = spb_grpc.ShareGroupsStub(channel)
+        a = join(stub, "q", ["jobs"], session_timeout_ms=8000)
+        b = join(stub, "q", ["jobs"], session_timeout_ms=8000)
+        a = again(stub, "q", a, ["jobs"], session_timeout_ms=8000)
+    cluster.kill(leader)
+    survivors = [cluster.spec.brokers[v].address for v in cluster.spec.voters if v != leader]
+    new_leader = wait_until(
+        lambda: layouts.controller_leader(survivors), CONTROLLER_FAILOVER_S, "a new leader"
+    )
+    with grpc.insecure_channel(cluster.spec.brokers[new_leader].address) as channel:
+        stub = spb_grpc.ShareGroupsStub(channel)
+        for before in (a, b):
+            after = again(stub, "q", before, ["jobs"], session_timeout_ms=8000)
+            assert (after.member_id, after.member_epoch) == (before.member_id, before.member_epoch)
+            assert held(after.assigned) == held(before.assigned)
+        c = join(stub, "q", ["jobs"], session_timeout_ms=8000)
+        assert len(held(c.assigned)) == 1
+        with AdminClient(survivors) as admin:
+            described = admin.describe_share_group("q")
+        assert {m.member_id for m in described.members} == {a.member_id, b.member_id, c.member_id}
+        assert all(0 <= m.last_heartbeat_age_ms < 10_000 for m in described.members)

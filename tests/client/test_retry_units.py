@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.client import retry_headers as rh
 from raftmq.client.consumer import ConsumerRecord
-from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.retrying import MAX_BACKOFF_MS, RetryPolicy, next_info
+from raftmq.format import retry_headers as rh
+from raftmq.format.retry_headers import RetryInfo
 
 INFO = RetryInfo("orders", 2, 41, 3, 1_700_000_000_000, "ValueError: bad total")
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from raftmq.client import AdminClient, ClientError, Consumer, ConsumerRecord, Producer
-from raftmq.client import retry_headers as rh
-from raftmq.client.retry_headers import RetryInfo
 from raftmq.client.retrying import AsyncRetryingConsumer, RetryingConsumer, RetryPolicy
 from raftmq.devtools.local_cluster import LocalCluster
+from raftmq.format import retry_headers as rh
+from raftmq.format.retry_headers import RetryInfo
 from tests.broker.test_broker_cluster import wait_until
 from tests.client.test_records_cli import raftmq
 

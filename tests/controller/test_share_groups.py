@@ -173,10 +173,11 @@ def test_subscription_changes_and_topics_that_grow_or_go(d: Driver) -> None:
     assert len(a.assigned) == 3
     # a subscription to a topic that does not exist yet assigns nothing, until it does
     b = beat(d, "b", 0, ("later",))
-    assert b.assigned == ()
+    assert b.assigned == () and d.machine.state.share_groups[G].topics == ("t",)
     assert d(CreateTopic("later", 1, 3)).ok
     b = beat(d, "b", b.member_epoch, ("later",))
     assert b.assigned == (TP("later", 0),)
+    assert d.machine.state.share_groups[G].topics == ("later", "t")
     # an unrelated topic changes no group
     epoch = d.machine.state.share_groups[G].epoch
     assert d(CreateTopic("other", 1, 3)).ok

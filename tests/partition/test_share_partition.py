@@ -8,7 +8,9 @@ replay, and replay alone when the checkpoint is gone) and carried by a snapshot.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,10 +20,14 @@ import pytest
 from raftmq.format import entry
 from raftmq.format.records import Record, build_batch, decode_records
 from raftmq.format.share_ops import AckType
+from raftmq.log.config import LogConfig
+from raftmq.log.inspect import verify_folder
 from raftmq.partition import share_tracking
 from raftmq.partition.replica import Acks, PartitionReplica
 from raftmq.partition.share_partition import ShareGroupView
 from raftmq.partition.share_tracking import ShareTracking
+from raftmq.raft.host.host import RaftHost
+from raftmq.raft.host.transport import MemoryNetwork
 from raftmq.share_settings import ShareSettings
 from tests.partition.test_producer_tracking import open_leader
 from tests.partition.test_txn_replica import txn_batch
@@ -29,6 +35,7 @@ from tests.partition.test_txn_replica import txn_batch
 pytestmark = pytest.mark.timeout(60)
 EARLIEST = ShareSettings(auto_offset_reset="earliest", record_lock_duration_ms=1000)
 G = ShareGroupView("g", 5, EARLIEST)
+LONG = ShareGroupView("g", 5, dataclasses.replace(EARLIEST, record_lock_duration_ms=3000))
 
 
 def plain(*values: bytes) -> bytes:
@@ -93,6 +100,33 @@ def test_acquire_acknowledge_and_redeliver(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_log_verify_and_readers_take_share_state_entries(tmp_path: Path) -> None:
+    """The log holds SHARE_STATE entries among the records: `raftmq log verify` finds
+    nothing wrong with it, and consumers and the Spark reader read every record back once,
+    in order, with no gap where the share entries are."""
+
+    pytest.importorskip("pyarrow")
+    from raftmq.spark.fetching import arrow_schema, decode_batch
+    from raftmq.spark.planning import OffsetRange
+
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(plain(b"a", b"b"), Acks.ALL, 5)
+        await replica.share.fetch(G, "m")
+        await replica.share.acknowledge(G, "m", [(0, 1, AckType.ACCEPT)])
+        await replica.produce(plain(b"c"), Acks.ALL, 5)
+        data = bytes(replica.read(0, 1 << 20).data)
+        types = [h.type for h in entry.iter_headers(data)]
+        assert types.count(entry.EntryType.SHARE_STATE) >= 3  # INIT, ACQUIRE, ACK
+        assert values_in(data) == [b"a", b"b", b"c"]
+        batch, nxt = decode_batch(data, OffsetRange("t", 0, 0, 3), 0, arrow_schema(False))
+        assert batch is not None and batch.num_rows == 3 and nxt == 3
+
+    run(tmp_path, body)
+    report = verify_folder(tmp_path)
+    assert report.ok, report
+    assert sum(s.records for s in report.segments) == 3
+
+
 def test_concurrent_fetches_never_take_the_same_record(tmp_path: Path) -> None:
     async def body(replica: PartitionReplica) -> None:
         for i in range(20):
@@ -153,9 +187,12 @@ def test_reset_and_drop(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-@pytest.mark.parametrize("lose_checkpoint", [False, True])
+@pytest.mark.parametrize("checkpoint", ["kept", "lost", "damaged"])
 def test_a_restart_rebuilds_the_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lose_checkpoint: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checkpoint: str,
 ) -> None:
     monkeypatch.setattr(share_tracking, "CHECKPOINT_EVERY_OPS", 3)
     saved: dict[str, object] = {}
@@ -173,9 +210,15 @@ def test_a_restart_rebuilds_the_state(
             saved.update(replica.shares.states.to_json())
         finally:
             await host.stop()
-        if lose_checkpoint:
-            (tmp_path / share_tracking.CHECKPOINT_FILE).unlink()
-        host, replica = await open_leader(tmp_path)
+        path = tmp_path / share_tracking.CHECKPOINT_FILE
+        if checkpoint == "lost":
+            path.unlink()
+        elif checkpoint == "damaged":
+            path.write_bytes(b"rot" + path.read_bytes()[3:])
+        with caplog.at_level(logging.WARNING):
+            host, replica = await open_leader(tmp_path)
+        warned = [r for r in caplog.records if "share-partition state checkpoint" in r.message]
+        assert len(warned) == (checkpoint == "damaged")
         try:
             assert replica.shares.states.to_json() == saved
             got = await replica.share.fetch(G, "m1", max_records=1)
@@ -192,3 +235,61 @@ def test_a_restart_rebuilds_the_state(
             await host.stop()
 
     asyncio.run(main())
+
+
+def test_a_leader_lost_while_records_are_acquired_keeps_accepts_and_counts(
+    tmp_path: Path,
+) -> None:
+    """Three replicas; the leader stops dead (cut off, its host stopped, nothing handed
+    over) while a member holds records: the new leader has every confirmed ACCEPT, the
+    held records stay held until their lock ends, then go to another member with their
+    delivery count carried on."""
+
+    async def main() -> None:
+        net = MemoryNetwork()
+        hosts: dict[int, RaftHost] = {}
+        replicas: dict[int, PartitionReplica] = {}
+        for node in (1, 2, 3):
+            hosts[node] = RaftHost(
+                node, net.transport(node), seed=node, tick_s=0.01, election_tick=10
+            )
+            replicas[node] = PartitionReplica(
+                hosts[node], "t", 0, tmp_path / f"n{node}", [1, 2, 3], LogConfig()
+            )
+            await hosts[node].start()
+        try:
+            old = await _ready_leader(replicas)
+            await old.produce(plain(*(b"%d" % i for i in range(10))), Acks.ALL, 5)
+            got = await old.share.fetch(LONG, "m1", max_records=6)
+            assert got.acquired == [(0, 5, 1)]
+            res = await old.share.acknowledge(LONG, "m1", [(0, 1, AckType.ACCEPT)])
+            assert res[0].error == ""
+            dead = next(n for n, r in replicas.items() if r is old)
+            for n in hosts:
+                if n != dead:
+                    net.cut(dead, n)
+            await hosts.pop(dead).stop()
+            del replicas[dead]
+            new = await _ready_leader(replicas)
+            d = new.share.describe(LONG)
+            assert (d.start_offset, d.end_offset, d.acquired) == (2, 6, 4)
+            # Held until the lock ends, then another member's, counted twice.
+            early = await new.share.fetch(LONG, "m2", max_records=4)
+            assert early.acquired == [(6, 9, 1)]
+            later = await new.share.fetch(LONG, "m2", max_records=10, max_wait_s=10)
+            assert later.acquired == [(2, 5, 2)]
+            assert time.time() * 1000 >= got.lock_deadline_ms
+        finally:
+            for host in hosts.values():
+                await host.stop()
+
+    asyncio.run(main())
+
+
+async def _ready_leader(replicas: dict[int, PartitionReplica]) -> PartitionReplica:
+    for _ in range(1000):
+        for r in replicas.values():
+            if r.is_leader and r.producers.ready(r.led_term):
+                return r
+        await asyncio.sleep(0.01)
+    raise AssertionError("no leader")

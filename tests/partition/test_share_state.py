@@ -86,6 +86,27 @@ def test_locks_expire_with_the_entry_clock_and_the_limit_archives() -> None:
     assert acquire(s, "a", 9000, (0, 0)) == []
 
 
+def test_an_acknowledgement_names_its_delivery() -> None:
+    """A member's lock on delivery 1 expired and it took the record again (delivery 2, a
+    prefetch): its ACCEPT of delivery 1 must not settle delivery 2, which it has not
+    processed yet; an ACCEPT that names delivery 2 does."""
+    s = started()
+    assert acquire(s, "a", 0, (0, 1)) == [(0, 1, 1)]
+    assert acquire(s, "a", 1500, (0, 1)) == [(0, 1, 2)]  # the locks expired at 1000
+
+    def accept(count: int) -> str:
+        acks = ((0, 1, AckType.ACCEPT, count),)
+        return s.apply(op(Op.ACK, 1600, member_id="a", acks=acks)).acks[0].error
+
+    assert accept(1) == INVALID_RECORD_STATE
+    st_ = s.get(G, 1)
+    assert st_ is not None and st_.records[0].state == RecordState.ACQUIRED
+    assert accept(2) == ""
+    assert st_.in_flight() == 0
+    payload = share_ops.encode(op(Op.ACK, 1, member_id="a", acks=((0, 1, AckType.RELEASE, 7),)))
+    assert share_ops.decode(payload).acks == (share_ops.Ack(0, 1, AckType.RELEASE, 7),)
+
+
 def test_renew_extends_until_the_hold_limit() -> None:
     s = started()
     acquire(s, "a", 0, (0, 1))
@@ -205,7 +226,7 @@ def test_a_leader_run_keeps_the_promises(actions: list[Action], dead_letter: boo
         st_ = s.get(G, 1)
         assert st_ is not None
         if kind == "fetch":
-            again = redeliverable(st_, now, 3, (), n + 1)
+            again = redeliverable(st_, now, (), n + 1)
             new = [(o, o) for o in range(st_.end, min(hw, st_.end + n + 1 - len(again)))]
             ranges = [(o, o) for o in again] + new
             out = do(

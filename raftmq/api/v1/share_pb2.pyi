@@ -127,14 +127,16 @@ class AlterShareGroupConfigRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., settings: _Optional[_Iterable[_Union[ShareGroupSetting, _Mapping]]] = ...) -> None: ...
 
 class AcknowledgementBatch(_message.Message):
-    __slots__ = ("first_offset", "last_offset", "type")
+    __slots__ = ("first_offset", "last_offset", "type", "delivery_count")
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     first_offset: int
     last_offset: int
     type: AcknowledgeType
-    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., type: _Optional[_Union[AcknowledgeType, str]] = ...) -> None: ...
+    delivery_count: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., type: _Optional[_Union[AcknowledgeType, str]] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
 class AcknowledgeResult(_message.Message):
     __slots__ = ("first_offset", "last_offset", "error", "lock_deadline_ms")
