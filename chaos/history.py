@@ -127,9 +127,10 @@ names one member process (a replacement gets a new name). Times in ``wall_ms`` a
   ``value``, ``count`` its delivery count, ``deadline_ms`` its lock deadline, ``wall_ms``
   when poll returned it (after the leader acquired it).
 - ``share-ack``: one acknowledged range ``offset`` .. ``last_offset`` of ``partition``;
-  ``value`` the type (ACCEPT, RELEASE, REJECT); ``status`` ``ok`` (committed) or
-  ``fail`` (refused, ``error`` why); ``start_ms`` when the commit was sent, ``wall_ms``
-  when its answer came.
+  ``value`` the type (ACCEPT, RELEASE, REJECT); ``status`` ``ok`` (committed), ``fail``
+  (refused, ``error`` why) or ``info`` (OUTCOME_UNKNOWN: an attempt the member retried
+  may have been applied before the leader failed); ``start_ms`` when the commit was sent,
+  ``wall_ms`` when its answer came.
 - ``share-crash``: the workload SIGKILLed member ``process`` at ``wall_ms``.
 - ``share-dlq``: after the run, a record read from the group's dead-letter topic:
   ``value`` as sent, ``partition`` and ``offset`` the original ones (its headers),

@@ -50,10 +50,17 @@ def share_reports(h: _History) -> tuple[list[CheckReport], dict[str, Any]]:
             last = op.last_offset if op.last_offset is not None else op.offset
             for offset in range(op.offset, last + 1):
                 acks[(op.partition, offset)].append(op)
+    maybe: dict[Key, list[Op]] = defaultdict(list)
+    """Acknowledgements whose outcome is unknown (``info``): applied, perhaps."""
+    for op in ops:
+        if op.kind == "share-ack" and op.status == "info" and op.offset is not None:
+            last = op.last_offset if op.last_offset is not None else op.offset
+            for offset in range(op.offset, last + 1):
+                maybe[(op.partition, offset)].append(op)
     dead = {op.value for op in ops if op.kind == "share-dlq"}
     reports = [
-        _check_settled(ops, receives, acks, dead),
-        _check_exclusive(receives, acks),
+        _check_settled(ops, receives, acks, maybe, dead),
+        _check_exclusive(receives, {k: acks.get(k, []) + maybe.get(k, []) for k in receives}),
         _check_counts(receives),
         _check_accepts(ops, receives, acks),
         _check_members(ops),
@@ -72,7 +79,11 @@ def share_reports(h: _History) -> tuple[list[CheckReport], dict[str, Any]]:
 
 
 def _check_settled(
-    ops: list[Op], receives: dict[Key, list[Op]], acks: dict[Key, list[Op]], dead: set[str | None]
+    ops: list[Op],
+    receives: dict[Key, list[Op]],
+    acks: dict[Key, list[Op]],
+    maybe: dict[Key, list[Op]],
+    dead: set[str | None],
 ) -> CheckReport:
     from chaos.checker import _Findings
 
@@ -108,6 +119,12 @@ def _check_settled(
     accepted_values = {
         value_at.get(key) for key, done in acks.items() if any(a.value == "ACCEPT" for a in done)
     }
+    # An ACCEPT or REJECT of unknown outcome settled its record if nothing delivered it
+    # again after it was sent (else it was accepted or rejected later, or it is lost).
+    for key, unknown in maybe.items():
+        settling = [a.start_ms or 0 for a in unknown if a.value in ("ACCEPT", "REJECT")]
+        if settling and not any((r.wall_ms or 0) > min(settling) for r in receives.get(key, [])):
+            accepted_values.add(value_at.get(key))
     checked = 0
     for op in ops:
         if op.kind != "share-send" or op.status != "ok":

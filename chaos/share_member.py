@@ -8,8 +8,9 @@ delivery before anything else can happen to it:
 
 - ``{"e": "recv", "p", "o", "v", "n", "deadline_ms", "wall_ms"}``: a record ``poll``
   gave it (partition, offset, value, delivery count, lock deadline, arrival);
-- ``{"e": "ack", "p", "first", "last", "type", "ok", "error", "start_ms", "end_ms"}``:
-  one acknowledged range and its result, ``start_ms`` when the commit was sent;
+- ``{"e": "ack", "p", "first", "last", "type", "ok", "code", "error", "start_ms",
+  "end_ms"}``: one acknowledged range and its result (``code`` the refusal's name),
+  ``start_ms`` when the commit was sent;
 - ``{"e": "error", "error"}``: the consumer raised; the member starts a new one.
 
 What it does with a record: ``drain`` members accept every record that is not poison;
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> None:
                                 "last": res.last_offset,
                                 "type": res.type.name,
                                 "ok": res.ok,
+                                "code": None if res.error is None else res.error.code_name,
                                 "error": None if res.error is None else str(res.error)[:300],
                                 "start_ms": start_ms,
                                 "end_ms": end_ms,

@@ -205,7 +205,7 @@ class ShareWorkload:
                     e["p"],
                     e["type"],
                     e["first"],
-                    "ok" if e["ok"] else "fail",
+                    "ok" if e["ok"] else ("info" if e.get("code") == "OUTCOME_UNKNOWN" else "fail"),
                     now,
                     now,
                     error=e["error"],

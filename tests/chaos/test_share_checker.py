@@ -36,14 +36,14 @@ def recv(member: str, seq: int, offset: int, n: int, at_ms: int) -> Op:
     )
 
 
-def ack(member: str, offset: int, kind: str, at_ms: int, ok: bool = True) -> Op:
+def ack(member: str, offset: int, kind: str, at_ms: int, status: str = "ok") -> Op:
     return Op(
         "share-ack",
         member,
         0,
         kind,
         offset,
-        "ok" if ok else "fail",
+        status,
         3.0,
         3.0,
         wall_ms=T0_MS + at_ms + 5,
@@ -145,3 +145,14 @@ def test_dead_letters_only_after_the_limit_or_a_reject() -> None:
 def test_a_member_that_raised_is_reported() -> None:
     ops = [*happy(), Op("share-error", "m1", status="info", start=5.0, end=5.0, error="boom")]
     assert_only(check(clean() + ops), "share-members")
+
+
+def test_an_accept_of_unknown_outcome_settles_a_record_nothing_delivered_again() -> None:
+    """The leader failed after committing the ACCEPT and before answering; the retry was
+    refused (the record was no longer held): OUTCOME_UNKNOWN, so ``info``."""
+    settled = [*happy(), sent(9, 8), recv("m1", 9, 8, 1, 0), ack("m1", 8, "ACCEPT", 10, "info")]
+    assert_only(check(clean() + settled))
+    again = [*settled, recv("m2", 9, 8, 2, LOCK + 10)]
+    result = check(clean() + again)
+    assert_only(result, "share-settled")
+    assert count(result, "share-settled", "share-lost") == 1
