@@ -76,7 +76,7 @@ from typing import Any
 from rich.table import Table
 
 from chaos import history
-from chaos.history import FEATURE_KINDS, TXN_KINDS, Op
+from chaos.history import FEATURE_KINDS, SHARE_KINDS, TXN_KINDS, Op
 
 OK = "ok"
 VIOLATED = "violated"
@@ -285,6 +285,7 @@ class _History:
         self.consumer_errors: list[Op] = []
         self.txn_ops: list[Op] = []  # the transactional workload's (chaos/txn_checker.py)
         self.feature_ops: list[Op] = []  # the message features' (chaos/feature_checker.py)
+        self.share_ops: list[Op] = []  # the share group workload's (chaos/share_checker.py)
         self.finals: list[Op] = []
         self.digests: list[Op] = []
         self.recoveries: list[Op] = []
@@ -372,6 +373,8 @@ class _History:
                 self.txn_ops.append(op)
             elif kind in FEATURE_KINDS:
                 self.feature_ops.append(op)
+            elif kind in SHARE_KINDS:
+                self.share_ops.append(op)
             else:
                 self.other[kind] += 1
 
@@ -1680,6 +1683,11 @@ def check(
 
         feature, summary["features"] = feature_reports(h, idempotent=idempotent)
         reports += feature
+    if h.share_ops:
+        from chaos.share_checker import share_reports
+
+        shared, summary["share_group"] = share_reports(h)
+        reports += shared
     return CheckResult(valid=all(r.ok for r in reports), checks=reports, summary=summary)
 
 

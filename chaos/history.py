@@ -117,6 +117,25 @@ chaos/feature_checker.py).
   its ``tag-consume`` ops.
 - ``feature-error``: one of these consumers raised out of ``poll`` (``error``); it starts
   again where its last record left off.
+
+Share groups (``--share-group``, chaos/share_workload.py; checked by
+chaos/share_checker.py). Members are processes (chaos/share_member.py); ``process``
+names one member process (a replacement gets a new name). Times in ``wall_ms`` and
+``start_ms`` are the machine's wall clock, the one the leaders stamp lock deadlines with.
+- ``share-send``: a record sent to the share topic: as ``send`` (``offset`` when ``ok``).
+- ``share-receive``: a record ``poll`` gave a member: ``partition``, ``offset``,
+  ``value``, ``count`` its delivery count, ``deadline_ms`` its lock deadline, ``wall_ms``
+  when poll returned it (after the leader acquired it).
+- ``share-ack``: one acknowledged range ``offset`` .. ``last_offset`` of ``partition``;
+  ``value`` the type (ACCEPT, RELEASE, REJECT); ``status`` ``ok`` (committed), ``fail``
+  (refused, ``error`` why) or ``info`` (OUTCOME_UNKNOWN: an attempt the member retried
+  may have been applied before the leader failed); ``start_ms`` when the commit was sent,
+  ``wall_ms`` when its answer came.
+- ``share-crash``: the workload SIGKILLed member ``process`` at ``wall_ms``.
+- ``share-dlq``: after the run, a record read from the group's dead-letter topic:
+  ``value`` as sent, ``partition`` and ``offset`` the original ones (its headers),
+  ``count`` its delivery attempts, ``error`` the reason the broker gave.
+- ``share-error``: a member's consumer raised (``error``); the member started a new one.
 """
 
 from __future__ import annotations
@@ -142,6 +161,14 @@ class Op:
     error: str | None = None
     wall_ms: int | None = None
     """Wall clock (ms since the epoch) when it happened, for ops held to due times."""
+    count: int | None = None
+    """A share group delivery's count (``share-receive``, ``share-dlq``)."""
+    deadline_ms: int | None = None
+    """A share group delivery's lock deadline (ms since the epoch, the leader's clock)."""
+    start_ms: int | None = None
+    """Wall clock when an operation was asked for (``share-ack``: its commit sent)."""
+    last_offset: int | None = None
+    """The last offset of a range that starts at ``offset`` (``share-ack``)."""
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
@@ -189,6 +216,11 @@ FEATURE_KINDS = frozenset(
     {"delayed-send", "delayed-consume", "tag-consume", "tag-position", "feature-error"}
 )
 """The kinds of the message-feature workload (chaos/feature_checker.py checks them)."""
+
+SHARE_KINDS = frozenset(
+    {"share-send", "share-receive", "share-ack", "share-crash", "share-dlq", "share-error"}
+)
+"""The kinds of the share group workload (chaos/share_checker.py checks them)."""
 
 
 def txn_value(txn: str, index: int, source: tuple[int, int] | None = None) -> str:

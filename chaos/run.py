@@ -20,6 +20,7 @@ from chaos.history import Op
 from chaos.metrics_watch import MetricsWatch
 from chaos.monitor import Monitor
 from chaos.nemesis import CATEGORIES, SEALED_SEGMENT_FAULTS, Nemesis
+from chaos.share_workload import ShareWorkload
 from chaos.txn_workload import OUT_TOPIC, TxnWorkload, TxnWorkloadOptions
 from chaos.workload import Recorder, Workload, send_one
 from raftmq.api.v1 import broker_pb2 as pb
@@ -83,6 +84,8 @@ class ChaosOptions:
     tags: bool = False
     """Tagged records from the clients' producers and a consumer with a tag filter
     (chaos/feature_workload.py; implies clients)."""
+    share_group: bool = False
+    """The share group workload too (chaos/share_workload.py, chaos/share_checker.py)."""
 
     def __post_init__(self) -> None:
         if not 3 <= self.nodes <= 7:
@@ -238,6 +241,17 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             if options.delayed or options.tags
             else None
         )
+        shares = (
+            ShareWorkload(
+                advertised,
+                recorder,
+                idempotent=options.idempotent,
+                seed=options.seed,
+                client_settings=chaos.client_settings,
+            )
+            if options.share_group
+            else None
+        )
         nemesis = Nemesis(chaos, options.seed, options.faults)
         monitor = Monitor(
             {i: chaos.direct_address(i) for i in chaos.nodes}, TOPIC, recorder, chaos.security
@@ -251,6 +265,8 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
             txn_workload.start()
         if features is not None:
             features.start()
+        if shares is not None:
+            shares.start()
         time.sleep(min(3.0, options.duration / 10))
         while recorder.now() < options.duration:
             fault = nemesis.next_fault()
@@ -305,6 +321,9 @@ def run(options: ChaosOptions, say: Say = print) -> checker.CheckResult:
         if features is not None:
             say("ending the delayed and filtered consumers once every delayed record is due")
             features.finish()
+        if shares is not None:
+            say("draining the share group with fresh members; reading its dead letters")
+            shares.finish(say)
         if txn_workload is not None:
             say("ending the transactional workload; reading its output")
             txn_workload.finish(

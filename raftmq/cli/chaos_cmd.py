@@ -107,6 +107,16 @@ def run(
             "--clients)."
         ),
     ] = False,
+    share_group: Annotated[
+        bool,
+        typer.Option(
+            help="Add a share group: members in processes of their own accept, release, "
+            "reject or ignore the records of a topic of their own, and are SIGKILLed and "
+            "replaced; the checker holds every acknowledged record to being accepted once or "
+            "dead-lettered, no record to two holders at once, delivery counts to growing "
+            "within the limit, and committed ACCEPTs to surviving failover."
+        ),
+    ] = False,
     follower_reads: Annotated[
         bool,
         typer.Option(
@@ -172,6 +182,7 @@ def run(
             transactions=transactions,
             delayed=delayed,
             tags=tags,
+            share_group=share_group,
             voters=voters,
             heal_delay_ms=heal_delay_ms,
             secure=secure,
