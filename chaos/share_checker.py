@@ -189,7 +189,7 @@ def _check_exclusive(receives: dict[Key, list[Op]], acks: dict[Key, list[Op]]) -
             if (after.wall_ms or 0) < held_until or same_delivery:
                 f.add(
                     "share-double-acquired",
-                    lambda key=key, before=before, after=after, held_until=held_until: {
+                    {
                         "partition": key[0],
                         "offset": key[1],
                         "first": {
