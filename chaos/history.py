@@ -129,8 +129,9 @@ names one member process (a replacement gets a new name). Times in ``wall_ms`` a
 - ``share-ack``: one acknowledged range ``offset`` .. ``last_offset`` of ``partition``;
   ``value`` the type (ACCEPT, RELEASE, REJECT); ``status`` ``ok`` (committed), ``fail``
   (refused, ``error`` why) or ``info`` (OUTCOME_UNKNOWN: an attempt the member retried
-  may have been applied before the leader failed); ``start_ms`` when the commit was sent,
-  ``wall_ms`` when its answer came.
+  may have been applied before the leader failed, or the member was killed while
+  committing it); ``start_ms`` when the commit was sent, ``wall_ms`` when its answer came
+  (or the member was killed).
 - ``share-crash``: the workload SIGKILLed member ``process`` at ``wall_ms``.
 - ``share-dlq``: after the run, a record read from the group's dead-letter topic:
   ``value`` as sent, ``partition`` and ``offset`` the original ones (its headers),

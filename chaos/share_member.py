@@ -11,6 +11,8 @@ delivery before anything else can happen to it:
 - ``{"e": "ack", "p", "first", "last", "type", "ok", "code", "error", "start_ms",
   "end_ms"}``: one acknowledged range and its result (``code`` the refusal's name),
   ``start_ms`` when the commit was sent;
+- ``{"e": "acking", "p", "o", "type", "start_ms"}``: it is about to commit this
+  acknowledgement (a member killed before it printed the result leaves it unknown);
 - ``{"e": "error", "error"}``: the consumer raised; the member starts a new one.
 
 What it does with a record: ``drain`` members accept every record that is not poison;
@@ -83,13 +85,22 @@ def run(args: argparse.Namespace) -> None:
                                 "wall_ms": wall_ms,
                             }
                         )
+                    start_ms = int(time.time() * 1000)
                     for r in records:
                         kind = _choice(rng, r, args.drain)
                         if kind is not None:
                             consumer.acknowledge(r, kind)
+                            _say(
+                                {
+                                    "e": "acking",
+                                    "p": r.partition,
+                                    "o": r.offset,
+                                    "type": kind.name,
+                                    "start_ms": start_ms,
+                                }
+                            )
                     if not records:
                         continue
-                    start_ms = int(time.time() * 1000)
                     results = consumer.commit_sync()
                     end_ms = int(time.time() * 1000)
                     for res in results:

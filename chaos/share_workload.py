@@ -100,6 +100,9 @@ class ShareWorkload:
         self.settled: set[str] = set()
         """Values accepted (ok) or rejected (ok) so far, as the drain watches them."""
         self.recv_values: dict[tuple[int, int], str] = {}
+        self.acking: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+        """Per member, the acknowledgements it is committing whose results it has not
+        printed yet (a member killed meanwhile leaves their outcome unknown)."""
 
     # --- start ------------------------------------------------------------------------
 
@@ -179,6 +182,10 @@ class ShareWorkload:
     def _record(self, name: str, e: dict[str, Any]) -> None:
         now = self.recorder.now()
         kind = e.get("e")
+        if kind == "acking":
+            with self._lock:
+                self.acking.setdefault(name, {})[(e["p"], e["o"])] = e
+            return
         if kind == "recv":
             with self._lock:
                 self.recv_values[(e["p"], e["o"])] = e["v"]
@@ -198,6 +205,10 @@ class ShareWorkload:
                 )
             )
         elif kind == "ack":
+            with self._lock:
+                intents = self.acking.get(name, {})
+                for o in range(e["first"], e["last"] + 1):
+                    intents.pop((e["p"], o), None)
             self.recorder.add(
                 Op(
                     "share-ack",
@@ -232,6 +243,26 @@ class ShareWorkload:
         member.process.wait()
         member.reader.join(5.0)
         now = self.recorder.now()
+        with self._lock:
+            unanswered = self.acking.pop(member.name, {})
+        for (partition, offset), e in sorted(unanswered.items()):
+            # Asked for, and killed before it learned the outcome: done, perhaps.
+            self.recorder.add(
+                Op(
+                    "share-ack",
+                    member.name,
+                    partition,
+                    e["type"],
+                    offset,
+                    "info",
+                    now,
+                    now,
+                    error="the member was killed before it learned the outcome",
+                    wall_ms=wall_ms,
+                    start_ms=e["start_ms"],
+                    last_offset=offset,
+                )
+            )
         self.recorder.add(Op("share-crash", member.name, start=now, end=now, wall_ms=wall_ms))
 
     def _crash_members(self) -> None:
