@@ -139,6 +139,12 @@ class ProducerTracking:
         self.on_share: Callable[[int, memoryview], None] | None = None
         """Handed each committed SHARE_STATE entry's (index, payload) as this pass meets
         it (raftmq.partition.share_tracking), so one read of the log serves both."""
+        self.share_applied: Callable[[], int] | None = None
+        """The index up to which the share state has its entries: the pass starts below
+        it when the share state is behind this state (its checkpoint is older than this
+        one), so no share entry between the two is skipped. Chaos seed 7511: a replica
+        restarted with this checkpoint ahead of its commit hint never applied the
+        acknowledgements between them, and as leader delivered accepted records again."""
         self._load()
         self.states.aborted.directory = directory
         self._remove_unlisted_runs()
@@ -200,11 +206,18 @@ class ProducerTracking:
             self.checkpoint()
 
     def catch_up(self, log_: LogHeaders, applied_to: int) -> None:
-        """Apply the producer header of every entry up to ``applied_to`` (committed)."""
-        lo = max(self.applied_index + 1, log_.start_index)
+        """Apply the producer header of every entry up to ``applied_to`` (committed), and
+        hand over the SHARE_STATE entries the share state does not have yet."""
+        own = self.applied_index
+        behind = own if self.share_applied is None else min(own, self.share_applied())
+        lo = max(behind + 1, log_.start_index)
         try:
             for data, position, f in committed_entries(log_, lo, applied_to):
-                self._apply_header(f, data, position)
+                if f[5] > own:
+                    self._apply_header(f, data, position)
+                elif f[3] == _SHARE and self.on_share is not None:
+                    start = position + entry.HEADER_SIZE
+                    self.on_share(f[5], memoryview(data)[start : start + f[14]])
                 lo = f[5] + 1
         except (FormatError, LogError) as exc:
             # A stored entry this replica cannot read (a disk fault: it is repaired from a

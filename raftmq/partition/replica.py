@@ -152,6 +152,7 @@ class PartitionReplica:
         self.producers = ProducerTracking(directory, group_name(topic, partition))
         self.shares = ShareTracking(directory, group_name(topic, partition))
         self.producers.on_share = self.shares.on_entry
+        self.producers.share_applied = lambda: self.shares.applied_index
         self.share = SharePartitions(self)
         """The share groups' operations on this partition (raftmq.partition.share_partition)."""
         self.shares.on_change = self.share.wake
@@ -174,7 +175,9 @@ class PartitionReplica:
             # the broker was down: named as damage, the broker repairs it from a peer
             # (as for the group's own reads at open) instead of retrying the same read.
             raise self.group.damage_of(exc) from exc
-        self.shares.open_at(self._log, self.group.commit_index)
+        # The producer checkpoint may cover committed entries past the commit hint (written
+        # lazily): the share state replays those too, so it is whole before it serves.
+        self.shares.open_at(self._log, max(self.group.commit_index, self.producers.applied_index))
         self.producers.open_at(self._log, self.group.commit_index)
 
     # --- state ------------------------------------------------------------------------

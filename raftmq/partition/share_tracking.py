@@ -103,7 +103,9 @@ class ShareTracking:
                 commit_index,
                 exc,
             )
-        self.applied_index = max(self.applied_index, commit_index)
+        # Up to what was read, not to ``commit_index``: entries this log lacks (cut back
+        # by a disk fault) come again from the leader, and are applied as they commit.
+        self.applied_index = max(self.applied_index, lo - 1)
         damaged, self._damaged = self._damaged, None
         if damaged is not None:
             log.warning(

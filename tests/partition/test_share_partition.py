@@ -23,6 +23,7 @@ from raftmq.format.share_ops import AckType
 from raftmq.log.config import LogConfig
 from raftmq.log.inspect import verify_folder
 from raftmq.partition import share_tracking
+from raftmq.partition.producer_tracking import ProducerTracking
 from raftmq.partition.replica import Acks, PartitionReplica
 from raftmq.partition.share_partition import ShareGroupView
 from raftmq.partition.share_tracking import ShareTracking
@@ -201,6 +202,37 @@ def test_reset_and_drop(tmp_path: Path) -> None:
         assert await replica.share.drop_group("g", 9)
         assert not replica.share.describe(G).exists
 
+    run(tmp_path, body)
+
+
+def test_the_producer_pass_hands_over_share_entries_its_checkpoint_passed(
+    tmp_path: Path,
+) -> None:
+    """A replica restarted with the producer checkpoint ahead of the share checkpoint (and
+    of the commit hint): the pass that feeds both starts where the share state stops, so
+    the acknowledgements between the two reach the share state (chaos seed 7511: they
+    did not, and that replica, leading, delivered accepted records again)."""
+
+    async def body(replica: PartitionReplica) -> None:
+        await replica.produce(plain(b"a", b"b"), Acks.ALL, 5)
+        await replica.share.fetch(G, "m1")
+        await replica.share.acknowledge(G, "m1", [(0, 1, AckType.ACCEPT)])
+        commit = replica.group.commit_index
+        handed: list[int] = []
+        behind = ProducerTracking(tmp_path / "other", "other")
+        behind.applied_index = commit  # its checkpoint covers every entry
+        behind.on_share = lambda index, _: handed.append(index)
+        behind.share_applied = lambda: 0  # the share checkpoint covers none
+        behind.catch_up(replica._log, commit)
+        shares = [
+            h.index
+            for h in entry.iter_headers(replica._log.read_by_index(1, 1 << 20).data)
+            if h.type == entry.EntryType.SHARE_STATE
+        ]
+        assert len(shares) >= 3 and handed == shares  # INIT, ACQUIRE, ACK
+        assert behind.applied_index == commit
+
+    (tmp_path / "other").mkdir()
     run(tmp_path, body)
 
 
