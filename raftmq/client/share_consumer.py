@@ -348,6 +348,12 @@ class _ShareCore:
             return
         if err.retriable or err.unreachable or err.timed_out:
             return
+        if err.code == pb.ERROR_CODE_OUTCOME_UNKNOWN:
+            # The leader could not get its change committed in time (it lost its quorum,
+            # or its term): what a fetch may have acquired comes back when its locks end,
+            # and its acknowledgements' results say so. The next fetch goes on.
+            log.info("share group %s: %s/%d: %s", self.config.group_id, *p.tp, err)
+            return
         if err.code in (pb.ERROR_CODE_UNKNOWN_GROUP, pb.ERROR_CODE_UNKNOWN_TOPIC):
             log.info("share group %s: %s/%d: %s", self.config.group_id, *p.tp, err)
             return
