@@ -62,7 +62,7 @@ def share_reports(h: _History) -> tuple[list[CheckReport], dict[str, Any]]:
         _check_settled(ops, receives, acks, maybe, dead),
         _check_exclusive(receives, {k: acks.get(k, []) + maybe.get(k, []) for k in receives}),
         _check_counts(receives),
-        _check_accepts(ops, receives, acks),
+        _check_accepts(ops, receives, acks, maybe),
         _check_members(ops),
     ]
     sends = [op for op in ops if op.kind == "share-send"]
@@ -255,7 +255,10 @@ def _check_counts(receives: dict[Key, list[Op]]) -> CheckReport:
 
 
 def _check_accepts(
-    ops: list[Op], receives: dict[Key, list[Op]], acks: dict[Key, list[Op]]
+    ops: list[Op],
+    receives: dict[Key, list[Op]],
+    acks: dict[Key, list[Op]],
+    maybe: dict[Key, list[Op]],
 ) -> CheckReport:
     from chaos.checker import _Findings
 
@@ -283,7 +286,13 @@ def _check_accepts(
                         f"to {op.process} at {op.wall_ms} (delivery {op.count})",
                     },
                 )
-    rejected = {key for key, done in acks.items() if any(a.value == "REJECT" for a in done)}
+    # A REJECT of unknown outcome may have been done: its dead letter is no surprise.
+    rejected = {
+        key
+        for source in (acks, maybe)
+        for key, done in source.items()
+        if any(a.value == "REJECT" for a in done)
+    }
     for op in ops:
         if op.kind != "share-dlq" or op.offset is None:
             continue

@@ -140,6 +140,9 @@ def test_dead_letters_only_after_the_limit_or_a_reject() -> None:
     rejected = [*happy(), sent(8, 7), recv("m1", 8, 7, 1, 0), ack("m1", 7, "REJECT", 10)]
     rejected.append(dlq(8, 7, 1))
     assert_only(check(clean() + rejected))
+    unknown = [*happy(), sent(8, 7), recv("m1", 8, 7, 1, 0), ack("m1", 7, "REJECT", 10, "info")]
+    unknown.append(dlq(8, 7, 1))  # the REJECT was done before its leader failed
+    assert_only(check(clean() + unknown))
 
 
 def test_a_member_that_raised_is_reported() -> None:
