@@ -79,6 +79,7 @@ INTER_BROKER_RPCS = frozenset(
         "Metadata",
         "WriteTxnMarkers",
         "ProduceDelayed",
+        "ProduceInternal",
         "CreateTopic",
     }
 )

@@ -181,6 +181,7 @@ NEEDS: dict[str, Callable[[Any, View], list[Need]]] = {
     "WriteTxnMarkers": INTERNAL,
     "DescribeDelayed": _one(T, "topic", Op.DESCRIBE),
     "ProduceDelayed": INTERNAL,
+    "ProduceInternal": INTERNAL,
     # Admin service
     "CreateTopic": lambda r, v: [_create(r.name)],
     "DeleteTopic": _one(T, "name", Op.DELETE),

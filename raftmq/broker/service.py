@@ -104,6 +104,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         )
         return _produced(done, 0)
 
+    async def ProduceInternal(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        """A broker's own produce (the share dead-letter writer; no client quota)."""
+        done = await self.router.produce(
+            request.topic, request.partition, request.entries, request.acks, request.timeout_ms
+        )
+        return _produced(done, 0)
+
     def _refused(self, request: pb.ProduceRequest, refusal: Refusal) -> pb.ProduceResponse:
         """A ProduceStream request's answer for a refusal, with the partition's offsets as
         this broker knows them (-1 when it hosts no replica of it)."""

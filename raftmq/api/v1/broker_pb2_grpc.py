@@ -84,6 +84,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceInternal = channel.unary_unary(
+                '/raftmq.v1.Broker/ProduceInternal',
+                request_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -193,6 +198,16 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProduceInternal(self, request, context):
+        """Internal: a broker's own Produce to a partition's leader (the share groups'
+        dead-letter writer, docs/share-groups.md): a Produce, called with the broker's
+        certificate as the other inter-broker calls (a Produce would need a client's
+        credentials on a SASL listener); ACLs: ClusterAction; no client quota.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +258,11 @@ def add_BrokerServicer_to_server(servicer, server):
             ),
             'ProduceDelayed': grpc.unary_unary_rpc_method_handler(
                     servicer.ProduceDelayed,
+                    request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceInternal': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProduceInternal,
                     request_deserializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
                     response_serializer=raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
@@ -515,6 +535,33 @@ class Broker:
             request,
             target,
             '/raftmq.v1.Broker/ProduceDelayed',
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceInternal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ProduceInternal',
             raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
             raftmq_dot_api_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
             options,
