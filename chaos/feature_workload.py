@@ -17,7 +17,6 @@ record; the ops are described in chaos/history.py).
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
 import time
@@ -25,9 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from chaos.history import Op, send_value
-from chaos.workload import DELIVERY_TIMEOUT_MS, Recorder, chaos_producer
+from chaos.workload import (
+    DELIVERY_TIMEOUT_MS,
+    NumberedSend,
+    Recorder,
+    chaos_producer,
+    send_numbered,
+)
 from raftmq.client import AdminClient, Consumer, ConsumerRecord
-from raftmq.client.producer import RecordFuture
 
 DELAYED_TOPIC = "delayed"
 """Not named ``chaos-...``, so the nemesis's file faults, which look for the main topic's
@@ -35,7 +39,6 @@ directories, leave it alone (the internal ``__delay`` topic faces them with the 
 DELAYED_PARTITIONS = 3
 MAX_DELAY_MS = 8_000
 SEND_INTERVAL_S = 0.02
-IN_FLIGHT = 32
 QUIET_SENDING_S = 15.0
 """After the faults, how long the delayed producer goes on: its records are due in quiet
 time, where lateness is held to its bound."""
@@ -130,80 +133,31 @@ class FeatureWorkload:
     # --- delayed delivery ---------------------------------------------------------------
 
     def _produce_delayed(self, process: str) -> None:
-        pending: list[RecordFuture] = []
-        seq = 0
+        def make(seq: int) -> NumberedSend:
+            partition = seq % DELAYED_PARTITIONS
+            sent_ms = wall_ms()
+            due_ms = sent_ms + self.rng.randrange(MAX_DELAY_MS)
+            self.last_due_ms = max(self.last_due_ms, due_ms)
+            value = delayed_value(process, partition, seq, due_ms)
+            return NumberedSend(
+                DELAYED_TOPIC, partition, value, {"deliver_at": due_ms}, wall_ms=sent_ms
+            )
+
         producer = chaos_producer(
             self.addresses, self.client_settings, idempotent=self.options.idempotent
         )
         with producer:
-            while not self.stop_sending.is_set():
-                pending = [f for f in pending if not f.done()]
-                if len(pending) >= IN_FLIGHT:
-                    pending[0].exception(timeout=DELIVERY_TIMEOUT_MS / 1000 + 30)
-                    continue
-                partition = seq % DELAYED_PARTITIONS
-                sent_ms = wall_ms()
-                due_ms = sent_ms + self.rng.randrange(MAX_DELAY_MS)
-                value = delayed_value(process, partition, seq, due_ms)
-                seq += 1
-                self.last_due_ms = max(self.last_due_ms, due_ms)
-                start = self.recorder.now()
-                try:
-                    future = producer.send(
-                        DELAYED_TOPIC, value.encode(), partition=partition, deliver_at=due_ms
-                    )
-                except Exception as exc:  # refused at the call: nothing was sent
-                    self._record_delayed_send(process, partition, value, start, sent_ms, exc)
-                    self.stop_sending.wait(0.1)
-                    continue
-
-                future.add_done_callback(
-                    functools.partial(self._settled, process, partition, value, start, sent_ms)
-                )
-                pending.append(future)
-                self.stop_sending.wait(SEND_INTERVAL_S)
-
-    def _settled(
-        self,
-        process: str,
-        partition: int,
-        value: str,
-        start: float,
-        sent_ms: int,
-        future: RecordFuture,
-    ) -> None:
-        # A failure after the producer's retries is never proof that nothing was stored.
-        exc = future.exception(timeout=0)
-        self._record_delayed_send(
-            process, partition, value, start, sent_ms, exc, indeterminate=True
-        )
-
-    def _record_delayed_send(
-        self,
-        process: str,
-        partition: int,
-        value: str,
-        start: float,
-        sent_ms: int,
-        exc: BaseException | None,
-        *,
-        indeterminate: bool = False,
-    ) -> None:
-        status = "ok" if exc is None else ("info" if indeterminate else "fail")
-        self.recorder.add(
-            Op(
+            # Its offset is the internal topic's, so none is kept.
+            send_numbered(
+                producer,
+                self.stop_sending,
+                self.recorder,
                 "delayed-send",
                 process,
-                partition,
-                value,
-                None,
-                status,
-                start,
-                self.recorder.now(),
-                error=None if exc is None else f"{type(exc).__name__}: {exc}"[:300],
-                wall_ms=sent_ms,
+                make,
+                interval_s=SEND_INTERVAL_S,
+                keep_offset=False,
             )
-        )
 
     def _read_delayed(self, process: str) -> None:
         tps = [(DELAYED_TOPIC, p) for p in range(DELAYED_PARTITIONS)]

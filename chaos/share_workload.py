@@ -13,7 +13,6 @@ acquisition to its lock deadline (a release by session end never comes first).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import random
@@ -27,9 +26,14 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from chaos.history import Op, send_value
-from chaos.workload import DELIVERY_TIMEOUT_MS, Recorder, chaos_producer
+from chaos.workload import (
+    DELIVERY_TIMEOUT_MS,
+    NumberedSend,
+    Recorder,
+    chaos_producer,
+    send_numbered,
+)
 from raftmq.client import AdminClient, Consumer
-from raftmq.client.producer import RecordFuture
 from raftmq.client.retry_headers import decode as decode_retry_headers
 from raftmq.share_settings import (
     AUTO_OFFSET_RESET,
@@ -48,7 +52,6 @@ LOCK_DURATION_MS_VALUE = 3_000
 SESSION_TIMEOUT_MS = 6_000
 DELIVERY_LIMIT = 4
 SEND_INTERVAL_S = 0.03
-IN_FLIGHT = 32
 CRASH_EVERY_S = (8.0, 20.0)
 """A member is SIGKILLed after a random time in this range, and replaced at once."""
 DRAIN_MEMBERS = 2
@@ -291,67 +294,27 @@ class ShareWorkload:
 
     def _produce(self) -> None:
         process = "share-producer-0"
-        pending: list[RecordFuture] = []
-        seq = 0
+
+        def make(seq: int) -> NumberedSend:
+            partition = seq % SHARE_PARTITIONS
+            return NumberedSend(SHARE_TOPIC, partition, send_value(process, partition, seq))
+
+        def acked(send: NumberedSend) -> None:
+            with self._lock:
+                self.sent_ok.add(send.value)
+
         producer = chaos_producer(self.addresses, self.client_settings, idempotent=self.idempotent)
         with producer:
-            while not self.stop_sending.is_set():
-                pending = [f for f in pending if not f.done()]
-                if len(pending) >= IN_FLIGHT:
-                    pending[0].exception(timeout=DELIVERY_TIMEOUT_MS / 1000 + 30)
-                    continue
-                partition = seq % SHARE_PARTITIONS
-                value = send_value(process, partition, seq)
-                seq += 1
-                start = self.recorder.now()
-                try:
-                    future = producer.send(SHARE_TOPIC, value.encode(), partition=partition)
-                except Exception as exc:  # refused at the call: nothing was sent
-                    self._record_send(process, partition, value, start, exc, None)
-                    self.stop_sending.wait(0.1)
-                    continue
-                future.add_done_callback(
-                    functools.partial(self._settled_send, process, partition, value, start)
-                )
-                pending.append(future)
-                self.stop_sending.wait(SEND_INTERVAL_S)
-
-    def _settled_send(
-        self, process: str, partition: int, value: str, start: float, future: RecordFuture
-    ) -> None:
-        exc = future.exception(timeout=0)
-        offset = None if exc is not None else future.result(timeout=0).offset
-        # A failure after the producer's retries is never proof that nothing was stored.
-        self._record_send(process, partition, value, start, exc, offset, indeterminate=True)
-
-    def _record_send(
-        self,
-        process: str,
-        partition: int,
-        value: str,
-        start: float,
-        exc: BaseException | None,
-        offset: int | None,
-        *,
-        indeterminate: bool = False,
-    ) -> None:
-        status = "ok" if exc is None else ("info" if indeterminate else "fail")
-        if exc is None:
-            with self._lock:
-                self.sent_ok.add(value)
-        self.recorder.add(
-            Op(
+            send_numbered(
+                producer,
+                self.stop_sending,
+                self.recorder,
                 "share-send",
                 process,
-                partition,
-                value,
-                offset,
-                status,
-                start,
-                self.recorder.now(),
-                error=None if exc is None else f"{type(exc).__name__}: {exc}"[:300],
+                make,
+                interval_s=SEND_INTERVAL_S,
+                on_acked=acked,
             )
-        )
 
     # --- the end ----------------------------------------------------------------------
 

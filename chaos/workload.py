@@ -11,13 +11,17 @@ more threads writing to the same :class:`Recorder`.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from chaos.history import Op, send_value
 from raftmq.api.v1 import broker_pb2 as pb
 from raftmq.client import ClientError, ErrorCode, LowLevelClient, Producer
+from raftmq.client.producer import RecordFuture
 from raftmq.format.records import Record, build_batch, iter_records
 
 DEFINITE_REFUSALS = {
@@ -243,3 +247,87 @@ def chaos_producer(
     if idempotent:
         settings["enable_idempotence"] = True
     return Producer(addresses, **settings)  # type: ignore[arg-type]
+
+
+SEND_IN_FLIGHT = 32
+"""Records a numbered sender has sent and not yet seen settled, at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class NumberedSend:
+    """One record of :func:`send_numbered`: where it goes and what the producer is told."""
+
+    topic: str
+    partition: int
+    value: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """More keyword arguments of ``Producer.send`` (``deliver_at``, ``tags``)."""
+    wall_ms: int | None = None
+    """Kept in the op (a delayed record's send time)."""
+
+
+def send_numbered(
+    producer: Producer,
+    stop: threading.Event,
+    recorder: Recorder,
+    kind: str,
+    process: str,
+    make: Callable[[int], NumberedSend],
+    *,
+    interval_s: float,
+    keep_offset: bool = True,
+    on_acked: Callable[[NumberedSend], None] | None = None,
+) -> None:
+    """Send ``make(0)``, ``make(1)``, ... until ``stop``, one every ``interval_s``, at most
+    SEND_IN_FLIGHT unsettled, and record one ``kind`` op per record once it settles: ``ok``
+    (with its offset when ``keep_offset``), ``fail`` when the producer refused it at the
+    call (nothing was sent), ``info`` when it failed after the producer's retries (an
+    attempt may have been stored). ``on_acked`` hears of each acknowledged record."""
+    pending: list[RecordFuture] = []
+    seq = 0
+
+    def record(
+        send: NumberedSend, start: float, exc: BaseException | None, offset: int | None, failed: str
+    ) -> None:
+        if exc is None and on_acked is not None:
+            on_acked(send)
+        recorder.add(
+            Op(
+                kind,
+                process,
+                send.partition,
+                send.value,
+                offset if keep_offset else None,
+                "ok" if exc is None else failed,
+                start,
+                recorder.now(),
+                error=None if exc is None else f"{type(exc).__name__}: {exc}"[:300],
+                wall_ms=send.wall_ms,
+            )
+        )
+
+    def settled(send: NumberedSend, start: float, future: RecordFuture) -> None:
+        exc = future.exception(timeout=0)
+        offset = None if exc is not None else future.result(timeout=0).offset
+        # A failure after the producer's retries is never proof that nothing was stored.
+        record(send, start, exc, offset, "info")
+
+    while not stop.is_set():
+        pending = [f for f in pending if not f.done()]
+        if len(pending) >= SEND_IN_FLIGHT:
+            pending[0].exception(timeout=DELIVERY_TIMEOUT_MS / 1000 + 30)
+            continue
+        send = make(seq)
+        seq += 1
+        start = recorder.now()
+        try:
+            future = producer.send(
+                send.topic, send.value.encode(), partition=send.partition, **send.options
+            )
+        except Exception as exc:  # refused at the call: nothing was sent
+            record(send, start, exc, None, "fail")
+            stop.wait(0.1)
+            continue
+        future.add_done_callback(functools.partial(settled, send, start))
+        pending.append(future)
+        stop.wait(interval_s)
