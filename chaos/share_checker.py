@@ -44,19 +44,8 @@ def share_reports(h: _History) -> tuple[list[CheckReport], dict[str, Any]]:
             receives[(op.partition, op.offset)].append(op)
     for seen in receives.values():
         seen.sort(key=lambda op: (op.wall_ms or 0, op.count or 0))
-    acks: dict[Key, list[Op]] = defaultdict(list)
-    for op in ops:
-        if op.kind == "share-ack" and op.status == "ok" and op.offset is not None:
-            last = op.last_offset if op.last_offset is not None else op.offset
-            for offset in range(op.offset, last + 1):
-                acks[(op.partition, offset)].append(op)
-    maybe: dict[Key, list[Op]] = defaultdict(list)
-    """Acknowledgements whose outcome is unknown (``info``): applied, perhaps."""
-    for op in ops:
-        if op.kind == "share-ack" and op.status == "info" and op.offset is not None:
-            last = op.last_offset if op.last_offset is not None else op.offset
-            for offset in range(op.offset, last + 1):
-                maybe[(op.partition, offset)].append(op)
+    acks = _acks_by_record(ops, "ok")
+    maybe = _acks_by_record(ops, "info")  # of unknown outcome: applied, perhaps
     dead = {op.value for op in ops if op.kind == "share-dlq"}
     reports = [
         _check_settled(ops, receives, acks, maybe, dead),
@@ -76,6 +65,17 @@ def share_reports(h: _History) -> tuple[list[CheckReport], dict[str, Any]]:
         "crashes": sum(1 for op in ops if op.kind == "share-crash"),
     }
     return reports, summary
+
+
+def _acks_by_record(ops: list[Op], status: str) -> dict[Key, list[Op]]:
+    """The ``share-ack`` ops of ``status``, under each record their range covers."""
+    by_record: dict[Key, list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.kind == "share-ack" and op.status == status and op.offset is not None:
+            last = op.last_offset if op.last_offset is not None else op.offset
+            for offset in range(op.offset, last + 1):
+                by_record[(op.partition, offset)].append(op)
+    return by_record
 
 
 def _check_settled(
